@@ -1,0 +1,321 @@
+"""The HLO IR: `HloModule` → `Computation` → `Instruction`, in SSA form.
+
+Every stage below clustering speaks this IR: the TF lowering builds it, passes
+rewrite it, codegen emits kernels from it. The IR keeps its own use lists:
+creating an instruction registers it as a user of its operands, and
+`replace_all_uses_with` / `replace_operand` / `Computation.remove` keep them
+exact, so no pass edits `users` by hand (house habit 1). Instructions of a
+computation stay in a topological order (operands before users).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+import numpy as np
+
+from tfxla_lite.hlo.opcodes import infer_shape
+from tfxla_lite.hlo.shape import Shape, element_type_of
+
+
+class Instruction:
+    """One SSA value: `opcode` applied to `operands`, with XLA-named `attributes`.
+
+    `called_computations` holds the computations an instruction calls
+    (`to_apply` of a reduce, `calls` of a fusion). `metadata` keeps where the
+    instruction came from: `op_type`, `op_name`, `source_file`, `source_line`.
+    """
+
+    __slots__ = ("opcode", "shape", "_operands", "users", "attributes", "called_computations",
+                 "name", "metadata", "parent")
+
+    def __init__(
+        self,
+        opcode: str,
+        shape: Shape,
+        operands: Iterable[Instruction] = (),
+        attributes: Mapping[str, Any] | None = None,
+        called_computations: Iterable[Computation] = (),
+        name: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.opcode = opcode
+        self.shape = shape
+        self._operands: list[Instruction] = list(operands)
+        self.users: list[Instruction] = []
+        self.attributes: dict[str, Any] = dict(attributes or {})
+        self.called_computations: list[Computation] = list(called_computations)
+        self.name = name or opcode
+        self.metadata: dict[str, Any] = dict(metadata or {})
+        self.parent: Computation | None = None
+
+    # -- operands and uses -------------------------------------------------------------
+    @property
+    def operands(self) -> tuple[Instruction, ...]:
+        return tuple(self._operands)
+
+    def operand(self, index: int) -> Instruction:
+        return self._operands[index]
+
+    def replace_operand(self, index: int, new: Instruction) -> None:
+        old = self._operands[index]
+        self._operands[index] = new
+        if old not in self._operands:
+            old.users.remove(self)
+        if self not in new.users:
+            new.users.append(self)
+
+    def replace_all_uses_with(self, new: Instruction) -> None:
+        """Make every user of `self` (and its computation's root) use `new` instead."""
+        if new is self:
+            return
+        for user in list(self.users):
+            for i, operand in enumerate(user._operands):
+                if operand is self:
+                    user.replace_operand(i, new)
+        if self.parent is not None and self.parent.root is self:
+            self.parent.root = new
+
+    # -- attributes ----------------------------------------------------------------------
+    @property
+    def literal(self) -> np.ndarray:
+        return self.attributes["literal"]
+
+    @property
+    def dimensions(self) -> tuple[int, ...]:
+        return tuple(self.attributes.get("dimensions", ()))
+
+    @property
+    def parameter_number(self) -> int:
+        return int(self.attributes["parameter_number"])
+
+    @property
+    def fused_computation(self) -> Computation:
+        assert self.opcode == "fusion"
+        return self.called_computations[0]
+
+    def __repr__(self) -> str:
+        return f"<{self.name} = {self.shape} {self.opcode}>"
+
+
+class Computation:
+    """A named list of instructions in topological order, with parameters and a root."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.instructions: list[Instruction] = []
+        self.root: Instruction | None = None
+        self.module: HloModule | None = None
+        self.is_fusion_computation = False
+
+    @property
+    def parameters(self) -> list[Instruction]:
+        params = [i for i in self.instructions if i.opcode == "parameter"]
+        return sorted(params, key=lambda p: p.parameter_number)
+
+    def parameter(self, number: int) -> Instruction:
+        for p in self.instructions:
+            if p.opcode == "parameter" and p.parameter_number == number:
+                return p
+        raise KeyError(f"{self.name} has no parameter {number}")
+
+    # -- building ------------------------------------------------------------------------
+    def add(self, instruction: Instruction) -> Instruction:
+        """Insert `instruction` just after its last operand, keeping topological order."""
+        if instruction.parent is not None:
+            raise ValueError(f"{instruction.name} already belongs to {instruction.parent.name}")
+        position = 0
+        index = {id(inst): n for n, inst in enumerate(self.instructions)}
+        for operand in instruction._operands:
+            if operand.parent is not self:
+                raise ValueError(f"operand {operand.name} of {instruction.name} is not in "
+                                 f"computation {self.name}")
+            position = max(position, index[id(operand)] + 1)
+        if not instruction._operands:
+            position = len(self.instructions)
+        instruction.name = self._unique_name(instruction.name)
+        instruction.parent = self
+        self.instructions.insert(position, instruction)
+        for operand in instruction._operands:
+            if instruction not in operand.users:
+                operand.users.append(instruction)
+        return instruction
+
+    def create(
+        self,
+        opcode: str,
+        operands: Iterable[Instruction] = (),
+        shape: Shape | None = None,
+        called_computations: Iterable[Computation] = (),
+        name: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        **attributes: Any,
+    ) -> Instruction:
+        """Build and add an instruction; its shape is inferred when not given."""
+        operands = list(operands)
+        if shape is None:
+            shape = infer_shape(opcode, [o.shape for o in operands], attributes)
+        if opcode == "convert":
+            attributes.pop("element_type", None)  # the shape says it
+        return self.add(Instruction(opcode, shape, operands, attributes, called_computations,
+                                    name, metadata))
+
+    def add_parameter(self, number: int, shape: Shape, name: str | None = None) -> Instruction:
+        return self.create("parameter", shape=shape, name=name or f"param_{number}",
+                           parameter_number=number)
+
+    def add_constant(self, value: Any, element_type: str | None = None,
+                     name: str | None = None) -> Instruction:
+        array = np.asarray(value)
+        if element_type is not None:
+            from tfxla_lite.hlo.shape import numpy_dtype
+
+            array = array.astype(numpy_dtype(element_type))
+        element_type_of(array.dtype)  # rejects dtypes XLA has no name for
+        array = np.array(array, copy=True)
+        array.setflags(write=False)
+        return self.create("constant", name=name or "constant", literal=array)
+
+    def remove(self, instruction: Instruction) -> None:
+        """Remove an instruction that nothing uses any more."""
+        if instruction.users:
+            raise ValueError(f"{instruction.name} still has users {instruction.users}")
+        if instruction is self.root:
+            raise ValueError(f"{instruction.name} is the root of {self.name}")
+        self.instructions.remove(instruction)
+        for operand in set(instruction._operands):
+            operand.users.remove(instruction)
+        instruction.parent = None
+
+    def sort(self) -> None:
+        """Restore topological order after edits that moved uses (stable for untouched parts)."""
+        placed: set[int] = set()
+        order: list[Instruction] = []
+
+        def visit(inst: Instruction) -> None:
+            stack = [(inst, iter(inst._operands))]
+            while stack:
+                node, it = stack[-1]
+                for operand in it:
+                    if id(operand) not in placed:
+                        stack.append((operand, iter(operand._operands)))
+                        break
+                else:
+                    stack.pop()
+                    if id(node) not in placed:
+                        placed.add(id(node))
+                        order.append(node)
+
+        for inst in self.instructions:
+            visit(inst)
+        self.instructions = order
+
+    def _unique_name(self, base: str) -> str:
+        taken = self.module.names if self.module is not None else self._local_names()
+        if base not in taken:
+            taken.add(base)
+            return base
+        stem = base.rsplit(".", 1)[0] if base.rsplit(".", 1)[-1].isdigit() else base
+        for n in itertools.count(1):
+            candidate = f"{stem}.{n}"
+            if candidate not in taken:
+                taken.add(candidate)
+                return candidate
+        raise AssertionError("unreachable")
+
+    def _local_names(self) -> set[str]:
+        return {i.name for i in self.instructions}
+
+    def __iter__(self) -> Iterator[Instruction]:
+        return iter(list(self.instructions))
+
+    def __len__(self) -> int:
+        return len(self.instructions)
+
+    def __repr__(self) -> str:
+        return f"<Computation {self.name}: {len(self.instructions)} instructions>"
+
+
+class HloModule:
+    """Computations, callees before callers, with one entry computation."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.computations: list[Computation] = []
+        self.entry: Computation | None = None
+        # Instruction names are unique module-wide, as XLA's printer expects.
+        self.names: set[str] = set()
+        self._computation_names: set[str] = set()
+
+    def add_computation(self, computation: Computation, entry: bool = False) -> Computation:
+        if computation.module is not None:
+            raise ValueError(f"{computation.name} already belongs to a module")
+        base = computation.name
+        n = 0
+        while computation.name in self._computation_names:
+            n += 1
+            computation.name = f"{base}.{n}"
+        self._computation_names.add(computation.name)
+        computation.module = self
+        for inst in computation.instructions:
+            inst.name = computation._unique_name(inst.name)
+        self.computations.append(computation)
+        if entry:
+            self.entry = computation
+        return computation
+
+    def new_computation(self, name: str, entry: bool = False) -> Computation:
+        return self.add_computation(Computation(name), entry=entry)
+
+    def remove_computation(self, computation: Computation) -> None:
+        self.computations.remove(computation)
+        self._computation_names.discard(computation.name)
+        computation.module = None
+
+    def reduction_computation(self, kind: str, element_type: str) -> Computation:
+        """The scalar computation `kind(x, y)` (add, maximum, minimum, multiply, and, or),
+        shared by every reduce of the module that needs it."""
+        name = f"{kind}_{element_type}"
+        for comp in self.computations:
+            if comp.name == name:
+                return comp
+        comp = Computation(name)
+        self.computations.insert(0, comp)
+        self._computation_names.add(name)
+        comp.module = self
+        scalar = Shape(element_type, ())
+        x = comp.add_parameter(0, scalar, name="x")
+        y = comp.add_parameter(1, scalar, name="y")
+        comp.root = comp.create(kind, [x, y])
+        return comp
+
+    def called_computations_in_order(self) -> list[Computation]:
+        """All computations, every callee before its callers, entry last."""
+        order: list[Computation] = []
+        seen: set[int] = set()
+
+        def visit(comp: Computation) -> None:
+            if id(comp) in seen:
+                return
+            seen.add(id(comp))
+            for inst in comp.instructions:
+                for callee in inst.called_computations:
+                    visit(callee)
+            order.append(comp)
+
+        for comp in self.computations:
+            if comp is not self.entry:
+                visit(comp)
+        if self.entry is not None:
+            visit(self.entry)
+        return order
+
+    def to_text(self) -> str:
+        from tfxla_lite.hlo.printer import module_to_text
+
+        return module_to_text(self)
+
+    def __str__(self) -> str:
+        return self.to_text()

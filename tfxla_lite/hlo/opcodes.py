@@ -1,0 +1,264 @@
+"""The HLO opcode registry: each opcode's category and shape rule.
+
+One registration per opcode (house habit 2). Other layers key their own tables
+by the same names: the NumPy reference in `evaluator.py`, the CPU emitter in
+`tfxla_lite.codegen.cpu`. Tests fail when an opcode here lacks one of them.
+
+Attribute names and meanings are XLA's (see `xla/hlo/ir/hlo_instruction.h`):
+`dimensions`, `direction`, `slice`, `index`, `iota_dimension`, `kind`,
+`lhs_batch_dims`, `lhs_contracting_dims`, `rhs_batch_dims`,
+`rhs_contracting_dims`, `parameter_number`, `literal`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from tfxla_lite.hlo.shape import Shape
+
+ShapeRule = Callable[[list[Shape], Mapping[str, Any]], Shape]
+
+
+class ShapeError(ValueError):
+    """Operands or attributes that no shape rule accepts."""
+
+
+@dataclass(frozen=True)
+class OpcodeInfo:
+    name: str
+    # 'elementwise' ops map equal-shaped operands to an equal-shaped result, element by
+    # element; fusion and in-place buffer reuse rely on that.
+    category: str
+    shape_rule: ShapeRule
+    # Expensive ops are not duplicated into several fusions (XLA's IsExpensive).
+    expensive: bool = False
+
+
+OPCODES: dict[str, OpcodeInfo] = {}
+
+
+def _register(name: str, category: str, rule: ShapeRule, expensive: bool = False) -> None:
+    OPCODES[name] = OpcodeInfo(name, category, rule, expensive)
+
+
+def infer_shape(opcode: str, operand_shapes: list[Shape], attributes: Mapping[str, Any]) -> Shape:
+    """The result shape of `opcode` applied to operands of `operand_shapes`."""
+    try:
+        info = OPCODES[opcode]
+    except KeyError:
+        raise ShapeError(f"unknown opcode {opcode!r}") from None
+    return info.shape_rule(operand_shapes, attributes)
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ShapeError(message)
+
+
+def _same_arrays(shapes: list[Shape], opcode: str) -> Shape:
+    _require(len(shapes) > 0, f"{opcode} needs operands")
+    first = shapes[0]
+    for s in shapes:
+        _require(not s.is_tuple, f"{opcode} takes arrays, got {s}")
+        _require(s.dims == first.dims, f"{opcode} operands differ in dims: {shapes}")
+    return first
+
+
+def _unary_rule(result_type: str | None = None) -> ShapeRule:
+    def rule(shapes: list[Shape], attributes: Mapping[str, Any]) -> Shape:
+        _require(len(shapes) == 1, "unary op takes one operand")
+        s = _same_arrays(shapes, "unary op")
+        return s.with_element_type(result_type) if result_type else s
+
+    return rule
+
+
+def _binary_rule(result_type: str | None = None) -> ShapeRule:
+    def rule(shapes: list[Shape], attributes: Mapping[str, Any]) -> Shape:
+        _require(len(shapes) == 2, "binary op takes two operands")
+        s = _same_arrays(shapes, "binary op")
+        _require(shapes[0].element_type == shapes[1].element_type,
+                 f"binary op operands differ in type: {shapes}")
+        return s.with_element_type(result_type) if result_type else s
+
+    return rule
+
+
+UNARY_ELEMENTWISE = (
+    "abs", "negate", "exponential", "exponential-minus-one", "log", "log-plus-one", "tanh",
+    "logistic", "sqrt", "rsqrt", "cbrt", "erf", "sign", "floor", "ceil", "round-nearest-afz",
+    "round-nearest-even", "not", "sine", "cosine", "tan", "copy",
+)
+_EXPENSIVE = {"exponential", "exponential-minus-one", "log", "log-plus-one", "tanh", "logistic",
+              "sqrt", "rsqrt", "cbrt", "erf", "sine", "cosine", "tan", "divide", "power",
+              "remainder", "atan2"}
+BINARY_ELEMENTWISE = (
+    "add", "subtract", "multiply", "divide", "maximum", "minimum", "power", "remainder", "atan2",
+    "and", "or", "xor", "shift-left", "shift-right-arithmetic", "shift-right-logical",
+)
+COMPARISON_DIRECTIONS = ("EQ", "NE", "LT", "LE", "GT", "GE")
+
+for _name in UNARY_ELEMENTWISE:
+    _register(_name, "elementwise", _unary_rule(), _name in _EXPENSIVE)
+_register("is-finite", "elementwise", _unary_rule("pred"))
+for _name in BINARY_ELEMENTWISE:
+    _register(_name, "elementwise", _binary_rule(), _name in _EXPENSIVE)
+
+
+def _compare_rule(shapes: list[Shape], attributes: Mapping[str, Any]) -> Shape:
+    _require(attributes.get("direction") in COMPARISON_DIRECTIONS,
+             f"compare needs direction in {COMPARISON_DIRECTIONS}")
+    return _binary_rule("pred")(shapes, attributes)
+
+
+def _convert_rule(shapes: list[Shape], attributes: Mapping[str, Any]) -> Shape:
+    # The target type is the instruction's own shape; builders pass it as 'element_type'.
+    _require(len(shapes) == 1 and "element_type" in attributes,
+             "convert takes one operand and an element_type")
+    return shapes[0].with_element_type(attributes["element_type"])
+
+
+def _select_rule(shapes: list[Shape], attributes: Mapping[str, Any]) -> Shape:
+    _require(len(shapes) == 3, "select takes predicate, on_true, on_false")
+    _require(shapes[0].element_type == "pred", "select's predicate must be pred")
+    _require(shapes[1].element_type == shapes[2].element_type, "select branches differ in type")
+    return _same_arrays(shapes, "select").with_element_type(shapes[1].element_type)
+
+
+def _clamp_rule(shapes: list[Shape], attributes: Mapping[str, Any]) -> Shape:
+    _require(len(shapes) == 3, "clamp takes min, operand, max")
+    lo, x, hi = shapes
+    for bound in (lo, hi):
+        _require(bound.dims in ((), x.dims), f"clamp bound {bound} does not fit {x}")
+    return x
+
+
+_register("compare", "elementwise", _compare_rule)
+_register("convert", "elementwise", _convert_rule)
+_register("select", "elementwise", _select_rule)
+_register("clamp", "elementwise", _clamp_rule)
+
+
+def _parameter_rule(shapes: list[Shape], attributes: Mapping[str, Any]) -> Shape:
+    raise ShapeError("a parameter's shape is given, not inferred")
+
+
+def _constant_rule(shapes: list[Shape], attributes: Mapping[str, Any]) -> Shape:
+    _require(not shapes and "literal" in attributes, "constant takes a literal and no operands")
+    return Shape.of_array(attributes["literal"])
+
+
+def _iota_rule(shapes: list[Shape], attributes: Mapping[str, Any]) -> Shape:
+    raise ShapeError("an iota's shape is given, not inferred")
+
+
+def _broadcast_rule(shapes: list[Shape], attributes: Mapping[str, Any]) -> Shape:
+    raise ShapeError("a broadcast's shape is given, not inferred")
+
+
+def _reshape_rule(shapes: list[Shape], attributes: Mapping[str, Any]) -> Shape:
+    raise ShapeError("a reshape's shape is given, not inferred")
+
+
+def _transpose_rule(shapes: list[Shape], attributes: Mapping[str, Any]) -> Shape:
+    (s,) = shapes
+    perm = tuple(attributes["dimensions"])
+    _require(sorted(perm) == list(range(s.rank)), f"transpose dimensions {perm} for {s}")
+    return s.with_dims(tuple(s.dims[p] for p in perm))
+
+
+def _reduce_rule(shapes: list[Shape], attributes: Mapping[str, Any]) -> Shape:
+    _require(len(shapes) % 2 == 0 and shapes, "reduce takes inputs then as many init values")
+    n = len(shapes) // 2
+    inputs, inits = shapes[:n], shapes[n:]
+    _same_arrays(inputs, "reduce")
+    dims = set(attributes["dimensions"])
+    _require(all(0 <= d < inputs[0].rank for d in dims), f"reduce dimensions {dims}")
+    for init in inits:
+        _require(init.dims == (), "reduce init values are scalars")
+    kept = tuple(d for i, d in enumerate(inputs[0].dims) if i not in dims)
+    results = [Shape(init.element_type, kept) for init in inits]
+    return results[0] if n == 1 else Shape.tuple_of(results)
+
+
+def _dot_rule(shapes: list[Shape], attributes: Mapping[str, Any]) -> Shape:
+    lhs, rhs = shapes
+    lb = tuple(attributes.get("lhs_batch_dims", ()))
+    rb = tuple(attributes.get("rhs_batch_dims", ()))
+    lc = tuple(attributes.get("lhs_contracting_dims", ()))
+    rc = tuple(attributes.get("rhs_contracting_dims", ()))
+    _require(len(lb) == len(rb) and len(lc) == len(rc), "dot dimension lists differ in length")
+    for a, b in zip(lb + lc, rb + rc):
+        _require(lhs.dims[a] == rhs.dims[b], f"dot dims differ: {lhs} vs {rhs}")
+    _require(lhs.element_type == rhs.element_type, "dot operands differ in type")
+    batch = tuple(lhs.dims[d] for d in lb)
+    lhs_free = tuple(d for i, d in enumerate(lhs.dims) if i not in lb and i not in lc)
+    rhs_free = tuple(d for i, d in enumerate(rhs.dims) if i not in rb and i not in rc)
+    return Shape(lhs.element_type, batch + lhs_free + rhs_free)
+
+
+def _slice_rule(shapes: list[Shape], attributes: Mapping[str, Any]) -> Shape:
+    (s,) = shapes
+    spec = attributes["slice"]
+    _require(len(spec) == s.rank, f"slice spec {spec} for {s}")
+    dims = []
+    for (start, limit, stride), size in zip(spec, s.dims):
+        _require(0 <= start <= limit <= size and stride >= 1, f"slice {spec} out of {s}")
+        dims.append((limit - start + stride - 1) // stride)
+    return s.with_dims(tuple(dims))
+
+
+def _concatenate_rule(shapes: list[Shape], attributes: Mapping[str, Any]) -> Shape:
+    (axis,) = attributes["dimensions"]
+    first = shapes[0]
+    for s in shapes:
+        _require(s.rank == first.rank and s.element_type == first.element_type,
+                 f"concatenate operands differ: {shapes}")
+        _require(all(a == b for i, (a, b) in enumerate(zip(s.dims, first.dims)) if i != axis),
+                 f"concatenate operands differ off axis {axis}: {shapes}")
+    dims = list(first.dims)
+    dims[axis] = sum(s.dims[axis] for s in shapes)
+    return first.with_dims(tuple(dims))
+
+
+def _tuple_rule(shapes: list[Shape], attributes: Mapping[str, Any]) -> Shape:
+    return Shape.tuple_of(shapes)
+
+
+def _get_tuple_element_rule(shapes: list[Shape], attributes: Mapping[str, Any]) -> Shape:
+    (s,) = shapes
+    _require(s.is_tuple, "get-tuple-element takes a tuple")
+    return s.tuple_shapes[attributes["index"]]  # type: ignore[index]
+
+
+def _given_rule(shapes: list[Shape], attributes: Mapping[str, Any]) -> Shape:
+    raise ShapeError("this opcode's shape is given by its called computation")
+
+
+_register("parameter", "other", _parameter_rule)
+_register("constant", "other", _constant_rule)
+_register("iota", "other", _iota_rule)
+_register("broadcast", "data-movement", _broadcast_rule)
+_register("reshape", "data-movement", _reshape_rule)
+_register("bitcast", "data-movement", _reshape_rule)
+_register("transpose", "data-movement", _transpose_rule)
+_register("slice", "data-movement", _slice_rule)
+_register("concatenate", "data-movement", _concatenate_rule)
+_register("reduce", "reduction", _reduce_rule)
+_register("dot", "dot", _dot_rule, expensive=True)
+_register("tuple", "other", _tuple_rule)
+_register("get-tuple-element", "other", _get_tuple_element_rule)
+_register("fusion", "other", _given_rule)
+_register("call", "other", _given_rule)
+
+
+def is_elementwise(opcode: str) -> bool:
+    info = OPCODES.get(opcode)
+    return info is not None and info.category == "elementwise"
+
+
+def is_expensive(opcode: str) -> bool:
+    info = OPCODES.get(opcode)
+    return info is not None and info.expensive

@@ -1,0 +1,130 @@
+"""XLA's HLO text format, printed from the IR.
+
+The form is the one TF's XLA prints for `experimental_get_compiler_ir(...)
+(stage='hlo')`: module header with `entry_computation_layout`, callees first,
+`ENTRY` last, `%`-names, long-form operands (`f32[2]{0} %x`), `ROOT`, and
+attributes (`dimensions={...}`, `to_apply=%c`, `metadata={...}`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from tfxla_lite.hlo.ir import Computation, HloModule, Instruction
+
+# Literals with more elements than this print as `{...}`, as XLA does for big constants.
+MAX_PRINTED_LITERAL_ELEMENTS = 64
+
+
+def format_scalar(value: Any, element_type: str) -> str:
+    if element_type == "pred":
+        return "true" if bool(value) else "false"
+    if element_type in ("f16", "bf16", "f32", "f64"):
+        v = float(value)
+        if np.isnan(v):
+            return "nan" if not np.signbit(v) else "-nan"
+        if np.isinf(v):
+            return "inf" if v > 0 else "-inf"
+        digits = {"f64": 17, "f32": 9}.get(element_type, 5)
+        text = f"{v:.{digits}g}"
+        if v == 0 and np.signbit(v):
+            text = "-0"
+        return text
+    return str(int(value))
+
+
+def format_literal(array: np.ndarray, element_type: str) -> str:
+    if array.ndim == 0:
+        return format_scalar(array[()], element_type)
+    if array.size > MAX_PRINTED_LITERAL_ELEMENTS:
+        return "{...}"
+
+    def nested(a: np.ndarray) -> str:
+        if a.ndim == 1:
+            return "{ " + ", ".join(format_scalar(v, element_type) for v in a) + " }"
+        return "{ " + ", ".join(nested(sub) for sub in a) + " }"
+
+    return nested(array)
+
+
+def _int_list(values: Any) -> str:
+    return "{" + ",".join(str(int(v)) for v in values) + "}"
+
+
+def _format_attribute(key: str, value: Any) -> str:
+    if key == "slice":
+        return "slice={" + ", ".join(f"[{a}:{b}{'' if c == 1 else f':{c}'}]"
+                                     for a, b, c in value) + "}"
+    if isinstance(value, (tuple, list)):
+        return f"{key}={_int_list(value)}"
+    if isinstance(value, bool):
+        return f"{key}={'true' if value else 'false'}"
+    if isinstance(value, str) and key in ("backend_config", "custom_call_target"):
+        return f'{key}="{value}"'
+    return f"{key}={value}"
+
+
+def _format_metadata(metadata: dict[str, Any]) -> str:
+    parts = []
+    for key in ("op_type", "op_name", "source_file", "source_line"):
+        if key in metadata and metadata[key] not in (None, ""):
+            value = metadata[key]
+            parts.append(f"{key}={value}" if key == "source_line" else f'{key}="{value}"')
+    return "metadata={" + " ".join(parts) + "}"
+
+
+# Attributes printed inside the parentheses or handled on their own.
+_SPECIAL_ATTRIBUTES = {"literal", "parameter_number"}
+
+
+def instruction_to_text(inst: Instruction, long_operands: bool = True) -> str:
+    operands = ", ".join((f"{o.shape} %{o.name}" if long_operands else f"%{o.name}")
+                         for o in inst.operands)
+    if inst.opcode == "parameter":
+        operands = str(inst.parameter_number)
+    elif inst.opcode == "constant":
+        operands = format_literal(inst.literal, inst.shape.element_type)
+    text = f"%{inst.name} = {inst.shape} {inst.opcode}({operands})"
+    extras = []
+    for key, value in inst.attributes.items():
+        if key not in _SPECIAL_ATTRIBUTES:
+            extras.append(_format_attribute(key, value))
+    if inst.called_computations:
+        key = {"fusion": "calls", "call": "to_apply"}.get(inst.opcode, "to_apply")
+        names = ", ".join(f"%{c.name}" for c in inst.called_computations)
+        extras.append(f"{key}={names}")
+    if inst.metadata:
+        extras.append(_format_metadata(inst.metadata))
+    if extras:
+        text += ", " + ", ".join(extras)
+    return text
+
+
+def computation_to_text(comp: Computation, entry: bool = False, long_operands: bool = True) -> str:
+    params = ", ".join(f"{p.name}: {p.shape.to_text(layout=False)}" for p in comp.parameters)
+    result = comp.root.shape.to_text(layout=False) if comp.root is not None else "()"
+    lines = [f"{'ENTRY ' if entry else ''}%{comp.name} ({params}) -> {result} {{"]
+    for inst in comp.instructions:
+        prefix = "ROOT " if inst is comp.root else ""
+        lines.append(f"  {prefix}{instruction_to_text(inst, long_operands)}")
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def entry_computation_layout(module: HloModule) -> str:
+    entry = module.entry
+    assert entry is not None and entry.root is not None
+    params = ", ".join(str(p.shape) for p in entry.parameters)
+    return f"{{({params})->{entry.root.shape}}}"
+
+
+def module_to_text(module: HloModule, long_operands: bool = True) -> str:
+    header = f"HloModule {module.name}"
+    if module.entry is not None and module.entry.root is not None:
+        header += f", entry_computation_layout={entry_computation_layout(module)}"
+    blocks = [header]
+    for comp in module.called_computations_in_order():
+        blocks.append(computation_to_text(comp, comp is module.entry, long_operands))
+    return "\n\n".join(blocks) + "\n"

@@ -1,0 +1,141 @@
+"""Element types and shapes of HLO values, named and printed as XLA does.
+
+The first stop of the data flow's compiler core: every instruction of an
+`HloModule` carries a `Shape`, and every layer below (passes, codegen, the
+runtime) reads sizes and NumPy dtypes from here. Layouts are always XLA's
+default (row-major, printed `{rank-1,...,0}`): this project never changes them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+try:  # bfloat16 has no NumPy dtype of its own; ml_dtypes ships one (TF depends on it).
+    import ml_dtypes
+
+    _BFLOAT16: np.dtype | None = np.dtype(ml_dtypes.bfloat16)
+except ImportError:  # pragma: no cover - the core works without it, minus bf16
+    _BFLOAT16 = None
+
+# XLA primitive type name -> NumPy dtype.
+_NUMPY_DTYPES: dict[str, np.dtype] = {
+    "pred": np.dtype(np.bool_),
+    "s8": np.dtype(np.int8),
+    "s16": np.dtype(np.int16),
+    "s32": np.dtype(np.int32),
+    "s64": np.dtype(np.int64),
+    "u8": np.dtype(np.uint8),
+    "u16": np.dtype(np.uint16),
+    "u32": np.dtype(np.uint32),
+    "u64": np.dtype(np.uint64),
+    "f16": np.dtype(np.float16),
+    "f32": np.dtype(np.float32),
+    "f64": np.dtype(np.float64),
+}
+if _BFLOAT16 is not None:
+    _NUMPY_DTYPES["bf16"] = _BFLOAT16
+
+ELEMENT_TYPES: tuple[str, ...] = tuple(_NUMPY_DTYPES)
+FLOAT_TYPES = frozenset({"f16", "bf16", "f32", "f64"})
+SIGNED_TYPES = frozenset({"s8", "s16", "s32", "s64"})
+UNSIGNED_TYPES = frozenset({"u8", "u16", "u32", "u64"})
+INTEGER_TYPES = SIGNED_TYPES | UNSIGNED_TYPES
+
+
+def numpy_dtype(element_type: str) -> np.dtype:
+    """The NumPy dtype that holds values of an XLA element type."""
+    try:
+        return _NUMPY_DTYPES[element_type]
+    except KeyError:
+        raise ValueError(f"unknown element type {element_type!r}") from None
+
+
+def element_type_of(dtype: np.dtype | type | str) -> str:
+    """The XLA element type name of a NumPy dtype (or anything np.dtype accepts)."""
+    dtype = np.dtype(dtype)
+    for name, candidate in _NUMPY_DTYPES.items():
+        if candidate == dtype:
+            return name
+    raise ValueError(f"no XLA element type for NumPy dtype {dtype}")
+
+
+@dataclass(frozen=True)
+class Shape:
+    """An array shape (`element_type`, `dims`) or a tuple of shapes (`tuple_shapes`)."""
+
+    element_type: str
+    dims: tuple[int, ...] = ()
+    tuple_shapes: tuple[Shape, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.tuple_shapes is None:
+            if self.element_type not in _NUMPY_DTYPES:
+                raise ValueError(f"unknown element type {self.element_type!r}")
+            object.__setattr__(self, "dims", tuple(int(d) for d in self.dims))
+            if any(d < 0 for d in self.dims):
+                raise ValueError(f"negative dimension in {self.dims}")
+        elif self.element_type != "tuple" or self.dims:
+            raise ValueError("a tuple shape has element_type 'tuple' and no dims")
+
+    @staticmethod
+    def array(element_type: str, dims: tuple[int, ...] | list[int] = ()) -> Shape:
+        return Shape(element_type, tuple(dims))
+
+    @staticmethod
+    def tuple_of(shapes: list[Shape] | tuple[Shape, ...]) -> Shape:
+        return Shape("tuple", (), tuple(shapes))
+
+    @staticmethod
+    def of_array(array: np.ndarray) -> Shape:
+        return Shape(element_type_of(array.dtype), tuple(array.shape))
+
+    @property
+    def is_tuple(self) -> bool:
+        return self.tuple_shapes is not None
+
+    @property
+    def rank(self) -> int:
+        self._require_array()
+        return len(self.dims)
+
+    @property
+    def num_elements(self) -> int:
+        self._require_array()
+        return int(np.prod(self.dims, dtype=np.int64))
+
+    @cached_property
+    def numpy_dtype(self) -> np.dtype:
+        self._require_array()
+        return _NUMPY_DTYPES[self.element_type]
+
+    @property
+    def byte_size(self) -> int:
+        """Bytes of a dense row-major buffer; a tuple counts its elements' buffers."""
+        if self.tuple_shapes is not None:
+            return sum(s.byte_size for s in self.tuple_shapes)
+        return self.num_elements * self.numpy_dtype.itemsize
+
+    def with_dims(self, dims: tuple[int, ...] | list[int]) -> Shape:
+        return Shape(self.element_type, tuple(dims))
+
+    def with_element_type(self, element_type: str) -> Shape:
+        return Shape(element_type, self.dims)
+
+    def _require_array(self) -> None:
+        if self.tuple_shapes is not None:
+            raise ValueError(f"{self} is a tuple shape, not an array")
+
+    def to_text(self, layout: bool = True) -> str:
+        """XLA's spelling: `f32[2,3]{1,0}`, `f32[]`, `(f32[2]{0}, s32[])`."""
+        if self.tuple_shapes is not None:
+            return "(" + ", ".join(s.to_text(layout) for s in self.tuple_shapes) + ")"
+        text = f"{self.element_type}[{','.join(map(str, self.dims))}]"
+        if layout and self.dims:
+            text += "{" + ",".join(str(d) for d in reversed(range(len(self.dims)))) + "}"
+        return text
+
+    def __str__(self) -> str:
+        return self.to_text()
