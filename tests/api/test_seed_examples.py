@@ -1,0 +1,82 @@
+"""The seed examples compiled end to end and checked against TensorFlow."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfxla_lite as tl
+from tfxla_lite.examples import EXAMPLES
+from tfxla_lite.rewrite import LAUNCH_OP_TYPE
+
+
+def _launch_ops(concrete_function) -> list:
+    graph_def = concrete_function.graph.as_graph_def()
+    nodes = list(graph_def.node)
+    for function in graph_def.library.function:
+        nodes.extend(function.node_def)
+    return [n for n in nodes if n.op == LAUNCH_OP_TYPE]
+
+
+# Relative to the largest magnitude of the expected result: the dots accumulate in a
+# different order than oneDNN's; the reductions in a different order than Eigen's.
+TOLERANCE = {"reduce_sum_fma": 1e-5, "mlp": 1e-5, "gelu": 1e-6, "softmax": 1e-6,
+             "self_attention": 1e-5}
+
+
+@pytest.mark.parametrize("name", list(EXAMPLES))
+@pytest.mark.parametrize("jit_compile", [True, None])
+def test_seed_example_matches_tensorflow(name: str, jit_compile: bool | None) -> None:
+    example = EXAMPLES[name].small()
+    inputs = example.inputs(seed=1)
+    expected = tf.function(example.fn)(*inputs).numpy()
+    compiled = tl.function(example.fn, jit_compile=jit_compile)
+    actual = compiled(*inputs)
+    assert isinstance(actual, tf.Tensor)
+    assert actual.dtype == tf.float32 and actual.shape == expected.shape
+    scale = max(float(np.max(np.abs(expected))), 1.0)
+    np.testing.assert_allclose(actual.numpy(), expected, rtol=0, atol=TOLERANCE[name] * scale)
+    report = tl.explain(compiled, *inputs)
+    assert len(report.compiled_clusters) >= 1
+    launches = _launch_ops(compiled.get_concrete_function(*inputs))
+    assert len(launches) == len(report.compiled_clusters)
+
+
+def test_reduce_sum_fma_is_one_fused_kernel() -> None:
+    example = EXAMPLES["reduce_sum_fma"].small()
+    f = tl.function(example.fn, jit_compile=True)
+    inputs = example.inputs()
+    hlo = f.experimental_get_compiler_ir(*inputs)(stage="optimized_hlo")
+    entry = hlo[hlo.index("ENTRY"):]
+    assert sum(" fusion(" in line for line in entry.splitlines()) == 1, hlo
+    report = tl.explain(f, *inputs)
+    assert [c.kernel_count for c in report.compiled_clusters] == [1]
+
+
+def test_compiler_ir_stages() -> None:
+    f = tl.function(EXAMPLES["gelu"].fn, jit_compile=True)
+    x = EXAMPLES["gelu"].small().inputs()[0]
+    ir = f.experimental_get_compiler_ir(x)
+    assert ir(stage="hlo").startswith("HloModule")
+    assert "fusion(" in ir(stage="optimized_hlo")
+    assert "kind=kLoop" in ir(stage="optimized_hlo")
+    assert "temp" in ir(stage="buffer_assignment").lower()
+    assert "define" in ir(stage="llvm")
+    with pytest.raises(ValueError, match="unknown stage"):
+        ir(stage="bogus")
+
+
+def test_one_program_per_signature() -> None:
+    traces = []
+
+    def fn(x):
+        traces.append(x.shape)
+        return tf.nn.relu(x) * 2.0 + 1.0
+
+    f = tl.function(fn, jit_compile=True)
+    for shape in [(4,), (4,), (8, 2), (4,)]:
+        x = np.ones(shape, np.float32)
+        np.testing.assert_array_equal(f(x).numpy(), np.full(shape, 3.0, np.float32))
+    assert len(f._programs) == 2
+    assert len(traces) == 2

@@ -1,0 +1,212 @@
+"""From one traced `tf.function` to a runnable program with compiled clusters.
+
+The driver of the data flow for one input signature, read top to bottom:
+mark every op, form clusters, lower each cluster to HLO, compile it (passes,
+fusion, buffer assignment, LLVM), register its executable with the launch op,
+rewrite the GraphDef so each cluster is one launch node, and wrap the result
+in a new `tf.function` that re-binds arguments, captures and variable writes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import tensorflow as tf
+
+from tfxla_lite.clustering.cluster import form_clusters
+from tfxla_lite.clustering.lower import lower_cluster
+from tfxla_lite.clustering.mark import PLUMBING_OPS, mark
+from tfxla_lite.codegen import compile_module
+from tfxla_lite.hlo import HloModule
+from tfxla_lite.options import Options
+from tfxla_lite.report import ClusteringReport, ClusterReport, FallbackNode
+from tfxla_lite.rewrite import (
+    CompiledCluster,
+    import_rewritten,
+    rewrite_graph_def,
+    rewritten_tensor_name,
+)
+from tfxla_lite.runtime import register_executable
+
+logger = logging.getLogger("tfxla_lite")
+
+_executable_ids = itertools.count()
+
+
+class CompilationError(tf.errors.InvalidArgumentError):
+    """A function compiled with `jit_compile=True` holds something that cannot compile.
+
+    `offending` lists the nodes, each with op type, node name, reason and the
+    user's Python source line.
+    """
+
+    def __init__(self, message: str, offending: list[FallbackNode] | None = None) -> None:
+        super().__init__(None, None, message)
+        self.offending = list(offending or [])
+
+
+@dataclass
+class CompiledClusterArtifacts:
+    """Everything `experimental_get_compiler_ir` and the report show of one cluster."""
+
+    name: str
+    hlo: HloModule
+    hlo_text: str
+    executable: Any  # tfxla_lite.codegen.Executable
+
+
+@dataclass
+class Program:
+    """One input signature's compiled form: a tf.function over the rewritten graph."""
+
+    concrete_function: Any
+    report: ClusteringReport
+    clusters: list[CompiledClusterArtifacts] = field(default_factory=list)
+    run: Callable[..., Any] | None = None
+
+    def compiler_ir(self, stage: str) -> str:
+        texts = {
+            "hlo": lambda c: c.hlo_text,
+            "optimized_hlo": lambda c: c.executable.optimized_hlo_text,
+            "buffer_assignment": lambda c: c.executable.assignment.to_text(),
+            "llvm": lambda c: c.executable.llvm_ir_optimized,
+            "llvm_unoptimized": lambda c: c.executable.llvm_ir,
+        }
+        if stage not in texts:
+            raise ValueError(f"unknown stage {stage!r}; stages are {', '.join(texts)}")
+        if not self.clusters:
+            return ""
+        return "\n".join(texts[stage](c) for c in self.clusters)
+
+
+def _source_of(op: tf.Operation) -> str | None:
+    """The user's `file:line` that created `op`: the innermost frame outside TF and us."""
+    skip = ("/tensorflow/", "/keras/", "/tfxla_lite/", "/clustering/", "/codegen/",
+            "/site-packages/", "<frozen")
+    frames = getattr(op, "traceback", None) or []
+    for frame in reversed(list(frames)):
+        filename = frame.filename if hasattr(frame, "filename") else frame[0]
+        lineno = frame.lineno if hasattr(frame, "lineno") else frame[1]
+        if not any(s in filename for s in skip):
+            return f"{filename}:{lineno}"
+    return None
+
+
+def _tensor_spec(tensor: tf.Tensor) -> tuple[tf.DType, tuple[int, ...]]:
+    return tensor.dtype, tuple(int(d) for d in tensor.shape)
+
+
+def build_program(concrete_function: Any, jit_compile: bool | None, options: Options) -> Program:
+    """Cluster, compile and rewrite one traced function; see the module docstring."""
+    graph = concrete_function.graph
+    function_name = concrete_function.name
+    if isinstance(function_name, bytes):
+        function_name = function_name.decode()
+    report = ClusteringReport(function_name, jit_compile)
+    decisions = mark(graph)
+    min_size = 1 if jit_compile else options.min_cluster_size
+    clusters = form_clusters(graph, decisions, min_cluster_size=min_size,
+                             max_cluster_size=options.max_cluster_size)
+
+    clustered = {name for c in clusters for name in c.op_names}
+    for op in graph.get_operations():
+        decision = decisions[op.name]
+        if op.name in clustered:
+            continue
+        reason = decision.reason if not decision.compilable else "cluster too small"
+        source = getattr(decision, "source", None) or _source_of(op)
+        report.fallbacks.append(FallbackNode(op.name, op.type, reason or "", source))
+
+    if jit_compile:
+        offending = [f for f in report.fallbacks if f.op_type not in PLUMBING_OPS]
+        if offending:
+            raise CompilationError(_must_compile_message(function_name, offending),
+                                   offending)
+
+    compiled: list[CompiledCluster] = []
+    artifacts: list[CompiledClusterArtifacts] = []
+    for cluster in clusters:
+        ops = tuple((name, graph.get_operation_by_name(name).type) for name in cluster.op_names)
+        try:
+            module = lower_cluster(graph, cluster)
+            hlo_text = module.to_text()
+            executable = compile_module(module, pipeline=options.pipeline)
+        except Exception as error:  # noqa: BLE001 - any failure means: leave it to TF
+            if jit_compile:
+                raise CompilationError(
+                    f"tfxla-lite could not compile {cluster.name} of "
+                    f"{function_name}: {type(error).__name__}: {error}") from error
+            logger.warning("tfxla-lite: %s falls back to TensorFlow: %s", cluster.name, error)
+            logger.debug("%s", traceback.format_exc())
+            report.clusters.append(ClusterReport(cluster.name, ops, len(cluster.inputs),
+                                                 len(cluster.outputs), False, str(error)))
+            for name, op_type in ops:
+                report.fallbacks.append(FallbackNode(
+                    name, op_type, f"{cluster.name} failed to compile: {error}",
+                    _source_of(graph.get_operation_by_name(name))))
+            continue
+        key = f"{function_name}/{cluster.name}/{next(_executable_ids)}"
+        inputs = [graph.get_tensor_by_name(t) for t in cluster.inputs]
+        outputs = [graph.get_tensor_by_name(t) for t in cluster.outputs]
+        register_executable(key, executable.entry_address, executable.temp_bytes,
+                            [_tensor_spec(t) for t in inputs], [_tensor_spec(t) for t in outputs],
+                            owner=executable)
+        compiled.append(CompiledCluster(
+            name=cluster.name, op_names=tuple(cluster.op_names), inputs=tuple(cluster.inputs),
+            outputs=tuple(cluster.outputs), control_inputs=tuple(cluster.control_inputs), key=key,
+            output_dtypes=tuple(t.dtype for t in outputs),
+            output_shapes=tuple(_tensor_spec(t)[1] for t in outputs),
+            input_dtypes=tuple(t.dtype for t in inputs)))
+        artifacts.append(CompiledClusterArtifacts(cluster.name, module, hlo_text, executable))
+        report.clusters.append(ClusterReport(
+            cluster.name, ops, len(cluster.inputs), len(cluster.outputs), True,
+            kernel_count=executable.kernel_count, temp_bytes=executable.temp_bytes,
+            temp_bytes_without_reuse=executable.assignment.temp_bytes_without_reuse))
+        logger.info("tfxla-lite: compiled %s of %s: %d ops, %d kernels", cluster.name,
+                    function_name, len(ops), executable.kernel_count)
+
+    program = Program(concrete_function, report, artifacts)
+    program.run = _rewritten_function(concrete_function, compiled)
+    return program
+
+
+def _must_compile_message(function_name: str, offending: list[FallbackNode]) -> str:
+    lines = [f"tfxla-lite: jit_compile=True, but {len(offending)} op(s) of {function_name} "
+             "cannot be compiled:"]
+    for node in offending:
+        where = f" at {node.source}" if node.source else ""
+        lines.append(f"  {node.op_type} node '{node.op_name}'{where}: {node.reason}")
+    return "\n".join(lines)
+
+
+def _rewritten_function(concrete_function: Any, clusters: list[CompiledCluster]) -> Callable:
+    """A tf.function that runs the rewritten graph; called like the original function."""
+    graph = concrete_function.graph
+    graph_def = rewrite_graph_def(graph.as_graph_def(add_shapes=True), clusters)
+    placeholder_names = [t.op.name for t in concrete_function.inputs]
+    captured = list(concrete_function.captured_inputs)
+    num_arguments = len(concrete_function.inputs) - len(captured)
+    structured = concrete_function.structured_outputs
+    flat = tf.nest.flatten(structured, expand_composites=True)
+    output_names = [rewritten_tensor_name(t.name, clusters) for t in flat
+                    if isinstance(t, tf.Tensor)]
+    control_names = [op.name for op in graph.control_outputs]
+
+    def rewritten(*args: Any, **kwargs: Any) -> Any:
+        func_graph = tf.compat.v1.get_default_graph()
+        arguments = list(func_graph.inputs)
+        if len(arguments) != num_arguments:
+            raise AssertionError(f"tfxla-lite: traced {len(arguments)} arguments, the original "
+                                 f"function has {num_arguments}")
+        captures = [func_graph.capture(c) for c in captured]
+        results = iter(import_rewritten(graph_def, placeholder_names, arguments + captures,
+                                        output_names, control_names))
+        values = [next(results) if isinstance(t, tf.Tensor) else t for t in flat]
+        return tf.nest.pack_sequence_as(structured, values, expand_composites=True)
+
+    return tf.function(rewritten, autograph=False)

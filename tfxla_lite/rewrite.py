@@ -1,0 +1,160 @@
+"""Graph rewrite: each compiled cluster becomes one `TfxlaLiteLaunch` node.
+
+The last step of the data flow on the TensorFlow side. It takes the GraphDef
+of a traced `tf.function`, removes the ops of every compiled cluster, adds one
+launch node per cluster that reads the cluster's inputs and produces its
+outputs, and re-points every consumer outside the cluster (data and control
+edges) at the launch node. `import_rewritten` then imports the result into the
+`tf.function` being traced, binding the original placeholders to the new
+function's arguments and captures (see ARCHITECTURE.md, "Re-import works").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import tensorflow as tf
+
+LAUNCH_OP_TYPE = "TfxlaLiteLaunch"
+
+
+@dataclass(frozen=True)
+class CompiledCluster:
+    """What the rewrite needs of one cluster: its ops, its boundary, its executable."""
+
+    name: str
+    op_names: tuple[str, ...]
+    inputs: tuple[str, ...]  # tensor names 'op:i' read from outside, in parameter order
+    outputs: tuple[str, ...]  # tensor names 'op:i' produced inside, in output order
+    control_inputs: tuple[str, ...]  # outside op names with control edges into the cluster
+    key: str  # executable registry key
+    output_dtypes: tuple[tf.DType, ...]
+    output_shapes: tuple[tuple[int, ...], ...]
+    input_dtypes: tuple[tf.DType, ...]
+
+    @property
+    def launch_name(self) -> str:
+        return f"tfxla_lite_launch_{self.name}"
+
+
+def _split_input(reference: str) -> tuple[str, int, bool]:
+    """A GraphDef input ('op', 'op:2', '^op') as (op name, output index, is_control)."""
+    if reference.startswith("^"):
+        return reference[1:], -1, True
+    if ":" in reference:
+        op, index = reference.rsplit(":", 1)
+        if index.isdigit():
+            return op, int(index), False
+    return reference, 0, False
+
+
+def _graph_def_reference(tensor_name: str) -> str:
+    op, index, _ = _split_input(tensor_name)
+    return op if index == 0 else f"{op}:{index}"
+
+
+class _Redirect:
+    """Maps references to tensors and ops of clusters onto their launch nodes."""
+
+    def __init__(self, clusters: Sequence[CompiledCluster]) -> None:
+        self.owner: dict[str, CompiledCluster] = {}
+        for cluster in clusters:
+            for name in cluster.op_names:
+                self.owner[name] = cluster
+        self.output_index = {
+            cluster.name: {_split_input(t)[:2]: i for i, t in enumerate(cluster.outputs)}
+            for cluster in clusters
+        }
+
+    def __call__(self, reference: str, inside: CompiledCluster | None = None) -> str:
+        """The GraphDef reference ('op', 'op:i', '^op') after the rewrite."""
+        op, index, control = _split_input(reference)
+        cluster = self.owner.get(op)
+        if cluster is None or cluster is inside:
+            return reference
+        if control:
+            return f"^{cluster.launch_name}"
+        position = self.output_index[cluster.name].get((op, index))
+        if position is None:
+            raise ValueError(f"tensor {op}:{index} leaves {cluster.name} but is not one of its "
+                             "outputs")
+        return f"{cluster.launch_name}:{position}"
+
+
+def rewritten_tensor_name(tensor_name: str, clusters: Sequence[CompiledCluster]) -> str:
+    """The name ('op:i') that tensor `tensor_name` of the original graph has after the rewrite."""
+    op, index, _ = _split_input(_Redirect(clusters)(_graph_def_reference(tensor_name)))
+    return f"{op}:{index}"
+
+
+def rewrite_graph_def(graph_def: tf.compat.v1.GraphDef,
+                      clusters: Sequence[CompiledCluster]) -> tf.compat.v1.GraphDef:
+    """A copy of `graph_def` with each cluster replaced by its launch node."""
+    redirect = _Redirect(clusters)
+    owner = redirect.owner
+
+    result = tf.compat.v1.GraphDef()
+    result.versions.CopyFrom(graph_def.versions)
+    result.library.CopyFrom(graph_def.library)
+    nodes_by_name = {node.name: node for node in graph_def.node}
+    for node in graph_def.node:
+        if node.name in owner:
+            continue
+        copy = result.node.add()
+        copy.CopyFrom(node)
+        del copy.input[:]
+        seen_controls: set[str] = set()
+        for reference in node.input:
+            new = redirect(reference)
+            if new.startswith("^"):
+                if new in seen_controls:
+                    continue
+                seen_controls.add(new)
+            copy.input.append(new)
+
+    for cluster in clusters:
+        launch = result.node.add()
+        launch.name = cluster.launch_name
+        launch.op = LAUNCH_OP_TYPE
+        first = nodes_by_name[cluster.op_names[0]]
+        launch.device = first.device
+        for tensor in cluster.inputs:
+            launch.input.append(redirect(_graph_def_reference(tensor), cluster))
+        controls = []
+        for op_name in cluster.control_inputs:
+            reference = redirect(f"^{op_name}", cluster)
+            if reference not in controls:
+                controls.append(reference)
+        launch.input.extend(controls)
+        launch.attr["key"].s = cluster.key.encode()
+        launch.attr["Tin"].list.type.extend([d.as_datatype_enum for d in cluster.input_dtypes])
+        launch.attr["Tout"].list.type.extend([d.as_datatype_enum for d in cluster.output_dtypes])
+        for shape in cluster.output_shapes:
+            launch.attr["output_shapes"].list.shape.add().CopyFrom(
+                tf.TensorShape(shape).as_proto())
+        launch.attr["_output_shapes"].list.shape.extend(
+            [tf.TensorShape(shape).as_proto() for shape in cluster.output_shapes])
+    return result
+
+
+def import_rewritten(graph_def: tf.compat.v1.GraphDef, placeholder_names: Sequence[str],
+                     feeds: Sequence[tf.Tensor], output_names: Sequence[str],
+                     control_output_names: Sequence[str]) -> list[tf.Tensor]:
+    """Import `graph_def` into the graph being traced and return its outputs.
+
+    `feeds[i]` stands in for placeholder `placeholder_names[i]` (arguments first,
+    then captures, as in `ConcreteFunction.inputs`). The ops of
+    `control_output_names` (variable writes) become control dependencies of the
+    returned tensors, so that they run whenever the outputs are computed.
+    """
+    input_map = {f"{name}:0": feed for name, feed in zip(placeholder_names, feeds)}
+    elements = list(output_names) + list(control_output_names)
+    imported = tf.graph_util.import_graph_def(graph_def, input_map=input_map,
+                                              return_elements=elements, name="tfxla_lite")
+    tensors = imported[: len(output_names)]
+    controls = imported[len(output_names):]
+    if not controls:
+        return [tf.identity(t) for t in tensors]
+    with tf.control_dependencies(controls):
+        return [tf.identity(t) for t in tensors]
