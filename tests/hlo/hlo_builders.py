@@ -1,0 +1,71 @@
+"""Small builders of HLO modules by hand, shared by tests/hlo and tests/passes."""
+
+from __future__ import annotations
+
+import re
+
+from tfxla_lite.hlo.ir import Computation, HloModule, Instruction
+from tfxla_lite.hlo.shape import Shape
+
+
+def new_module(name: str = "test") -> tuple[HloModule, Computation]:
+    module = HloModule(name)
+    return module, module.new_computation("main", entry=True)
+
+
+def parameters(comp: Computation, *shapes: Shape) -> list[Instruction]:
+    return [comp.add_parameter(n, shape) for n, shape in enumerate(shapes)]
+
+
+def reduce(comp: Computation, x: Instruction, dims: tuple[int, ...], kind: str = "add",
+           init: float = 0.0) -> Instruction:
+    assert comp.module is not None
+    element_type = x.shape.element_type
+    reducer = comp.module.reduction_computation(kind, element_type)
+    zero = comp.add_constant(init, element_type)
+    return comp.create("reduce", [x, zero], called_computations=[reducer], dimensions=dims)
+
+
+def reduce_sum_x_plus_y_times_z(shape: Shape | None = None) -> HloModule:
+    """`reduce_sum(x + y*z)` over all dimensions, the fusion showcase."""
+    shape = shape or Shape("f32", (4, 8))
+    module, comp = new_module("reduce_sum")
+    x, y, z = parameters(comp, shape, shape, shape)
+    total = comp.create("add", [x, comp.create("multiply", [y, z])])
+    comp.root = reduce(comp, total, tuple(range(shape.rank)))
+    return module
+
+
+def check_lines(text: str, *patterns: str) -> None:
+    """FileCheck-like: each pattern (a regex) matches a later line than the previous one."""
+    lines = text.splitlines()
+    at = 0
+    for pattern in patterns:
+        for n in range(at, len(lines)):
+            if re.search(pattern, lines[n]):
+                at = n + 1
+                break
+        else:
+            raise AssertionError(f"CHECK not found after line {at}: {pattern!r}\n{text}")
+
+
+def count(comp: Computation, opcode: str) -> int:
+    return sum(1 for inst in comp.instructions if inst.opcode == opcode)
+
+
+
+
+def flatten(value: object) -> list:
+    """The arrays of an evaluator result, tuples flattened (output copies add a tuple)."""
+    if isinstance(value, tuple):
+        return [a for v in value for a in flatten(v)]
+    return [value]
+
+
+def random_arguments(module: HloModule, seed: int = 0) -> list:
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    assert module.entry is not None
+    return [rng.normal(size=p.shape.dims).astype(p.shape.numpy_dtype)
+            for p in module.entry.parameters]

@@ -1,0 +1,109 @@
+"""Buffer assignment: slice kinds, reuse of dead temps, no overlap of live ones."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hlo_builders import new_module, parameters, reduce_sum_x_plus_y_times_z
+
+from tfxla_lite.hlo.ir import HloModule
+from tfxla_lite.hlo.shape import Shape
+from tfxla_lite.passes import BufferAssignment, BufferSlice, assign_buffers, optimize
+
+F32 = Shape("f32", (10,))  # 40 bytes: 64 once aligned
+
+
+def assert_no_live_overlap(assignment: BufferAssignment) -> None:
+    """Temps whose live ranges meet (inclusive) never share a byte."""
+    temps = [(name, s) for name, s in assignment.slices.items() if s.kind == "temp" and s.size]
+    for _, s in temps:
+        assert s.offset % 64 == 0 and s.offset + s.size <= assignment.temp_bytes
+    for i, (a, sa) in enumerate(temps):
+        for b, sb in temps[i + 1:]:
+            (a0, a1), (b0, b1) = assignment.live_ranges[a], assignment.live_ranges[b]
+            if a1 < b0 or b1 < a0:
+                continue
+            assert sa.offset + sa.size <= sb.offset or sb.offset + sb.size <= sa.offset, (a, b)
+
+
+def _chain(length: int) -> HloModule:
+    module, comp = new_module("chain")
+    (value,) = parameters(comp, F32)
+    for n in range(length):
+        value = comp.create("negate" if n % 2 else "exponential", [value])
+    comp.root = comp.create("tuple", [value])
+    return module
+
+
+def test_chain_reuses_dead_temps() -> None:
+    assignment = assign_buffers(_chain(6))
+    assert assignment.temp_bytes_without_reuse == 5 * 64
+    assert assignment.temp_bytes == 2 * 64  # ping-pong: a kernel never writes its input
+    assert assignment.temp_bytes < assignment.temp_bytes_without_reuse
+    assert_no_live_overlap(assignment)
+
+
+def test_slice_kinds() -> None:
+    module, comp = new_module()
+    x, y = parameters(comp, F32, Shape("s32", (3,)))
+    one = comp.add_constant(np.ones(10, np.float32))
+    t = comp.create("add", [x, one])
+    out0 = comp.create("multiply", [t, t])
+    comp.root = comp.create("tuple", [comp.create("negate", [y]), out0])
+    a = assign_buffers(module)
+    assert a.slice_of(x) == BufferSlice("parameter", 0, 0, 40)
+    assert a.slice_of("param_1") == BufferSlice("parameter", 1, 0, 12)
+    assert a.slice_of(one) == BufferSlice("constant", 0, 0, 40)
+    assert a.slice_of(t) == BufferSlice("temp", 0, 0, 40)
+    assert a.slice_of(out0) == BufferSlice("output", 1, 0, 40)
+    assert a.slice_of("negate") == BufferSlice("output", 0, 0, 12)
+    assert a.temp_bytes == 64
+    with pytest.raises(KeyError, match="tuple"):
+        a.slice_of(comp.root)
+    assert set(a.slices) == {i.name for i in comp.instructions} - {"tuple"}
+
+
+def test_non_tuple_root_is_output_zero() -> None:
+    module, comp = new_module()
+    (x,) = parameters(comp, F32)
+    comp.root = comp.create("negate", [comp.create("abs", [x])])
+    a = assign_buffers(module)
+    assert a.slice_of(comp.root) == BufferSlice("output", 0, 0, 40)
+    assert a.slice_of("abs").kind == "temp"
+
+
+def test_zero_size_buffers() -> None:
+    module, comp = new_module()
+    (x,) = parameters(comp, Shape("f32", (0, 4)))
+    comp.root = comp.create("tuple", [comp.create("negate", [comp.create("abs", [x])])])
+    a = assign_buffers(module)
+    assert a.slice_of("abs") == BufferSlice("temp", 0, 0, 0)
+    assert a.temp_bytes == 0 and a.temp_bytes_without_reuse == 0
+
+
+def test_best_fit_of_decreasing_size_fills_holes() -> None:
+    # big (256 B) dies early; two small temps defined later fit into its hole.
+    module, comp = new_module()
+    x, s = parameters(comp, Shape("f32", (64,)), Shape("f32", (16,)))
+    big = comp.create("exponential", [x])
+    big_user = comp.create("negate", [big])  # live until the tuple: an output
+    small1 = comp.create("abs", [s])
+    small2 = comp.create("negate", [small1])
+    comp.root = comp.create("tuple", [big_user, comp.create("exponential", [small2])])
+    a = assign_buffers(module)
+    assert a.slice_of(big).offset == 0
+    assert {a.slice_of(small1).offset, a.slice_of(small2).offset} == {0, 64}
+    assert a.temp_bytes == 256
+    assert_no_live_overlap(a)
+
+
+def test_to_text_dump() -> None:
+    module = optimize(reduce_sum_x_plus_y_times_z(), verify=True)
+    text = assign_buffers(module).to_text()
+    assert "allocation 0: parameter 0, size 128" in text
+    assert "output 0, size 4" in text
+    assert "%add_reduce_fusion f32[] offset 0 size 4 live [3, 5]" in text
+    assert text.rstrip().endswith("total temp bytes: 0 before reuse, 0 after reuse")
+    chain = assign_buffers(_chain(4)).to_text()
+    assert "temp arena, size 128 (192 without reuse)" in chain
+    assert "live [1, 2]" in chain

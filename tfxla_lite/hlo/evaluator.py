@@ -1,0 +1,462 @@
+"""The NumPy reference evaluator: what every HLO opcode computes, on NumPy arrays.
+
+One reference per opcode of `tfxla_lite.hlo.opcodes.OPCODES` (house habit 2); a
+test fails when one is missing. Passes are checked by evaluating a module before
+and after them, and the backends by comparing their kernels with `evaluate`.
+
+Semantics follow XLA's CPU backend where NumPy differs:
+
+- Float ops compute in the operand's dtype (f32 stays f32); bf16, which NumPy has
+  no arithmetic for, computes in f32 and rounds back, as XLA's CPU backend does.
+- Integer `divide` truncates toward zero and `remainder` takes the dividend's sign.
+  Division by zero gives -1 (all ones for unsigned) and `x % 0 = x`; `INT_MIN / -1`
+  is `INT_MIN` and `INT_MIN % -1` is 0. Nothing traps.
+- `maximum` and `minimum` propagate NaN.
+- Integer `power` with a negative exponent gives 0, except bases 1 and -1.
+- Shifts by a negative amount or by the bit width or more give 0, or the sign fill
+  for `shift-right-arithmetic`.
+- `convert` float to integer truncates toward zero and saturates at the target's
+  bounds; NaN becomes 0. Float to pred is `x != 0`. Integer to integer wraps.
+- `round-nearest-afz` rounds halves away from zero, `round-nearest-even` to even.
+- `erf` evaluates `math.erf` in float64, then rounds to the operand's dtype.
+- `reduce` folds the init value in once (XLA's order differs for floats: compare
+  with a tolerance). add/multiply/maximum/minimum/and/or computations take a NumPy
+  fast path; any other `to_apply` computation is run element by element.
+- `dot` contracts after transposing to `[batch, m, k] x [batch, k, n]` with
+  `np.matmul` in the operand dtype (f16/bf16 accumulate in f32).
+
+NumPy floating-point warnings are silenced: overflow to inf and NaN are results.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from tfxla_lite.hlo.ir import Computation, HloModule, Instruction
+from tfxla_lite.hlo.opcodes import OPCODES
+from tfxla_lite.hlo.shape import FLOAT_TYPES, SIGNED_TYPES, UNSIGNED_TYPES, Shape
+
+Value = np.ndarray | tuple
+# A reference maps an instruction and its operands' values to its value. A parameter
+# gets the argument it stands for as its one operand.
+Reference = Callable[[Instruction, Sequence[Any]], Any]
+
+REFERENCES: dict[str, Reference] = {}
+
+
+def _reference(*opcodes: str) -> Callable[[Reference], Reference]:
+    def register(fn: Reference) -> Reference:
+        for opcode in opcodes:
+            REFERENCES[opcode] = fn
+        return fn
+
+    return register
+
+
+def _compute_dtype(dtype: np.dtype) -> np.dtype:
+    """The dtype NumPy computes `dtype` values in: f32 for the 2-byte floats it lacks."""
+    if dtype.kind == "V" or dtype.name == "bfloat16":
+        return np.dtype(np.float32)
+    return dtype
+
+
+def _result(value: Any, shape: Shape) -> np.ndarray:
+    array = np.asarray(value)
+    if array.dtype != shape.numpy_dtype:
+        array = array.astype(shape.numpy_dtype)
+    if array.shape != shape.dims:
+        raise AssertionError(f"reference produced {array.shape}, expected {shape}")
+    return array
+
+
+# -- elementwise ------------------------------------------------------------------------
+
+def _round_afz(x: np.ndarray) -> np.ndarray:
+    truncated = np.trunc(x)
+    return np.where(np.abs(x - truncated) >= 0.5, truncated + np.sign(x), truncated)
+
+
+def _erf(x: np.ndarray) -> np.ndarray:
+    wide = np.asarray(x, dtype=np.float64)
+    return np.vectorize(math.erf, otypes=[np.float64])(wide) if wide.size else wide
+
+
+_FLOAT_UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "exponential": np.exp,
+    "exponential-minus-one": np.expm1,
+    "log": np.log,
+    "log-plus-one": np.log1p,
+    "tanh": np.tanh,
+    "logistic": lambda x: 1 / (1 + np.exp(-x)),
+    "sqrt": np.sqrt,
+    "rsqrt": lambda x: 1 / np.sqrt(x),
+    "cbrt": np.cbrt,
+    "erf": _erf,
+    "floor": np.floor,
+    "ceil": np.ceil,
+    "round-nearest-afz": _round_afz,
+    "round-nearest-even": np.rint,
+    "sine": np.sin,
+    "cosine": np.cos,
+    "tan": np.tan,
+}
+
+
+def _is_float(dtype: np.dtype) -> bool:
+    return dtype.kind == "f" or dtype.name == "bfloat16"
+
+
+@_reference(*_FLOAT_UNARY)
+def _float_unary(inst: Instruction, operands: Sequence[Any]) -> np.ndarray:
+    (x,) = operands
+    if not _is_float(x.dtype):
+        if inst.opcode in ("floor", "ceil", "round-nearest-afz", "round-nearest-even"):
+            return _result(x, inst.shape)  # integers are already whole
+        raise TypeError(f"{inst.opcode} takes floats, got {x.dtype}")
+    fn = _FLOAT_UNARY[inst.opcode]
+    return _result(fn(x.astype(_compute_dtype(x.dtype))), inst.shape)
+
+
+@_reference("abs", "negate", "sign", "not", "copy", "is-finite")
+def _plain_unary(inst: Instruction, operands: Sequence[Any]) -> np.ndarray:
+    (x,) = operands
+    wide = x.astype(_compute_dtype(x.dtype))
+    if inst.opcode == "abs":
+        value = np.abs(wide)
+    elif inst.opcode == "negate":
+        value = np.negative(wide)
+    elif inst.opcode == "sign":
+        value = np.sign(wide)
+    elif inst.opcode == "not":
+        value = np.logical_not(x) if x.dtype == np.bool_ else np.invert(x)
+    elif inst.opcode == "is-finite":
+        value = np.isfinite(wide)
+    else:  # copy
+        value = np.array(x, copy=True)
+    return _result(value, inst.shape)
+
+
+def _integer_divide(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    zero = b == 0
+    if a.dtype.kind == "u":
+        quotient = a // np.where(zero, 1, b).astype(a.dtype)
+        return np.where(zero, np.iinfo(a.dtype).max, quotient).astype(a.dtype)
+    overflow = (a == np.iinfo(a.dtype).min) & (b == -1)
+    safe = np.where(zero | overflow, 1, b).astype(a.dtype)
+    quotient = a // safe
+    # Floor division rounds toward -inf; step back toward zero where it did.
+    inexact = (quotient * safe != a) & ((a < 0) != (safe < 0))
+    quotient = quotient + inexact.astype(a.dtype)
+    return np.where(zero, -1, quotient).astype(a.dtype)
+
+
+def _integer_remainder(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    zero = b == 0
+    safe = np.where(zero, 1, b).astype(a.dtype)
+    if a.dtype.kind == "i":
+        safe = np.where(safe == -1, 1, safe).astype(a.dtype)  # x % -1 is 0, no overflow
+    return np.where(zero, a, np.fmod(a, safe)).astype(a.dtype)
+
+
+def _integer_power(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    value = np.power(a, np.where(b < 0, 0, b).astype(b.dtype))
+    if a.dtype.kind == "i":
+        negative = np.where(a == 1, 1, np.where(a == -1, np.where(b % 2 == 0, 1, -1), 0))
+        value = np.where(b < 0, negative, value)
+    return value.astype(a.dtype)
+
+
+def _shift(opcode: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    bits = a.dtype.itemsize * 8
+    out_of_range = (b < 0) | (b >= bits) if b.dtype.kind == "i" else b >= bits
+    amount = np.where(out_of_range, 0, b).astype(a.dtype)
+    if opcode == "shift-left":
+        return np.where(out_of_range, 0, np.left_shift(a, amount)).astype(a.dtype)
+    if opcode == "shift-right-arithmetic":
+        fill = np.where(a < 0, -1, 0) if a.dtype.kind == "i" else 0
+        return np.where(out_of_range, fill, np.right_shift(a, amount)).astype(a.dtype)
+    unsigned = np.dtype(f"u{a.dtype.itemsize}")
+    logical = np.right_shift(a.view(unsigned), amount.view(unsigned)).view(a.dtype)
+    return np.where(out_of_range, 0, logical).astype(a.dtype)
+
+
+_FLOAT_BINARY: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
+    "add": np.add,
+    "subtract": np.subtract,
+    "multiply": np.multiply,
+    "divide": np.divide,
+    "maximum": np.maximum,
+    "minimum": np.minimum,
+    "power": np.power,
+    "remainder": np.fmod,
+    "atan2": np.arctan2,
+}
+
+
+@_reference(*OPCODES.keys() & {"add", "subtract", "multiply", "divide", "maximum", "minimum",
+                                "power", "remainder", "atan2", "and", "or", "xor",
+                                "shift-left", "shift-right-arithmetic",
+                                "shift-right-logical"})
+def _binary(inst: Instruction, operands: Sequence[Any]) -> np.ndarray:
+    a, b = operands
+    opcode = inst.opcode
+    if _is_float(a.dtype):
+        compute = _compute_dtype(a.dtype)
+        value = _FLOAT_BINARY[opcode](a.astype(compute), b.astype(compute))
+    elif opcode in ("and", "or", "xor"):
+        value = {"and": np.bitwise_and, "or": np.bitwise_or, "xor": np.bitwise_xor}[opcode](a, b)
+    elif opcode.startswith("shift"):
+        value = _shift(opcode, a, b)
+    elif opcode == "divide":
+        value = _integer_divide(a, b)
+    elif opcode == "remainder":
+        value = _integer_remainder(a, b)
+    elif opcode == "power":
+        value = _integer_power(a, b)
+    elif opcode == "atan2":
+        raise TypeError(f"atan2 takes floats, got {a.dtype}")
+    else:  # add, subtract, multiply, maximum, minimum wrap or compare as NumPy does
+        value = _FLOAT_BINARY[opcode](a, b)
+    return _result(value, inst.shape)
+
+
+_COMPARISONS = {"EQ": np.equal, "NE": np.not_equal, "LT": np.less, "LE": np.less_equal,
+                "GT": np.greater, "GE": np.greater_equal}
+
+
+@_reference("compare")
+def _compare(inst: Instruction, operands: Sequence[Any]) -> np.ndarray:
+    a, b = operands
+    compute = _compute_dtype(a.dtype)
+    return _result(_COMPARISONS[inst.attributes["direction"]](a.astype(compute),
+                                                               b.astype(compute)), inst.shape)
+
+
+@_reference("select")
+def _select(inst: Instruction, operands: Sequence[Any]) -> np.ndarray:
+    predicate, on_true, on_false = operands
+    return _result(np.where(predicate, on_true, on_false), inst.shape)
+
+
+@_reference("clamp")
+def _clamp(inst: Instruction, operands: Sequence[Any]) -> np.ndarray:
+    low, x, high = operands
+    compute = _compute_dtype(x.dtype)
+    value = np.minimum(np.maximum(x.astype(compute), low.astype(compute)), high.astype(compute))
+    return _result(value, inst.shape)
+
+
+@_reference("convert")
+def _convert(inst: Instruction, operands: Sequence[Any]) -> np.ndarray:
+    (x,) = operands
+    target = inst.shape.element_type
+    dtype = inst.shape.numpy_dtype
+    if _is_float(x.dtype) and target in SIGNED_TYPES | UNSIGNED_TYPES:
+        info = np.iinfo(dtype)
+        truncated = np.trunc(x.astype(np.float64))
+        truncated = np.where(np.isnan(truncated), 0, truncated)
+        # float64 cannot hold every int64 bound exactly: pin the ends explicitly.
+        inside = np.clip(truncated, float(info.min), float(info.max))
+        inside = np.where((inside >= float(info.max)) | (inside <= float(info.min)), 0, inside)
+        value = inside.astype(dtype)
+        value = np.where(truncated >= float(info.max), info.max, value)
+        value = np.where(truncated <= float(info.min), info.min, value)
+        return _result(value.astype(dtype), inst.shape)
+    if target == "pred":
+        return _result(x != 0, inst.shape)
+    if x.dtype.name == "bfloat16" and target not in FLOAT_TYPES:
+        x = x.astype(np.float32)
+    return _result(x.astype(dtype), inst.shape)
+
+
+# -- data movement and sources ----------------------------------------------------------
+
+@_reference("parameter")
+def _parameter(inst: Instruction, operands: Sequence[Any]) -> np.ndarray:
+    (argument,) = operands
+    if inst.shape.is_tuple:
+        return tuple(argument)  # type: ignore[return-value]
+    array = np.asarray(argument)
+    if array.shape != inst.shape.dims:
+        raise ValueError(f"argument for %{inst.name} has shape {array.shape}, "
+                         f"expected {inst.shape}")
+    return _result(array, inst.shape)
+
+
+@_reference("constant")
+def _constant(inst: Instruction, operands: Sequence[Any]) -> np.ndarray:
+    return _result(inst.literal, inst.shape)
+
+
+@_reference("iota")
+def _iota(inst: Instruction, operands: Sequence[Any]) -> np.ndarray:
+    dims = inst.shape.dims
+    axis = int(inst.attributes["iota_dimension"])
+    line = np.arange(dims[axis]).reshape([-1 if i == axis else 1 for i in range(len(dims))])
+    return _result(np.broadcast_to(line, dims).astype(inst.shape.numpy_dtype), inst.shape)
+
+
+@_reference("broadcast")
+def _broadcast(inst: Instruction, operands: Sequence[Any]) -> np.ndarray:
+    (x,) = operands
+    mapping = list(inst.dimensions)  # operand dim i -> output dim mapping[i]
+    order = sorted(range(len(mapping)), key=lambda i: mapping[i])
+    x = np.transpose(x, order)
+    expanded = [1] * inst.shape.rank
+    for i in order:
+        expanded[mapping[i]] = operands[0].shape[i]
+    value = np.broadcast_to(x.reshape(expanded), inst.shape.dims)
+    return _result(np.array(value, copy=True), inst.shape)
+
+
+@_reference("reshape", "bitcast")
+def _reshape(inst: Instruction, operands: Sequence[Any]) -> np.ndarray:
+    return _result(np.reshape(operands[0], inst.shape.dims), inst.shape)
+
+
+@_reference("transpose")
+def _transpose(inst: Instruction, operands: Sequence[Any]) -> np.ndarray:
+    return _result(np.ascontiguousarray(np.transpose(operands[0], inst.dimensions)), inst.shape)
+
+
+@_reference("slice")
+def _slice(inst: Instruction, operands: Sequence[Any]) -> np.ndarray:
+    index = tuple(slice(start, limit, stride) for start, limit, stride in inst.attributes["slice"])
+    return _result(np.array(operands[0][index], copy=True), inst.shape)
+
+
+@_reference("concatenate")
+def _concatenate(inst: Instruction, operands: Sequence[Any]) -> np.ndarray:
+    return _result(np.concatenate(list(operands), axis=inst.dimensions[0]), inst.shape)
+
+
+@_reference("tuple")
+def _tuple(inst: Instruction, operands: Sequence[Any]) -> tuple:
+    return tuple(operands)
+
+
+@_reference("get-tuple-element")
+def _get_tuple_element(inst: Instruction, operands: Sequence[Any]) -> Any:
+    return operands[0][int(inst.attributes["index"])]
+
+
+@_reference("call", "fusion")
+def _call(inst: Instruction, operands: Sequence[Any]) -> Any:
+    return evaluate_computation(inst.called_computations[0], list(operands))
+
+
+# -- reduce and dot ---------------------------------------------------------------------
+
+_REDUCERS = {"add": np.add, "multiply": np.multiply, "maximum": np.maximum,
+             "minimum": np.minimum, "and": np.bitwise_and, "or": np.bitwise_or}
+
+
+def _fast_reducer(computation: Computation) -> np.ufunc | None:
+    """The ufunc of a `to_apply` that is one binary op of its two parameters, if any."""
+    root = computation.root
+    if root is None or root.opcode not in _REDUCERS or len(computation.instructions) != 3:
+        return None
+    if {o.opcode for o in root.operands} != {"parameter"} or len(set(root.operands)) != 2:
+        return None
+    ufunc = _REDUCERS[root.opcode]
+    if root.shape.element_type == "pred" and ufunc in (np.bitwise_and, np.bitwise_or):
+        return np.logical_and if ufunc is np.bitwise_and else np.logical_or
+    return ufunc
+
+
+@_reference("reduce")
+def _reduce(inst: Instruction, operands: Sequence[Any]) -> Any:
+    n = len(operands) // 2
+    inputs, inits = list(operands[:n]), list(operands[n:])
+    axes = tuple(sorted(inst.dimensions))
+    computation = inst.called_computations[0]
+    ufunc = _fast_reducer(computation) if n == 1 else None
+    if ufunc is not None:
+        (x,), (init,) = inputs, inits
+        compute = _compute_dtype(x.dtype)
+        value = ufunc.reduce(x.astype(compute), axis=axes, dtype=compute,
+                             initial=init.astype(compute)[()])
+        return _result(value, inst.shape)
+    # General path: fold the computation over each output element's inputs in
+    # row-major order, starting from the init values.
+    kept = [d for d in range(inputs[0].ndim) if d not in axes]
+    kept_shape = tuple(inputs[0].shape[d] for d in kept)
+    rows = [np.transpose(x, kept + list(axes)).reshape(kept_shape + (-1,)) for x in inputs]
+    results = [np.empty(kept_shape, dtype=init.dtype) for init in inits]
+    for index in np.ndindex(*kept_shape):
+        accumulators: list[Any] = [init for init in inits]
+        for k in range(rows[0].shape[-1]):
+            elements = [np.asarray(row[index + (k,)]) for row in rows]
+            out = evaluate_computation(computation, accumulators + elements)
+            accumulators = list(out) if isinstance(out, tuple) else [out]
+        for result, accumulator in zip(results, accumulators, strict=True):
+            result[index] = accumulator
+    if n == 1:
+        return _result(results[0], inst.shape)
+    return tuple(_result(r, s) for r, s in zip(results, inst.shape.tuple_shapes or (), strict=True))
+
+
+@_reference("dot")
+def _dot(inst: Instruction, operands: Sequence[Any]) -> np.ndarray:
+    lhs, rhs = operands
+    attrs = inst.attributes
+    lb, rb = list(attrs.get("lhs_batch_dims", ())), list(attrs.get("rhs_batch_dims", ()))
+    lc = list(attrs.get("lhs_contracting_dims", ()))
+    rc = list(attrs.get("rhs_contracting_dims", ()))
+    lf = [d for d in range(lhs.ndim) if d not in lb + lc]
+    rf = [d for d in range(rhs.ndim) if d not in rb + rc]
+    batch = tuple(lhs.shape[d] for d in lb)
+
+    def size(array: np.ndarray, dims: list[int]) -> int:
+        return int(np.prod([array.shape[d] for d in dims], dtype=np.int64))
+
+    compute = np.dtype(np.float32) if lhs.dtype.itemsize < 4 and _is_float(lhs.dtype) \
+        else lhs.dtype
+    left = np.transpose(lhs, lb + lf + lc).astype(compute).reshape(
+        size(lhs, lb), size(lhs, lf), size(lhs, lc))
+    right = np.transpose(rhs, rb + rc + rf).astype(compute).reshape(
+        size(rhs, rb), size(rhs, rc), size(rhs, rf))
+    product = np.matmul(left, right)
+    dims = batch + tuple(lhs.shape[d] for d in lf) + tuple(rhs.shape[d] for d in rf)
+    return _result(product.reshape(dims), inst.shape)
+
+
+# -- driver -----------------------------------------------------------------------------
+
+def evaluate_computation(computation: Computation, args: Sequence[Any]) -> Any:
+    """Run `computation` on `args` (one per parameter, in parameter-number order)."""
+    params = computation.parameters
+    if len(args) != len(params):
+        raise ValueError(f"%{computation.name} takes {len(params)} arguments, got {len(args)}")
+    values: dict[int, Any] = {}
+    with np.errstate(all="ignore"):
+        for inst in computation.instructions:
+            if inst.opcode == "parameter":
+                operands: list[Any] = [args[inst.parameter_number]]
+            else:
+                operands = [values[id(o)] for o in inst.operands]
+            try:
+                reference = REFERENCES[inst.opcode]
+            except KeyError:
+                raise NotImplementedError(f"no reference for opcode {inst.opcode!r}") from None
+            values[id(inst)] = reference(inst, operands)
+    if computation.root is None:
+        raise ValueError(f"%{computation.name} has no root")
+    return values[id(computation.root)]
+
+
+def evaluate(module: HloModule, *args: Any) -> Value:
+    """Run the entry computation of `module`; arrays are converted to the parameters' dtypes."""
+    if module.entry is None:
+        raise ValueError(f"module {module.name} has no entry computation")
+    params = module.entry.parameters
+    if len(args) != len(params):
+        raise ValueError(f"module {module.name} takes {len(params)} arguments, got {len(args)}")
+    converted = [arg if param.shape.is_tuple
+                 else np.asarray(arg).astype(param.shape.numpy_dtype, copy=False)
+                 for param, arg in zip(params, args, strict=True)]
+    return evaluate_computation(module.entry, converted)

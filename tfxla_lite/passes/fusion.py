@@ -1,0 +1,201 @@
+"""Instruction fusion: group producers with their consumers into one kernel each.
+
+The step that decides how many kernels codegen emits and how many buffers the
+runtime allocates. It follows XLA's `instruction_fusion.cc` and
+`cpu_instruction_fusion.cc`, producer into consumer:
+
+- kLoop: a fusion rooted at an elementwise op, broadcast, reshape, bitcast or
+  transpose, with elementwise, broadcast, reshape, bitcast, transpose and scalar
+  constant producers fused in; it computes every output element independently.
+- kInput: a fusion rooted at a single-input reduce, with the same producers
+  fused into its input, so `reduce_sum(x + y*z)` reads x, y, z once and writes
+  only the sum.
+
+Dots, slices, concatenates, iotas, tuples and multi-output reduces stay
+top-level, as do ops with nothing to fuse with (codegen treats each as a fusion
+of one). A cheap producer with users outside a fusion is duplicated into it;
+an expensive one (`opcodes.is_expensive`) is fused only when the fusion holds
+every user, so expensive work is never done twice. Every fused producer is
+cloned and the original stays until no user needs it, so fusion cannot create
+a cycle: a fusion reads only values its members read, which precede it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from tfxla_lite.hlo.ir import Computation, HloModule, Instruction
+from tfxla_lite.hlo.opcodes import is_elementwise, is_expensive
+from tfxla_lite.passes.base import Pass
+
+# Ops that compute each output element from operand elements at known indices.
+LOOP_FUSIBLE = frozenset({"broadcast", "reshape", "bitcast", "transpose"})
+
+
+def _is_loop_fusible(inst: Instruction) -> bool:
+    if inst.shape.is_tuple:
+        return False
+    return is_elementwise(inst.opcode) or inst.opcode in LOOP_FUSIBLE
+
+
+def can_be_fusion_root(inst: Instruction) -> bool:
+    """Whether a fusion may end in `inst` (its result is the fusion's result)."""
+    if inst.opcode == "reduce":
+        return len(inst.operands) == 2 and not inst.shape.is_tuple
+    return _is_loop_fusible(inst)
+
+
+def can_fuse_producer(producer: Instruction) -> bool:
+    """Whether `producer` may be cloned into the fusion of one of its consumers."""
+    if producer.opcode == "constant":
+        return producer.shape.dims == ()
+    return _is_loop_fusible(producer)
+
+
+def _grow_group(root: Instruction, needed: set[int]) -> list[Instruction]:
+    """`root` and the producers fused into it, consumers before producers.
+
+    `needed` holds the instructions some kernel formed earlier reads from outside.
+    """
+    members = [root]
+    member_ids = {id(root)}
+    for member in members:  # grows while iterating: a worklist
+        for producer in member.operands:
+            if id(producer) in member_ids or not can_fuse_producer(producer):
+                continue
+            if is_expensive(producer.opcode) and (id(producer) in needed or not all(
+                    _is_exclusive(user, root, member_ids) for user in producer.users)):
+                continue  # would duplicate expensive work; maybe a later member covers it
+            members.append(producer)
+            member_ids.add(id(producer))
+    return members
+
+
+def _is_exclusive(inst: Instruction, root: Instruction, member_ids: set[int]) -> bool:
+    """Whether `inst` is computed only inside the fusion: no user outside reads it.
+
+    A member that some outside user reads is duplicated; an expensive producer it
+    reads would then be computed twice, once here and once for that duplicate.
+    """
+    stack, seen = [inst], set()
+    while stack:
+        node = stack.pop()
+        if node is root or id(node) in seen:
+            continue
+        if id(node) not in member_ids:
+            return False
+        seen.add(id(node))
+        stack.extend(node.users)
+    return True
+
+
+def _fusion_name(root: Instruction, member_ids: set[int]) -> str:
+    """XLA-style: the root's opcode, after its first fused producer's (`add_reduce_fusion`)."""
+    parts = [root.opcode]
+    for operand in root.operands:
+        if id(operand) in member_ids and operand.opcode != "constant":
+            parts.insert(0, operand.opcode)
+            break
+    return "_".join(parts).replace("-", "_") + "_fusion"
+
+
+def _materialize(computation: Computation, members: list[Instruction]) -> Instruction:
+    """Replace the group's root by a fusion instruction calling clones of `members`."""
+    module = computation.module
+    assert module is not None
+    position = {id(inst): n for n, inst in enumerate(computation.instructions)}
+    ordered = sorted(members, key=lambda inst: position[id(inst)])
+    member_ids = {id(inst) for inst in members}
+    inputs: list[Instruction] = []
+    for inst in ordered:
+        for operand in inst.operands:
+            if id(operand) not in member_ids and all(operand is not i for i in inputs):
+                inputs.append(operand)
+    inputs.sort(key=lambda inst: position[id(inst)])  # parameters follow the entry's order
+
+    root = members[0]
+    fused = module.add_computation(Computation("fused_computation"))
+    fused.is_fusion_computation = True
+    clones: dict[int, Instruction] = {}
+    params = []
+    for number, value in enumerate(inputs):
+        params.append(fused.add_parameter(number, value.shape, name=f"param_{number}"))
+        clones[id(value)] = params[-1]
+    body = []
+    for inst in ordered:
+        clone = Instruction(inst.opcode, inst.shape, [clones[id(o)] for o in inst.operands],
+                            inst.attributes, inst.called_computations, inst.name, inst.metadata)
+        clones[id(inst)] = fused.add(clone)
+        body.append(clone)
+    fused.instructions = params + body  # XLA's printing order; already topological
+    fused.root = clones[id(root)]
+
+    kind = "kInput" if root.opcode == "reduce" else "kLoop"
+    fusion = computation.add(Instruction(
+        "fusion", root.shape, inputs, {"kind": kind}, [fused],
+        _fusion_name(root, member_ids), root.metadata))
+    root.replace_all_uses_with(fusion)
+    return fusion
+
+
+def fuse_computation(computation: Computation) -> int:
+    """Fuse `computation` in place; the number of fusion instructions created."""
+    # Consumers first: when an instruction is reached, every user has decided
+    # whether it still reads the instruction from outside a fusion.
+    needed: set[int] = {id(computation.root)}
+    groups: list[list[Instruction]] = []
+    for inst in reversed(computation.instructions):
+        if inst.users and id(inst) not in needed:
+            continue  # every user fused a clone of it
+        members = _grow_group(inst, needed) if can_be_fusion_root(inst) else [inst]
+        member_ids = {id(m) for m in members}
+        for member in members:
+            needed.update(id(o) for o in member.operands if id(o) not in member_ids)
+        if len(members) > 1:
+            groups.append(members)
+
+    touched: set[int] = set()
+    for members in groups:
+        _materialize(computation, members)
+        touched.update(id(m) for m in members)
+    # Drop the originals no top-level instruction reads any more, users first.
+    for inst in reversed(computation.instructions):
+        if id(inst) in touched and not inst.users and inst is not computation.root:
+            computation.remove(inst)
+    # A fusion is added just after its last input; one with no inputs (a broadcast
+    # constant) lands at the end, after its users, until the order is restored.
+    computation.sort()
+    return len(groups)
+
+
+@dataclass(frozen=True)
+class Fusion(Pass):
+    """Needs: a module that verifies.
+
+    Guarantees: in the entry (and computations it `call`s) every fusible group
+    is one `fusion` instruction with `kind` kLoop or kInput calling its own
+    computation (`is_fusion_computation`); the rest is unchanged.
+    """
+
+    name: ClassVar[str] = "fuse"
+
+    def run(self, module: HloModule) -> bool:
+        fused = 0
+        for computation in _fusion_targets(module):
+            fused += fuse_computation(computation)
+        return fused > 0
+
+
+def _fusion_targets(module: HloModule) -> list[Computation]:
+    """The entry and the computations `call`ed from it (not reducers, not fusions)."""
+    if module.entry is None:
+        return []
+    targets, stack = [], [module.entry]
+    while stack:
+        comp = stack.pop()
+        if all(comp is not t for t in targets):
+            targets.append(comp)
+            stack.extend(c for inst in comp.instructions if inst.opcode == "call"
+                         for c in inst.called_computations)
+    return targets
