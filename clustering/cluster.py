@@ -1,0 +1,248 @@
+"""Cluster formation: contract edges between compilable ops without creating cycles.
+
+The second step of clustering (mark → cluster → lower), after TF's
+mark_for_compilation_pass: start with one cluster per compilable op, and contract an
+edge u→v (data or control) between two clusters on the same device only when no
+other path u⇝v exists, since contracting it would then make a cycle through the
+ops on that path. Repeat until nothing changes, then drop small clusters.
+
+Const ops never take part in contraction: their value is known, so every cluster
+that reads one embeds it as an HLO constant (`lower.py`) instead of taking it as an
+input. A Const whose consumers all ended up in one cluster (and that has no control
+inputs) is listed among that cluster's ops, so that the graph rewrite removes it.
+
+Size: a cluster's size counts its ops except Const and pass-through Identity-like
+ops (`TRIVIAL_OPS`), so a cluster of only those is never formed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import networkx as nx
+from tfxla_lite.clustering.mark import Decision, MarkOptions, mark
+from tfxla_lite.clustering.registry import OP_RULES
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+
+TRIVIAL_OPS = frozenset({"Const", "Identity", "StopGradient", "Snapshot", "PreventGradient"})
+
+
+@dataclass
+class Cluster:
+    """A set of ops compiled together, and the tensors and control edges crossing it.
+
+    `inputs`: tensor names ('op:idx') read from outside, in first-use order, except
+    values of Const ops (embedded) and inputs whose values the lowering never reads
+    (e.g. Reshape's shape). `outputs`: tensors made inside and used outside or
+    returned by the function. `control_inputs`: outside ops with control edges into
+    the cluster; `control_outputs`: outside ops with control edges from it.
+    """
+
+    name: str
+    op_names: list[str]
+    inputs: list[str] = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)
+    control_inputs: list[str] = field(default_factory=list)
+    control_outputs: list[str] = field(default_factory=list)
+    device: str = ""
+
+    @property
+    def size(self) -> int:
+        return len(self.op_names)
+
+
+@dataclass
+class ClusteringResult:
+    """Decisions for every op and the clusters formed from the compilable ones."""
+
+    decisions: dict[str, Decision]
+    clusters: list[Cluster]
+
+    def cluster_of(self, op_name: str) -> Cluster | None:
+        for cluster in self.clusters:
+            if op_name in cluster.op_names:
+                return cluster
+        return None
+
+    def summary(self) -> str:
+        """A short text report: one line per cluster, one per op left out, with why."""
+        lines = [f"{len(self.clusters)} cluster(s)"]
+        for c in self.clusters:
+            lines.append(f"  {c.name}: {len(c.op_names)} ops, {len(c.inputs)} inputs, "
+                         f"{len(c.outputs)} outputs")
+        clustered = {name for c in self.clusters for name in c.op_names}
+        for d in self.decisions.values():
+            if d.op_name not in clustered:
+                why = d.reason or "compilable, but its cluster was too small"
+                where = f" ({d.source})" if d.source else ""
+                lines.append(f"  not compiled: {d.op_name} [{d.op_type}]: {why}{where}")
+        return "\n".join(lines)
+
+
+def counted_size(op_types: Iterable[str]) -> int:
+    """The size a cluster is measured by: its ops other than TRIVIAL_OPS."""
+    return sum(1 for t in op_types if t not in TRIVIAL_OPS)
+
+
+def _dependency_graph(ops: list[tf.Operation]) -> nx.DiGraph:
+    graph = nx.DiGraph()
+    graph.add_nodes_from(op.name for op in ops)
+    for op in ops:
+        for tensor in op.inputs:
+            graph.add_edge(tensor.op.name, op.name)
+        for control in op.control_inputs:
+            graph.add_edge(control.name, op.name)
+    return graph
+
+
+def _contract(ops: list[tf.Operation], candidates: set[str], max_size: int | None,
+              order: dict[str, int]) -> dict[str, list[str]]:
+    """Edge contraction to a fixed point; returns representative -> member op names."""
+    by_name = {op.name: op for op in ops}
+    contracted = _dependency_graph(ops)
+    members = {name: [name] for name in candidates}
+    sizes = {name: counted_size([by_name[name].type]) for name in candidates}
+    changed = True
+    while changed:
+        changed = False
+        for u in sorted(members, key=order.__getitem__):
+            if u not in members:  # merged away earlier in this sweep
+                continue
+            for v in sorted(contracted.successors(u), key=order.__getitem__):
+                if v not in members or by_name[u].device != by_name[v].device:
+                    continue
+                if max_size is not None and sizes[u] + sizes[v] > max_size:
+                    continue
+                if not _only_path_is_direct(contracted, u, v):
+                    continue
+                for p in list(contracted.predecessors(v)):
+                    if p != u:
+                        contracted.add_edge(p, u)
+                for s in list(contracted.successors(v)):
+                    contracted.add_edge(u, s)
+                contracted.remove_node(v)
+                members[u].extend(members.pop(v))
+                sizes[u] += sizes.pop(v)
+                changed = True
+    return members
+
+
+def _only_path_is_direct(graph: nx.DiGraph, u: str, v: str) -> bool:
+    """True when the edge u→v is the only path from u to v."""
+    if graph.out_degree(u) == 1 or graph.in_degree(v) == 1:
+        return True  # cheap common case: chains
+    graph.remove_edge(u, v)
+    try:
+        return not nx.has_path(graph, u, v)
+    finally:
+        graph.add_edge(u, v)
+
+
+def form_clusters(graph: tf.Graph, decisions: dict[str, Decision], min_cluster_size: int = 4,
+                  max_cluster_size: int | None = None) -> list[Cluster]:
+    """Clusters of compilable ops, named cluster_0, cluster_1... in topological order."""
+    ops = graph.get_operations()
+    dependencies = _dependency_graph(ops)
+    index = {op.name: n for n, op in enumerate(ops)}
+    topo = list(nx.lexicographical_topological_sort(dependencies, key=index.__getitem__))
+    order = {name: n for n, name in enumerate(topo)}
+    by_name = {op.name: op for op in ops}
+
+    candidates = {name for name, d in decisions.items()
+                  if d.compilable and name in by_name and by_name[name].type != "Const"}
+    groups = _contract(ops, candidates, max_cluster_size, order)
+
+    owner: dict[str, str] = {}
+    kept: list[list[str]] = []
+    for group in groups.values():
+        if counted_size(by_name[n].type for n in group) >= max(min_cluster_size, 1):
+            kept.append(group)
+    kept.sort(key=lambda g: min(order[n] for n in g))
+    for number, group in enumerate(kept):
+        for name in group:
+            owner[name] = f"cluster_{number}"
+    _absorb_constants(ops, decisions, owner)
+
+    edges = _CrossingEdges(ops)
+    clusters = []
+    for number in range(len(kept)):
+        name = f"cluster_{number}"
+        op_names = sorted((n for n, c in owner.items() if c == name), key=order.__getitem__)
+        clusters.append(_describe(graph, name, [by_name[n] for n in op_names], edges))
+    return clusters
+
+
+class _CrossingEdges:
+    """Who reads each tensor and who waits on each op, computed once per graph."""
+
+    def __init__(self, ops: list[tf.Operation]) -> None:
+        self.readers: dict[str, list[str]] = {}
+        self.waiters: dict[str, list[str]] = {}
+        for op in ops:
+            for tensor in op.inputs:
+                self.readers.setdefault(tensor.name, []).append(op.name)
+            for control in op.control_inputs:
+                self.waiters.setdefault(control.name, []).append(op.name)
+
+
+def _absorb_constants(ops: list[tf.Operation], decisions: dict[str, Decision],
+                      owner: dict[str, str]) -> None:
+    """Put each compilable Const whose every consumer is in one cluster into that cluster."""
+    consumers: dict[str, set[str | None]] = {}
+    for op in ops:
+        for tensor in op.inputs:
+            consumers.setdefault(tensor.op.name, set()).add(owner.get(op.name))
+        for control in op.control_inputs:
+            consumers.setdefault(control.name, set()).add(None)
+    for op in ops:
+        decision = decisions.get(op.name)
+        if op.type != "Const" or decision is None or not decision.compilable:
+            continue
+        users = consumers.get(op.name, set())
+        if len(users) == 1 and None not in users and not op.control_inputs:
+            owner[op.name] = next(iter(users))  # type: ignore[assignment]
+
+
+def _describe(graph: tf.Graph, name: str, ops: list[tf.Operation], edges: _CrossingEdges
+              ) -> Cluster:
+    inside = {op.name for op in ops}
+    returned = {t.name for t in getattr(graph, "outputs", [])}
+    inputs: list[str] = []
+    control_inputs: list[str] = []
+    for op in ops:
+        value_free = OP_RULES[op.type].value_free_indices(op)
+        for i, tensor in enumerate(op.inputs):
+            if (i in value_free or tensor.op.name in inside or tensor.op.type == "Const"
+                    or tensor.name in inputs):
+                continue
+            inputs.append(tensor.name)
+        for control in op.control_inputs:
+            if control.name not in inside and control.name not in control_inputs:
+                control_inputs.append(control.name)
+
+    outputs: list[str] = []
+    control_outputs: list[str] = []
+    for op in ops:
+        for tensor in op.outputs:
+            readers = edges.readers.get(tensor.name, [])
+            if tensor.name in returned or any(r not in inside for r in readers):
+                outputs.append(tensor.name)
+        for waiter in edges.waiters.get(op.name, []):
+            if waiter not in inside and waiter not in control_outputs:
+                control_outputs.append(waiter)
+    device = ops[0].device if ops else ""
+    return Cluster(name, [op.name for op in ops], inputs, outputs, control_inputs,
+                   control_outputs, device)
+
+
+def cluster_graph(graph: tf.Graph, options: MarkOptions | None = None,
+                  min_cluster_size: int = 4, max_cluster_size: int | None = None
+                  ) -> ClusteringResult:
+    """Mark and cluster `graph` in one call."""
+    decisions = mark(graph, options)
+    return ClusteringResult(decisions, form_clusters(graph, decisions, min_cluster_size,
+                                                     max_cluster_size))

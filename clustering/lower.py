@@ -1,0 +1,79 @@
+"""Lowering: one cluster of a TF graph → one `HloModule`.
+
+The last step of clustering (mark → cluster → lower), handing HLO to
+`tfxla_lite.passes` and codegen. The entry computation takes the cluster's
+`inputs` as parameters `arg0, arg1, ...` (in that order), lowers each op in
+topological order through its registry rule, and returns the tuple of the
+cluster's `outputs` (in that order). Const values are embedded when first read,
+so unused ones (axes, permutations) leave no instruction behind.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from tfxla_lite.clustering.cluster import Cluster
+from tfxla_lite.clustering.registry import (
+    OP_RULES,
+    LoweringContext,
+    LoweringError,
+    tensor_shape,
+)
+
+from tfxla_lite.hlo import HloModule, Instruction
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+
+
+def lower_cluster(graph: tf.Graph, cluster: Cluster, name: str | None = None) -> HloModule:
+    """The HLO of `cluster`: parameters are `cluster.inputs`, the root tuples `outputs`."""
+    module = HloModule(name or cluster.name)
+    entry = module.new_computation("main", entry=True)
+    ctx = LoweringContext(module, entry)
+    values: dict[str, Instruction] = {}
+    for number, tensor_name in enumerate(cluster.inputs):
+        tensor = graph.get_tensor_by_name(tensor_name)
+        values[tensor_name] = entry.add_parameter(number, tensor_shape(tensor), f"arg{number}")
+
+    def value_of(tensor: tf.Tensor) -> Instruction:
+        if tensor.name in values:
+            return values[tensor.name]
+        if tensor.op.type == "Const":  # embedded on first use, wherever the Const lives
+            ctx.begin(tensor.op)
+            (values[tensor.name],) = OP_RULES["Const"].lower(ctx, tensor.op, [])
+            return values[tensor.name]
+        raise LoweringError(f"{cluster.name}: tensor {tensor.name} is neither made inside "
+                            f"the cluster nor one of its inputs")
+
+    for op_name in cluster.op_names:
+        op = graph.get_operation_by_name(op_name)
+        if op.type == "Const":
+            continue
+        rule = OP_RULES.get(op.type)
+        if rule is None:
+            raise LoweringError(f"op type {op.type} has no lowering ({op.name})")
+        value_free = rule.value_free_indices(op)
+        operands: list[Any] = [None if i in value_free else value_of(t)
+                               for i, t in enumerate(op.inputs)]
+        ctx.begin(op)
+        results = rule.lower(ctx, op, operands)
+        _check_results(op, results)
+        for tensor, result in zip(op.outputs, results):
+            values[tensor.name] = result
+
+    outputs = [value_of(graph.get_tensor_by_name(n)) for n in cluster.outputs]
+    entry.root = entry.create("tuple", outputs)
+    return module
+
+
+def _check_results(op: tf.Operation, results: list[Instruction]) -> None:
+    """Each lowering must give one HLO value per TF output, of the TF output's shape."""
+    if len(results) != len(op.outputs):
+        raise LoweringError(f"lowering of {op.type} {op.name} gave {len(results)} values for "
+                            f"{len(op.outputs)} outputs")
+    for tensor, result in zip(op.outputs, results):
+        expected = tensor_shape(tensor)
+        if result.shape != expected:
+            raise LoweringError(f"lowering of {op.type} {op.name} gave {result.shape} for "
+                                f"output {tensor.name} of shape {expected}")

@@ -1,0 +1,134 @@
+"""Marking: which ops of a traced TF graph may be compiled, and why each other one may not.
+
+The first step of clustering (mark → cluster → lower). Every op gets a `Decision`;
+the reasons are the ones a user reads in `tfxla_lite.explain` and in must-compile
+errors, so each names the op type, dtype, input or device at fault. The checks follow
+TF's mark_for_compilation_pass in spirit: a registered lowering, supported dtypes,
+fully static shapes, compile-time constants where the lowering needs values, no
+state, no resources, a device we compile for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from tfxla_lite.clustering.registry import (
+    OP_RULES,
+    constant_value,
+    source_location,
+    static_dims,
+)
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+
+# Ops that move arguments and variables around. Must-compile mode tolerates these
+# staying outside clusters; everything else that cannot compile is an error there.
+PLUMBING_OPS = frozenset({
+    "Placeholder", "ReadVariableOp", "AssignVariableOp", "AssignAddVariableOp",
+    "AssignSubVariableOp", "VarHandleOp", "Identity", "IdentityN", "NoOp",
+})
+# Plumbing that never joins a cluster, whatever its dtype (Identity can compile).
+NEVER_CLUSTERED = PLUMBING_OPS - {"Identity", "IdentityN"}
+
+_RESOURCE_DTYPES = frozenset({"resource", "variant"})
+PLUMBING_REASON = "argument/variable plumbing"
+RESOURCE_REASON = "resource op / variable plumbing"
+STATEFUL_REASON = "stateful op"
+
+
+@dataclass(frozen=True)
+class MarkOptions:
+    """What marking accepts. `device_types`: TF device types we compile for (an op
+    explicitly placed elsewhere stays in TF); `denylist`: op types never compiled."""
+
+    device_types: frozenset[str] = frozenset({"CPU", "GPU"})
+    denylist: frozenset[str] = field(default_factory=frozenset)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Whether one op may join a cluster; `reason` says why not, `source` is 'file:line'."""
+
+    op_name: str
+    op_type: str
+    compilable: bool
+    reason: str | None = None
+    source: str | None = None
+
+
+def device_type(device: str) -> str | None:
+    """'GPU' for '/job:localhost/replica:0/task:0/device:GPU:0', None for ''."""
+    if not device:
+        return None
+    for part in device.split("/"):
+        if part.lower().startswith("device:"):
+            return part.split(":")[1].upper()
+        if part.lower().startswith(("cpu:", "gpu:")):
+            return part.split(":")[0].upper()
+    return None
+
+
+def why_not_compilable(op: tf.Operation, options: MarkOptions | None = None) -> str | None:
+    """The reason `op` cannot be compiled, or None when it can."""
+    options = options or MarkOptions()
+    if op.type in NEVER_CLUSTERED:
+        return PLUMBING_REASON
+    if op.type in options.denylist:
+        return f"op type {op.type} is on the denylist"
+    tensors = list(op.inputs) + list(op.outputs)
+    if any(t.dtype.base_dtype.name in _RESOURCE_DTYPES for t in tensors):
+        return RESOURCE_REASON
+    rule = OP_RULES.get(op.type)
+    if rule is None:
+        if _is_stateful(op):
+            return STATEFUL_REASON
+        return f"op type {op.type} has no lowering"
+    if _is_stateful(op):
+        return STATEFUL_REASON
+    kind = device_type(op.device)
+    if kind is not None and kind not in options.device_types:
+        return f"placed on device {op.device}"
+    value_free = rule.value_free_indices(op)
+    for i, t in enumerate(op.inputs):
+        if i not in value_free and t.dtype.base_dtype.name not in rule.dtypes:
+            return f"dtype {t.dtype.name} not supported by {op.type}"
+    for t in op.outputs:
+        if t.dtype.base_dtype.name not in rule.dtypes:
+            return f"dtype {t.dtype.name} not supported by {op.type}"
+    for i in rule.static_input_indices(op):
+        if constant_value(op.inputs[i]) is None:
+            return f"input {i} must be a constant"
+    for i, t in enumerate(op.outputs):
+        if static_dims(t) is None:
+            return f"shape of output {i} not fully static"
+    for i, t in enumerate(op.inputs):
+        if static_dims(t) is None:
+            return f"shape of input {i} not fully static"
+    if rule.check is not None:
+        return rule.check(op)
+    return None
+
+
+def _is_stateful(op: tf.Operation) -> bool:
+    try:
+        return bool(op.op_def.is_stateful)
+    except (AttributeError, ValueError):  # an op without an OpDef (a function call)
+        return True
+
+
+def format_source(op: tf.Operation) -> str | None:
+    location = source_location(op)
+    return None if location is None else f"{location[0]}:{location[1]}"
+
+
+def mark(graph: tf.Graph, options: MarkOptions | None = None) -> dict[str, Decision]:
+    """A Decision for every op of `graph`, keyed by op name, in the graph's op order."""
+    options = options or MarkOptions()
+    decisions: dict[str, Decision] = {}
+    for op in graph.get_operations():
+        reason = why_not_compilable(op, options)
+        decisions[op.name] = Decision(op.name, op.type, reason is None, reason,
+                                      format_source(op))
+    return decisions

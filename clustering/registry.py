@@ -1,0 +1,262 @@
+"""The TF op registry: for each TF op type, its compilability rule and its HLO lowering.
+
+The first stop of clustering's data flow: `mark.py` asks `compilability(op)` which
+ops may join a cluster, and `lower.py` calls each op's `lower(ctx, op, operands)`
+to build the cluster's `HloModule`. One op, one registration (house habit 2): the
+rules themselves live beside each other in `rules_elementwise.py` (element-wise,
+comparisons, casts, activations) and `rules_tensor.py` (reductions, dots, shapes,
+softmax); this file holds the machinery they share.
+
+TF broadcasting follows NumPy's rules; HLO wants explicit shapes, so lowerings
+broadcast every operand to the op's static result shape (`ctx.broadcast_to`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from tfxla_lite.hlo import Computation, HloModule, Instruction, Shape
+
+if TYPE_CHECKING:  # TF is heavy; type names only.
+    import tensorflow as tf
+
+# TF dtype name -> XLA element type.
+_ELEMENT_TYPES: dict[str, str] = {
+    "bool": "pred", "int8": "s8", "int16": "s16", "int32": "s32", "int64": "s64",
+    "uint8": "u8", "uint16": "u16", "uint32": "u32", "uint64": "u64",
+    "float16": "f16", "bfloat16": "bf16", "float32": "f32", "float64": "f64",
+}
+
+# Dtype sets the rules pick from (TF dtype names).
+FLOAT = frozenset({"float32", "float64"})
+INTEGER = frozenset({"int32", "int64"})
+NUMERIC = FLOAT | INTEGER
+BOOL = frozenset({"bool"})
+ALL = NUMERIC | BOOL
+
+LowerFn = Callable[["LoweringContext", "tf.Operation", list[Any]], list[Instruction]]
+CheckFn = Callable[["tf.Operation"], "str | None"]
+
+
+class LoweringError(ValueError):
+    """A TF op that its lowering rule cannot express in HLO."""
+
+
+@dataclass(frozen=True)
+class OpRule:
+    """How one TF op type compiles.
+
+    `dtypes` bounds the dtypes of every input and output except those listed in
+    `static_inputs` (whose values must be compile-time constants: axes, perms) and
+    `unused_inputs` (whose values the lowering never reads, e.g. Reshape's shape: the
+    static output shape says it). `check` rejects op instances the lowering cannot
+    handle, returning a reason.
+    """
+
+    op_type: str
+    lower: LowerFn
+    dtypes: frozenset[str]
+    static_inputs: tuple[int, ...] = ()
+    unused_inputs: tuple[int, ...] = ()
+    check: CheckFn | None = None
+
+    def static_input_indices(self, op: tf.Operation) -> list[int]:
+        return _normalize(self.static_inputs, len(op.inputs))
+
+    def value_free_indices(self, op: tf.Operation) -> set[int]:
+        """Inputs whose runtime values the lowering does not take as operands."""
+        return set(_normalize(self.static_inputs + self.unused_inputs, len(op.inputs)))
+
+
+OP_RULES: dict[str, OpRule] = {}
+
+
+def register(
+    *op_types: str,
+    dtypes: frozenset[str],
+    static_inputs: tuple[int, ...] = (),
+    unused_inputs: tuple[int, ...] = (),
+    check: CheckFn | None = None,
+) -> Callable[[LowerFn], LowerFn]:
+    """Register `lower` for each of `op_types`; negative input indices count from the end."""
+
+    def decorate(lower: LowerFn) -> LowerFn:
+        for op_type in op_types:
+            if op_type in OP_RULES:
+                raise ValueError(f"TF op type {op_type} registered twice")
+            OP_RULES[op_type] = OpRule(op_type, lower, dtypes, static_inputs, unused_inputs,
+                                       check)
+        return lower
+
+    return decorate
+
+
+def _normalize(indices: Sequence[int], count: int) -> list[int]:
+    return sorted({i % count for i in indices if -count <= i < count})
+
+
+# -- dtypes and shapes ---------------------------------------------------------------------
+def element_type(dtype: tf.DType) -> str:
+    """The XLA element type of a TF dtype; LoweringError when XLA has none."""
+    try:
+        return _ELEMENT_TYPES[dtype.base_dtype.name]
+    except KeyError:
+        raise LoweringError(f"no HLO element type for TF dtype {dtype.name}") from None
+
+
+def static_dims(tensor: tf.Tensor) -> tuple[int, ...] | None:
+    """The tensor's dims when its shape is fully known, else None."""
+    shape = tensor.shape
+    if shape.rank is None or any(d is None for d in shape.as_list()):
+        return None
+    return tuple(int(d) for d in shape.as_list())
+
+
+def tensor_shape(tensor: tf.Tensor) -> Shape:
+    dims = static_dims(tensor)
+    if dims is None:
+        raise LoweringError(f"shape of {tensor.name} is not fully static: {tensor.shape}")
+    return Shape(element_type(tensor.dtype), dims)
+
+
+def constant_value(tensor: tf.Tensor) -> np.ndarray | None:
+    """The value of a tensor produced by a Const op (directly or through Identity ops)."""
+    from tensorflow.python.framework import tensor_util
+
+    op = tensor.op
+    while op.type in ("Identity", "StopGradient") and op.inputs:
+        op = op.inputs[0].op
+    if op.type != "Const":
+        return None
+    return tensor_util.MakeNdarray(op.get_attr("value"))
+
+
+# -- source locations ------------------------------------------------------------------------
+_PACKAGE_DIRS = tuple(str(p) for p in (Path(__file__).resolve().parent,
+                                       Path(__file__).resolve().parents[1] / "tfxla_lite"))
+_LIBRARY_MARKERS = ("/tensorflow/", "/keras/", "/tf_keras/", "/tfxla_lite/", "<frozen ")
+
+
+def source_location(op: tf.Operation) -> tuple[str, int] | None:
+    """The user's frame that created `op`: the innermost one outside TF, Keras and us."""
+    try:
+        frames = list(op.traceback)
+    except Exception:  # noqa: BLE001 - ops imported from a GraphDef carry no traceback
+        return None
+    for frame in reversed(frames):
+        filename = str(frame.filename)
+        if filename.startswith(_PACKAGE_DIRS) or any(m in filename for m in _LIBRARY_MARKERS):
+            continue
+        return filename, int(frame.lineno)
+    return None
+
+
+def op_metadata(op: tf.Operation) -> dict[str, Any]:
+    """HLO metadata naming the TF op and the user's source line it came from."""
+    metadata: dict[str, Any] = {"op_type": op.type, "op_name": op.name}
+    location = source_location(op)
+    if location is not None:
+        metadata["source_file"], metadata["source_line"] = location
+    return metadata
+
+
+# -- the lowering context --------------------------------------------------------------------
+class LoweringContext:
+    """Builds instructions for the TF op being lowered, stamping its metadata on each."""
+
+    def __init__(self, module: HloModule, computation: Computation) -> None:
+        self.module = module
+        self.computation = computation
+        self.op: tf.Operation | None = None
+        self.metadata: dict[str, Any] = {}
+
+    def begin(self, op: tf.Operation) -> None:
+        """Start lowering `op`: later instructions carry its metadata."""
+        self.op = op
+        self.metadata = op_metadata(op)
+
+    # -- instruction builders --
+    def emit(self, opcode: str, operands: Sequence[Instruction], shape: Shape | None = None,
+             called_computations: Sequence[Computation] = (), **attributes: Any) -> Instruction:
+        return self.computation.create(opcode, list(operands), shape=shape,
+                                       called_computations=called_computations,
+                                       metadata=self.metadata, **attributes)
+
+    def constant(self, value: Any, element_type_name: str) -> Instruction:
+        inst = self.computation.add_constant(value, element_type_name)
+        inst.metadata.update(self.metadata)
+        return inst
+
+    def full(self, value: Any, shape: Shape) -> Instruction:
+        """`value` broadcast to `shape` (a scalar constant when `shape` is a scalar)."""
+        scalar = self.constant(value, shape.element_type)
+        if not shape.dims:
+            return scalar
+        return self.emit("broadcast", [scalar], shape=shape, dimensions=())
+
+    def reshape(self, x: Instruction, dims: Sequence[int]) -> Instruction:
+        dims = tuple(int(d) for d in dims)
+        if x.shape.dims == dims:
+            return x
+        if int(np.prod(dims, dtype=np.int64)) != x.shape.num_elements:
+            raise LoweringError(f"cannot reshape {x.shape} to {dims}")
+        return self.emit("reshape", [x], shape=x.shape.with_dims(dims))
+
+    def convert(self, x: Instruction, element_type_name: str) -> Instruction:
+        if x.shape.element_type == element_type_name:
+            return x
+        return self.emit("convert", [x], element_type=element_type_name)
+
+    def broadcast_to(self, x: Instruction, dims: Sequence[int]) -> Instruction:
+        """Broadcast `x` to `dims` by NumPy's rules: right-aligned, size-1 dims stretch."""
+        dims = tuple(int(d) for d in dims)
+        source = x.shape.dims
+        if source == dims:
+            return x
+        offset = len(dims) - len(source)
+        if offset < 0:
+            raise LoweringError(f"cannot broadcast {x.shape} to {dims}")
+        kept = []
+        for i, size in enumerate(source):
+            target = dims[i + offset]
+            if size == target:
+                kept.append(i)
+            elif size != 1:
+                raise LoweringError(f"cannot broadcast {x.shape} to {dims}")
+        if len(kept) != len(source):  # drop the stretched size-1 dims first
+            x = self.reshape(x, [source[i] for i in kept])
+        return self.emit("broadcast", [x], shape=x.shape.with_dims(dims),
+                         dimensions=tuple(i + offset for i in kept))
+
+    def reduce(self, x: Instruction, axes: Sequence[int], kind: str, init: Any) -> Instruction:
+        """Reduce `x` over `axes` with the scalar computation `kind`, from `init`."""
+        etype = x.shape.element_type
+        computation = self.module.reduction_computation(kind, etype)
+        return self.emit("reduce", [x, self.constant(init, etype)],
+                         called_computations=[computation], dimensions=tuple(sorted(axes)))
+
+    # -- facts about the op being lowered --
+    def output_shape(self, index: int = 0) -> Shape:
+        assert self.op is not None
+        return tensor_shape(self.op.outputs[index])
+
+    def static_input(self, index: int) -> np.ndarray:
+        """The compile-time value of the op's input `index` (a Const, maybe via Identity)."""
+        assert self.op is not None
+        value = constant_value(self.op.inputs[index])
+        if value is None:
+            raise LoweringError(f"input {index} of {self.op.name} must be a constant")
+        return value
+
+
+def _load_rules() -> None:
+    # The rule modules register themselves on import; they import this module first.
+    from tfxla_lite.clustering import rules_elementwise, rules_tensor  # noqa: F401
+
+
+_load_rules()

@@ -1,0 +1,217 @@
+"""Lowering rules of TF's element-wise ops: arithmetic, comparisons, casts, activations.
+
+Registered into `registry.OP_RULES` on import. Every rule broadcasts its operands to
+the op's static result shape first (TF broadcasts implicitly, HLO never does), then
+emits one or a few element-wise HLO instructions with TF's semantics for NaN, inf
+and -0.0 where HLO's opcode alone would differ.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from tfxla_lite.clustering.registry import (
+    ALL,
+    BOOL,
+    FLOAT,
+    NUMERIC,
+    LoweringContext,
+    element_type,
+    register,
+)
+
+from tfxla_lite.hlo import Instruction
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+
+Operands = list[Any]
+
+
+def _broadcast_all(ctx: LoweringContext, operands: Operands) -> list[Instruction]:
+    dims = ctx.output_shape().dims
+    return [ctx.broadcast_to(x, dims) for x in operands]
+
+
+# -- pass-through ------------------------------------------------------------------------------
+@register("Identity", "StopGradient", "Snapshot", "PreventGradient", dtypes=ALL)
+def _lower_identity(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                    ) -> list[Instruction]:
+    return [operands[0]]
+
+
+# -- binary arithmetic ------------------------------------------------------------------------
+def _binary(opcode: str) -> Any:
+    def lower(ctx: LoweringContext, op: tf.Operation, operands: Operands) -> list[Instruction]:
+        a, b = _broadcast_all(ctx, operands)
+        return [ctx.emit(opcode, [a, b])]
+
+    lower.__doc__ = f"TF's broadcasting binary op as HLO `{opcode}`."
+    return lower
+
+
+register("AddV2", "Add", dtypes=NUMERIC)(_binary("add"))
+register("Sub", dtypes=NUMERIC)(_binary("subtract"))
+register("Mul", dtypes=NUMERIC)(_binary("multiply"))
+# Integer Div/RealDiv raise on a zero divisor in TF; only the float forms compile.
+register("RealDiv", "Div", dtypes=FLOAT)(_binary("divide"))
+register("Maximum", dtypes=NUMERIC)(_binary("maximum"))
+register("Minimum", dtypes=NUMERIC)(_binary("minimum"))
+register("Pow", dtypes=FLOAT)(_binary("power"))
+register("LogicalAnd", dtypes=BOOL)(_binary("and"))
+register("LogicalOr", dtypes=BOOL)(_binary("or"))
+
+
+@register("SquaredDifference", dtypes=NUMERIC)
+def _lower_squared_difference(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                              ) -> list[Instruction]:
+    a, b = _broadcast_all(ctx, operands)
+    difference = ctx.emit("subtract", [a, b])
+    return [ctx.emit("multiply", [difference, difference])]
+
+
+@register("AddN", dtypes=NUMERIC)
+def _lower_add_n(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                 ) -> list[Instruction]:
+    total = operands[0]
+    for x in operands[1:]:
+        total = ctx.emit("add", [total, x])
+    return [total]
+
+
+# -- comparisons -------------------------------------------------------------------------------
+def _compare(direction: str) -> Any:
+    def lower(ctx: LoweringContext, op: tf.Operation, operands: Operands) -> list[Instruction]:
+        a, b = _broadcast_all(ctx, operands)
+        return [ctx.emit("compare", [a, b], direction=direction)]
+
+    lower.__doc__ = f"TF's broadcasting comparison as HLO `compare` {direction}."
+    return lower
+
+
+for _op_type, _direction in (("Less", "LT"), ("LessEqual", "LE"), ("Greater", "GT"),
+                             ("GreaterEqual", "GE"), ("Equal", "EQ"), ("NotEqual", "NE")):
+    register(_op_type, dtypes=ALL)(_compare(_direction))
+
+
+# -- unary -------------------------------------------------------------------------------------
+def _unary(opcode: str) -> Any:
+    def lower(ctx: LoweringContext, op: tf.Operation, operands: Operands) -> list[Instruction]:
+        return [ctx.emit(opcode, [operands[0]])]
+
+    lower.__doc__ = f"TF's unary op as HLO `{opcode}`."
+    return lower
+
+
+register("Neg", dtypes=NUMERIC)(_unary("negate"))
+register("Abs", dtypes=NUMERIC)(_unary("abs"))
+register("Sign", dtypes=NUMERIC)(_unary("sign"))
+register("Exp", dtypes=FLOAT)(_unary("exponential"))
+register("Expm1", dtypes=FLOAT)(_unary("exponential-minus-one"))
+register("Log", dtypes=FLOAT)(_unary("log"))
+register("Log1p", dtypes=FLOAT)(_unary("log-plus-one"))
+register("Tanh", dtypes=FLOAT)(_unary("tanh"))
+register("Sigmoid", dtypes=FLOAT)(_unary("logistic"))
+register("Erf", dtypes=FLOAT)(_unary("erf"))
+register("Sqrt", dtypes=FLOAT)(_unary("sqrt"))
+register("Rsqrt", dtypes=FLOAT)(_unary("rsqrt"))
+register("Floor", dtypes=FLOAT)(_unary("floor"))
+register("Ceil", dtypes=FLOAT)(_unary("ceil"))
+# TF's Round and Rint both round half to even.
+register("Round", "Rint", dtypes=FLOAT)(_unary("round-nearest-even"))
+register("Sin", dtypes=FLOAT)(_unary("sine"))
+register("Cos", dtypes=FLOAT)(_unary("cosine"))
+register("LogicalNot", dtypes=BOOL)(_unary("not"))
+
+
+@register("Square", dtypes=NUMERIC)
+def _lower_square(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                  ) -> list[Instruction]:
+    x = operands[0]
+    return [ctx.emit("multiply", [x, x])]
+
+
+@register("Reciprocal", "Inv", dtypes=FLOAT)
+def _lower_reciprocal(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                      ) -> list[Instruction]:
+    x = operands[0]
+    return [ctx.emit("divide", [ctx.full(1, x.shape), x])]
+
+
+# -- activations -------------------------------------------------------------------------------
+@register("Relu", dtypes=NUMERIC)
+def _lower_relu(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                ) -> list[Instruction]:
+    # maximum propagates NaN, as TF's Relu does.
+    x = operands[0]
+    return [ctx.emit("maximum", [x, ctx.full(0, x.shape)])]
+
+
+@register("Relu6", dtypes=NUMERIC)
+def _lower_relu6(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                 ) -> list[Instruction]:
+    x = operands[0]
+    low = ctx.emit("maximum", [x, ctx.full(0, x.shape)])
+    return [ctx.emit("minimum", [low, ctx.full(6, x.shape)])]
+
+
+@register("LeakyRelu", dtypes=FLOAT)
+def _lower_leaky_relu(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                      ) -> list[Instruction]:
+    x = operands[0]
+    alpha = float(op.get_attr("alpha"))
+    positive = ctx.emit("compare", [x, ctx.full(0, x.shape)], direction="GT")
+    scaled = ctx.emit("multiply", [x, ctx.full(alpha, x.shape)])
+    return [ctx.emit("select", [positive, x, scaled])]
+
+
+@register("Elu", dtypes=FLOAT)
+def _lower_elu(ctx: LoweringContext, op: tf.Operation, operands: Operands) -> list[Instruction]:
+    x = operands[0]
+    positive = ctx.emit("compare", [x, ctx.full(0, x.shape)], direction="GT")
+    return [ctx.emit("select", [positive, x, ctx.emit("exponential-minus-one", [x])])]
+
+
+@register("Softplus", dtypes=FLOAT)
+def _lower_softplus(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                    ) -> list[Instruction]:
+    # max(x, 0) + log1p(exp(-|x|)): no overflow for large |x|, exact limits at ±inf.
+    x = operands[0]
+    positive_part = ctx.emit("maximum", [x, ctx.full(0, x.shape)])
+    negative_abs = ctx.emit("negate", [ctx.emit("abs", [x])])
+    tail = ctx.emit("log-plus-one", [ctx.emit("exponential", [negative_abs])])
+    return [ctx.emit("add", [positive_part, tail])]
+
+
+# -- casts and selects -------------------------------------------------------------------------
+@register("Cast", dtypes=ALL)
+def _lower_cast(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                ) -> list[Instruction]:
+    x = operands[0]
+    target = element_type(op.outputs[0].dtype)
+    if target == x.shape.element_type:
+        return [x]
+    if target == "pred":  # TF: x != 0 (so NaN casts to true)
+        return [ctx.emit("compare", [x, ctx.full(0, x.shape)], direction="NE")]
+    return [ctx.convert(x, target)]
+
+
+@register("SelectV2", dtypes=ALL)
+def _lower_select_v2(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                     ) -> list[Instruction]:
+    condition, on_true, on_false = _broadcast_all(ctx, operands)
+    return [ctx.emit("select", [condition, on_true, on_false])]
+
+
+@register("Select", dtypes=ALL)
+def _lower_select(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                  ) -> list[Instruction]:
+    # Select (v1) takes a condition of the branches' shape, a scalar, or a vector that
+    # picks whole rows (dim 0).
+    condition, on_true, on_false = operands
+    dims = ctx.output_shape().dims
+    if condition.shape.dims != dims and condition.shape.rank == 1 and len(dims) > 1:
+        condition = ctx.emit("broadcast", [condition], shape=condition.shape.with_dims(dims),
+                             dimensions=(0,))
+    condition = ctx.broadcast_to(condition, dims)
+    return [ctx.emit("select", [condition, on_true, on_false])]

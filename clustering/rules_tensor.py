@@ -1,0 +1,262 @@
+"""Lowering rules of TF's whole-tensor ops: constants, shapes, reductions, dots, softmax.
+
+Registered into `registry.OP_RULES` on import. Shape-changing ops (Reshape,
+ExpandDims, Squeeze) need no constant inputs: every shape is static here, so the
+result shape alone says what to build. Axes and permutations are read at compile
+time from Const inputs (`static_inputs`), as TF's XLA bridge requires.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from tfxla_lite.clustering.registry import (
+    ALL,
+    BOOL,
+    FLOAT,
+    INTEGER,
+    NUMERIC,
+    LoweringContext,
+    LoweringError,
+    constant_value,
+    element_type,
+    register,
+    static_dims,
+)
+
+from tfxla_lite.hlo import Instruction, numpy_dtype
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+
+Operands = list[Any]
+
+
+# -- sources -----------------------------------------------------------------------------------
+@register("Const", dtypes=ALL)
+def _lower_const(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                 ) -> list[Instruction]:
+    value = constant_value(op.outputs[0])
+    assert value is not None
+    return [ctx.constant(value, element_type(op.outputs[0].dtype))]
+
+
+@register("Shape", dtypes=INTEGER, unused_inputs=(0,))
+def _lower_shape(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                 ) -> list[Instruction]:
+    dims = static_dims(op.inputs[0])
+    assert dims is not None
+    return [ctx.constant(np.array(dims), ctx.output_shape().element_type)]
+
+
+@register("ZerosLike", dtypes=ALL, unused_inputs=(0,))
+def _lower_zeros_like(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                      ) -> list[Instruction]:
+    return [ctx.full(0, ctx.output_shape())]
+
+
+@register("OnesLike", dtypes=ALL, unused_inputs=(0,))
+def _lower_ones_like(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                     ) -> list[Instruction]:
+    return [ctx.full(1, ctx.output_shape())]
+
+
+@register("Fill", dtypes=ALL, unused_inputs=(0,))
+def _lower_fill(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                ) -> list[Instruction]:
+    return [ctx.broadcast_to(operands[1], ctx.output_shape().dims)]
+
+
+@register("BroadcastTo", dtypes=ALL, unused_inputs=(1,))
+def _lower_broadcast_to(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                        ) -> list[Instruction]:
+    return [ctx.broadcast_to(operands[0], ctx.output_shape().dims)]
+
+
+# -- shapes and layouts ------------------------------------------------------------------------
+@register("Reshape", "ExpandDims", dtypes=ALL, unused_inputs=(1,))
+@register("Squeeze", dtypes=ALL)
+def _lower_reshape(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                   ) -> list[Instruction]:
+    # The static result shape already resolves -1 and says where size-1 dims go.
+    return [ctx.reshape(operands[0], ctx.output_shape().dims)]
+
+
+@register("Transpose", dtypes=ALL, static_inputs=(1,))
+def _lower_transpose(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                     ) -> list[Instruction]:
+    x = operands[0]
+    perm = tuple(int(p) % max(x.shape.rank, 1) for p in ctx.static_input(1).reshape(-1))
+    if perm == tuple(range(x.shape.rank)):
+        return [x]
+    return [ctx.emit("transpose", [x], dimensions=perm)]
+
+
+@register("ConcatV2", dtypes=ALL, static_inputs=(-1,))
+def _lower_concat(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                  ) -> list[Instruction]:
+    pieces = operands[:-1]
+    rank = pieces[0].shape.rank
+    axis = int(ctx.static_input(len(op.inputs) - 1)) % rank
+    if len(pieces) == 1:
+        return [pieces[0]]
+    return [ctx.emit("concatenate", pieces, dimensions=(axis,))]
+
+
+@register("Pack", dtypes=ALL)
+def _lower_pack(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                ) -> list[Instruction]:
+    out = ctx.output_shape()
+    axis = int(op.get_attr("axis")) % out.rank
+    piece_dims = list(out.dims)
+    piece_dims[axis] = 1
+    pieces = [ctx.reshape(x, piece_dims) for x in operands]
+    if len(pieces) == 1:
+        return pieces
+    return [ctx.emit("concatenate", pieces, dimensions=(axis,))]
+
+
+@register("Slice", dtypes=ALL, static_inputs=(1, 2))
+def _lower_slice(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                 ) -> list[Instruction]:
+    x = operands[0]
+    begin = [int(b) for b in ctx.static_input(1).reshape(-1)]
+    size = [int(s) for s in ctx.static_input(2).reshape(-1)]
+    spec = []
+    for start, length, extent in zip(begin, size, x.shape.dims):
+        stop = extent if length == -1 else start + length
+        spec.append((start, stop, 1))
+    return [ctx.emit("slice", [x], slice=tuple(spec))]
+
+
+# -- reductions --------------------------------------------------------------------------------
+def _reduction_axes(ctx: LoweringContext, x: Instruction) -> list[int]:
+    rank = x.shape.rank
+    axes = ctx.static_input(1).reshape(-1)
+    if rank == 0:
+        return []
+    return sorted({int(a) % rank for a in axes})
+
+
+def _lowest(etype: str) -> Any:
+    dtype = numpy_dtype(etype)
+    return -np.inf if dtype.kind == "f" else np.iinfo(dtype).min
+
+
+def _highest(etype: str) -> Any:
+    dtype = numpy_dtype(etype)
+    return np.inf if dtype.kind == "f" else np.iinfo(dtype).max
+
+
+def _reduction(kind: str, init: Any) -> Any:
+    def lower(ctx: LoweringContext, op: tf.Operation, operands: Operands) -> list[Instruction]:
+        x = operands[0]
+        axes = _reduction_axes(ctx, x)
+        start = init(x.shape.element_type) if callable(init) else init
+        reduced = ctx.reduce(x, axes, kind, start)
+        return [ctx.reshape(reduced, ctx.output_shape().dims)]  # keep_dims
+
+    lower.__doc__ = f"TF's reduction over constant axes as HLO `reduce` with `{kind}`."
+    return lower
+
+
+register("Sum", dtypes=NUMERIC, static_inputs=(1,))(_reduction("add", 0))
+register("Prod", dtypes=NUMERIC, static_inputs=(1,))(_reduction("multiply", 1))
+# `maximum`/`minimum` propagate NaN, as TF's Max/Min reductions do.
+register("Max", dtypes=NUMERIC, static_inputs=(1,))(_reduction("maximum", _lowest))
+register("Min", dtypes=NUMERIC, static_inputs=(1,))(_reduction("minimum", _highest))
+register("Any", dtypes=BOOL, static_inputs=(1,))(_reduction("or", False))
+register("All", dtypes=BOOL, static_inputs=(1,))(_reduction("and", True))
+
+
+@register("Mean", dtypes=NUMERIC, static_inputs=(1,))
+def _lower_mean(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                ) -> list[Instruction]:
+    # TF divides the sum by the count in the input dtype: integer means truncate, and an
+    # empty float mean is 0/0 = NaN.
+    x = operands[0]
+    axes = _reduction_axes(ctx, x)
+    total = ctx.reduce(x, axes, "add", 0)
+    count = int(np.prod([x.shape.dims[a] for a in axes], dtype=np.int64))
+    mean = ctx.emit("divide", [total, ctx.full(count, total.shape)])
+    return [ctx.reshape(mean, ctx.output_shape().dims)]
+
+
+# -- dots --------------------------------------------------------------------------------------
+MATMUL_DTYPES = FLOAT | {"int32"}
+
+
+@register("MatMul", dtypes=MATMUL_DTYPES)
+def _lower_matmul(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                  ) -> list[Instruction]:
+    # Transposed operands become other contracting dims: no transpose instruction.
+    a, b = operands
+    return [ctx.emit("dot", [a, b],
+                     lhs_contracting_dims=(0 if op.get_attr("transpose_a") else 1,),
+                     rhs_contracting_dims=(1 if op.get_attr("transpose_b") else 0,))]
+
+
+@register("BatchMatMulV2", "BatchMatMul", dtypes=MATMUL_DTYPES)
+def _lower_batch_matmul(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                        ) -> list[Instruction]:
+    x, y = operands
+    batch = ctx.output_shape().dims[:-2]
+    x = ctx.broadcast_to(x, batch + x.shape.dims[-2:])
+    y = ctx.broadcast_to(y, batch + y.shape.dims[-2:])
+    n = len(batch)
+    # adj_x/adj_y: conjugate transposes, plain transposes for real dtypes.
+    return [ctx.emit("dot", [x, y],
+                     lhs_batch_dims=tuple(range(n)), rhs_batch_dims=tuple(range(n)),
+                     lhs_contracting_dims=(n + (0 if op.get_attr("adj_x") else 1),),
+                     rhs_contracting_dims=(n + (1 if op.get_attr("adj_y") else 0),))]
+
+
+def _check_bias_add(op: tf.Operation) -> str | None:
+    data_format = op.get_attr("data_format")
+    data_format = data_format.decode() if isinstance(data_format, bytes) else data_format
+    if data_format not in ("NHWC", "NCHW"):
+        return f"data_format {data_format} not supported by BiasAdd"
+    return None
+
+
+@register("BiasAdd", "BiasAddV1", dtypes=NUMERIC, check=_check_bias_add)
+def _lower_bias_add(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                    ) -> list[Instruction]:
+    value, bias = operands
+    data_format = op.get_attr("data_format") if op.type == "BiasAdd" else b"NHWC"
+    channels_first = data_format in (b"NCHW", "NCHW") and value.shape.rank > 2
+    channel = 1 if channels_first else value.shape.rank - 1
+    spread = ctx.emit("broadcast", [bias], shape=value.shape, dimensions=(channel,))
+    return [ctx.emit("add", [value, spread])]
+
+
+# -- softmax -----------------------------------------------------------------------------------
+def _softmax_parts(ctx: LoweringContext, logits: Instruction
+                   ) -> tuple[Instruction, Instruction, Instruction]:
+    """(logits - max, its exp, the sum of that exp) along the last axis, all broadcast."""
+    if logits.shape.rank == 0:
+        raise LoweringError("softmax needs rank >= 1")
+    last = logits.shape.rank - 1
+    kept = tuple(range(last))
+    peak = ctx.reduce(logits, [last], "maximum", -np.inf)
+    shifted = ctx.emit("subtract", [logits, ctx.emit("broadcast", [peak], shape=logits.shape,
+                                                     dimensions=kept)])
+    exponent = ctx.emit("exponential", [shifted])
+    total = ctx.reduce(exponent, [last], "add", 0)
+    return shifted, exponent, ctx.emit("broadcast", [total], shape=logits.shape,
+                                       dimensions=kept)
+
+
+@register("Softmax", dtypes=FLOAT)
+def _lower_softmax(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                   ) -> list[Instruction]:
+    _, exponent, total = _softmax_parts(ctx, operands[0])
+    return [ctx.emit("divide", [exponent, total])]
+
+
+@register("LogSoftmax", dtypes=FLOAT)
+def _lower_log_softmax(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                       ) -> list[Instruction]:
+    shifted, _, total = _softmax_parts(ctx, operands[0])
+    return [ctx.emit("subtract", [shifted, ctx.emit("log", [total])])]

@@ -1,0 +1,171 @@
+"""Cluster formation: cycle safety, control edges, sizes, names, inputs and outputs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+from tf_harness import sample, trace
+from tfxla_lite.clustering import Cluster, cluster_graph, counted_size, lower_cluster
+from tolerances import assert_close
+
+from tfxla_lite.hlo.evaluator import evaluate
+
+
+def clusters_of(fn: Any, *shapes: tuple[int, ...], **kwargs: Any) -> tuple[list[Cluster], Any]:
+    concrete = trace(fn, [np.zeros(s, np.float32) for s in shapes])
+    return cluster_graph(concrete.graph, **kwargs).clusters, concrete
+
+
+def op_types(concrete: Any, cluster: Cluster) -> list[str]:
+    return [concrete.graph.get_operation_by_name(n).type for n in cluster.op_names]
+
+
+def test_contraction_does_not_make_a_cycle_through_a_non_compilable_op() -> None:
+    # a → cumsum (no lowering) → c, and a → c: merging a and c would make a cycle.
+    def fn(x: Any) -> Any:
+        a = tf.exp(x) * 2.0
+        b = tf.math.cumsum(a)
+        return tf.tanh(a + b)
+
+    clusters, concrete = clusters_of(fn, (4,), min_cluster_size=1)
+    assert len(clusters) == 2
+    first, second = clusters
+    assert {"Exp", "Mul"} <= set(op_types(concrete, first))
+    assert {"AddV2", "Tanh"} <= set(op_types(concrete, second))
+    assert first.outputs == ["mul:0"]
+    assert second.inputs == ["mul:0", "Cumsum:0"]
+    # and the pieces still compute the function
+    x = sample((4,), seed=3, edges=False)
+    graph = concrete.graph
+    values = {"x:0": x}
+    for cluster in clusters:
+        if cluster is second:
+            values["Cumsum:0"] = np.cumsum(values["mul:0"]).astype(np.float32)
+        outputs = evaluate(lower_cluster(graph, cluster), *[values[n] for n in cluster.inputs])
+        values.update(zip(cluster.outputs, outputs))
+    assert_close(values[graph.outputs[0].name], fn(tf.constant(x)).numpy(), "Tanh")
+
+
+def test_control_edges_are_respected() -> None:
+    def fn(x: Any) -> Any:
+        a = tf.exp(x)
+        printed = tf.print(a)
+        with tf.control_dependencies([printed]):
+            c = tf.tanh(a)
+        with tf.control_dependencies([c]):
+            done = tf.print("done")
+        with tf.control_dependencies([done]):
+            return tf.identity(c)
+
+    clusters, concrete = clusters_of(fn, (3,), min_cluster_size=1)
+    graph = concrete.graph
+    assert len(clusters) == 2  # exp → print →(control) tanh would close a cycle
+    first, second = clusters
+    assert "Exp" in op_types(concrete, first) and "Tanh" in op_types(concrete, second)
+    printers = [op.name for op in graph.get_operations() if op.type == "PrintV2"]
+    assert second.control_inputs == [printers[0]]
+    tanh = second.op_names[0]
+    after = [op.name for op in graph.get_operations()
+             if any(c.name == tanh for c in op.control_inputs)]
+    assert after and second.control_outputs == after
+
+
+def test_min_cluster_size() -> None:
+    def fn(x: Any) -> Any:
+        return tf.tanh(tf.exp(x) * 2.0)  # Exp, Mul, Tanh (+ Const, Identity: not counted)
+
+    assert clusters_of(fn, (3,), min_cluster_size=4)[0] == []
+    (cluster,), concrete = clusters_of(fn, (3,), min_cluster_size=3)
+    assert counted_size(op_types(concrete, cluster)) == 3
+    assert set(op_types(concrete, cluster)) == {"Exp", "Const", "Mul", "Tanh", "Identity"}
+
+
+def test_max_cluster_size() -> None:
+    def fn(x: Any) -> Any:
+        for _ in range(6):
+            x = tf.exp(x)
+        return x
+
+    clusters, concrete = clusters_of(fn, (3,), min_cluster_size=1, max_cluster_size=3)
+    sizes = [counted_size(op_types(concrete, c)) for c in clusters]
+    assert max(sizes) <= 3 and sum(sizes) == 6
+
+
+def test_const_and_identity_alone_form_no_cluster() -> None:
+    clusters, _ = clusters_of(lambda x: (tf.identity(x), tf.constant(3.0)), (2,),
+                              min_cluster_size=1)
+    assert clusters == []
+
+
+def test_names_are_deterministic_and_topological() -> None:
+    def fn(x: Any, y: Any) -> Any:
+        first = tf.exp(x) + 1.0
+        middle = tf.math.cumsum(first)
+        return tf.tanh(middle) * tf.sigmoid(y)
+
+    a, concrete = clusters_of(fn, (3,), (3,), min_cluster_size=1)
+    b, _ = clusters_of(fn, (3,), (3,), min_cluster_size=1)
+    assert [(c.name, c.op_names, c.inputs, c.outputs) for c in a] == \
+        [(c.name, c.op_names, c.inputs, c.outputs) for c in b]
+    assert [c.name for c in a] == ["cluster_0", "cluster_1"]
+    assert "Exp" in op_types(concrete, a[0])
+
+
+def test_inputs_outputs_and_constants() -> None:
+    def fn(x: Any, y: Any) -> Any:
+        s = x * y
+        t = tf.reduce_sum(s, axis=0) + 2.0
+        return t, tf.math.cumsum(s), t
+
+    (cluster,), concrete = clusters_of(fn, (2, 3), (2, 3), min_cluster_size=1)
+    assert cluster.inputs == ["x:0", "y:0"]  # axes and 2.0 are embedded, not inputs
+    graph = concrete.graph
+    consts = [n for n in cluster.op_names if graph.get_operation_by_name(n).type == "Const"]
+    assert len(consts) == 2  # both used only inside: absorbed
+    # 'mul:0' feeds the cumsum; the function returns Identity and Identity_2 outputs.
+    assert cluster.outputs[0] == "mul:0"
+    assert set(cluster.outputs[1:]) == {graph.outputs[0].name, graph.outputs[2].name}
+    assert len(cluster.outputs) == len(set(cluster.outputs))
+
+
+def test_shared_constant_is_embedded_in_each_cluster() -> None:
+    def fn(x: Any) -> Any:
+        two = tf.constant(2.0)
+        a = tf.exp(x) * two
+        b = tf.math.cumsum(a)
+        return tf.tanh(b) * two
+
+    clusters, concrete = clusters_of(fn, (3,), min_cluster_size=1)
+    assert len(clusters) == 2
+    assert all(not any(i.startswith("Const") for i in c.inputs) for c in clusters)
+    text = lower_cluster(concrete.graph, clusters[1]).to_text()
+    assert "constant(2)" in text
+
+
+def test_devices_split_clusters() -> None:
+    def fn(x: Any) -> Any:
+        with tf.device("/device:CPU:0"):
+            a = tf.exp(tf.exp(x))
+        return tf.tanh(tf.tanh(a))
+
+    clusters, concrete = clusters_of(fn, (3,), min_cluster_size=1)
+    assert len(clusters) == 2
+    assert {c.device for c in clusters} == {"", "/device:CPU:0"}
+
+
+def test_lowered_module_metadata() -> None:
+    (cluster,), concrete = clusters_of(lambda x: tf.nn.softmax(x) * 3.0, (2, 3),
+                                       min_cluster_size=1)
+    module = lower_cluster(concrete.graph, cluster)
+    assert module.name == "cluster_0"
+    entry = module.entry
+    assert [p.name for p in entry.parameters] == ["arg0"]
+    for inst in entry.instructions:
+        if inst.opcode in ("parameter", "tuple"):
+            continue
+        assert inst.metadata["op_type"] in ("Softmax", "Mul", "Const"), inst
+        assert inst.metadata["source_file"] == __file__
+        assert isinstance(inst.metadata["source_line"], int)
+    assert 'op_type="Softmax"' in module.to_text()
