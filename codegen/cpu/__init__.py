@@ -1,1 +1,24 @@
-"""placeholder, filled by its owner."""
+"""The CPU backend: LLVM IR per kernel with llvmlite, optimized and JIT-compiled by MCJIT.
+
+`compile(module, assignment)` turns an optimized, buffer-assigned HLO module into an
+`Executable`; `EMITTERS` is the registry of element generators keyed by HLO opcode.
+Layout: `emitter.py` (types, indices, loops, registry), `elementwise.py`,
+`data_movement.py`, `reduction.py`, `dot.py` (the generators and kernel shapes),
+`compiler.py` (kernels and the ABI's `entry`), `engine.py` (LLVM, JIT, BLAS).
+"""
+
+from __future__ import annotations
+
+from tfxla_lite.codegen.cpu.compiler import compile
+from tfxla_lite.codegen.cpu.emitter import EMITTERS
+
+# Opcodes that have no element generator, and why; compiling one raises
+# NotImplementedError naming it.
+UNSUPPORTED_OPCODES: dict[str, str] = {
+    "fusion": "an entry fusion is a kernel (compiler.py); nested fusions are not supported",
+    "call": "calls are expected to be inlined by the passes",
+    "tuple": "tuples inside a kernel (multi-output fusion) are not supported",
+    "get-tuple-element": "tuples inside a kernel (multi-output fusion) are not supported",
+}
+
+__all__ = ["EMITTERS", "UNSUPPORTED_OPCODES", "compile"]

@@ -1,0 +1,215 @@
+"""The CPU backend's driver: an optimized, buffer-assigned HLO module → an `Executable`.
+
+Every entry instruction that computes (a fusion, a dot, or an unfused op treated
+as a fusion of one) becomes one LLVM function, a *kernel*, taking its output
+pointer then one pointer per operand. The exported `entry` function of the ABI
+(see `tfxla_lite.codegen.executable`) computes each buffer's address from the
+`BufferAssignment` (a parameter, an output, the temp arena plus an offset, or a
+read-only constant global) and calls the kernels in the entry's order. Kernels
+keep no state: the generated code is reentrant.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from llvmlite import ir
+
+# Importing the emitter modules fills the EMITTERS registry.
+from tfxla_lite.codegen.cpu import data_movement, elementwise, engine, reduction  # noqa: F401
+from tfxla_lite.codegen.cpu.dot import emit_gemm_kernel, plan_gemm
+from tfxla_lite.codegen.cpu.emitter import (
+    I8,
+    I64,
+    PTR,
+    VOID,
+    ConstantPool,
+    Index,
+    KernelContext,
+)
+from tfxla_lite.codegen.executable import Executable
+from tfxla_lite.hlo.ir import HloModule, Instruction
+
+ENTRY_NAME = "entry"
+# Opcodes of the entry computation that own a buffer but emit no kernel.
+_NO_KERNEL = frozenset({"parameter", "constant"})
+# Opcodes a loop kernel can run over a flat linear index (no multi-index needed).
+_FLAT_OPCODES = frozenset({"parameter", "constant", "reshape", "bitcast"})
+
+
+def _kernel_name(inst: Instruction) -> str:
+    return "kernel." + re.sub(r"[^A-Za-z0-9_.]", "_", inst.name)
+
+
+def _kernel_body(inst: Instruction) -> tuple[Instruction, list[Instruction]]:
+    """The instruction a kernel stores (its root) and its computed instructions."""
+    if inst.opcode == "fusion":
+        computation = inst.fused_computation
+        assert computation.root is not None
+        if computation.root.shape.is_tuple:
+            raise NotImplementedError(f"CPU backend: multi-output fusion %{inst.name}")
+        return computation.root, list(computation.instructions)
+    return inst, [inst]
+
+
+def _is_flat(instructions: list[Instruction]) -> bool:
+    """Whether every instruction maps the output's linear index to its operands' unchanged."""
+    from tfxla_lite.hlo.opcodes import is_elementwise
+
+    for inst in instructions:
+        # Reshapes keep the linear index; clamp's scalar bounds and a broadcast scalar
+        # take the scalar index.
+        if inst.opcode in _FLAT_OPCODES or is_elementwise(inst.opcode):
+            continue
+        if inst.opcode == "broadcast" and not inst.operand(0).shape.dims:
+            continue
+        return False
+    return True
+
+
+def emit_kernel(module: ir.Module, pool: ConstantPool, inst: Instruction,
+                noalias_output: bool) -> ir.Function:
+    """The kernel function of entry instruction `inst`: `void kernel(out, in0, in1, ...)`."""
+    for operand in inst.operands:
+        if operand.shape.is_tuple:
+            raise NotImplementedError(f"CPU backend: tuple-shaped operand %{operand.name} "
+                                      f"of %{inst.name}")
+    root, computed = _kernel_body(inst)
+    signature = ir.FunctionType(VOID, [PTR] * (1 + len(inst.operands)))
+    function = ir.Function(module, signature, name=_kernel_name(inst))
+    function.linkage = "internal"
+    function.attributes.add("nounwind")
+    output, *inputs = function.args
+    output.name = "output"
+    for arg in inputs:
+        arg.name = "input"
+        arg.attributes.add("captures(none)")  # LLVM infers readonly itself
+    output.attributes.add("captures(none)")
+    if noalias_output:
+        output.attributes.add("noalias")
+
+    if inst.opcode == "fusion":
+        params = inst.fused_computation.parameters
+        buffers = {id(p): arg for p, arg in zip(params, inputs)}
+    else:
+        buffers = {id(o): arg for o, arg in zip(inst.operands, inputs)}
+    ctx = KernelContext(function, pool, buffers)
+    shape = root.shape
+    if root.opcode == "dot" and inst.opcode == "dot" and (plan := plan_gemm(inst)) is not None:
+        emit_gemm_kernel(ctx, inst, plan, output, inputs[0], inputs[1])
+    elif shape.num_elements == 0:
+        pass  # nothing to compute
+    elif root.opcode == "reduce":
+        reduction.emit_reduction_kernel(ctx, root, output)
+    elif _is_flat(computed):
+        # Pure elementwise: one flat loop, the simplest shape for the vectorizer.
+        with ctx.loop(shape.num_elements, name="i") as linear:
+            index = Index(shape.dims, linear=linear)
+            ctx.store(ctx.value(root, index), output, shape, index)
+    else:
+        with ctx.loop_nest(shape.dims, name="i") as multi:
+            index = Index(shape.dims, multi, Index(shape.dims, multi).get_linear(ctx.builder))
+            ctx.store(ctx.value(root, index), output, shape, index)
+    ctx.builder.ret_void()
+    return function
+
+
+def _overlaps(a: Any, b: Any) -> bool:
+    """Whether two buffer slices may share bytes."""
+    if a.kind != b.kind:
+        return False
+    if a.kind == "temp":
+        return a.offset < b.offset + b.size and b.offset < a.offset + a.size
+    return a.index == b.index if a.kind in ("parameter", "output") else True
+
+
+def compile(module: HloModule, assignment: Any, hlo_text: str = "",
+            optimized_hlo_text: str = "") -> Executable:
+    """Emit, optimize and JIT-compile `module` under `assignment`."""
+    entry = module.entry
+    assert entry is not None and entry.root is not None
+    root = entry.root
+    outputs = list(root.operands) if root.opcode == "tuple" else [root]
+    llvm_module = ir.Module(name=module.name)
+    pool = ConstantPool(llvm_module)
+
+    entry_function = ir.Function(llvm_module, ir.FunctionType(VOID, [PTR, PTR, PTR]),
+                                 name=ENTRY_NAME)
+    entry_function.attributes.add("nounwind")
+    params_arg, outputs_arg, temp_arg = entry_function.args
+    params_arg.name, outputs_arg.name, temp_arg.name = "params", "outputs", "temp"
+    builder = ir.IRBuilder(entry_function.append_basic_block("entry"))
+    pointers: dict[int, ir.Value] = {}
+
+    def pointer_of(inst: Instruction) -> ir.Value:
+        if id(inst) not in pointers:
+            pointers[id(inst)] = _buffer_pointer(builder, pool, assignment, inst,
+                                                 params_arg, outputs_arg, temp_arg)
+        return pointers[id(inst)]
+
+    kernel_count = 0
+    for inst in entry.instructions:
+        if inst.opcode in _NO_KERNEL or (inst is root and inst.opcode == "tuple"):
+            continue
+        if inst.opcode in ("tuple", "get-tuple-element"):
+            raise NotImplementedError(f"CPU backend: {inst.opcode} in the entry computation "
+                                      f"(%{inst.name})")
+        out_slice = assignment.slice_of(inst)
+        noalias = all(not _overlaps(out_slice, assignment.slice_of(o)) for o in inst.operands)
+        kernel = emit_kernel(llvm_module, pool, inst, noalias)
+        kernel_count += 1
+        builder.call(kernel, [pointer_of(inst)] + [pointer_of(o) for o in inst.operands])
+
+    # Outputs whose value lives elsewhere (a parameter, a constant, an earlier output)
+    # are copied; after the `add-output-copies` pass there are none.
+    for j, inst in enumerate(outputs):
+        out_slice = assignment.slice_of(inst)
+        if out_slice.kind == "output" and out_slice.index == j:
+            continue
+        destination = builder.load(builder.gep(outputs_arg, [I64(j)], source_etype=PTR), typ=PTR)
+        size = inst.shape.byte_size
+        if size:
+            memcpy = llvm_module.declare_intrinsic("llvm.memcpy", [PTR, PTR, I64])
+            builder.call(memcpy, [destination, pointer_of(inst), I64(size), ir.IntType(1)(0)])
+    builder.ret_void()
+
+    text = str(llvm_module)
+    engine.half_runtime()  # f16 code may call libgcc's conversions
+    llvm_ref = engine.parse_and_verify(text)
+    engine.optimize(llvm_ref)
+    optimized_text = str(llvm_ref)
+    execution_engine = engine.jit(llvm_ref)
+    address = execution_engine.get_function_address(ENTRY_NAME)
+    return Executable(
+        module=module,
+        assignment=assignment,
+        parameter_shapes=[p.shape for p in entry.parameters],
+        output_shapes=[o.shape for o in outputs],
+        temp_bytes=int(assignment.temp_bytes),
+        kernel_count=kernel_count,
+        llvm_ir=text,
+        llvm_ir_optimized=optimized_text,
+        entry_address=address,
+        engine=execution_engine,
+        hlo_text=hlo_text or module.to_text(),
+        optimized_hlo_text=optimized_hlo_text or module.to_text(),
+        assignment_text=assignment.to_text(),
+    )
+
+
+def _buffer_pointer(builder: ir.IRBuilder, pool: ConstantPool, assignment: Any,
+                    inst: Instruction, params: ir.Value, outputs: ir.Value,
+                    temp: ir.Value) -> ir.Value:
+    buffer = assignment.slice_of(inst)
+    if buffer.kind == "parameter":
+        slot = builder.gep(params, [I64(buffer.index)], source_etype=PTR)
+        return builder.load(slot, typ=PTR, name=f"param.{buffer.index}")
+    if buffer.kind == "output":
+        slot = builder.gep(outputs, [I64(buffer.index)], source_etype=PTR)
+        return builder.load(slot, typ=PTR, name=f"output.{buffer.index}")
+    if buffer.kind == "temp":
+        return builder.gep(temp, [I64(buffer.offset)], source_etype=I8, name="temp.slice")
+    if buffer.kind == "constant":
+        return pool.global_for(inst.literal, inst.shape.element_type)
+    raise ValueError(f"unknown buffer kind {buffer.kind!r} of %{inst.name}")

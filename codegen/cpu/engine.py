@@ -1,0 +1,157 @@
+"""LLVM plumbing of the CPU backend: host target, optimization, JIT, the BLAS library.
+
+The last step of CPU codegen: the text of an `llvmlite.ir` module is parsed and
+verified, optimized with the new pass manager at O3 with loop and SLP vectorization
+for the host CPU (its features included, so AVX-512 hosts get wide vectors), and
+compiled by MCJIT. The JIT resolves libm (`tanhf`, `erff`) and libc (`memcpy`) from
+the process; the GEMM routines come from the OpenBLAS that NumPy ships, loaded with
+ctypes and bound by name with `llvm.add_symbol`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import glob
+import os
+from dataclasses import dataclass
+
+import llvmlite.binding as llvm
+
+
+def target_machine() -> llvm.TargetMachine:
+    """A new target machine for the host (an MCJIT engine takes ownership of its own)."""
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+    target = llvm.Target.from_triple(llvm.get_process_triple())
+    features = llvm.get_host_cpu_features().flatten()
+    return target.create_target_machine(cpu=llvm.get_host_cpu_name(), features=features,
+                                        opt=3, codemodel="jitdefault", jit=True)
+
+
+@functools.cache
+def _optimizing_machine() -> llvm.TargetMachine:
+    """The target machine the optimizer uses, kept for the process (no engine owns it)."""
+    return target_machine()
+
+
+@functools.cache
+def _host() -> tuple[str, str]:
+    """(triple, data layout) of the host, read once and kept as text."""
+    machine = _optimizing_machine()
+    data = machine.target_data
+    return machine.triple, str(data)
+
+
+def parse_and_verify(text: str) -> llvm.ModuleRef:
+    """Parse emitted IR and run LLVM's verifier (llvmlite.ir checks nothing itself)."""
+    module = llvm.parse_assembly(text)
+    module.verify()
+    return module
+
+
+def optimize(module: llvm.ModuleRef, speed_level: int = 3) -> None:
+    """Run LLVM's default O`speed_level` pipeline with loop and SLP vectorization."""
+    machine = _optimizing_machine()
+    module.triple, module.data_layout = _host()
+    options = llvm.create_pipeline_tuning_options(speed_level=speed_level)
+    options.loop_vectorization = True
+    options.slp_vectorization = True
+    builder = llvm.create_pass_builder(machine, options)
+    builder.getModulePassManager().run(module, builder)
+
+
+def jit(module: llvm.ModuleRef) -> llvm.ExecutionEngine:
+    """Compile `module` to machine code in this process; keep the engine alive to run it."""
+    engine = llvm.create_mcjit_compiler(module, target_machine())
+    engine.finalize_object()
+    return engine
+
+
+# Half-precision conversions LLVM lowers to compiler-rt calls when the CPU has no
+# instruction for them (double to half always); GCC 12's libgcc_s ships them.
+_HALF_RUNTIME = ("__truncdfhf2", "__truncsfhf2", "__extendhfsf2", "__extendhfdf2")
+
+
+@functools.cache
+def half_runtime() -> bool:
+    """Bind libgcc's half conversions into the JIT; False when they are not available."""
+    try:
+        library = ctypes.CDLL(ctypes.util.find_library("gcc_s") or "libgcc_s.so.1")
+    except OSError:
+        return False
+    found = True
+    for symbol in _HALF_RUNTIME:
+        try:
+            function = getattr(library, symbol)
+        except AttributeError:
+            found = False
+            continue
+        llvm.add_symbol(symbol, ctypes.cast(function, ctypes.c_void_p).value)
+    return found
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """A CBLAS `?gemm` routine the JIT can call: its symbol and the width of its ints."""
+
+    symbol: str
+    int_bits: int
+
+
+# Symbol name templates of NumPy's OpenBLAS builds, newest first, and their int width.
+_GEMM_CANDIDATES = (
+    ("scipy_cblas_{p}gemm64_", 64),
+    ("cblas_{p}gemm64_", 64),
+    ("scipy_cblas_{p}gemm", 32),
+    ("cblas_{p}gemm", 32),
+)
+
+
+@functools.cache
+def _blas_library() -> ctypes.CDLL | None:
+    import numpy
+
+    root = os.path.dirname(os.path.dirname(numpy.__file__))
+    patterns = [os.path.join(root, "numpy.libs", "lib*openblas*.so*"),
+                os.path.join(os.path.dirname(numpy.__file__), ".dylibs", "lib*openblas*.dylib")]
+    for pattern in patterns:
+        for path in sorted(glob.glob(pattern)):
+            try:
+                return ctypes.CDLL(path)
+            except OSError:
+                continue
+    return None
+
+
+@functools.cache
+def gemm(element_type: str) -> Gemm | None:
+    """The GEMM for f32/f64 from NumPy's OpenBLAS, bound into the JIT; None if absent."""
+    prefix = {"f32": "s", "f64": "d"}.get(element_type)
+    library = _blas_library()
+    if prefix is None or library is None:
+        return None
+    for template, bits in _GEMM_CANDIDATES:
+        symbol = template.format(p=prefix)
+        try:
+            function = getattr(library, symbol)
+        except AttributeError:
+            continue
+        if bits == 64 and not _is_ilp64(library):
+            continue
+        llvm.add_symbol(symbol, ctypes.cast(function, ctypes.c_void_p).value)
+        return Gemm(symbol, bits)
+    return None
+
+
+def _is_ilp64(library: ctypes.CDLL) -> bool:
+    """Whether the library was built with 64-bit BLAS ints (its config string says so)."""
+    for name in ("scipy_openblas_get_config64_", "openblas_get_config64_"):
+        try:
+            get_config = getattr(library, name)
+        except AttributeError:
+            continue
+        get_config.restype = ctypes.c_char_p
+        return b"USE64BITINT" in (get_config() or b"")
+    return True  # the `64_` suffix is the ILP64 naming convention

@@ -1,0 +1,88 @@
+"""`Executable`: compiled kernels plus their buffer plan, callable on NumPy arrays.
+
+The end of the compiler core's data flow and what the runtime's TF launch op runs.
+
+THE ABI. Each executable exports one native function, at `entry_address`:
+
+    void entry(void** params, void** outputs, void* temp);   /* C calling convention */
+
+- `params[i]` points to parameter i's dense row-major buffer (`parameter_shapes[i]`),
+  `outputs[j]` to output j's buffer (`output_shapes[j]`), allocated by the caller.
+  Buffers need only be aligned to their element size, and outputs must not overlap
+  parameters or each other.
+- `temp` points to a scratch arena of at least `temp_bytes` bytes, 64-byte aligned;
+  it may be NULL when `temp_bytes` is 0. Its contents need not be preserved.
+- `entry` is reentrant: several threads may call it at once with different buffers
+  (constants are read-only globals, kernels keep no state). Arrays with a zero-size
+  dimension are valid (their kernels do nothing).
+- The function lives as long as the `Executable` (which holds the LLVM execution
+  engine); a caller holding the address must hold the `Executable` too.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tfxla_lite.hlo.ir import HloModule
+from tfxla_lite.hlo.shape import Shape
+
+ENTRY_SIGNATURE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+TEMP_ALIGNMENT = 64
+
+
+@dataclass(eq=False)
+class Executable:
+    """A compiled HLO module: its native entry point, buffer plan and every dump."""
+
+    module: HloModule
+    assignment: Any  # tfxla_lite.passes.buffer_assignment.BufferAssignment
+    parameter_shapes: list[Shape]
+    output_shapes: list[Shape]
+    temp_bytes: int
+    kernel_count: int
+    llvm_ir: str  # as emitted, before LLVM's optimization
+    llvm_ir_optimized: str
+    entry_address: int
+    engine: Any = field(repr=False)  # the llvmlite ExecutionEngine that owns the code
+    hlo_text: str = ""  # before tfxla_lite.passes.optimize
+    optimized_hlo_text: str = ""
+    assignment_text: str = ""
+    _entry: Any = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._entry = ENTRY_SIGNATURE(self.entry_address)
+
+    def __call__(self, *arrays: Any) -> list[np.ndarray]:
+        """Run on NumPy arrays (no TF involved); returns freshly allocated outputs."""
+        if len(arrays) != len(self.parameter_shapes):
+            raise ValueError(f"{self.module.name} takes {len(self.parameter_shapes)} "
+                             f"arguments, got {len(arrays)}")
+        inputs = []
+        for i, (array, shape) in enumerate(zip(arrays, self.parameter_shapes)):
+            array = np.asarray(array)
+            if array.dtype != shape.numpy_dtype:
+                raise ValueError(f"argument {i} has dtype {array.dtype}, expected "
+                                 f"{shape.numpy_dtype} ({shape})")
+            if array.shape != shape.dims:
+                raise ValueError(f"argument {i} has shape {array.shape}, expected "
+                                 f"{shape.dims} ({shape})")
+            inputs.append(np.ascontiguousarray(array))
+        outputs = [np.empty(shape.dims, dtype=shape.numpy_dtype) for shape in self.output_shapes]
+        params = (ctypes.c_void_p * max(1, len(inputs)))(*[a.ctypes.data for a in inputs])
+        results = (ctypes.c_void_p * max(1, len(outputs)))(*[o.ctypes.data for o in outputs])
+        temp, temp_pointer = self._temp_arena()
+        # ctypes releases the GIL for the call: threads run executables in parallel.
+        self._entry(ctypes.addressof(params), ctypes.addressof(results), temp_pointer)
+        del temp, inputs
+        return outputs
+
+    def _temp_arena(self) -> tuple[np.ndarray | None, int | None]:
+        if self.temp_bytes == 0:
+            return None, None
+        raw = np.empty(self.temp_bytes + TEMP_ALIGNMENT, dtype=np.uint8)
+        start = -raw.ctypes.data % TEMP_ALIGNMENT
+        return raw, raw.ctypes.data + start

@@ -1,0 +1,133 @@
+"""Builders and checks shared by the CPU codegen tests.
+
+`naive_assignment` is a stand-in `BufferAssignment` (every temp in its own slice)
+for modules compiled without the pass pipeline, so that unfused ops and hand-built
+fusions reach the backend exactly as written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from tolerances import assert_close
+
+from tfxla_lite.codegen import Executable, compile_module, cpu
+from tfxla_lite.hlo.evaluator import evaluate
+from tfxla_lite.hlo.ir import Computation, HloModule, Instruction
+from tfxla_lite.hlo.shape import Shape
+
+
+@dataclass(frozen=True)
+class Slice:
+    kind: str
+    index: int
+    offset: int
+    size: int
+
+
+@dataclass
+class NaiveAssignment:
+    slices: dict[str, Slice]
+    temp_bytes: int
+    temp_bytes_without_reuse: int
+
+    def slice_of(self, instruction: Instruction) -> Slice:
+        return self.slices[instruction.name]
+
+    def to_text(self) -> str:
+        return "\n".join(f"%{name}: {s}" for name, s in self.slices.items())
+
+
+def naive_assignment(module: HloModule) -> NaiveAssignment:
+    entry = module.entry
+    assert entry is not None and entry.root is not None
+    root = entry.root
+    outputs = list(root.operands) if root.opcode == "tuple" else [root]
+    slices: dict[str, Slice] = {}
+    offset = 0
+    for inst in entry.instructions:
+        if inst.opcode == "tuple":
+            continue
+        size = inst.shape.byte_size
+        if inst.opcode == "parameter":
+            slices[inst.name] = Slice("parameter", inst.parameter_number, 0, size)
+        elif inst.opcode == "constant":
+            slices[inst.name] = Slice("constant", 0, 0, size)
+        elif inst in outputs:
+            slices[inst.name] = Slice("output", outputs.index(inst), 0, size)
+        else:
+            slices[inst.name] = Slice("temp", 0, offset, size)
+            offset += (size + 63) // 64 * 64
+    return NaiveAssignment(slices, offset, offset)
+
+
+def compile_unfused(module: HloModule) -> Executable:
+    """Compile as written: every entry op is its own kernel."""
+    return cpu.compile(module, naive_assignment(module))
+
+
+def new_module(name: str = "test") -> tuple[HloModule, Computation]:
+    module = HloModule(name)
+    return module, module.new_computation("main", entry=True)
+
+
+def build(name: str, parameter_shapes: Sequence[Shape],
+          body: Callable[[Computation, list[Instruction]], Instruction | list[Instruction]]
+          ) -> HloModule:
+    """A module whose entry computes `body(params)`; a list of results becomes a tuple."""
+    module, comp = new_module(name)
+    params = [comp.add_parameter(n, s) for n, s in enumerate(parameter_shapes)]
+    result = body(comp, params)
+    results = result if isinstance(result, list) else [result]
+    comp.root = comp.create("tuple", results)
+    return module
+
+
+def check(module: HloModule, args: Sequence[np.ndarray], op_type: str,
+          fused: bool = True) -> Executable:
+    """Compile `module` (through the pipeline, or unfused) and compare with the evaluator."""
+    expected = evaluate(module, *args)
+    expected = list(expected) if isinstance(expected, tuple) else [expected]
+    executable = compile_module(module) if fused else compile_unfused(module)
+    actual = executable(*args)
+    assert len(actual) == len(expected)
+    for n, (a, e) in enumerate(zip(actual, expected)):
+        assert_close(a, e, op_type, context=f"output {n}")
+    return executable
+
+
+FLOAT_EDGES = [np.nan, np.inf, -np.inf, -0.0, 0.0, 1.0, -1.0, 0.5, -0.5, 2.5, -2.5, 1e-30,
+               3.0, 100.0]
+
+
+def random_array(shape: Shape, rng: np.random.Generator, low: float = -4.0, high: float = 4.0,
+                 edges: bool = True) -> np.ndarray:
+    """Random values of `shape`, with float edge values (NaN, ±inf, ±0) sprinkled in."""
+    dtype = shape.numpy_dtype
+    dims = shape.dims
+    if dtype == np.bool_:
+        return rng.random(dims) < 0.5
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        values = rng.integers(max(int(low), info.min), min(int(high), info.max) + 1, size=dims)
+        array = values.astype(dtype)
+        if edges and array.size:
+            specials = [0, 1, info.max, info.min] + ([-1] if dtype.kind == "i" else [])
+            flat = array.reshape(-1)
+            for value in specials[: flat.size]:
+                flat[rng.integers(flat.size)] = value
+        return array
+    array = rng.uniform(low, high, size=dims).astype(dtype)
+    if edges and array.size:
+        flat = array.reshape(-1)
+        for n, value in enumerate(FLOAT_EDGES[: max(1, flat.size // 2)]):
+            flat[n % flat.size] = value
+    return array
+
+
+def as_args(shapes: Sequence[Shape], seed: int = 0, **kwargs: Any) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [random_array(s, rng, **kwargs) for s in shapes]
