@@ -20,20 +20,25 @@ import tfxla_lite as tl  # noqa: E402
 from tfxla_lite.timing import compare  # noqa: E402
 
 
+def measure(n: int) -> dict[str, float]:
+    """GFLOP/s of each variant on an n×n×n float32 matmul."""
+    rng = np.random.default_rng(n)
+    a = tf.constant(rng.standard_normal((n, n)).astype(np.float32))
+    b = tf.constant(rng.standard_normal((n, n)).astype(np.float32))
+    plain = tf.function(tf.matmul)
+    xla = tf.function(tf.matmul, jit_compile=True)
+    lite = tl.function(lambda x, y: tf.matmul(x, y), jit_compile=True)
+    np.testing.assert_allclose(lite(a, b).numpy(), plain(a, b).numpy(), rtol=1e-3, atol=1e-3)
+    times = compare({"tf": lambda: plain(a, b), "xla": lambda: xla(a, b),
+                     "lite": lambda: lite(a, b)}, repeats=15)
+    flops = 2.0 * n ** 3
+    return {k: flops / t / 1e9 for k, t in times.items()}
+
+
 def main(sizes: list[int]) -> int:
     print(f"{'N':>6}{'tf.matmul':>12}{'TF XLA':>10}{'tfxla-lite':>12}  GFLOP/s   lite/tf.matmul")
     for n in sizes:
-        rng = np.random.default_rng(n)
-        a = tf.constant(rng.standard_normal((n, n)).astype(np.float32))
-        b = tf.constant(rng.standard_normal((n, n)).astype(np.float32))
-        plain = tf.function(tf.matmul)
-        xla = tf.function(tf.matmul, jit_compile=True)
-        lite = tl.function(lambda x, y: tf.matmul(x, y), jit_compile=True)
-        np.testing.assert_allclose(lite(a, b).numpy(), plain(a, b).numpy(), rtol=1e-3, atol=1e-3)
-        times = compare({"tf": lambda: plain(a, b), "xla": lambda: xla(a, b),
-                         "lite": lambda: lite(a, b)}, repeats=15)
-        flops = 2.0 * n ** 3
-        rate = {k: flops / t / 1e9 for k, t in times.items()}
+        rate = measure(n)
         print(f"{n:>6}{rate['tf']:>12.1f}{rate['xla']:>10.1f}{rate['lite']:>12.1f}"
               f"{'':>11}{rate['lite'] / rate['tf']:>6.0%}")
     return 0

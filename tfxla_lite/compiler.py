@@ -123,7 +123,10 @@ def build_program(concrete_function: Any, jit_compile: bool | None, options: Opt
         report.fallbacks.append(FallbackNode(op.name, op.type, reason or "", source))
 
     if jit_compile:
-        offending = [f for f in report.fallbacks if f.op_type not in PLUMBING_OPS]
+        # Plumbing stays in TF by design; so does a Const shared by several clusters
+        # (each embeds its value), which is compilable but in no cluster.
+        offending = [f for f in report.fallbacks
+                     if f.op_type not in PLUMBING_OPS and not decisions[f.op_name].compilable]
         if offending:
             raise CompilationError(_must_compile_message(function_name, offending),
                                    offending)

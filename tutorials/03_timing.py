@@ -28,4 +28,5 @@ variants = {
 times = compare({name: (lambda f=f: f(x)) if name != "eager" else f
                  for name, f in variants.items()}, repeats=7)
 for name, seconds in times.items():
-    print(f"{name:<12} {seconds * 1e3:8.3f} ms   {times['tf.function'] / seconds:5.2f}x tf.function")
+    ratio = times["tf.function"] / seconds
+    print(f"{name:<12} {seconds * 1e3:8.3f} ms   {ratio:5.2f}x tf.function")
