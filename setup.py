@@ -30,7 +30,7 @@ setup(
     install_requires=["numpy", "llvmlite>=0.44", "networkx"],
     extras_require={
         "tf": ["tensorflow-cpu>=2.16"],
-        "test": ["pytest", "hypothesis"],
+        "test": ["pytest", "hypothesis", "ruff"],
     },
     entry_points={"console_scripts": ["tfxla-lite=tfxla_lite.cli:main"]},
 )

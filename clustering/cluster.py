@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import networkx as nx
+
 from tfxla_lite.clustering.mark import Decision, MarkOptions, mark
 from tfxla_lite.clustering.registry import OP_RULES
 

@@ -19,7 +19,6 @@ from tfxla_lite.clustering.registry import (
     LoweringError,
     tensor_shape,
 )
-
 from tfxla_lite.hlo import HloModule, Instruction
 
 if TYPE_CHECKING:

@@ -19,7 +19,6 @@ from tfxla_lite.clustering.registry import (
     element_type,
     register,
 )
-
 from tfxla_lite.hlo import Instruction
 
 if TYPE_CHECKING:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
 from tfxla_lite.clustering.registry import (
     ALL,
     BOOL,
@@ -24,7 +25,6 @@ from tfxla_lite.clustering.registry import (
     register,
     static_dims,
 )
-
 from tfxla_lite.hlo import Instruction, numpy_dtype
 
 if TYPE_CHECKING:

@@ -7,26 +7,25 @@ to the CPU backend (`tfxla_lite.codegen.cpu`). Imports no TensorFlow.
 
 from __future__ import annotations
 
-from typing import Any
-
 from tfxla_lite.codegen.executable import Executable
 from tfxla_lite.hlo.ir import HloModule
 
 
-def compile_module(module: HloModule, pipeline: Any = None) -> Executable:
+def compile_module(module: HloModule, pipeline: str | None = None,
+                   verify: bool = False) -> Executable:
     """Optimize `module` in place, assign its buffers and compile it for this CPU.
 
-    `pipeline` is handed to `tfxla_lite.passes.optimize` (None: its default pipeline).
+    `pipeline` is handed to `tfxla_lite.passes.optimize` (None: its default
+    pipeline); `verify` runs the HLO verifier on the input and after every pass.
     """
-    # Imported here so that codegen loads (and its tests run) without the passes.
     from tfxla_lite.codegen import cpu
-    from tfxla_lite.passes import assign_buffers, optimize
+    from tfxla_lite.hlo.verifier import verify as verify_module
+    from tfxla_lite.passes import DEFAULT_PIPELINE, assign_buffers, optimize
 
     hlo_text = module.to_text()
-    if pipeline is None:
-        optimize(module)
-    else:
-        optimize(module, pipeline)
+    if verify:
+        verify_module(module)
+    optimize(module, pipeline or DEFAULT_PIPELINE, verify=verify)
     optimized_hlo_text = module.to_text()
     assignment = assign_buffers(module)
     return cpu.compile(module, assignment, hlo_text=hlo_text,

@@ -18,8 +18,9 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from tfxla_lite import options as options_module
 from tfxla_lite.compiler import CompilationError, Program, build_program
-from tfxla_lite.options import DEFAULT_OPTIONS, Options
+from tfxla_lite.options import Options
 from tfxla_lite.report import ClusteringReport
 
 __all__ = ["CompilationError", "ClusteringReport", "Function", "explain", "function"]
@@ -40,12 +41,12 @@ class Function:
 
     def __init__(self, fn: Callable, jit_compile: bool | None = None,
                  input_signature: Sequence[tf.TensorSpec] | None = None,
-                 autograph: bool = True, options: Options = DEFAULT_OPTIONS,
+                 autograph: bool = True, options: Options | None = None,
                  name: str | None = None) -> None:
         self.python_function = fn
         self.jit_compile = jit_compile
         self.input_signature = input_signature
-        self.options = options
+        self.options = options if options is not None else options_module.DEFAULT_OPTIONS
         functools.update_wrapper(self, fn)
         self._name = name or getattr(fn, "__name__", "function")
         # The user's own tf.function: it checks input_signature and is what
@@ -153,11 +154,12 @@ class Function:
 
 def function(fn: Callable | None = None, *, jit_compile: bool | None = None,
              input_signature: Sequence[tf.TensorSpec] | None = None, autograph: bool = True,
-             options: Options = DEFAULT_OPTIONS,
+             options: Options | None = None,
              min_cluster_size: int | None = None) -> Any:
     """`tf.function` with tfxla-lite compilation; usable as `@function` or `@function(...)`."""
     if min_cluster_size is not None:
-        options = options.with_changes(min_cluster_size=min_cluster_size)
+        base = options if options is not None else options_module.DEFAULT_OPTIONS
+        options = base.with_changes(min_cluster_size=min_cluster_size)
 
     def decorate(f: Callable) -> Function:
         return Function(f, jit_compile=jit_compile, input_signature=input_signature,

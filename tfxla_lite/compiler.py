@@ -138,7 +138,7 @@ def build_program(concrete_function: Any, jit_compile: bool | None, options: Opt
         try:
             module = lower_cluster(graph, cluster)
             hlo_text = module.to_text()
-            executable = compile_module(module, pipeline=options.pipeline)
+            executable = compile_module(module, pipeline=options.pipeline, verify=options.verify)
         except Exception as error:  # noqa: BLE001 - any failure means: leave it to TF
             if jit_compile:
                 raise CompilationError(

@@ -6,8 +6,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import broadcastable_shapes
-from tfxla_lite.clustering.registry import LoweringContext
 
+from tfxla_lite.clustering.registry import LoweringContext
 from tfxla_lite.hlo import HloModule, Shape
 from tfxla_lite.hlo.evaluator import evaluate
 

@@ -7,9 +7,9 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 from tf_harness import sample, trace
-from tfxla_lite.clustering import Cluster, cluster_graph, counted_size, lower_cluster
 from tolerances import assert_close
 
+from tfxla_lite.clustering import Cluster, cluster_graph, counted_size, lower_cluster
 from tfxla_lite.hlo.evaluator import evaluate
 
 

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from tf_harness import check_against_tf, sample
-from tfxla_lite.clustering import OP_RULES
 from tolerances import assert_close
+
+from tfxla_lite.clustering import OP_RULES
 
 F32, F64, I32, BOOL = np.float32, np.float64, np.int32, np.bool_
 

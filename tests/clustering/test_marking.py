@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 import tensorflow as tf
+
 from tfxla_lite.clustering import PLUMBING_OPS, Decision, MarkOptions, mark
 
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import numpy as np
 import tensorflow as tf
-from tfxla_lite.clustering import cluster_graph, lower_cluster
 from tolerances import assert_close
 
+from tfxla_lite.clustering import cluster_graph, lower_cluster
 from tfxla_lite.hlo.evaluator import evaluate
 
 try:  # the CPU backend is optional for these tests; TFXLA_LITE_TEST_NO_CODEGEN=1 skips it
