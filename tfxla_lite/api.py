@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -22,6 +23,8 @@ from tfxla_lite import options as options_module
 from tfxla_lite.compiler import CompilationError, Program, build_program
 from tfxla_lite.options import Options
 from tfxla_lite.report import ClusteringReport
+
+logger = logging.getLogger("tfxla_lite")
 
 __all__ = ["CompilationError", "ClusteringReport", "Function", "explain", "function"]
 
@@ -113,7 +116,22 @@ class Function:
         program = self._programs.get(key) if key is not None else None
         if program is None:
             concrete = self._tracer.get_concrete_function(*args, **kwargs)
-            program = build_program(concrete, self.jit_compile, self.options)
+            try:
+                program = build_program(concrete, self.jit_compile, self.options)
+                # Trace the rewritten graph now, so that a failure to import it is a
+                # compile-time failure (and a fallback in auto mode), not a call error.
+                program.run.get_concrete_function(*args, **kwargs)  # type: ignore[union-attr]
+            except CompilationError:
+                raise
+            except Exception as error:  # noqa: BLE001 - auto mode never fails the call
+                if self.jit_compile:
+                    raise CompilationError(f"tfxla-lite could not compile {self._name}: "
+                                           f"{type(error).__name__}: {error}") from error
+                logger.warning("tfxla-lite: %s runs in TensorFlow: %s", self._name, error)
+                report = ClusteringReport(self._name, self.jit_compile,
+                                          note=f"whole function left to TensorFlow: "
+                                               f"{type(error).__name__}: {error}")
+                program = Program(concrete, report, run=self._tracer)
             if key is not None:
                 self._programs[key] = program
         return program

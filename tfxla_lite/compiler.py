@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from tfxla_lite.clustering.cluster import form_clusters
 from tfxla_lite.clustering.lower import lower_cluster
-from tfxla_lite.clustering.mark import PLUMBING_OPS, mark
+from tfxla_lite.clustering.mark import PLUMBING_OPS, format_source, mark
 from tfxla_lite.codegen import compile_module
 from tfxla_lite.hlo import HloModule
 from tfxla_lite.options import Options
@@ -84,19 +84,6 @@ class Program:
         return "\n".join(texts[stage](c) for c in self.clusters)
 
 
-def _source_of(op: tf.Operation) -> str | None:
-    """The user's `file:line` that created `op`: the innermost frame outside TF and us."""
-    skip = ("/tensorflow/", "/keras/", "/tfxla_lite/", "/clustering/", "/codegen/",
-            "/site-packages/", "<frozen")
-    frames = getattr(op, "traceback", None) or []
-    for frame in reversed(list(frames)):
-        filename = frame.filename if hasattr(frame, "filename") else frame[0]
-        lineno = frame.lineno if hasattr(frame, "lineno") else frame[1]
-        if not any(s in filename for s in skip):
-            return f"{filename}:{lineno}"
-    return None
-
-
 def _tensor_spec(tensor: tf.Tensor) -> tuple[tf.DType, tuple[int, ...]]:
     return tensor.dtype, tuple(int(d) for d in tensor.shape)
 
@@ -119,7 +106,7 @@ def build_program(concrete_function: Any, jit_compile: bool | None, options: Opt
         if op.name in clustered:
             continue
         reason = decision.reason if not decision.compilable else "cluster too small"
-        source = getattr(decision, "source", None) or _source_of(op)
+        source = decision.source or format_source(op)
         report.fallbacks.append(FallbackNode(op.name, op.type, reason or "", source))
 
     if jit_compile:
@@ -151,7 +138,7 @@ def build_program(concrete_function: Any, jit_compile: bool | None, options: Opt
             for name, op_type in ops:
                 report.fallbacks.append(FallbackNode(
                     name, op_type, f"{cluster.name} failed to compile: {error}",
-                    _source_of(graph.get_operation_by_name(name))))
+                    format_source(graph.get_operation_by_name(name))))
             continue
         key = f"{function_name}/{cluster.name}/{next(_executable_ids)}"
         inputs = [graph.get_tensor_by_name(t) for t in cluster.inputs]

@@ -40,6 +40,7 @@ class ClusteringReport:
     jit_compile: bool | None
     clusters: list[ClusterReport] = field(default_factory=list)
     fallbacks: list[FallbackNode] = field(default_factory=list)
+    note: str | None = None  # set when the whole function was left to TensorFlow
 
     @property
     def compiled_clusters(self) -> list[ClusterReport]:
@@ -54,6 +55,8 @@ class ClusteringReport:
     def __str__(self) -> str:
         mode = {True: "must-compile", None: "auto-clustering", False: "off"}[self.jit_compile]
         lines = [f"tfxla-lite clustering report for {self.function_name} ({mode})"]
+        if self.note:
+            lines.append(f"  {self.note}")
         for cluster in self.clusters:
             state = "compiled" if cluster.compiled else f"NOT compiled: {cluster.error}"
             lines.append(f"  {cluster.name}: {len(cluster.ops)} ops, {cluster.num_inputs} inputs, "

@@ -77,3 +77,22 @@ def test_variables_read_and_assigned_call_after_call() -> None:
         np.testing.assert_allclose(v_compiled.numpy(), v_reference.numpy(), rtol=1e-6)
         np.testing.assert_allclose(actual, expected, rtol=1e-5)
     assert tl.explain(compiled, x).compiled_clusters
+
+
+def test_failure_inside_tfxla_lite_falls_back_in_auto_mode(monkeypatch) -> None:
+    import tfxla_lite.compiler as compiler
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("injected rewrite failure")
+
+    monkeypatch.setattr(compiler, "rewrite_graph_def", broken)
+
+    def fn(x):
+        return tf.exp(tf.nn.relu(x * 2.0 + 1.0)) - 1.0
+
+    x = np.linspace(-1, 1, 8).astype(np.float32)
+    auto = tl.function(fn)
+    np.testing.assert_allclose(auto(x).numpy(), tf.function(fn)(x).numpy(), rtol=1e-6)
+    assert "injected rewrite failure" in str(tl.explain(auto, x))
+    with pytest.raises(tl.CompilationError, match="injected rewrite failure"):
+        tl.function(fn, jit_compile=True)(x)

@@ -94,3 +94,19 @@ def test_auto_mode_leaves_small_clusters_to_tensorflow() -> None:
     smaller = tl.function(example.fn, min_cluster_size=3)
     assert len(tl.explain(smaller, *inputs).compiled_clusters) == 1
     np.testing.assert_allclose(smaller(*inputs).numpy(), auto(*inputs).numpy(), rtol=1e-5)
+
+
+def test_launch_of_a_compiled_cluster_rejects_wrong_shape_and_dtype() -> None:
+    from tfxla_lite.runtime import launch
+
+    f = tl.function(EXAMPLES["gelu"].fn, jit_compile=True)
+    x = np.linspace(-3, 3, 64).astype(np.float32)
+    f(x)
+    (node,) = _launch_ops(f.get_concrete_function(x))
+    key = node.attr["key"].s.decode()
+    good = launch([tf.constant(x)], key, [tf.float32], [(64,)])
+    np.testing.assert_allclose(good[0].numpy(), f(x).numpy())
+    with pytest.raises(tf.errors.InvalidArgumentError, match="shape"):
+        launch([tf.constant(x[:32])], key, [tf.float32], [(64,)])
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        launch([tf.constant(x.astype(np.float64))], key, [tf.float32], [(64,)])
