@@ -69,7 +69,10 @@ class Function:
         if self.jit_compile is False:
             return self._tf_function(*args, **kwargs)
         args, kwargs = self._canonical(args, kwargs)
-        return self._program(args, kwargs).run(*args, **kwargs)
+        program = self._program(args, kwargs)
+        if program.concrete_run is not None:
+            return program.concrete_run(*args, **kwargs)
+        return program.run(*args, **kwargs)  # type: ignore[misc]
 
     def __get__(self, instance: Any, owner: Any = None) -> Any:
         # Methods: bind like a function would.
@@ -103,6 +106,9 @@ class Function:
         return tuple(bound.args), dict(bound.kwargs)
 
     def _key(self, args: tuple, kwargs: dict) -> Any:
+        if not kwargs and all(isinstance(a, (tf.Tensor, np.ndarray)) for a in args):
+            # The common call, keyed without tf.nest (this is on every call's path).
+            return tuple((tuple(a.shape), a.dtype) for a in args)
         leaves = tf.nest.flatten((args, kwargs))
         structure = repr(tf.nest.map_structure(lambda _: 0, (args, kwargs)))
         return structure, tuple(_leaf_key(v) for v in leaves)
@@ -120,7 +126,8 @@ class Function:
                 program = build_program(concrete, self.jit_compile, self.options)
                 # Trace the rewritten graph now, so that a failure to import it is a
                 # compile-time failure (and a fallback in auto mode), not a call error.
-                program.run.get_concrete_function(*args, **kwargs)  # type: ignore[union-attr]
+                program.concrete_run = program.run.get_concrete_function(  # type: ignore[union-attr]
+                    *args, **kwargs)
             except CompilationError:
                 raise
             except Exception as error:  # noqa: BLE001 - auto mode never fails the call

@@ -68,6 +68,8 @@ class Program:
     report: ClusteringReport
     clusters: list[CompiledClusterArtifacts] = field(default_factory=list)
     run: Callable[..., Any] | None = None
+    # `run` traced for this signature: calling it skips tf.function's dispatch.
+    concrete_run: Any = None
 
     def compiler_ir(self, stage: str) -> str:
         texts = {
