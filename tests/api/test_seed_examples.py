@@ -110,3 +110,17 @@ def test_launch_of_a_compiled_cluster_rejects_wrong_shape_and_dtype() -> None:
         launch([tf.constant(x[:32])], key, [tf.float32], [(64,)])
     with pytest.raises(tf.errors.InvalidArgumentError):
         launch([tf.constant(x.astype(np.float64))], key, [tf.float32], [(64,)])
+
+
+def test_input_signature_with_unknown_dims_compiles_per_concrete_shape() -> None:
+    def fn(x):
+        return tf.reduce_sum(tf.nn.relu(x) * 2.0, axis=1)
+
+    f = tl.function(fn, jit_compile=True,
+                    input_signature=[tf.TensorSpec([None, 4], tf.float32)])
+    for rows in (2, 3, 2):
+        x = np.arange(rows * 4, dtype=np.float32).reshape(rows, 4) - 5.0
+        np.testing.assert_allclose(f(x).numpy(), fn(x).numpy(), rtol=1e-6)
+    assert len(f._programs) == 2
+    with pytest.raises(ValueError, match="input_signature"):
+        f(np.ones((2, 5), np.float32))
