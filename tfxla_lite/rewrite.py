@@ -148,7 +148,11 @@ def import_rewritten(graph_def: tf.compat.v1.GraphDef, placeholder_names: Sequen
     `control_output_names` (variable writes) become control dependencies of the
     returned tensors, so that they run whenever the outputs are computed.
     """
-    input_map = {f"{name}:0": feed for name, feed in zip(placeholder_names, feeds)}
+    # TF captures small eager constants by value: their "placeholder" is a Const node
+    # (possibly absorbed into a cluster), which is not mapped.
+    placeholders = {node.name for node in graph_def.node if node.op == "Placeholder"}
+    input_map = {f"{name}:0": feed for name, feed in zip(placeholder_names, feeds)
+                 if name in placeholders}
     elements = list(output_names) + list(control_output_names)
     imported = tf.graph_util.import_graph_def(graph_def, input_map=input_map,
                                               return_elements=elements, name="tfxla_lite")
