@@ -69,3 +69,52 @@ def random_arguments(module: HloModule, seed: int = 0) -> list:
     assert module.entry is not None
     return [rng.normal(size=p.shape.dims).astype(p.shape.numpy_dtype)
             for p in module.entry.parameters]
+
+
+# Values a rewrite most easily gets wrong: signed zeros, infinities, NaN, and the
+# integer extremes.
+FLOAT_EDGES = (-0.0, 0.0, float("inf"), float("-inf"), float("nan"), 1.5, -2.0, 3.0e38)
+
+
+def edge_arguments(module: HloModule, seed: int = 0) -> list:
+    """One argument per entry parameter, each starting with the edge values of its type."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    assert module.entry is not None
+    args = []
+    for p in module.entry.parameters:
+        dtype = p.shape.numpy_dtype
+        n = p.shape.num_elements
+        if dtype.kind == "f" or dtype.name == "bfloat16":
+            edges = np.array(FLOAT_EDGES, dtype=np.float64)
+            values = np.concatenate([edges, rng.normal(size=n) * 4])[:n]
+            if n > len(edges):  # keep the edges, shuffled, so each lands anywhere
+                values = rng.permutation(values)
+        elif dtype == np.bool_:
+            values = rng.integers(0, 2, size=n).astype(bool)
+        else:
+            info = np.iinfo(dtype)
+            edges = np.array([0, 1, info.max, info.min, -1 if info.min else 2], dtype=np.int64)
+            values = np.concatenate([edges, rng.integers(-50 if info.min else 0, 50, size=n)])
+            values = rng.permutation(values[:n])
+        args.append(values.astype(dtype).reshape(p.shape.dims))
+    return args
+
+
+def assert_same_bits(actual: object, expected: object) -> None:
+    """Equal arrays, bit for bit: -0.0 differs from 0.0; any NaN equals any NaN."""
+    import numpy as np
+
+    actual_arrays, expected_arrays = flatten(actual), flatten(expected)
+    assert len(actual_arrays) == len(expected_arrays)
+    for a, b in zip(actual_arrays, expected_arrays, strict=True):
+        a, b = np.asarray(a), np.asarray(b)
+        assert a.dtype == b.dtype and a.shape == b.shape, (a, b)
+        if a.dtype.kind == "f" or a.dtype.name == "bfloat16":
+            nan = np.isnan(a.astype(np.float64))
+            np.testing.assert_array_equal(nan, np.isnan(b.astype(np.float64)))
+            a, b = a[~nan], b[~nan]
+        bits = np.dtype(f"u{a.dtype.itemsize}")
+        np.testing.assert_array_equal(np.ascontiguousarray(a).view(bits),
+                                      np.ascontiguousarray(b).view(bits))

@@ -1,10 +1,11 @@
 """Property tests over random elementwise DAGs: the pipeline keeps results and the
-buffer plan never overlaps two live temps."""
+buffer plan never overlaps two live temps; on rewrite-prone graphs fed -0.0, ±inf and
+NaN, simplify, constant folding, CSE and the default pipeline keep every bit."""
 
 from __future__ import annotations
 
 import numpy as np
-from hlo_builders import flatten, new_module, parameters, reduce
+from hlo_builders import assert_same_bits, flatten, new_module, parameters, reduce
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_buffer_assignment import assert_no_live_overlap
@@ -13,7 +14,7 @@ from tfxla_lite.hlo.evaluator import evaluate
 from tfxla_lite.hlo.ir import HloModule
 from tfxla_lite.hlo.opcodes import is_expensive
 from tfxla_lite.hlo.shape import Shape
-from tfxla_lite.passes import assign_buffers, optimize
+from tfxla_lite.passes import DEFAULT_PIPELINE, assign_buffers, optimize
 from tfxla_lite.passes.fusion import can_be_fusion_root, can_fuse_producer
 
 SHAPE = Shape("f32", (3, 4))
@@ -80,3 +81,82 @@ def test_pipeline_keeps_results_and_plan_never_overlaps(module: HloModule, seed:
         if inst.opcode not in ("fusion", "copy") and can_be_fusion_root(inst):
             assert not any(can_fuse_producer(o) and not is_expensive(o.opcode)
                            for o in inst.operands), inst
+
+
+# Shapes of the rewrite-prone graphs: rewrites fire on identities, splats and constants.
+IDENTITIES = ("add -0.0", "add +0.0", "subtract +0.0", "subtract -0.0", "multiply 1",
+              "multiply 0", "divide 1", "divide 2", "divide 3", "maximum -inf", "negate2",
+              "transpose2", "reshape2", "slice-concat", "select", "self", "constant-chain",
+              "reduce-size-1", "duplicate")
+
+
+@st.composite
+def rewrite_prone_modules(draw: st.DrawFn) -> HloModule:
+    module, comp = new_module("prone")
+    values = parameters(comp, *[SHAPE] * draw(st.integers(1, 3)))
+
+    def splat(value: float):
+        return comp.create("broadcast", [comp.add_constant(value, "f32")], shape=SHAPE,
+                           dimensions=())
+
+    for _ in range(draw(st.integers(1, 10))):
+        kind = draw(st.sampled_from(IDENTITIES + BINARY + UNARY[:5]))
+        x, y = draw(st.sampled_from(values)), draw(st.sampled_from(values))
+        if kind in BINARY:
+            values.append(comp.create(kind, [x, y]))
+        elif kind in UNARY[:5]:
+            values.append(comp.create(kind, [x]))
+        elif kind == "negate2":
+            values.append(comp.create("negate", [comp.create("negate", [x])]))
+        elif kind == "transpose2":
+            t = comp.create("transpose", [x], dimensions=(1, 0))
+            values.append(comp.create("transpose", [t], dimensions=(1, 0)))
+        elif kind == "reshape2":
+            r = comp.create("reshape", [x], shape=Shape("f32", (12,)))
+            values.append(comp.create("reshape", [comp.create("reshape", [r], shape=Shape(
+                "f32", (2, 6)))], shape=SHAPE))
+        elif kind == "slice-concat":
+            c = comp.create("concatenate", [x, y], dimensions=(0,))  # [6,4]
+            start = draw(st.sampled_from((0, 3)))
+            values.append(comp.create("slice", [c], slice=((start, start + 3, 1), (0, 4, 1))))
+        elif kind == "select":
+            p = comp.create("broadcast", [comp.add_constant(draw(st.booleans()), "pred")],
+                            shape=SHAPE.with_element_type("pred"), dimensions=())
+            values.append(comp.create("select", [p, x, y]))
+        elif kind == "self":
+            values.append(comp.create(draw(st.sampled_from(("subtract", "maximum", "add"))),
+                                      [x, x]))
+        elif kind == "constant-chain":
+            c = comp.add_constant(np.arange(12, dtype=np.float32).reshape(3, 4) - 5.5)
+            folded = comp.create("multiply", [comp.create("negate", [c]), splat(0.5)])
+            values.append(comp.create("add", [x, folded]))
+        elif kind == "reduce-size-1":
+            r = comp.create("reshape", [x], shape=Shape("f32", (3, 1, 4)))
+            values.append(reduce(comp, r, (1,), draw(st.sampled_from(("add", "maximum")))))
+        elif kind == "duplicate":
+            values.append(comp.create("add", [comp.create("exponential", [x]),
+                                              comp.create("exponential", [x])]))
+        else:  # "op constant"
+            opcode, text = kind.split(" ")
+            value = float(text)
+            operands = [x, splat(value)]
+            if opcode in ("add", "multiply", "maximum") and draw(st.booleans()):
+                operands.reverse()
+            values.append(comp.create(opcode, operands))
+    outputs = draw(st.lists(st.sampled_from(values), min_size=1, max_size=3))
+    comp.root = outputs[0] if len(outputs) == 1 else comp.create("tuple", outputs)
+    return module
+
+
+EDGES = np.array([-0.0, 0.0, np.inf, -np.inf, np.nan, 1.0, -1.0, 2.5], np.float32)
+
+
+@settings(max_examples=150, deadline=None)
+@given(rewrite_prone_modules(), st.sampled_from(
+    ("simplify", "constant-folding", "cse", DEFAULT_PIPELINE)), st.integers(0, 2**16))
+def test_passes_keep_results_bit_for_bit(module: HloModule, pipeline: str, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    args = [rng.choice(EDGES, size=p.shape.dims) for p in module.entry.parameters]
+    before = evaluate(module, *args)
+    optimize(module, pipeline, verify=True)
+    assert_same_bits(evaluate(module, *args), before)

@@ -1,9 +1,10 @@
 """HLO-to-HLO passes, the pipeline that orders them, and buffer assignment.
 
 Sits between the IR (`tfxla_lite.hlo`) and the backends (`tfxla_lite.codegen`):
-`optimize(module)` runs the default pipeline in place (DCE, fusion, output
-copies), then `assign_buffers(module)` plans the memory codegen and the runtime
-use. Imports `tfxla_lite.hlo` and NumPy only.
+`optimize(module)` runs the default pipeline in place (simplification,
+constant folding, CSE, DCE, fusion, output copies), then
+`assign_buffers(module)` plans the memory codegen and the runtime use.
+Imports `tfxla_lite.hlo` and NumPy only.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """The pass pipeline: which passes run, in which order, and why, in one place.
 
 `optimize(module)` is what codegen calls between TF lowering and buffer
-assignment. The same list is spelled as text (`"dce,fuse,dce,add-output-copies"`)
-for the CLI, the flags and the tests. Simplification, CSE and constant folding
-join the list as they land.
+assignment. The same list is spelled as text (`"simplify,constant-folding,cse,..."`)
+for the CLI (`tfxla-lite opt -p`), the flags and the tests; `PASSES` maps each
+name to its class.
 """
 
 from __future__ import annotations
@@ -11,19 +11,30 @@ from __future__ import annotations
 from tfxla_lite.hlo.ir import HloModule
 from tfxla_lite.hlo.verifier import VerificationError, verify
 from tfxla_lite.passes.base import Pass
+from tfxla_lite.passes.constant_folding import ConstantFolding
+from tfxla_lite.passes.cse import CommonSubexpressionElimination
 from tfxla_lite.passes.dce import DeadCodeElimination
 from tfxla_lite.passes.fusion import Fusion
 from tfxla_lite.passes.output_copies import AddOutputCopies
+from tfxla_lite.passes.simplify import AlgebraicSimplifier
 
-# dce: lowering leaves unused values; dropping them first keeps fusion from
-#      building kernels nobody reads.
+# simplify: drop the identities lowering leaves (same-shape reshapes, x * 1, transposes
+#      that undo each other), fold arithmetic on broadcast scalar constants.
+# constant-folding: evaluate what depends on constants only (small results).
+# cse: lowering repeats work (each TF op lowers on its own) and folding makes equal
+#      constants; one instruction per value.
+# simplify: CSE makes operands identical (x - x, select(p, a, a)); clean those up.
+# dce: what the rewrites left unused; dropping it first keeps fusion from building
+#      kernels nobody reads.
 # fuse: one kernel per fusible group (kLoop, kInput around reductions).
 # dce: fusion leaves the computations of cloned producers' old users behind.
 # add-output-copies: last, so every output has its own buffer for buffer assignment.
-DEFAULT_PIPELINE = "dce,fuse,dce,add-output-copies"
+DEFAULT_PIPELINE = "simplify,constant-folding,cse,simplify,dce,fuse,dce,add-output-copies"
 
 PASSES: dict[str, type[Pass]] = {
-    cls.name: cls for cls in (DeadCodeElimination, Fusion, AddOutputCopies)
+    cls.name: cls for cls in (AlgebraicSimplifier, ConstantFolding,
+                              CommonSubexpressionElimination, DeadCodeElimination, Fusion,
+                              AddOutputCopies)
 }
 
 

@@ -1,0 +1,163 @@
+"""Cost analysis: flops, transcendentals and bytes accessed, as XLA counts them.
+
+Reads the IR only; used by reports, the CLI and benchmarks to say how much work
+and memory traffic a module (or each of its kernels) asks for. The definitions
+are those of XLA's `HloCostAnalysis` (`xla/service/hlo_cost_analysis.cc`):
+
+- Elementwise ops (unary, binary, compare, select, clamp, convert): one
+  operation per output element. exponential, exponential-minus-one, log,
+  log-plus-one, logistic, power, sqrt, rsqrt, cbrt, tanh, sine, cosine, tan,
+  atan2 and erf count as *transcendentals*, every other one as *flops*.
+  divide is a flop.
+- dot: 2 flops (one fused multiply-add) per output element per contracted
+  element: `2 * elements(output) * product(contracting dims)`.
+- reduce: the `to_apply` computation's cost once per combination, where a
+  reduce of N input elements to M output elements combines `N - M` times.
+- Data movement (broadcast, reshape, transpose, slice, concatenate, iota,
+  copy): no flops.
+- Bytes accessed: by default the bytes of every operand plus the output.
+  Exceptions: parameters, constants and get-tuple-element touch 0 bytes; a
+  bitcast 0; a slice reads only what it writes (2 × output); a tuple writes its
+  table of pointers (8 bytes per element) and reads nothing.
+- fusion: flops and transcendentals of the fused instructions summed; bytes
+  accessed only at the fusion's boundary, its operands plus its output (XLA
+  refines operand reads by their fused users; here every operand is read once).
+- call: its computation's totals.
+
+Optimal seconds, XLA's fourth property, needs per-device rates and is left out.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from tfxla_lite.hlo.ir import Computation, HloModule, Instruction
+from tfxla_lite.hlo.opcodes import is_elementwise
+from tfxla_lite.hlo.shape import Shape
+
+TRANSCENDENTAL = frozenset({
+    "exponential", "exponential-minus-one", "log", "log-plus-one", "logistic", "power", "sqrt",
+    "rsqrt", "cbrt", "tanh", "sine", "cosine", "tan", "atan2", "erf",
+})
+FMA_FLOPS = 2
+POINTER_BYTES = 8
+
+
+@dataclass(frozen=True)
+class Cost:
+    """The cost of one instruction (or a sum of them)."""
+
+    flops: int = 0
+    transcendentals: int = 0
+    bytes_accessed: int = 0
+
+    def __add__(self, other: Cost) -> Cost:
+        return Cost(self.flops + other.flops, self.transcendentals + other.transcendentals,
+                    self.bytes_accessed + other.bytes_accessed)
+
+    def scaled(self, factor: int) -> Cost:
+        """The compute of `factor` applications; bytes are not scaled (XLA's rule)."""
+        return Cost(self.flops * factor, self.transcendentals * factor, 0)
+
+
+def _elements(shape: Shape) -> int:
+    if shape.is_tuple:
+        return sum(_elements(s) for s in shape.tuple_shapes or ())
+    return shape.num_elements
+
+
+def _byte_size(shape: Shape) -> int:
+    return shape.byte_size
+
+
+def _default_bytes(inst: Instruction) -> int:
+    return _byte_size(inst.shape) + sum(_byte_size(o.shape) for o in inst.operands)
+
+
+def computation_cost(computation: Computation) -> Cost:
+    """The sum over the computation's instructions."""
+    total = Cost()
+    for inst in computation.instructions:
+        total = total + instruction_cost(inst)
+    return total
+
+
+def instruction_cost(inst: Instruction) -> Cost:
+    """The cost of one instruction under XLA's definitions (see the module docstring)."""
+    opcode = inst.opcode
+    if opcode in ("parameter", "constant", "get-tuple-element", "bitcast"):
+        return Cost()
+    if opcode == "tuple":
+        return Cost(bytes_accessed=POINTER_BYTES * len(inst.shape.tuple_shapes or ()))
+    if opcode == "fusion":
+        inner = computation_cost(inst.fused_computation)
+        return Cost(inner.flops, inner.transcendentals, _default_bytes(inst))
+    if opcode == "call":
+        return computation_cost(inst.called_computations[0])
+    if opcode == "slice":
+        return Cost(bytes_accessed=2 * _byte_size(inst.shape))
+    if opcode == "dot":
+        lhs = inst.operand(0).shape
+        width = math.prod(lhs.dims[d] for d in inst.attributes.get("lhs_contracting_dims", ()))
+        return Cost(flops=FMA_FLOPS * _elements(inst.shape) * width,
+                    bytes_accessed=_default_bytes(inst))
+    if opcode == "reduce":
+        output = inst.shape.tuple_shapes[0] if inst.shape.tuple_shapes else inst.shape
+        combinations = inst.operand(0).shape.num_elements - output.num_elements
+        per_combination = computation_cost(inst.called_computations[0])
+        return per_combination.scaled(combinations) + Cost(bytes_accessed=_default_bytes(inst))
+    if is_elementwise(opcode) and opcode != "copy":
+        count = _elements(inst.shape)
+        if opcode in TRANSCENDENTAL:
+            return Cost(transcendentals=count, bytes_accessed=_default_bytes(inst))
+        return Cost(flops=count, bytes_accessed=_default_bytes(inst))
+    return Cost(bytes_accessed=_default_bytes(inst))  # data movement, iota, copy
+
+
+@dataclass
+class CostAnalysis:
+    """Per-instruction costs of the entry computation (fusions as one) and their total."""
+
+    module_name: str
+    costs: dict[str, Cost] = field(default_factory=dict)  # entry instruction name -> cost
+
+    @property
+    def total(self) -> Cost:
+        total = Cost()
+        for cost in self.costs.values():
+            total = total + cost
+        return total
+
+    @property
+    def flops(self) -> int:
+        return self.total.flops
+
+    @property
+    def transcendentals(self) -> int:
+        return self.total.transcendentals
+
+    @property
+    def bytes_accessed(self) -> int:
+        return self.total.bytes_accessed
+
+    def to_text(self) -> str:
+        """One line per instruction that costs anything, then the total."""
+        lines = [f"CostAnalysis of {self.module_name}:",
+                 f"  {'instruction':<32} {'flops':>12} {'transcendentals':>16} {'bytes':>12}"]
+        for name, cost in self.costs.items():
+            if cost != Cost():
+                lines.append(f"  %{name:<31} {cost.flops:>12} {cost.transcendentals:>16} "
+                             f"{cost.bytes_accessed:>12}")
+        total = self.total
+        lines.append(f"  {'total':<32} {total.flops:>12} {total.transcendentals:>16} "
+                     f"{total.bytes_accessed:>12}")
+        return "\n".join(lines) + "\n"
+
+
+def analyze(module: HloModule) -> CostAnalysis:
+    """Cost every instruction of the entry computation; fusions and calls cost as one."""
+    if module.entry is None:
+        raise ValueError(f"module {module.name} has no entry computation")
+    return CostAnalysis(module.name, {inst.name: instruction_cost(inst)
+                                      for inst in module.entry.instructions})
