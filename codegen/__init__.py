@@ -12,11 +12,12 @@ from tfxla_lite.hlo.ir import HloModule
 
 
 def compile_module(module: HloModule, pipeline: str | None = None,
-                   verify: bool = False) -> Executable:
+                   verify: bool = False, threads: int | None = None) -> Executable:
     """Optimize `module` in place, assign its buffers and compile it for this CPU.
 
     `pipeline` is handed to `tfxla_lite.passes.optimize` (None: its default
-    pipeline); `verify` runs the HLO verifier on the input and after every pass.
+    pipeline); `verify` runs the HLO verifier on the input and after every pass;
+    `threads` is how many threads big kernels use (None: every CPU; 1: serial).
     """
     from tfxla_lite.codegen import cpu
     from tfxla_lite.hlo.verifier import verify as verify_module
@@ -29,7 +30,7 @@ def compile_module(module: HloModule, pipeline: str | None = None,
     optimized_hlo_text = module.to_text()
     assignment = assign_buffers(module)
     return cpu.compile(module, assignment, hlo_text=hlo_text,
-                       optimized_hlo_text=optimized_hlo_text)
+                       optimized_hlo_text=optimized_hlo_text, threads=threads)
 
 
 __all__ = ["Executable", "compile_module"]

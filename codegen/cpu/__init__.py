@@ -4,7 +4,9 @@
 `Executable`; `EMITTERS` is the registry of element generators keyed by HLO opcode.
 Layout: `emitter.py` (types, indices, loops, registry), `elementwise.py`,
 `data_movement.py`, `reduction.py`, `dot.py` (the generators and kernel shapes),
-`compiler.py` (kernels and the ABI's `entry`), `engine.py` (LLVM, JIT, BLAS).
+`math.py` (vectorizable f32 transcendentals), `compiler.py` (kernels and the ABI's
+`entry`), `parallel.py` (kernels split across libgomp's threads), `engine.py` (LLVM,
+JIT, BLAS).
 """
 
 from __future__ import annotations

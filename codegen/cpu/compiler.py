@@ -12,12 +12,20 @@ keep no state: the generated code is reentrant.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from llvmlite import ir
 
 # Importing the emitter modules fills the EMITTERS registry.
-from tfxla_lite.codegen.cpu import data_movement, elementwise, engine, reduction  # noqa: F401
+from tfxla_lite.codegen.cpu import (  # noqa: F401
+    data_movement,
+    elementwise,
+    engine,
+    parallel,
+    reduction,
+)
 from tfxla_lite.codegen.cpu.dot import emit_gemm_kernel, plan_gemm
 from tfxla_lite.codegen.cpu.emitter import (
     I8,
@@ -27,6 +35,8 @@ from tfxla_lite.codegen.cpu.emitter import (
     ConstantPool,
     Index,
     KernelContext,
+    i64,
+    value_type,
 )
 from tfxla_lite.codegen.executable import Executable
 from tfxla_lite.hlo.ir import HloModule, Instruction
@@ -68,19 +78,109 @@ def _is_flat(instructions: list[Instruction]) -> bool:
     return True
 
 
+@dataclass(frozen=True)
+class Partition:
+    """How a kernel's range function splits its work: `total` units of `kind`.
+
+    `flat`: elements of a flat loop; `dimension`: the output's dimension `dim`;
+    `column`: the operand's dimension `dim` of a column reduction; `split`: chunks of
+    `chunk` elements of a full reduction, folded into partial results. `work` is the
+    largest element count the kernel reads or writes (the threshold compares it).
+    """
+
+    kind: str
+    total: int
+    work: int
+    dim: int = 0
+    chunk: int = 0
+
+    @property
+    def align(self) -> int:
+        return _FLAT_ALIGN if self.kind == "flat" else 1
+
+
+# Parts of a flat range start at multiples of 64 elements (whole cache lines, whole
+# vectors); a split full reduction uses chunks of this many elements, at most 64 of
+# them, fixed by the input size alone so that the result never depends on the
+# number of threads.
+_FLAT_ALIGN = 64
+_SPLIT_CHUNK = 1 << 16
+_SPLIT_MAX_CHUNKS = 64
+
+
+def plan_partition(inst: Instruction) -> Partition:
+    """The partition of entry instruction `inst`'s kernel (not a GEMM)."""
+    root, computed = _kernel_body(inst)
+    shape = root.shape
+    work = max([shape.num_elements] + [o.shape.num_elements for o in inst.operands])
+    if root.opcode == "reduce":
+        operand_size = root.operand(0).shape.num_elements
+        if shape.num_elements == 1 and operand_size >= parallel.PARALLEL_MIN_WORK:
+            chunks = min(_SPLIT_MAX_CHUNKS, -(-operand_size // _SPLIT_CHUNK))
+            chunk = -(-operand_size // chunks)
+            chunk = -(-chunk // _FLAT_ALIGN) * _FLAT_ALIGN
+            return Partition("split", -(-operand_size // chunk), work, chunk=chunk)
+        if not reduction.is_row_reduction(root):
+            dim = reduction.column_partition_dimension(root)
+            if dim is None:
+                return Partition("column", 1, work, dim=-1)
+            return Partition("column", root.operand(0).shape.dims[dim], work, dim=dim)
+    elif _is_flat(computed):
+        return Partition("flat", shape.num_elements, work)
+    for dim, size in enumerate(shape.dims):
+        if size > 1:
+            return Partition("dimension", size, work, dim=dim)
+    return Partition("dimension", 1, work, dim=-1)  # one element: no loop to split
+
+
 def emit_kernel(module: ir.Module, pool: ConstantPool, inst: Instruction,
-                noalias_output: bool) -> ir.Function:
-    """The kernel function of entry instruction `inst`: `void kernel(out, in0, in1, ...)`."""
+                noalias_output: bool, threads: int = 1) -> ir.Function:
+    """The kernel function of entry instruction `inst`: `void kernel(out, in0, in1, ...)`.
+
+    Apart from GEMM calls, the kernel is a launcher of its range function (see
+    `parallel.py`), which it runs on `threads` threads when the work is big enough.
+    """
     for operand in inst.operands:
         if operand.shape.is_tuple:
             raise NotImplementedError(f"CPU backend: tuple-shaped operand %{operand.name} "
                                       f"of %{inst.name}")
-    root, computed = _kernel_body(inst)
-    signature = ir.FunctionType(VOID, [PTR] * (1 + len(inst.operands)))
-    function = ir.Function(module, signature, name=_kernel_name(inst))
+    root, _ = _kernel_body(inst)
+    if root.opcode == "dot" and inst.opcode == "dot" and (plan := plan_gemm(inst)) is not None:
+        ctx, output, inputs = _new_kernel(module, pool, inst, _kernel_name(inst), noalias_output)
+        emit_gemm_kernel(ctx, inst, plan, output, inputs[0], inputs[1])
+        ctx.builder.ret_void()
+        return ctx.function
+    partition = plan_partition(inst)
+    range_function = _emit_range_function(module, pool, inst, noalias_output, partition)
+    ctx, output, inputs = _new_kernel(module, pool, inst, _kernel_name(inst) + ".launch",
+                                      noalias_output)
+    pointers = [output, *inputs]
+    partials = None
+    if partition.kind == "split":
+        element = value_type(root.shape.element_type)
+        partials = ctx.alloca(element, name="partials", count=partition.total)
+        pointers.append(partials)
+    if partition.work < parallel.PARALLEL_MIN_WORK:
+        threads = 1
+    parallel.emit_launch(ctx, range_function, pointers, partition.total, threads,
+                         partition.align)
+    if partials is not None:
+        _combine_partials(ctx, root, output, partials, partition.total)
+    ctx.builder.ret_void()
+    return ctx.function
+
+
+def _new_kernel(module: ir.Module, pool: ConstantPool, inst: Instruction, name: str,
+                noalias_output: bool, extra: list[ir.Type] | None = None
+                ) -> tuple[KernelContext, ir.Value, list[ir.Value]]:
+    """A function `void name(out, in..., *extra)` and a context whose buffers are its
+    pointer arguments."""
+    extra = extra or []
+    signature = ir.FunctionType(VOID, [PTR] * (1 + len(inst.operands)) + extra)
+    function = ir.Function(module, signature, name=name)
     function.linkage = "internal"
     function.attributes.add("nounwind")
-    output, *inputs = function.args
+    output, *inputs = function.args[:1 + len(inst.operands)]
     output.name = "output"
     for arg in inputs:
         arg.name = "input"
@@ -88,31 +188,82 @@ def emit_kernel(module: ir.Module, pool: ConstantPool, inst: Instruction,
     output.attributes.add("captures(none)")
     if noalias_output:
         output.attributes.add("noalias")
-
     if inst.opcode == "fusion":
         params = inst.fused_computation.parameters
         buffers = {id(p): arg for p, arg in zip(params, inputs)}
     else:
         buffers = {id(o): arg for o, arg in zip(inst.operands, inputs)}
-    ctx = KernelContext(function, pool, buffers)
+    return KernelContext(function, pool, buffers), output, list(inputs)
+
+
+def _emit_range_function(module: ir.Module, pool: ConstantPool, inst: Instruction,
+                         noalias_output: bool, partition: Partition) -> ir.Function:
+    """`void kernel(out, in..., [partials,] i64 begin, i64 end)`: units [begin, end) of
+    the partition."""
+    root, _ = _kernel_body(inst)
+    extra = ([PTR] if partition.kind == "split" else []) + [I64, I64]
+    ctx, output, _ = _new_kernel(module, pool, inst, _kernel_name(inst), noalias_output, extra)
+    begin, end = ctx.function.args[-2:]
+    begin.name, end.name = "begin", "end"
     shape = root.shape
-    if root.opcode == "dot" and inst.opcode == "dot" and (plan := plan_gemm(inst)) is not None:
-        emit_gemm_kernel(ctx, inst, plan, output, inputs[0], inputs[1])
+    restrict = (partition.dim, begin, end) if partition.dim >= 0 else None
+    if partition.kind == "split":
+        partials = ctx.function.args[-3]
+        partials.name = "partials"
+        _emit_partials(ctx, root, partials, partition, begin, end)
     elif shape.num_elements == 0:
         pass  # nothing to compute
     elif root.opcode == "reduce":
-        reduction.emit_reduction_kernel(ctx, root, output)
-    elif _is_flat(computed):
+        reduction.emit_reduction_kernel(ctx, root, output, restrict)
+    elif partition.kind == "flat":
         # Pure elementwise: one flat loop, the simplest shape for the vectorizer.
-        with ctx.loop(shape.num_elements, name="i") as linear:
+        with ctx.loop(end, name="i", start=begin) as linear:
             index = Index(shape.dims, linear=linear)
             ctx.store(ctx.value(root, index), output, shape, index)
     else:
-        with ctx.loop_nest(shape.dims, name="i") as multi:
+        with ctx.loop_nest(shape.dims, name="i", restrict=restrict) as multi:
             index = Index(shape.dims, multi, Index(shape.dims, multi).get_linear(ctx.builder))
             ctx.store(ctx.value(root, index), output, shape, index)
     ctx.builder.ret_void()
-    return function
+    return ctx.function
+
+
+def _emit_partials(ctx: KernelContext, root: Instruction, partials: ir.Value,
+                   partition: Partition, begin: ir.Value, end: ir.Value) -> None:
+    """partials[c] = the fold of chunk c, for the chunks c in [begin, end)."""
+    b = ctx.builder
+    size = root.operand(0).shape.num_elements
+    last = size - (partition.total - 1) * partition.chunk
+    element = value_type(root.shape.element_type)
+    with ctx.loop(end, name="chunk", start=begin) as chunk:
+        start = b.mul(chunk, i64(partition.chunk), flags=["nuw", "nsw"])
+
+        def fold(length: int) -> Callable[[], ir.Value]:
+            return lambda: reduction.fold_range(ctx, root, start, length)
+
+        if last == partition.chunk:
+            value = fold(last)()
+        else:
+            is_last = b.icmp_signed("==", chunk, i64(partition.total - 1))
+            value = ctx.branch_value(is_last, fold(last), fold(partition.chunk), name="last")
+        b.store(value, b.gep(partials, [chunk], inbounds=True, source_etype=element))
+
+
+def _combine_partials(ctx: KernelContext, root: Instruction, output: ir.Value,
+                      partials: ir.Value, count: int) -> None:
+    """output = init folded with partials[0], partials[1], ... in order."""
+    b = ctx.builder
+    element = value_type(root.shape.element_type)
+    accumulator = ctx.alloca(element, name="accumulator")
+    b.store(ctx.value(root.operand(1), Index.scalar()), accumulator)
+    with ctx.loop(count, name="combine") as chunk:
+        partial = b.load(b.gep(partials, [chunk], inbounds=True, source_etype=element),
+                         typ=element)
+        combined = ctx.apply_computation(root.called_computations[0],
+                                         [b.load(accumulator), partial])
+        b.store(combined, accumulator)
+    shape = root.shape
+    ctx.store(b.load(accumulator), output, shape, Index(shape.dims, linear=i64(0)))
 
 
 def _overlaps(a: Any, b: Any) -> bool:
@@ -125,8 +276,13 @@ def _overlaps(a: Any, b: Any) -> bool:
 
 
 def compile(module: HloModule, assignment: Any, hlo_text: str = "",
-            optimized_hlo_text: str = "") -> Executable:
-    """Emit, optimize and JIT-compile `module` under `assignment`."""
+            optimized_hlo_text: str = "", threads: int | None = None) -> Executable:
+    """Emit, optimize and JIT-compile `module` under `assignment`.
+
+    `threads` is the team size of parallel kernels (None: every CPU this process may
+    use; 1: all kernels serial).
+    """
+    team = parallel.effective_threads(threads)
     entry = module.entry
     assert entry is not None and entry.root is not None
     root = entry.root
@@ -148,6 +304,11 @@ def compile(module: HloModule, assignment: Any, hlo_text: str = "",
                                                  params_arg, outputs_arg, temp_arg)
         return pointers[id(inst)]
 
+    if any(inst.opcode == "dot" and plan_gemm(inst) is not None for inst in entry.instructions):
+        # OpenBLAS's threads spin between GEMMs and hold the cores a team would need:
+        # mixing the two pools costs whole time slices, so such executables stay serial
+        # outside their GEMMs (which OpenBLAS runs in parallel itself).
+        team = 1
     kernel_count = 0
     for inst in entry.instructions:
         if inst.opcode in _NO_KERNEL or (inst is root and inst.opcode == "tuple"):
@@ -157,7 +318,7 @@ def compile(module: HloModule, assignment: Any, hlo_text: str = "",
                                       f"(%{inst.name})")
         out_slice = assignment.slice_of(inst)
         noalias = all(not _overlaps(out_slice, assignment.slice_of(o)) for o in inst.operands)
-        kernel = emit_kernel(llvm_module, pool, inst, noalias)
+        kernel = emit_kernel(llvm_module, pool, inst, noalias, team)
         kernel_count += 1
         builder.call(kernel, [pointer_of(inst)] + [pointer_of(o) for o in inst.operands])
 

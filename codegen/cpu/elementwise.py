@@ -5,8 +5,10 @@ their own type with no fast-math flags (no `contract` either, so no FMA fusion);
 `maximum`/`minimum` propagate NaN (`llvm.maximum`); comparisons are ordered except
 NE; integer division never traps (x/0 = -1, x%0 = x, INT_MIN/-1 = INT_MIN); shifts
 by out-of-range amounts give 0 or the sign fill; float to integer conversion
-truncates and saturates, NaN giving 0 (`llvm.fpto*i.sat`). Transcendentals with an
-LLVM intrinsic use it; the rest call libm (`tanhf`, `erff`, ...).
+truncates and saturates, NaN giving 0 (`llvm.fpto*i.sat`). The f32 and f16
+transcendentals exp, expm1, log, log1p, tanh, logistic and erf are emitted inline
+by `math.py` (vectorizable); other transcendentals, and all of f64, use an LLVM
+intrinsic where there is one and libm (`tanh`, `erf`, ...) otherwise.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from collections.abc import Callable
 
 from llvmlite import ir
 
-from tfxla_lite.codegen.cpu import engine
+from tfxla_lite.codegen.cpu import engine, math
 from tfxla_lite.codegen.cpu.emitter import (
     I1,
     Index,
@@ -67,6 +69,8 @@ def _float_unary(ctx: KernelContext, inst: Instruction, x: ir.Value) -> ir.Value
     b = ctx.builder
     opcode = inst.opcode
     one = ir.Constant(x.type, 1.0)
+    if (inline := math.float_function(ctx, opcode, x)) is not None:
+        return inline
     if opcode in _FLOAT_INTRINSICS:
         return ctx.call_intrinsic(_FLOAT_INTRINSICS[opcode], [x])
     if opcode in _FLOAT_LIBM:

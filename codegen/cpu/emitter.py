@@ -148,6 +148,9 @@ class Index:
         return linear
 
 
+# (dimension, begin, end): a loop nest that runs one dimension over part of its range.
+Restriction = tuple[int, ir.Value, ir.Value]
+
 # An element generator: the value of `inst` at `index`, emitted at the builder's position.
 ElementGenerator = Callable[["KernelContext", Instruction, Index], ir.Value]
 
@@ -273,10 +276,12 @@ class KernelContext:
             value = self.builder.zext(value, I8)
         self.builder.store(value, self.element_pointer(base, shape, index))
 
-    def alloca(self, typ: ir.Type, name: str = "") -> ir.Value:
-        """A stack slot in the entry block, where SROA promotes it to a register."""
+    def alloca(self, typ: ir.Type, name: str = "", count: int | None = None) -> ir.Value:
+        """A stack slot (of `count` elements) in the entry block, where SROA promotes
+        single slots to registers."""
         self._alloca_builder.position_before(self._alloca_branch)
-        return self._alloca_builder.alloca(typ, name=name)
+        size = None if count is None else i64(count)
+        return self._alloca_builder.alloca(typ, size=size, name=name)
 
     # -- control flow ----------------------------------------------------------------------
     @contextmanager
@@ -304,9 +309,11 @@ class KernelContext:
         builder.position_at_end(exit_block)
 
     @contextmanager
-    def loop_nest(self, dims: tuple[int, ...], name: str = "i") -> Iterator[list[ir.Value]]:
-        """Nested loops over `dims`, the last innermost (contiguous in row-major)."""
-        with _nest(self, list(dims), name, []) as multi:
+    def loop_nest(self, dims: tuple[int, ...], name: str = "i",
+                  restrict: Restriction | None = None) -> Iterator[list[ir.Value]]:
+        """Nested loops over `dims`, the last innermost (contiguous in row-major);
+        `restrict` = (d, begin, end) runs dimension d over [begin, end) only."""
+        with _nest(self, list(dims), name, [], restrict) as multi:
             yield multi
 
     def branch_value(self, condition: ir.Value, on_true: Callable[[], ir.Value],
@@ -367,16 +374,20 @@ def _mangle(typ: ir.Type) -> str:
 
 
 @contextmanager
-def _nest(ctx: KernelContext, dims: list[int], name: str, outer: list[ir.Value]
-          ) -> Iterator[list[ir.Value]]:
+def _nest(ctx: KernelContext, dims: list[int], name: str, outer: list[ir.Value],
+          restrict: Restriction | None) -> Iterator[list[ir.Value]]:
     if len(outer) == len(dims):
         yield list(outer)
         return
     d = len(outer)
-    if dims[d] == 1:  # no loop for a unit dimension
-        with _nest(ctx, dims, name, outer + [i64(0)]) as multi:
+    start: int | ir.Value = 0
+    stop: int | ir.Value = dims[d]
+    if restrict is not None and restrict[0] == d:
+        start, stop = restrict[1], restrict[2]
+    elif dims[d] == 1:  # no loop for a unit dimension
+        with _nest(ctx, dims, name, outer + [i64(0)], restrict) as multi:
             yield multi
         return
-    with ctx.loop(dims[d], name=f"{name}{d}") as counter, \
-            _nest(ctx, dims, name, outer + [counter]) as multi:
+    with ctx.loop(stop, name=f"{name}{d}", start=start) as counter, \
+            _nest(ctx, dims, name, outer + [counter], restrict) as multi:
         yield multi

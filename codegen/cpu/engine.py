@@ -3,9 +3,10 @@
 The last step of CPU codegen: the text of an `llvmlite.ir` module is parsed and
 verified, optimized with the new pass manager at O3 with loop and SLP vectorization
 for the host CPU (its features included, so AVX-512 hosts get wide vectors), and
-compiled by MCJIT. The JIT resolves libm (`tanhf`, `erff`) and libc (`memcpy`) from
-the process; the GEMM routines come from the OpenBLAS that NumPy ships, loaded with
-ctypes and bound by name with `llvm.add_symbol`.
+compiled by MCJIT. The JIT resolves libm (f64 `tanh`, `erf`, ...) and libc (`memcpy`)
+from the process; the GEMM routines come from the OpenBLAS that NumPy ships, and
+libgomp's entry points (`parallel.py`) from the system, loaded with ctypes and bound
+by name with `llvm.add_symbol`.
 """
 
 from __future__ import annotations

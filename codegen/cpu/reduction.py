@@ -14,9 +14,18 @@ value; float rows of at least 2*lanes elements fold in interleaved partial resul
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from llvmlite import ir
 
-from tfxla_lite.codegen.cpu.emitter import Index, KernelContext, i64, register, value_type
+from tfxla_lite.codegen.cpu.emitter import (
+    Index,
+    KernelContext,
+    Restriction,
+    i64,
+    register,
+    value_type,
+)
 from tfxla_lite.hlo.ir import Instruction
 
 
@@ -37,6 +46,19 @@ def _full_index(inst: Instruction, kept: list[ir.Value], reduced: list[ir.Value]
 
 # Partial accumulators per float reduction row (vector-register wide for f32 on AVX-512).
 _LANES = {"f16": 16, "f32": 16, "f64": 8}
+# Reducers whose result does not depend on the order of folding (NaN-propagating max
+# and min): LLVM's loop vectorizer reorders them itself, with contiguous vector
+# loads; interleaved lanes would make it vectorize across lanes instead, with gathers.
+_ORDER_FREE = frozenset({"maximum", "minimum"})
+
+
+def _lanes(inst: Instruction) -> int:
+    """Interleaved accumulators for `inst`'s rows: 0 for one accumulator."""
+    root = inst.called_computations[0].root
+    if root is not None and root.opcode in _ORDER_FREE and all(
+            o.opcode == "parameter" for o in root.operands):
+        return 0
+    return _LANES.get(inst.shape.element_type, 0)
 
 
 @register("reduce")
@@ -49,12 +71,15 @@ def emit_reduce(ctx: KernelContext, inst: Instruction, index: Index) -> ir.Value
     reduced_dims = tuple(operand.shape.dims[d] for d in reduced)
     accumulator = ctx.alloca(value_type(inst.shape.element_type), name="accumulator")
     b.store(ctx.value(init, Index.scalar()), accumulator)
-    lanes = _LANES.get(inst.shape.element_type, 0)
+    lanes = _lanes(inst)
     innermost_reduced = bool(reduced) and reduced[-1] == operand.shape.rank - 1
     if lanes and innermost_reduced and reduced_dims[-1] >= 2 * lanes:
         # A float row: fold it in `lanes` interleaved partial sums, then combine them.
         with ctx.loop_nest(reduced_dims[:-1], name="reduce") as outer:
-            row = _reduce_row(ctx, inst, kept, outer, reduced_dims[-1], lanes)
+            def element_at(position: ir.Value, outer: list[ir.Value] = outer) -> ir.Value:
+                return ctx.value(operand, _full_index(inst, kept, [*outer, position]))
+
+            row = fold_row(ctx, inst, element_at, reduced_dims[-1], lanes)
             current = b.load(accumulator)
             b.store(ctx.apply_computation(inst.called_computations[0], [current, row]),
                     accumulator)
@@ -66,9 +91,9 @@ def emit_reduce(ctx: KernelContext, inst: Instruction, index: Index) -> ir.Value
     return b.load(accumulator)
 
 
-def _reduce_row(ctx: KernelContext, inst: Instruction, kept: list[ir.Value],
-                outer: list[ir.Value], length: int, lanes: int) -> ir.Value:
-    """The reduction of one contiguous row of `length` >= 2*lanes elements.
+def fold_row(ctx: KernelContext, inst: Instruction, element_at: Callable[[ir.Value], ir.Value],
+             length: int, lanes: int) -> ir.Value:
+    """The fold by `inst`'s reducer of `element_at(0 .. length-1)`, `length` >= 2*lanes.
 
     Lane l folds elements l, l+lanes, l+2*lanes, ... (starting from element l itself,
     so no identity value is needed); the lanes then combine pairwise and the tail
@@ -78,12 +103,7 @@ def _reduce_row(ctx: KernelContext, inst: Instruction, kept: list[ir.Value],
     """
     b = ctx.builder
     reducer = inst.called_computations[0]
-    operand = inst.operand(0)
     element = value_type(inst.shape.element_type)
-
-    def element_at(position: ir.Value) -> ir.Value:
-        return ctx.value(operand, _full_index(inst, kept, [*outer, position]))
-
     slots = [ctx.alloca(element, name=f"lane{n}") for n in range(lanes)]
     for n, slot in enumerate(slots):
         b.store(element_at(i64(n)), slot)
@@ -104,6 +124,29 @@ def _reduce_row(ctx: KernelContext, inst: Instruction, kept: list[ir.Value],
     return b.load(result)
 
 
+def fold_range(ctx: KernelContext, inst: Instruction, start: ir.Value, length: int) -> ir.Value:
+    """The fold of elements start .. start+length-1 of reduce `inst`'s operand, taken in
+    row-major order (a chunk of a full reduction), with no init value."""
+    b = ctx.builder
+    operand = inst.operand(0)
+    dims = operand.shape.dims
+
+    def element_at(position: ir.Value) -> ir.Value:
+        linear = b.add(start, position, flags=["nuw", "nsw"])
+        return ctx.value(operand, Index(dims, linear=linear))
+
+    lanes = _lanes(inst)
+    if lanes and length >= 2 * lanes:
+        return fold_row(ctx, inst, element_at, length, lanes)
+    accumulator = ctx.alloca(value_type(inst.shape.element_type), name="partial")
+    b.store(element_at(i64(0)), accumulator)
+    with ctx.loop(length, name="fold", start=1) as position:
+        combined = ctx.apply_computation(inst.called_computations[0],
+                                         [b.load(accumulator), element_at(position)])
+        b.store(combined, accumulator)
+    return b.load(accumulator)
+
+
 def is_row_reduction(inst: Instruction) -> bool:
     """Whether every reduced dimension lies inside (after) every kept one."""
     reduced = set(inst.dimensions)
@@ -111,20 +154,39 @@ def is_row_reduction(inst: Instruction) -> bool:
     return not kept or not reduced or max(kept) < min(reduced)
 
 
-def emit_reduction_kernel(ctx: KernelContext, root: Instruction, output: ir.Value) -> None:
-    """Store `root` (a reduce) into `output`, walking its input in row-major order."""
+def column_partition_dimension(inst: Instruction) -> int | None:
+    """The operand dimension a column reduction's kernel splits between threads: the
+    first kept one longer than 1 (each output element then belongs to one part)."""
+    reduced = set(inst.dimensions)
+    for d, size in enumerate(inst.operand(0).shape.dims):
+        if d not in reduced and size > 1:
+            return d
+    return None
+
+
+def emit_reduction_kernel(ctx: KernelContext, root: Instruction, output: ir.Value,
+                          restrict: Restriction | None = None) -> None:
+    """Store `root` (a reduce) into `output`, walking its input in row-major order.
+
+    `restrict` limits the work to part of one dimension: of the output for a row
+    reduction, of the operand (`column_partition_dimension`) for a column reduction.
+    """
     _check_reduce(root)
     shape = root.shape
     if is_row_reduction(root):
-        with ctx.loop_nest(shape.dims, name="i") as multi:
+        with ctx.loop_nest(shape.dims, name="i", restrict=restrict) as multi:
             index = Index(shape.dims, multi)
             ctx.store(ctx.value(root, index), output, shape, index)
         return
     operand, init = root.operands
-    with ctx.loop(shape.num_elements, name="init") as linear:
-        ctx.store(ctx.value(init, Index.scalar()), output, shape, Index(shape.dims, linear=linear))
     reduced = set(root.dimensions)
-    with ctx.loop_nest(operand.shape.dims, name="i") as multi:
+    kept = [d for d in range(operand.shape.rank) if d not in reduced]
+    output_restrict = None
+    if restrict is not None:
+        output_restrict = (kept.index(restrict[0]), restrict[1], restrict[2])
+    with ctx.loop_nest(shape.dims, name="init", restrict=output_restrict) as multi:
+        ctx.store(ctx.value(init, Index.scalar()), output, shape, Index(shape.dims, multi))
+    with ctx.loop_nest(operand.shape.dims, name="i", restrict=restrict) as multi:
         x = ctx.value(operand, Index(operand.shape.dims, multi))
         out_index = Index(shape.dims, [v for d, v in enumerate(multi) if d not in reduced])
         current = ctx.load(output, shape, out_index)

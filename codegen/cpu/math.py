@@ -1,0 +1,262 @@
+"""Vectorizable float32 transcendentals, emitted inline as LLVM IR.
+
+Element generators in `elementwise.py` call these instead of libm (`expf`, `tanhf`,
+`erff`, ...), whose scalar calls keep LLVM's loop vectorizer from widening a loop:
+every function here is straight-line code of arithmetic, bit manipulation, `select`
+and a few vectorizable intrinsics (`llvm.fmuladd`, `llvm.roundeven`, `llvm.copysign`,
+`llvm.minnum`/`maxnum`, `llvm.fabs`), so a kernel calling them still becomes one
+loop over `<16 x float>` on AVX-512 hosts. XLA's CPU backend does the same
+(`cpu/llvm_ir_runtime.cc`).
+
+The approximations (max errors measured against float64 and bounded in
+`tests/codegen/test_math_accuracy.py`; the table is in `docs/accuracy.md`):
+
+- `exp`: Cody-Waite reduction x = n*ln2 + r, |r| <= ln2/2, Cephes' degree-7
+  polynomial for e^r, and 2^n applied as two exponent-field factors so that
+  results round correctly into the denormal range and overflow to inf.
+- `log`: Cephes' `logf`: the mantissa in [sqrt(1/2), sqrt(2)), a degree-9
+  polynomial for log(1+m), the exponent times ln2 in two parts; denormals are
+  scaled by 2^23 first.
+- `expm1`: the same reduction with a degree-9 Taylor polynomial for e^r - 1, and
+  `fma(2^n, p, 2^n - 1)`, exact near 0 and free of cancellation elsewhere.
+- `log1p`: Goldberg's `log(u) * x / (u - 1)` with u = 1 + x.
+- `tanh`: from `expm1`, as musl: 1 - 2/(e^(2|x|) + 1) for |x| > log(3)/2, else
+  -t/(t + 2) with t = e^(-2|x|) - 1; the sign copied back.
+- `logistic`: e/(1 + e) or 1/(1 + e) with e = exp(-|x|) by the sign of x, so that
+  neither side overflows and tiny results keep their precision.
+- `erf`: an odd polynomial (degree 13) on |x| < 0.921875; beyond, 1 - exp(q(|x|))
+  with q a degree-9 fit of log(erfc) on [0.921875, 4]; erf is ±1 from 3.92 on.
+  Both fits are near-minimax (Lawson-weighted least squares on float64 references).
+
+Special values are exact: NaN gives NaN, ±inf and ±0 give what C99 says
+(tanh(-0) = -0, erf(-0) = -0, expm1(-0) = -0, log(0) = -inf, log(x < 0) = NaN).
+`llvm.fmuladd` fuses on hosts with FMA and rounds twice elsewhere; the bounds hold
+for both. Other element types: f16 computes in f32 (see `float_function`), f64 keeps
+the LLVM intrinsics and libm.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+from llvmlite import ir
+
+from tfxla_lite.codegen.cpu.emitter import I32, KernelContext
+
+F32 = ir.FloatType()
+
+# Emits `f(x)` for one float32 value at the builder's position.
+FloatFunction = Callable[[KernelContext, ir.Value], ir.Value]
+
+
+def _c(value: float) -> ir.Constant:
+    """A float32 constant, rounded to float32 first (llvmlite prints doubles)."""
+    return ir.Constant(F32, float(np.float32(value)))
+
+
+def _i(value: int) -> ir.Constant:
+    return ir.Constant(I32, value)
+
+
+def _fma(ctx: KernelContext, a: ir.Value, b: ir.Value, c: ir.Value) -> ir.Value:
+    return ctx.call_intrinsic("fmuladd", [a, b, c])
+
+
+def _horner(ctx: KernelContext, x: ir.Value, coefficients: Sequence[float]) -> ir.Value:
+    """c[0] + c[1]*x + ... + c[-1]*x^(n-1), by Horner's rule."""
+    result: ir.Value = _c(coefficients[-1])
+    for coefficient in reversed(coefficients[:-1]):
+        result = _fma(ctx, result, x, _c(coefficient))
+    return result
+
+
+def _is_nan(ctx: KernelContext, x: ir.Value) -> ir.Value:
+    return ctx.builder.fcmp_unordered("uno", x, x)
+
+
+def _clamp(ctx: KernelContext, x: ir.Value, low: float, high: float) -> ir.Value:
+    """min(max(x, low), high) for a non-NaN x."""
+    return ctx.call_intrinsic("minnum", [ctx.call_intrinsic("maxnum", [x, _c(low)]), _c(high)])
+
+
+def _pow2(ctx: KernelContext, n: ir.Value) -> ir.Value:
+    """2^n for an i32 n in [-126, 127], built in the exponent field."""
+    b = ctx.builder
+    return b.bitcast(b.shl(b.add(n, _i(127)), _i(23)), F32)
+
+
+# -- exp and expm1 -------------------------------------------------------------------------
+
+_LOG2E = 1.44269504088896341
+# ln2 in two parts (Cody-Waite): the first has few bits, so n * _LN2_HI is exact.
+_LN2_HI = 0.693359375
+_LN2_LO = -2.12194440e-4
+# Cephes expf: e^r ~ 1 + r + r^2 * P(r) for |r| <= ln2/2.
+_EXP_P = (5.0000001201e-1, 1.6666665459e-1, 4.1665795894e-2, 8.3334519073e-3,
+          1.3981999507e-3, 1.9875691500e-4)
+# exp(x) is inf above 88.7228 and rounds to 0 below -103.98; clamping keeps n in range.
+_EXP_HIGH, _EXP_LOW = 89.0, -104.0
+
+
+def _reduce(ctx: KernelContext, x: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """(n, r) with x = n*ln2 + r, n = round(x/ln2) as a float, |r| <= ln2/2."""
+    b = ctx.builder
+    n = ctx.call_intrinsic("roundeven", [b.fmul(x, _c(_LOG2E))])
+    r = _fma(ctx, n, _c(-_LN2_HI), x)
+    r = _fma(ctx, n, _c(-_LN2_LO), r)
+    return n, r
+
+
+def exp(ctx: KernelContext, x: ir.Value) -> ir.Value:
+    b = ctx.builder
+    nan = _is_nan(ctx, x)
+    clamped = _clamp(ctx, b.select(nan, _c(0.0), x), _EXP_LOW, _EXP_HIGH)
+    n, r = _reduce(ctx, clamped)
+    p = _fma(ctx, _horner(ctx, r, _EXP_P), b.fmul(r, r), r)
+    y = b.fadd(p, _c(1.0))
+    # 2^n as two factors, each a normal float for n in [-150, 129]: the first product
+    # is exact, the second rounds once (into the denormals, or to inf).
+    ni = b.fptosi(n, I32)
+    half = b.ashr(ni, _i(1))
+    y = b.fmul(b.fmul(y, _pow2(ctx, half)), _pow2(ctx, b.sub(ni, half)))
+    return b.select(nan, x, y)
+
+
+# e^r - 1 = r + r^2 * (1/2! + r/3! + ... + r^7/9!), Taylor, for |r| <= ln2 (0.1 ulp).
+_EXPM1_P = tuple(1.0 / float(np.prod(np.arange(1, k + 1), dtype=np.float64))
+                 for k in range(2, 10))
+# expm1 is -1 (rounded) below -17.33; -26 keeps 2^n normal. Above 88.7228 it is inf,
+# and n is capped at 127 so that 2^n stays finite (r then reaches ln2).
+_EXPM1_LOW, _EXPM1_HIGH = -26.0, 89.0
+
+
+def expm1(ctx: KernelContext, x: ir.Value) -> ir.Value:
+    b = ctx.builder
+    nan = _is_nan(ctx, x)
+    clamped = _clamp(ctx, b.select(nan, _c(0.0), x), _EXPM1_LOW, _EXPM1_HIGH)
+    n = ctx.call_intrinsic("roundeven", [b.fmul(clamped, _c(_LOG2E))])
+    n = ctx.call_intrinsic("minnum", [n, _c(127.0)])
+    r = _fma(ctx, n, _c(-_LN2_HI), clamped)
+    r = _fma(ctx, n, _c(-_LN2_LO), r)
+    p = _fma(ctx, _horner(ctx, r, _EXPM1_P), b.fmul(r, r), r)
+    scale = _pow2(ctx, b.fptosi(n, I32))
+    # 2^n * (e^r - 1) + (2^n - 1): 2^n - 1 is exact for |n| <= 24, and beyond it the
+    # other term dominates; one rounding with FMA.
+    y = _fma(ctx, scale, p, b.fsub(scale, _c(1.0)))
+    # Zeros keep their sign; NaN stays NaN.
+    keep = b.or_(nan, b.fcmp_ordered("==", x, _c(0.0)))
+    return b.select(keep, x, y)
+
+
+# -- log and log1p -------------------------------------------------------------------------
+
+# Cephes logf: log(1+m) ~ m - m^2/2 + m^3 * P(m) for m in [sqrt(1/2) - 1, sqrt(2) - 1).
+_LOG_P = (3.3333331174e-1, -2.4999993993e-1, 2.0000714765e-1, -1.6668057665e-1,
+          1.4249322787e-1, -1.2420140846e-1, 1.1676998740e-1, -1.1514610310e-1,
+          7.0376836292e-2)
+_FLT_MIN = 1.17549435e-38
+_SQRT_HALF = 0.707106781186547524
+
+
+def log(ctx: KernelContext, x: ir.Value) -> ir.Value:
+    b = ctx.builder
+    denormal = b.fcmp_ordered("<", x, _c(_FLT_MIN))
+    scaled = b.select(denormal, b.fmul(x, _c(2.0 ** 23)), x)
+    bits = b.bitcast(scaled, I32)
+    exponent = b.sub(b.lshr(bits, _i(23)), _i(126))  # the mantissa below is in [0.5, 1)
+    exponent = b.sub(exponent, b.select(denormal, _i(23), _i(0)))
+    m = b.bitcast(b.or_(b.and_(bits, _i(0x007FFFFF)), _i(0x3F000000)), F32)
+    small = b.fcmp_ordered("<", m, _c(_SQRT_HALF))
+    e = b.sitofp(b.sub(exponent, b.zext(small, I32)), F32)
+    m = b.fsub(b.select(small, b.fadd(m, m), m), _c(1.0))  # exact: m in [0.5, 2)
+    z = b.fmul(m, m)
+    y = b.fmul(b.fmul(_horner(ctx, m, _LOG_P), m), z)
+    y = _fma(ctx, e, _c(_LN2_LO), y)
+    y = _fma(ctx, z, _c(-0.5), y)
+    y = b.fadd(m, y)
+    y = _fma(ctx, e, _c(_LN2_HI), y)
+    # log(+inf) = +inf, log(0) = -inf, log(x < 0) = NaN, log(NaN) = NaN.
+    y = b.select(b.fcmp_ordered("==", x, _c(float("inf"))), x, y)
+    y = b.select(b.fcmp_ordered("==", x, _c(0.0)), _c(float("-inf")), y)
+    return b.select(b.fcmp_unordered("<", x, _c(0.0)), _c(float("nan")), y)
+
+
+def log1p(ctx: KernelContext, x: ir.Value) -> ir.Value:
+    b = ctx.builder
+    u = b.fadd(x, _c(1.0))
+    d = b.fsub(u, _c(1.0))
+    # u - 1 is exact, so x/d corrects the rounding of 1 + x (Goldberg).
+    y = b.fmul(log(ctx, u), b.fdiv(x, d))
+    y = b.select(b.fcmp_ordered("==", d, _c(0.0)), x, y)  # tiny x and ±0
+    y = b.select(b.fcmp_ordered("==", x, _c(float("inf"))), x, y)
+    return b.select(b.fcmp_ordered("==", x, _c(-1.0)), _c(float("-inf")), y)
+
+
+# -- tanh, logistic, erf -------------------------------------------------------------------
+
+_TANH_SPLIT = 0.549306144334054846  # log(3)/2
+
+
+def tanh(ctx: KernelContext, x: ir.Value) -> ir.Value:
+    b = ctx.builder
+    a = ctx.call_intrinsic("fabs", [x])
+    big = b.fcmp_ordered(">", a, _c(_TANH_SPLIT))
+    # One expm1 for both sides: of 2|x| when big, of -2|x| otherwise (|x| >= 44.4
+    # gives inf and so 1).
+    twice = b.fadd(a, a)
+    t = expm1(ctx, b.select(big, twice, b.fneg(twice)))
+    t_plus_2 = b.fadd(t, _c(2.0))
+    y = b.select(big, b.fsub(_c(1.0), b.fdiv(_c(2.0), t_plus_2)),
+                 b.fdiv(b.fneg(t), t_plus_2))
+    return ctx.call_intrinsic("copysign", [y, x])  # NaN stays NaN
+
+
+def logistic(ctx: KernelContext, x: ir.Value) -> ir.Value:
+    b = ctx.builder
+    e = exp(ctx, b.fneg(ctx.call_intrinsic("fabs", [x])))
+    negative = b.fcmp_ordered("<", x, _c(0.0))
+    return b.fdiv(b.select(negative, e, _c(1.0)), b.fadd(e, _c(1.0)))
+
+
+# erf(x)/x = P(x^2) on [0, 0.921875]: relative error 4e-10 in float64.
+_ERF_SMALL = (1.128379225730896, -0.37612634897232056, 0.11283695697784424,
+              -0.026859400793910027, 0.00520103657618165, -0.0008142744190990925,
+              8.370243449462578e-05)
+# log(erfc(x)) = Q(x - 0.921875) on [0.921875, 4]: absolute error 8e-9 in float64.
+_ERF_SPLIT = 0.921875
+_ERFC_LOG = (-1.6485618352890015, -2.5080130100250244, -0.8329819440841675,
+             -0.044855184853076935, 0.010916316881775856, -0.0022166201379150152,
+             0.00034377421252429485, -3.58725810656324e-05, 1.9928284018533304e-06,
+             -2.7342835551280587e-08)
+
+
+def erf(ctx: KernelContext, x: ir.Value) -> ir.Value:
+    b = ctx.builder
+    a = ctx.call_intrinsic("fabs", [x])
+    # erfc(4) = 1.5e-8 < 2^-25: erf rounds to 1 from 3.92 on; minnum maps NaN to 4.
+    a = ctx.call_intrinsic("minnum", [a, _c(4.0)])
+    small = b.fmul(x, _horner(ctx, b.fmul(x, x), _ERF_SMALL))  # keeps -0.0
+    erfc = exp(ctx, _horner(ctx, b.fsub(a, _c(_ERF_SPLIT)), _ERFC_LOG))
+    large = ctx.call_intrinsic("copysign", [b.fsub(_c(1.0), erfc), x])
+    y = b.select(b.fcmp_ordered("<", a, _c(_ERF_SPLIT)), small, large)
+    return b.select(_is_nan(ctx, x), x, y)
+
+
+# HLO opcode → its float32 emitter.
+F32_FUNCTIONS: dict[str, FloatFunction] = {
+    "exponential": exp, "exponential-minus-one": expm1, "log": log, "log-plus-one": log1p,
+    "tanh": tanh, "logistic": logistic, "erf": erf,
+}
+
+
+def float_function(ctx: KernelContext, opcode: str, x: ir.Value) -> ir.Value | None:
+    """`opcode(x)` through this module for f32 and f16 values; None for other types."""
+    function = F32_FUNCTIONS.get(opcode)
+    if function is None:
+        return None
+    if x.type == F32:
+        return function(ctx, x)
+    if x.type == ir.HalfType():  # computed in f32, rounded once to f16
+        return ctx.builder.fptrunc(function(ctx, ctx.builder.fpext(x, F32)), x.type)
+    return None

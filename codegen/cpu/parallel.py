@@ -1,0 +1,163 @@
+"""Parallel kernels: a kernel's outermost range split into chunks run on libgomp's threads.
+
+Where it sits: `compiler.py` emits each kernel as a *range function*,
+`void range(ptr output, ptr input..., i64 begin, i64 end)`, that computes the part
+of the kernel's outermost loop in [begin, end) (a flat range of elements, rows of
+the first dimension, or chunks of a split reduction), and asks `emit_launch` to
+call it over the whole range. Kernels whose work is below `PARALLEL_MIN_WORK`
+elements, and every kernel when the thread count is 1 or libgomp cannot be loaded,
+call it once, serially. Big ones pack their pointers into a stack array and call
+libgomp's `GOMP_parallel(task, data, threads, 0)`, the entry point GCC's
+`#pragma omp parallel` compiles to; `task` reads its thread number and the team's
+size and runs one contiguous, aligned part of the range. The caller's thread is in
+the team, and `GOMP_parallel` returns when all parts are done.
+
+Reentrancy holds: the pointer array lives on the calling thread's stack, and libgomp
+gives every thread that starts a parallel region a team of its own, so several TF
+threads may run `entry` at once. Which thread computes an element never changes its
+value: every element (and every row of a row reduction) is computed whole by one
+thread with the same code, so results do not depend on the thread count.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+
+import llvmlite.binding as llvm
+from llvmlite import ir
+
+from tfxla_lite.codegen.cpu.emitter import I32, I64, PTR, VOID, KernelContext, i64
+
+# Elements of work (the largest array a kernel reads or writes) below which a kernel
+# stays serial: a parallel region costs a few microseconds to start and join.
+PARALLEL_MIN_WORK = 1 << 16
+
+_LIBGOMP = ("libgomp.so.1", "/usr/lib/x86_64-linux-gnu/libgomp.so.1", "libgomp.dylib")
+_SYMBOLS = ("GOMP_parallel", "omp_get_thread_num", "omp_get_num_threads")
+
+
+def default_threads() -> int:
+    """The CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+@functools.cache
+def openmp_available() -> bool:
+    """Load libgomp into the process and bind its entry points into the JIT.
+
+    Unless the user chose otherwise, libgomp's idle threads sleep rather than spin
+    (`OMP_WAIT_POLICY=passive`, read once when libgomp loads): a thread spinning at
+    the end of a parallel region holds a core that a late team member, TF's own
+    threads or OpenBLAS's need, and on a busy machine that costs a whole time slice
+    per kernel. Waking a sleeping team costs microseconds, small beside the work
+    `PARALLEL_MIN_WORK` asks for.
+    """
+    os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+    for name in _LIBGOMP:
+        try:
+            library = ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)
+        except OSError:
+            continue
+        try:
+            addresses = [ctypes.cast(getattr(library, symbol), ctypes.c_void_p).value
+                         for symbol in _SYMBOLS]
+        except AttributeError:
+            continue
+        for symbol, address in zip(_SYMBOLS, addresses):
+            llvm.add_symbol(symbol, address)
+        return True
+    return False
+
+
+def effective_threads(threads: int | None) -> int:
+    """The team size kernels ask for: `threads` (None: every CPU), 1 without libgomp."""
+    count = default_threads() if threads is None else int(threads)
+    if count < 1:
+        raise ValueError(f"thread count must be at least 1, got {threads}")
+    if count > 1 and not openmp_available():
+        return 1
+    return count
+
+
+def _declare(module: ir.Module, name: str, signature: ir.FunctionType) -> ir.Function:
+    existing = module.globals.get(name)
+    if isinstance(existing, ir.Function):
+        return existing
+    function = ir.Function(module, signature, name=name)
+    function.attributes.add("nounwind")
+    return function
+
+
+def emit_launch(ctx: KernelContext, range_function: ir.Function, pointers: list[ir.Value],
+                total: int, threads: int, align: int = 1) -> None:
+    """Call `range_function(*pointers, begin, end)` so that it covers [0, total).
+
+    With `threads` > 1 the range is cut into `_PARTS_PER_THREAD * threads` contiguous
+    parts whose bounds are multiples of `align` (so that no vector or cache line is
+    split between threads), and the team's threads claim parts one at a time from a
+    shared counter: a thread the OS does not schedule in time leaves its parts to the
+    others instead of holding the whole kernel up.
+    """
+    b = ctx.builder
+    if threads <= 1 or total < 2:
+        b.call(range_function, [*pointers, i64(0), i64(total)])
+        return
+    module = ctx.module
+    counter = ctx.alloca(I64, name="parallel.next")
+    b.store(i64(0), counter)
+    data = ctx.alloca(PTR, name="parallel.data", count=len(pointers) + 1)
+    for n, pointer in enumerate([counter, *pointers]):
+        b.store(pointer, b.gep(data, [i64(n)], inbounds=True, source_etype=PTR))
+    part = -(-total // (_PARTS_PER_THREAD * threads))
+    part = -(-part // align) * align
+    task = _task(module, range_function, len(pointers), total, part)
+    gomp_parallel = _declare(module, "GOMP_parallel",
+                             ir.FunctionType(VOID, [PTR, PTR, I32, I32]))
+    b.call(gomp_parallel, [task, data, ir.Constant(I32, threads), ir.Constant(I32, 0)])
+
+
+# Parts per thread: more balance the load and absorb a late thread; fewer cost fewer
+# atomic increments and keep longer contiguous runs.
+_PARTS_PER_THREAD = 4
+
+
+def _task(module: ir.Module, range_function: ir.Function, count: int, total: int,
+          part: int) -> ir.Function:
+    """`void task(ptr data)`: claim parts of [0, total) until none is left, running the
+    range function on each. data[0] is the shared part counter, data[1:] the pointers."""
+    function = ir.Function(module, ir.FunctionType(VOID, [PTR]),
+                           name=f"{range_function.name}.task")
+    function.linkage = "internal"
+    function.attributes.add("nounwind")
+    (data,) = function.args
+    data.name = "data"
+    entry = function.append_basic_block("entry")
+    claim = function.append_basic_block("claim")
+    work = function.append_basic_block("work")
+    done = function.append_basic_block("done")
+    b = ir.IRBuilder(entry)
+    counter = b.load(data, typ=PTR)
+    pointers = [b.load(b.gep(data, [i64(n + 1)], inbounds=True, source_etype=PTR), typ=PTR)
+                for n in range(count)]
+    b.branch(claim)
+    b.position_at_end(claim)
+    index = b.atomic_rmw("add", counter, i64(1), "monotonic")
+    begin = b.mul(index, i64(part))
+    b.cbranch(b.icmp_signed("<", begin, i64(total)), work, done)
+    b.position_at_end(work)
+    end = b.add(begin, i64(part))
+    end = b.select(b.icmp_signed("<", end, i64(total)), end, i64(total))
+    b.call(range_function, [*pointers, begin, end])
+    b.branch(claim)
+    b.position_at_end(done)
+    b.ret_void()
+    return function
+
+
+def _minimum(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
+    return b.select(b.icmp_signed("<", x, y), x, y)
