@@ -18,6 +18,11 @@ from tfxla_lite.hlo.ir import Computation, HloModule, Instruction
 MAX_PRINTED_LITERAL_ELEMENTS = 64
 
 
+class RawAttribute(str):
+    """An attribute's value text, kept verbatim by the parser (`sharding={...}`,
+    `backend_config=...`, `frontend_attributes={...}`) and printed back as is."""
+
+
 def format_scalar(value: Any, element_type: str) -> str:
     if element_type == "pred":
         return "true" if bool(value) else "false"
@@ -35,10 +40,10 @@ def format_scalar(value: Any, element_type: str) -> str:
     return str(int(value))
 
 
-def format_literal(array: np.ndarray, element_type: str) -> str:
+def format_literal(array: np.ndarray, element_type: str, print_large: bool = False) -> str:
     if array.ndim == 0:
         return format_scalar(array[()], element_type)
-    if array.size > MAX_PRINTED_LITERAL_ELEMENTS:
+    if array.size > MAX_PRINTED_LITERAL_ELEMENTS and not print_large:
         return "{...}"
 
     def nested(a: np.ndarray) -> str:
@@ -54,6 +59,8 @@ def _int_list(values: Any) -> str:
 
 
 def _format_attribute(key: str, value: Any) -> str:
+    if isinstance(value, RawAttribute):
+        return f"{key}={value}"
     if key == "slice":
         return "slice={" + ", ".join(f"[{a}:{b}{'' if c == 1 else f':{c}'}]"
                                      for a, b, c in value) + "}"
@@ -71,21 +78,27 @@ def _format_metadata(metadata: dict[str, Any]) -> str:
     for key in ("op_type", "op_name", "source_file", "source_line"):
         if key in metadata and metadata[key] not in (None, ""):
             value = metadata[key]
-            parts.append(f"{key}={value}" if key == "source_line" else f'{key}="{value}"')
+            parts.append(f"{key}={value}" if key == "source_line"
+                         else f'{key}="{_escape(str(value))}"')
     return "metadata={" + " ".join(parts) + "}"
+
+
+def _escape(text: str) -> str:
+    return text.replace("\\", "\\\\").replace('"', '\\"')
 
 
 # Attributes printed inside the parentheses or handled on their own.
 _SPECIAL_ATTRIBUTES = {"literal", "parameter_number"}
 
 
-def instruction_to_text(inst: Instruction, long_operands: bool = True) -> str:
+def instruction_to_text(inst: Instruction, long_operands: bool = True,
+                        print_large_constants: bool = False) -> str:
     operands = ", ".join((f"{o.shape} %{o.name}" if long_operands else f"%{o.name}")
                          for o in inst.operands)
     if inst.opcode == "parameter":
         operands = str(inst.parameter_number)
     elif inst.opcode == "constant":
-        operands = format_literal(inst.literal, inst.shape.element_type)
+        operands = format_literal(inst.literal, inst.shape.element_type, print_large_constants)
     text = f"%{inst.name} = {inst.shape} {inst.opcode}({operands})"
     extras = []
     for key, value in inst.attributes.items():
@@ -102,13 +115,15 @@ def instruction_to_text(inst: Instruction, long_operands: bool = True) -> str:
     return text
 
 
-def computation_to_text(comp: Computation, entry: bool = False, long_operands: bool = True) -> str:
+def computation_to_text(comp: Computation, entry: bool = False, long_operands: bool = True,
+                        print_large_constants: bool = False) -> str:
     params = ", ".join(f"{p.name}: {p.shape.to_text(layout=False)}" for p in comp.parameters)
     result = comp.root.shape.to_text(layout=False) if comp.root is not None else "()"
     lines = [f"{'ENTRY ' if entry else ''}%{comp.name} ({params}) -> {result} {{"]
     for inst in comp.instructions:
         prefix = "ROOT " if inst is comp.root else ""
-        lines.append(f"  {prefix}{instruction_to_text(inst, long_operands)}")
+        text = instruction_to_text(inst, long_operands, print_large_constants)
+        lines.append(f"  {prefix}{text}")
     lines.append("}")
     return "\n".join(lines)
 
@@ -120,11 +135,16 @@ def entry_computation_layout(module: HloModule) -> str:
     return f"{{({params})->{entry.root.shape}}}"
 
 
-def module_to_text(module: HloModule, long_operands: bool = True) -> str:
+def module_to_text(module: HloModule, long_operands: bool = True,
+                   print_large_constants: bool = False) -> str:
+    """The module in XLA's text format; `print_large_constants` spells out every literal
+    (else those over MAX_PRINTED_LITERAL_ELEMENTS print as `{...}`, which the parser
+    rejects unless told to fill them)."""
     header = f"HloModule {module.name}"
     if module.entry is not None and module.entry.root is not None:
         header += f", entry_computation_layout={entry_computation_layout(module)}"
     blocks = [header]
     for comp in module.called_computations_in_order():
-        blocks.append(computation_to_text(comp, comp is module.entry, long_operands))
+        blocks.append(computation_to_text(comp, comp is module.entry, long_operands,
+                                          print_large_constants))
     return "\n\n".join(blocks) + "\n"

@@ -1,0 +1,750 @@
+"""XLA's HLO text format, parsed into the IR: the inverse of `printer.py`.
+
+Reads what TF's XLA prints (`experimental_get_compiler_ir(...)(stage='hlo')` and
+`stage='optimized_hlo'`, `--xla_dump_to` text files) and what `printer.py` writes,
+so HLO can enter the compiler core from a file (the CLI's `opt` and `run-hlo`)
+and the printer is checked by round trips. The grammar follows
+`xla/hlo/parser/hlo_parser.cc`:
+
+    module      := 'HloModule' name (',' key '=' value)* computation*
+    computation := ['ENTRY'] name [signature] '{' instruction* '}'
+    instruction := ['ROOT'] name '=' shape opcode '(' operands ')' (',' key '=' value)*
+    operand     := [shape] name            (long form `f32[2]{0} %x` or short `%x`)
+    shape       := type '[' dims ']' [layout] | '(' shape, ... ')'
+
+Decisions where XLA's text carries more than the IR holds:
+
+- Layouts (`{1,0}`, tiling after `:`) are read and then dropped: the IR is
+  row-major throughout. Only `bitcast` depends on layouts (it reinterprets the
+  bytes); one between non-default layouts becomes the equivalent row-major
+  transpose → reshape → transpose, so optimized HLO keeps its meaning.
+- Constants elided as `{...}` (XLA elides literals of more than 10 elements, the
+  printer more than 64) raise `ParseError`, since their values are gone;
+  `fill_elided_constants=True` fills them with zeros instead, for structure-only
+  uses (printing, passes, counts), never for numerics.
+- Opcodes the registry does not know (`pad`, `gather`, `custom-call`, ...) parse
+  into instructions of the printed shape: the verifier then reports "unknown
+  opcode", and the evaluator and codegen name the opcode they lack.
+- Attributes the IR gives a meaning (`dimensions`, `slice`, `direction`, `kind`,
+  `index`, `iota_dimension`, the dot dimension lists, `to_apply`, fusion `calls`)
+  are parsed into values; every other one (`sharding`, `backend_config`,
+  `frontend_attributes`, `operand_precision`, `condition`, `body`, ...) is kept
+  as a `RawAttribute` holding its text, which the printer writes back verbatim.
+  Module header attributes are skipped. `metadata` keeps op_type, op_name,
+  source_file and source_line.
+- Element types outside `tfxla_lite.hlo.shape` (c64, f8*, s4, token) and dynamic
+  dimensions (`<=4`, `?`) raise `ParseError`.
+
+Every malformed input raises `ParseError` (a `ValueError`) with the line, the
+column and the offending text under a caret; nothing else escapes the parser.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tfxla_lite.hlo.ir import Computation, HloModule, Instruction
+from tfxla_lite.hlo.printer import RawAttribute
+from tfxla_lite.hlo.shape import FLOAT_TYPES, INTEGER_TYPES, Shape, numpy_dtype
+
+# Deeper nesting of tuple shapes or literals than this is rejected, not recursed into.
+MAX_NESTING = 64
+# `fill_elided_constants` allocates zeros for at most this many elements per constant.
+MAX_FILLED_ELEMENTS = 1 << 26
+
+_SPACE = re.compile(r"(?:\s+|/\*.*?\*/|//[^\n]*)*", re.S)
+_NAME = re.compile(r"%?([A-Za-z_](?:[A-Za-z0-9_.]|-(?!>))*)")
+_INTEGER = re.compile(r"[-+]?\d+(?![\d.eE])")
+_NUMBER = re.compile(r"[-+]?(?:inf|nan(?:\(0x[0-9a-fA-F]+\))?"
+                     r"|(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)")
+_SHAPE_START = re.compile(r"\(|[a-z][a-z0-9]*\[")
+_METADATA_WORD = re.compile(r"[^\s}]+")
+_INSTRUCTION_START = re.compile(r"(?:ROOT\s+)?%?[A-Za-z_](?:[A-Za-z0-9_.]|-(?!>))*\s*=")
+# Sections XLA appends after the computations (stack frame tables): not HLO, skipped.
+_TRAILING_SECTIONS = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
+
+_INT_LIST_ATTRIBUTES = frozenset({"dimensions", "lhs_batch_dims", "lhs_contracting_dims",
+                                  "rhs_batch_dims", "rhs_contracting_dims"})
+_INT_ATTRIBUTES = frozenset({"index", "iota_dimension"})
+_WORD_ATTRIBUTES = frozenset({"direction", "kind"})
+_METADATA_KEYS = ("op_type", "op_name", "source_file", "source_line")
+
+
+class ParseError(ValueError):
+    """Malformed HLO text; says where (line, column, a caret under the text) and why."""
+
+    def __init__(self, message: str, text: str = "", position: int = 0) -> None:
+        position = max(0, min(position, len(text)))
+        start = text.rfind("\n", 0, position) + 1
+        end = text.find("\n", position)
+        self.message = message
+        self.line = text.count("\n", 0, position) + 1
+        self.column = position - start + 1
+        self.source_line = text[start:len(text) if end < 0 else end]
+        super().__init__(self._describe())
+
+    def _describe(self) -> str:
+        line, column = self.source_line, self.column - 1
+        if len(line) > 100:  # show a window around the column
+            first = max(0, column - 60)
+            line = ("..." if first else "") + line[first:first + 100]
+            column = column - first + (3 if first else 0)
+        return (f"line {self.line}, column {self.column}: {self.message}\n"
+                f"  {line}\n  {' ' * column}^")
+
+
+class _Scanner:
+    """Characters to tokens on demand: whitespace and comments skipped before each."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.pos = 0
+
+    def skip(self) -> int:
+        match = _SPACE.match(self.text, self.pos)
+        self.pos = match.end() if match else self.pos
+        return self.pos
+
+    def error(self, message: str, position: int | None = None) -> ParseError:
+        at = self.skip() if position is None else position
+        found = re.match(r"[^\s,(){}\[\]]{1,30}|\S", self.text[at:at + 30])
+        where = f"'{found.group(0)}'" if found else "end of input"
+        return ParseError(f"{message}, found {where}", self.text, at)
+
+    def peek(self, literal: str) -> bool:
+        self.skip()
+        return self.text.startswith(literal, self.pos)
+
+    def accept(self, literal: str) -> bool:
+        if self.peek(literal):
+            self.pos += len(literal)
+            return True
+        return False
+
+    def expect(self, literal: str, what: str | None = None) -> None:
+        if not self.accept(literal):
+            raise self.error(f"expected {what or repr(literal)}")
+
+    def match(self, pattern: re.Pattern[str]) -> re.Match[str] | None:
+        self.skip()
+        match = pattern.match(self.text, self.pos)
+        if match:
+            self.pos = match.end()
+        return match
+
+    def name(self, what: str = "a name") -> str:
+        match = self.match(_NAME)
+        if not match:
+            raise self.error(f"expected {what}")
+        return match.group(1)
+
+    def peek_word(self) -> str | None:
+        self.skip()
+        match = _NAME.match(self.text, self.pos)
+        return match.group(0) if match else None
+
+    def integer(self, what: str = "an integer") -> int:
+        match = self.match(_INTEGER)
+        if not match:
+            raise self.error(f"expected {what}")
+        return int(match.group(0))
+
+    def string(self) -> str:
+        """A double-quoted string with C escapes; returns its contents."""
+        start = self.skip()
+        end = self._string_end(start)
+        body = self.text[start + 1:end - 1]
+        return re.sub(r"\\(.)", lambda m: {"n": "\n", "t": "\t"}.get(m.group(1), m.group(1)),
+                      body, flags=re.S)
+
+    def _string_end(self, start: int) -> int:
+        if not self.text.startswith('"', start):
+            raise self.error("expected a string", start)
+        at = start + 1
+        while at < len(self.text):
+            char = self.text[at]
+            if char == "\\":
+                at += 2
+                continue
+            if char == '"':
+                self.pos = at + 1
+                return at + 1
+            if char == "\n":
+                break
+            at += 1
+        raise ParseError("unterminated string", self.text, start)
+
+    def raw_value(self) -> str:
+        """An attribute value as text: up to a ',' or line end outside brackets and strings."""
+        start = self.skip()
+        closing: list[str] = []  # the closers the open brackets expect, innermost last
+        at = start
+        pairs = {"{": "}", "(": ")", "[": "]"}
+        while at < len(self.text):
+            char = self.text[at]
+            if char == '"':
+                at = self._string_end(at)
+                continue
+            if char in pairs:
+                closing.append(pairs[char])
+            elif char in "})]":
+                if not closing:
+                    break
+                if closing.pop() != char:
+                    raise ParseError("unbalanced brackets in attribute value", self.text, at)
+            elif not closing and char in ",\n":
+                break
+            at += 1
+        if closing:
+            raise ParseError("unbalanced brackets in attribute value", self.text, start)
+        value = self.text[start:at].rstrip()
+        if not value:
+            raise self.error("expected an attribute value", start)
+        self.pos = at
+        return value
+
+
+@dataclass
+class _Operand:
+    name: str
+    shape: Shape | None
+    position: int
+
+
+@dataclass
+class _Statement:
+    """One instruction as written, before names are resolved."""
+
+    name: str
+    position: int
+    is_root: bool
+    shape: Shape
+    layout: tuple[int, ...] | None
+    opcode: str
+    operands: list[_Operand] = field(default_factory=list)
+    attributes: dict[str, Any] = field(default_factory=dict)
+    called: list[tuple[str, int]] = field(default_factory=list)
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class _ComputationText:
+    name: str
+    position: int
+    is_entry: bool
+    statements: list[_Statement]
+
+
+class _Parser:
+    def __init__(self, text: str, fill_elided_constants: bool) -> None:
+        self.scanner = _Scanner(text)
+        self.text = text
+        self.fill_elided_constants = fill_elided_constants
+
+    def error(self, message: str, position: int | None = None) -> ParseError:
+        return self.scanner.error(message, position)
+
+    # -- module and computations ---------------------------------------------------------
+    def module(self) -> HloModule:
+        s = self.scanner
+        if s.peek_word() != "HloModule":
+            raise self.error("expected 'HloModule' at the start of the module")
+        s.name()
+        name = s.name("the module name")
+        while s.accept(","):
+            s.name("a module attribute")
+            s.expect("=")
+            s.raw_value()
+        computations = []
+        while s.skip() < len(self.text):
+            if s.peek_word() in _TRAILING_SECTIONS:
+                break
+            computations.append(self.computation())
+        if not computations:
+            raise self.error("expected a computation")
+        return _Builder(self.text).build(name, computations)
+
+    def computation(self) -> _ComputationText:
+        s = self.scanner
+        is_entry = s.peek_word() == "ENTRY"
+        if is_entry:
+            s.name()
+        position = s.skip()
+        name = s.name("a computation name")
+        if s.accept("("):  # the signature; the parameters' own shapes are what count
+            if not s.accept(")"):
+                while True:
+                    s.name("a parameter name")
+                    s.expect(":")
+                    self.shape()
+                    if s.accept(")"):
+                        break
+                    s.expect(",", "',' or ')'")
+            s.expect("->")
+            self.shape()
+        s.expect("{")
+        statements = []
+        while not s.accept("}"):
+            if s.skip() >= len(self.text):
+                raise self.error(f"expected '}}' closing computation %{name}")
+            if statements and not _INSTRUCTION_START.match(self.text, s.pos):
+                raise self.error("expected an attribute or the next instruction")
+            statements.append(self.instruction())
+        if not statements:
+            raise self.error(f"computation %{name} has no instructions", position)
+        while s.accept(","):  # e.g. execution_thread="main"
+            s.name("a computation attribute")
+            s.expect("=")
+            s.raw_value()
+        return _ComputationText(name, position, is_entry, statements)
+
+    # -- shapes ----------------------------------------------------------------------------
+    def shape(self, depth: int = 0) -> tuple[Shape, tuple[int, ...] | None]:
+        """A shape and, for arrays, its layout (minor-to-major; None when not written)."""
+        s = self.scanner
+        if depth > MAX_NESTING:
+            raise self.error("tuple shapes nest too deeply")
+        start = s.skip()
+        if s.accept("("):
+            elements = []
+            if not s.accept(")"):
+                while True:
+                    elements.append(self.shape(depth + 1)[0])
+                    if s.accept(")"):
+                        break
+                    s.expect(",", "',' or ')' in a tuple shape")
+            return Shape.tuple_of(elements), None
+        match = s.match(re.compile(r"([a-z][a-z0-9]*)\["))
+        if not match:
+            raise self.error("expected a shape")
+        element_type = match.group(1)
+        dims: list[int] = []
+        if not s.accept("]"):
+            while True:
+                if s.peek("<=") or s.peek("?"):
+                    raise self.error("dynamic dimensions are not supported")
+                dims.append(s.integer("a dimension size"))
+                if s.accept("]"):
+                    break
+                s.expect(",", "',' or ']' in a shape")
+        if len(dims) > MAX_NESTING:
+            raise ParseError(f"rank {len(dims)} is over {MAX_NESTING}", self.text, start)
+        layout = self.layout(len(dims)) if self._layout_follows() else None
+        try:
+            shape = Shape(element_type, tuple(dims))
+        except ValueError as error:
+            raise ParseError(f"unsupported shape: {error}", self.text, start) from None
+        return shape, layout
+
+    def _layout_follows(self) -> bool:
+        # `{` after a shape opens a layout, unless it opens a computation's body.
+        s = self.scanner
+        if not s.peek("{"):
+            return False
+        after = _SPACE.match(self.text, s.pos + 1)
+        at = after.end() if after else s.pos + 1
+        return at < len(self.text) and (self.text[at].isdigit() or self.text[at] in "}:")
+
+    def layout(self, rank: int) -> tuple[int, ...] | None:
+        s = self.scanner
+        start = s.skip()
+        s.expect("{")
+        order: list[int] = []
+        while not s.peek("}") and not s.peek(":"):
+            order.append(s.integer("a layout dimension"))
+            if not s.accept(","):
+                break
+        if s.accept(":"):  # tiling, memory space, ...: no meaning for a row-major IR
+            depth = 0
+            while s.pos < len(self.text) and (depth or self.text[s.pos] != "}"):
+                depth += {"(": 1, ")": -1}.get(self.text[s.pos], 0)
+                s.pos += 1
+        s.expect("}", "'}' closing a layout")
+        if rank and sorted(order) != list(range(rank)):
+            raise ParseError(f"layout {{{','.join(map(str, order))}}} is not a permutation "
+                             f"of {rank} dimensions", self.text, start)
+        return tuple(order) if rank else None
+
+    # -- instructions ----------------------------------------------------------------------
+    def instruction(self) -> _Statement:
+        s = self.scanner
+        is_root = s.peek_word() == "ROOT"
+        if is_root:
+            s.name()
+        position = s.skip()
+        name = s.name("an instruction name")
+        s.expect("=")
+        shape, layout = self.shape()
+        opcode = s.name("an opcode")
+        statement = _Statement(name, position, is_root, shape, layout, opcode)
+        s.expect("(", "'(' after the opcode")
+        if opcode == "parameter":
+            statement.attributes["parameter_number"] = s.integer("a parameter number")
+            s.expect(")")
+        elif opcode == "constant":
+            statement.attributes["literal"] = self.literal(shape)
+            s.expect(")", "')' after the literal")
+        elif not s.accept(")"):
+            while True:
+                statement.operands.append(self.operand())
+                if s.accept(")"):
+                    break
+                s.expect(",", "',' or ')' between operands")
+        while s.accept(","):
+            self.attribute(statement)
+        return statement
+
+    def operand(self) -> _Operand:
+        s = self.scanner
+        declared = None
+        s.skip()
+        if _SHAPE_START.match(self.text, s.pos):
+            declared = self.shape()[0]
+        position = s.skip()
+        return _Operand(s.name("an operand name"), declared, position)
+
+    def attribute(self, statement: _Statement) -> None:
+        s = self.scanner
+        position = s.skip()
+        key = s.name("an attribute name")
+        s.expect("=", f"'=' after attribute {key}")
+        if key in statement.attributes or (key == "metadata" and statement.metadata) or \
+                (key in ("to_apply", "calls") and statement.called):
+            raise self.error(f"attribute {key} given twice", position)
+        if key in _INT_LIST_ATTRIBUTES:
+            statement.attributes[key] = self.int_list()
+        elif key in _INT_ATTRIBUTES:
+            statement.attributes[key] = s.integer(f"an integer for {key}")
+        elif key in _WORD_ATTRIBUTES:
+            statement.attributes[key] = s.name(f"a value for {key}")
+        elif key == "slice":
+            statement.attributes[key] = self.slice_spec()
+        elif key == "metadata":
+            statement.metadata = self.metadata()
+        elif key == "to_apply" or (key == "calls" and statement.opcode == "fusion"):
+            at = s.skip()
+            statement.called.append((s.name("a computation name"), at))
+        else:
+            statement.attributes[key] = RawAttribute(s.raw_value())
+
+    def int_list(self) -> tuple[int, ...]:
+        s = self.scanner
+        s.expect("{", "'{' opening a list of integers")
+        values: list[int] = []
+        if not s.accept("}"):
+            while True:
+                values.append(s.integer())
+                if s.accept("}"):
+                    break
+                s.expect(",", "',' or '}' in a list of integers")
+        return tuple(values)
+
+    def slice_spec(self) -> tuple[tuple[int, int, int], ...]:
+        s = self.scanner
+        s.expect("{", "'{' opening a slice")
+        spec = []
+        if not s.accept("}"):
+            while True:
+                s.expect("[", "'[' opening a slice dimension")
+                start = s.integer("a slice start")
+                s.expect(":")
+                limit = s.integer("a slice limit")
+                stride = s.integer("a slice stride") if s.accept(":") else 1
+                s.expect("]", "']' closing a slice dimension")
+                spec.append((start, limit, stride))
+                if s.accept("}"):
+                    break
+                s.expect(",", "',' or '}' in a slice")
+        return tuple(spec)
+
+    def metadata(self) -> dict[str, Any]:
+        s = self.scanner
+        s.expect("{", "'{' opening metadata")
+        metadata: dict[str, Any] = {}
+        while not s.accept("}"):
+            key = s.name("a metadata key")
+            s.expect("=")
+            if s.peek('"'):
+                value: Any = s.string()
+            elif s.peek("{"):
+                value = s.raw_value()
+            else:
+                word = s.match(_METADATA_WORD)
+                if not word:
+                    raise self.error(f"expected a value for metadata {key}")
+                value = word.group(0)
+            if key == "source_line":
+                if not re.fullmatch(r"-?\d+", str(value)):
+                    raise self.error("source_line must be an integer")
+                value = int(value)
+            if key in _METADATA_KEYS:
+                metadata[key] = value
+        return metadata
+
+    # -- literals --------------------------------------------------------------------------
+    def literal(self, shape: Shape) -> np.ndarray:
+        s = self.scanner
+        start = s.skip()
+        if shape.is_tuple:
+            raise self.error("tuple-shaped constants are not supported")
+        if s.accept("{...}"):
+            if not self.fill_elided_constants:
+                raise ParseError("the constant's values were elided as {...}; print the "
+                                 "module with large constants, or parse with "
+                                 "fill_elided_constants=True for zeros", self.text, start)
+            if math.prod(shape.dims) > MAX_FILLED_ELEMENTS:
+                raise ParseError(f"elided constant of {shape} is too large to fill", self.text,
+                                 start)
+            array = np.zeros(shape.dims, dtype=shape.numpy_dtype)
+        elif shape.rank == 0:
+            array = self._array([self.scalar()], shape, start).reshape(())
+        else:
+            values: list[tuple[str, int]] = []
+            self._nested(shape.dims, values, 0)
+            array = self._array(values, shape, start).reshape(shape.dims)
+        array.setflags(write=False)
+        return array
+
+    def scalar(self) -> tuple[str, int]:
+        s = self.scanner
+        position = s.skip()
+        match = s.match(_NUMBER) or s.match(re.compile(r"true|false"))
+        if not match:
+            raise self.error("expected a number, true or false")
+        return match.group(0), position
+
+    def _nested(self, dims: tuple[int, ...], values: list[tuple[str, int]], level: int) -> None:
+        s = self.scanner
+        start = s.skip()
+        s.expect("{", f"'{{' opening dimension {level} of the literal")
+        count = 0
+        if not s.accept("}"):
+            while True:
+                if level + 1 < len(dims):
+                    self._nested(dims, values, level + 1)
+                else:
+                    values.append(self.scalar())
+                count += 1
+                if s.accept("}"):
+                    break
+                s.expect(",", "',' or '}' in the literal")
+        if count != dims[level]:
+            raise ParseError(f"literal has {count} elements in dimension {level}, the shape "
+                             f"says {dims[level]}", self.text, start)
+
+    def _array(self, values: list[tuple[str, int]], shape: Shape, start: int) -> np.ndarray:
+        element_type = shape.element_type
+        dtype = numpy_dtype(element_type)
+        if element_type == "pred":
+            bits = []
+            for text, position in values:
+                if text not in ("true", "false", "0", "1"):
+                    raise ParseError(f"{text!r} is not a pred value", self.text, position)
+                bits.append(text in ("true", "1"))
+            return np.array(bits, dtype=np.bool_)
+        if element_type in FLOAT_TYPES:
+            floats = []
+            for text, position in values:
+                if text in ("true", "false"):
+                    raise ParseError(f"{text!r} is not a {element_type} value", self.text,
+                                     position)
+                value = float(text.split("(")[0])
+                floats.append(-abs(value) if text.startswith("-") else value)
+            with np.errstate(over="ignore"):
+                return np.array(floats, dtype=np.float64).astype(dtype)
+        assert element_type in INTEGER_TYPES
+        info = np.iinfo(dtype)
+        ints = []
+        for text, position in values:
+            if not _INTEGER.fullmatch(text):
+                raise ParseError(f"{text!r} is not an {element_type} value", self.text, position)
+            value = int(text)
+            if not info.min <= value <= info.max:
+                raise ParseError(f"{value} is out of range for {element_type}", self.text,
+                                 position)
+            ints.append(value)
+        return np.array(ints, dtype=dtype)
+
+
+class _Builder:
+    """Resolves names and builds the IR from the parsed statements."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def error(self, message: str, position: int) -> ParseError:
+        return ParseError(message, self.text, position)
+
+    def build(self, name: str, texts: list[_ComputationText]) -> HloModule:
+        module = HloModule(name)
+        computations: dict[str, Computation] = {}
+        entries = [t for t in texts if t.is_entry]
+        if len(entries) > 1:
+            raise self.error("more than one ENTRY computation", entries[1].position)
+        entry_text = entries[0] if entries else texts[-1]
+        for text in texts:
+            if text.name in computations:
+                raise self.error(f"computation %{text.name} is defined twice", text.position)
+            computations[text.name] = module.new_computation(text.name,
+                                                             entry=text is entry_text)
+        for text in texts:
+            self.fill(computations[text.name], text, computations)
+        return module
+
+    def fill(self, comp: Computation, text: _ComputationText,
+             computations: dict[str, Computation]) -> None:
+        statements: dict[str, _Statement] = {}
+        for statement in text.statements:
+            if statement.name in statements:
+                raise self.error(f"instruction %{statement.name} is defined twice in "
+                                 f"%{text.name}", statement.position)
+            statements[statement.name] = statement
+        roots = [st for st in text.statements if st.is_root]
+        if len(roots) > 1:
+            raise self.error(f"computation %{text.name} has more than one ROOT",
+                             roots[1].position)
+        numbers: dict[int, _Statement] = {}
+        for statement in text.statements:
+            if statement.opcode == "parameter":
+                number = statement.attributes["parameter_number"]
+                if number in numbers:
+                    raise self.error(f"parameter {number} is defined twice", statement.position)
+                numbers[number] = statement
+        if sorted(numbers) != list(range(len(numbers))):
+            raise self.error(f"parameters of %{text.name} are numbered {sorted(numbers)}, "
+                             f"not 0..{len(numbers) - 1}", text.position)
+        built: dict[str, Instruction] = {}
+        layouts: dict[int, tuple[int, ...] | None] = {}
+        for statement in self.topological_order(text, statements):
+            inst = self.instruction(comp, statement, built, layouts, computations)
+            built[statement.name] = inst
+        root_statement = roots[0] if roots else text.statements[-1]
+        comp.root = built[root_statement.name]
+
+    def topological_order(self, text: _ComputationText,
+                          statements: dict[str, _Statement]) -> list[_Statement]:
+        """Operands before users, text order otherwise (XLA allows uses before definitions)."""
+        state: dict[str, int] = {}  # 1: on the stack, 2: placed
+        order: list[_Statement] = []
+        for first in text.statements:
+            if state.get(first.name):
+                continue
+            stack = [(first, iter(first.operands))]
+            state[first.name] = 1
+            while stack:
+                statement, operands = stack[-1]
+                for operand in operands:
+                    if operand.name not in statements:
+                        raise self.error(f"operand %{operand.name} is not defined in "
+                                         f"%{text.name}", operand.position)
+                    seen = state.get(operand.name)
+                    if seen == 1:
+                        raise self.error(f"%{operand.name} depends on itself (a cycle)",
+                                         operand.position)
+                    if seen is None:
+                        child = statements[operand.name]
+                        state[child.name] = 1
+                        stack.append((child, iter(child.operands)))
+                        break
+                else:
+                    stack.pop()
+                    state[statement.name] = 2
+                    order.append(statement)
+        return order
+
+    def instruction(self, comp: Computation, statement: _Statement,
+                    built: dict[str, Instruction], layouts: dict[int, tuple[int, ...] | None],
+                    computations: dict[str, Computation]) -> Instruction:
+        operands = []
+        for operand in statement.operands:
+            inst = built[operand.name]
+            if operand.shape is not None and operand.shape != inst.shape:
+                raise self.error(f"operand %{operand.name} is written as {operand.shape} but "
+                                 f"is {inst.shape}", operand.position)
+            operands.append(inst)
+        called = []
+        for callee, position in statement.called:
+            if callee not in computations:
+                raise self.error(f"computation %{callee} is not defined", position)
+            called.append(computations[callee])
+        if statement.opcode == "fusion":
+            for callee_computation in called:
+                callee_computation.is_fusion_computation = True
+        if statement.opcode == "bitcast" and len(operands) == 1 and not statement.shape.is_tuple \
+                and not operands[0].shape.is_tuple:
+            source_layout = layouts.get(id(operands[0]))
+            if not (_is_default(source_layout) and _is_default(statement.layout)):
+                result = self.row_major_bitcast(comp, statement, operands[0], source_layout)
+                layouts[id(result)] = None
+                return result
+        inst = Instruction(statement.opcode, statement.shape, operands, statement.attributes,
+                           called, statement.name, statement.metadata)
+        _append(comp, inst)
+        layouts[id(inst)] = statement.layout
+        return inst
+
+    def row_major_bitcast(self, comp: Computation, statement: _Statement, operand: Instruction,
+                          source_layout: tuple[int, ...] | None) -> Instruction:
+        """A bitcast between layouts as transposes around a row-major reshape: lay the
+        operand out in its physical (major-to-minor) order, regroup the bytes into the
+        result's physical dims, then read them back in the result's logical order."""
+        shape = statement.shape
+        if operand.shape.num_elements != shape.num_elements or \
+                operand.shape.element_type != shape.element_type:
+            raise self.error(f"bitcast of {operand.shape} cannot give {shape}",
+                             statement.position)
+        source_order = _major_to_minor(source_layout, operand.shape.rank)
+        target_order = _major_to_minor(statement.layout, shape.rank)
+        value = operand
+        metadata = statement.metadata
+        if source_order != tuple(range(operand.shape.rank)):
+            dims = tuple(operand.shape.dims[d] for d in source_order)
+            value = Instruction("transpose", operand.shape.with_dims(dims), [value],
+                                {"dimensions": source_order}, (),
+                                f"{statement.name}.physical", metadata)
+            _append(comp, value)
+        physical = shape.with_dims(tuple(shape.dims[d] for d in target_order))
+        back = tuple(target_order.index(d) for d in range(shape.rank))
+        if back == tuple(range(shape.rank)):
+            result = Instruction("bitcast", shape, [value], {}, (), statement.name, metadata)
+            _append(comp, result)
+            return result
+        value = Instruction("reshape", physical, [value], {}, (), f"{statement.name}.regroup",
+                            metadata)
+        _append(comp, value)
+        result = Instruction("transpose", shape, [value], {"dimensions": back}, (),
+                             statement.name, metadata)
+        _append(comp, result)
+        return result
+
+
+def _is_default(layout: tuple[int, ...] | None) -> bool:
+    return layout is None or layout == tuple(reversed(range(len(layout))))
+
+
+def _major_to_minor(layout: tuple[int, ...] | None, rank: int) -> tuple[int, ...]:
+    return tuple(range(rank)) if layout is None else tuple(reversed(layout))
+
+
+def _append(comp: Computation, inst: Instruction) -> None:
+    # `add` places an instruction right after its last operand; the parser keeps the
+    # text's order instead (operands are already in, so the end is a valid place).
+    comp.add(inst)
+    comp.instructions.remove(inst)
+    comp.instructions.append(inst)
+
+
+def parse_module(text: str, fill_elided_constants: bool = False) -> HloModule:
+    """Parse HLO text (XLA's or `printer.py`'s) into an `HloModule`.
+
+    Raises `ParseError` for malformed text. The result is not verified: unknown
+    opcodes parse, and `tfxla_lite.hlo.verifier.verify` reports them.
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"parse_module takes a str, got {type(text).__name__}")
+    return _Parser(text, fill_elided_constants).module()
