@@ -6,10 +6,11 @@ edge u→v (data or control) between two clusters on the same device only when n
 other path u⇝v exists, since contracting it would then make a cycle through the
 ops on that path. Repeat until nothing changes, then drop small clusters.
 
-Const ops never take part in contraction: their value is known, so every cluster
-that reads one embeds it as an HLO constant (`lower.py`) instead of taking it as an
-input. A Const whose consumers all ended up in one cluster (and that has no control
-inputs) is listed among that cluster's ops, so that the graph rewrite removes it.
+Const ops take no part in contraction unless they have control inputs: their value
+is known, so every cluster that reads one embeds it as an HLO constant (`lower.py`)
+instead of taking it as an input. A Const whose consumers all ended up in one cluster
+(and that has no control inputs) is listed among that cluster's ops, so that the graph
+rewrite removes it.
 
 Size: a cluster's size counts its ops except Const and pass-through Identity-like
 ops (`TRIVIAL_OPS`), so a cluster of only those is never formed.
@@ -153,8 +154,12 @@ def form_clusters(graph: tf.Graph, decisions: dict[str, Decision], min_cluster_s
     order = {name: n for n, name in enumerate(topo)}
     by_name = {op.name: op for op in ops}
 
+    # A Const with control inputs (gradients make them: `with control_dependencies([grad])`)
+    # sits on paths between ops, so it contracts like any op; otherwise the path through
+    # it would keep its producer and consumers apart.
     candidates = {name for name, d in decisions.items()
-                  if d.compilable and name in by_name and by_name[name].type != "Const"}
+                  if d.compilable and name in by_name
+                  and (by_name[name].type != "Const" or by_name[name].control_inputs)}
     groups = _contract(ops, candidates, max_cluster_size, order)
 
     owner: dict[str, str] = {}

@@ -17,9 +17,11 @@ from tfxla_lite.clustering.registry import (
     OP_RULES,
     LoweringContext,
     LoweringError,
+    element_type,
+    known_dims,
     tensor_shape,
 )
-from tfxla_lite.hlo import HloModule, Instruction
+from tfxla_lite.hlo import HloModule, Instruction, Shape
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -72,7 +74,10 @@ def _check_results(op: tf.Operation, results: list[Instruction]) -> None:
         raise LoweringError(f"lowering of {op.type} {op.name} gave {len(results)} values for "
                             f"{len(op.outputs)} outputs")
     for tensor, result in zip(op.outputs, results):
-        expected = tensor_shape(tensor)
+        dims = known_dims(tensor)
+        if dims is None:
+            raise LoweringError(f"shape of {tensor.name} is not known at compile time")
+        expected = Shape(element_type(tensor.dtype), dims)
         if result.shape != expected:
             raise LoweringError(f"lowering of {op.type} {op.name} gave {result.shape} for "
                                 f"output {tensor.name} of shape {expected}")

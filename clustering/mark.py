@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 from tfxla_lite.clustering.registry import (
     OP_RULES,
     constant_value,
+    known_dims,
     source_location,
-    static_dims,
 )
 
 if TYPE_CHECKING:
@@ -101,10 +101,10 @@ def why_not_compilable(op: tf.Operation, options: MarkOptions | None = None) -> 
         if constant_value(op.inputs[i]) is None:
             return f"input {i} must be a constant"
     for i, t in enumerate(op.outputs):
-        if static_dims(t) is None:
+        if known_dims(t) is None:
             return f"shape of output {i} not fully static"
     for i, t in enumerate(op.inputs):
-        if static_dims(t) is None:
+        if known_dims(t) is None:
             return f"shape of input {i} not fully static"
     if rule.check is not None:
         return rule.check(op)

@@ -5,7 +5,15 @@ ops may join a cluster, and `lower.py` calls each op's `lower(ctx, op, operands)
 to build the cluster's `HloModule`. One op, one registration (house habit 2): the
 rules themselves live beside each other in `rules_elementwise.py` (element-wise,
 comparisons, casts, activations) and `rules_tensor.py` (reductions, dots, shapes,
-softmax); this file holds the machinery they share.
+softmax), `rules_slicing.py` (strided slices, pads, splits, tiles), `rules_nn.py`
+(losses, arg-max, one-hot, einsum) and `rules_gradients.py` (the gradient ops
+`tf.GradientTape` emits); this file holds the machinery they share.
+
+Compile-time constants: a static input (an axis, a shape) may be a Const or any
+small integer computation of Consts that the registry's own rules can lower (the
+shape arithmetic gradients build: Shape → StridedSlice → BroadcastGradientArgs →
+Sum's axes). `constant_value` folds those by lowering them and running the NumPy
+evaluator, as TF's XLA bridge folds compile-time constant expressions.
 
 TF broadcasting follows NumPy's rules; HLO wants explicit shapes, so lowerings
 broadcast every operand to the op's static result shape (`ctx.broadcast_to`).
@@ -64,6 +72,7 @@ class OpRule:
     static_inputs: tuple[int, ...] = ()
     unused_inputs: tuple[int, ...] = ()
     check: CheckFn | None = None
+    note: str = ""
 
     def static_input_indices(self, op: tf.Operation) -> list[int]:
         return _normalize(self.static_inputs, len(op.inputs))
@@ -82,15 +91,17 @@ def register(
     static_inputs: tuple[int, ...] = (),
     unused_inputs: tuple[int, ...] = (),
     check: CheckFn | None = None,
+    note: str = "",
 ) -> Callable[[LowerFn], LowerFn]:
-    """Register `lower` for each of `op_types`; negative input indices count from the end."""
+    """Register `lower` for each of `op_types`; negative input indices count from the end.
+    `note` is the limit users read in docs/supported_ops.md."""
 
     def decorate(lower: LowerFn) -> LowerFn:
         for op_type in op_types:
             if op_type in OP_RULES:
                 raise ValueError(f"TF op type {op_type} registered twice")
             OP_RULES[op_type] = OpRule(op_type, lower, dtypes, static_inputs, unused_inputs,
-                                       check)
+                                       check, note)
         return lower
 
     return decorate
@@ -124,16 +135,76 @@ def tensor_shape(tensor: tf.Tensor) -> Shape:
     return Shape(element_type(tensor.dtype), dims)
 
 
+def known_dims(tensor: tf.Tensor) -> tuple[int, ...] | None:
+    """The tensor's static dims, or those of its folded constant value (BroadcastGradientArgs
+    has outputs of unknown shape whose values are known at compile time)."""
+    dims = static_dims(tensor)
+    if dims is not None:
+        return dims
+    value = constant_value(tensor)
+    return None if value is None else tuple(value.shape)
+
+
+# Folding stops at results larger than this: static inputs are axes and shapes.
+_FOLD_LIMIT = 1 << 12
+_FOLDABLE_DTYPES = frozenset({"int32", "int64", "bool"})
+
+
 def constant_value(tensor: tf.Tensor) -> np.ndarray | None:
-    """The value of a tensor produced by a Const op (directly or through Identity ops)."""
+    """The compile-time value of `tensor`: a Const's value (directly or through Identity
+    ops), or the folded value of a small integer computation of such values."""
     from tensorflow.python.framework import tensor_util
 
     op = tensor.op
     while op.type in ("Identity", "StopGradient") and op.inputs:
-        op = op.inputs[0].op
-    if op.type != "Const":
+        tensor = op.inputs[0]
+        op = tensor.op
+    if op.type == "Const":
+        return tensor_util.MakeNdarray(op.get_attr("value"))
+    return _fold(tensor)
+
+
+def _fold(tensor: tf.Tensor) -> np.ndarray | None:
+    """Lower `tensor`'s op on constant operands and evaluate it, or None when it is not a
+    compile-time constant (a runtime input, a stateful op, a float, too large, no rule)."""
+    from tfxla_lite.hlo.evaluator import evaluate
+
+    op = tensor.op
+    rule = OP_RULES.get(op.type)
+    if rule is None or not all(t.dtype.base_dtype.name in _FOLDABLE_DTYPES
+                               for t in op.outputs):
         return None
-    return tensor_util.MakeNdarray(op.get_attr("value"))
+    try:
+        if op.op_def.is_stateful:
+            return None
+    except (AttributeError, ValueError):
+        return None
+    value_free = rule.value_free_indices(op)
+    module = HloModule(f"fold_{op.type}")
+    entry = module.new_computation("main", entry=True)
+    ctx = LoweringContext(module, entry)
+    ctx.begin(op)
+    operands: list[Any] = []
+    for i, source in enumerate(op.inputs):
+        if i in value_free:
+            operands.append(None)
+            continue
+        if source.dtype.base_dtype.name not in rule.dtypes:
+            return None
+        value = constant_value(source)
+        if value is None or value.size > _FOLD_LIMIT:
+            return None
+        operands.append(ctx.constant(value, element_type(source.dtype)))
+    try:
+        if rule.check is not None and rule.check(op) is not None:
+            return None
+        results = rule.lower(ctx, op, operands)
+        entry.root = entry.create("tuple", results)
+        values = evaluate(module)
+    except Exception:  # noqa: BLE001 - folding is best effort; the op then stays a runtime value
+        return None
+    result = np.asarray(values[tensor.value_index])
+    return result if result.size <= _FOLD_LIMIT else None
 
 
 # -- source locations ------------------------------------------------------------------------
@@ -256,7 +327,13 @@ class LoweringContext:
 
 def _load_rules() -> None:
     # The rule modules register themselves on import; they import this module first.
-    from tfxla_lite.clustering import rules_elementwise, rules_tensor  # noqa: F401
+    from tfxla_lite.clustering import (  # noqa: F401
+        rules_elementwise,
+        rules_gradients,
+        rules_nn,
+        rules_slicing,
+        rules_tensor,
+    )
 
 
 _load_rules()

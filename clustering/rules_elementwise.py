@@ -14,6 +14,7 @@ from tfxla_lite.clustering.registry import (
     ALL,
     BOOL,
     FLOAT,
+    INTEGER,
     NUMERIC,
     LoweringContext,
     element_type,
@@ -52,8 +53,10 @@ def _binary(opcode: str) -> Any:
 register("AddV2", "Add", dtypes=NUMERIC)(_binary("add"))
 register("Sub", dtypes=NUMERIC)(_binary("subtract"))
 register("Mul", dtypes=NUMERIC)(_binary("multiply"))
-# Integer Div/RealDiv raise on a zero divisor in TF; only the float forms compile.
-register("RealDiv", "Div", dtypes=FLOAT)(_binary("divide"))
+register("RealDiv", dtypes=FLOAT)(_binary("divide"))
+# Integer Div truncates toward zero, as HLO's divide; TF raises on a zero divisor there.
+register("Div", dtypes=NUMERIC,
+         note="an integer zero divisor gives HLO's value instead of TF's error")(_binary("divide"))
 register("Maximum", dtypes=NUMERIC)(_binary("maximum"))
 register("Minimum", dtypes=NUMERIC)(_binary("minimum"))
 register("Pow", dtypes=FLOAT)(_binary("power"))
@@ -214,3 +217,111 @@ def _lower_select(ctx: LoweringContext, op: tf.Operation, operands: Operands
                              dimensions=(0,))
     condition = ctx.broadcast_to(condition, dims)
     return [ctx.emit("select", [condition, on_true, on_false])]
+
+
+# -- integer and floor division ----------------------------------------------------------------
+# TF raises on an integer zero divisor; compiled code, as TF's XLA, gives HLO's value there
+# (divide: -1, remainder: the dividend) instead of raising.
+_ZERO_DIVISOR = "an integer zero divisor gives HLO's value instead of TF's error"
+
+register("TruncateDiv", dtypes=INTEGER, note=_ZERO_DIVISOR)(_binary("divide"))
+register("TruncateMod", dtypes=NUMERIC, note=_ZERO_DIVISOR)(_binary("remainder"))
+register("BitwiseAnd", dtypes=INTEGER)(_binary("and"))
+register("BitwiseOr", dtypes=INTEGER)(_binary("or"))
+register("BitwiseXor", dtypes=INTEGER)(_binary("xor"))
+
+
+def _steps_past_zero(ctx: LoweringContext, remainder: Instruction, divisor: Instruction
+                     ) -> Instruction:
+    """Where truncation and flooring differ: a nonzero remainder whose sign is not the
+    divisor's."""
+    zero = ctx.full(0, remainder.shape)
+    nonzero = ctx.emit("compare", [remainder, zero], direction="NE")
+    signs_differ = ctx.emit("compare", [
+        ctx.emit("compare", [remainder, zero], direction="LT"),
+        ctx.emit("compare", [divisor, zero], direction="LT")], direction="NE")
+    return ctx.emit("and", [nonzero, signs_differ])
+
+
+@register("FloorDiv", dtypes=NUMERIC, note=_ZERO_DIVISOR)
+def _lower_floor_div(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                     ) -> list[Instruction]:
+    # Floats: floor(x / y), as TF. Integers: the truncated quotient, one step toward -inf
+    # where the remainder's sign is not the divisor's.
+    a, b = _broadcast_all(ctx, operands)
+    quotient = ctx.emit("divide", [a, b])
+    if a.shape.element_type.startswith("f"):
+        return [ctx.emit("floor", [quotient])]
+    adjust = _steps_past_zero(ctx, ctx.emit("remainder", [a, b]), b)
+    stepped = ctx.emit("subtract", [quotient, ctx.full(1, quotient.shape)])
+    return [ctx.emit("select", [adjust, stepped, quotient])]
+
+
+@register("FloorMod", dtypes=NUMERIC, note=_ZERO_DIVISOR)
+def _lower_floor_mod(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                     ) -> list[Instruction]:
+    # The truncated remainder (fmod for floats), plus the divisor where its sign differs:
+    # the result takes the divisor's sign, as Python's %.
+    a, b = _broadcast_all(ctx, operands)
+    remainder = ctx.emit("remainder", [a, b])
+    adjust = _steps_past_zero(ctx, remainder, b)
+    return [ctx.emit("select", [adjust, ctx.emit("add", [remainder, b]), remainder])]
+
+
+@register("DivNoNan", dtypes=FLOAT)
+def _lower_div_no_nan(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                      ) -> list[Instruction]:
+    a, b = _broadcast_all(ctx, operands)
+    zero = ctx.full(0, a.shape)
+    divisor_zero = ctx.emit("compare", [b, zero], direction="EQ")
+    return [ctx.emit("select", [divisor_zero, zero, ctx.emit("divide", [a, b])])]
+
+
+# -- float classification ---------------------------------------------------------------------
+@register("IsFinite", dtypes=FLOAT | BOOL)
+def _lower_is_finite(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                     ) -> list[Instruction]:
+    return [ctx.emit("is-finite", [operands[0]])]
+
+
+@register("IsNan", dtypes=FLOAT | BOOL)
+def _lower_is_nan(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                  ) -> list[Instruction]:
+    x = operands[0]
+    return [ctx.emit("compare", [x, x], direction="NE")]
+
+
+@register("IsInf", dtypes=FLOAT | BOOL)
+def _lower_is_inf(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                  ) -> list[Instruction]:
+    x = operands[0]
+    magnitude = ctx.emit("abs", [x])
+    return [ctx.emit("compare", [magnitude, ctx.full(float("inf"), x.shape)], direction="EQ")]
+
+
+@register("ClipByValue", dtypes=NUMERIC)
+def _lower_clip_by_value(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                         ) -> list[Instruction]:
+    # std::max(std::min(x, high), low) as TF's CPU kernel: a NaN bound is ignored, a NaN x
+    # stays NaN.
+    x, low, high = _broadcast_all(ctx, operands)
+    below_high = ctx.emit("select", [ctx.emit("compare", [high, x], direction="LT"), high, x])
+    return [ctx.emit("select", [ctx.emit("compare", [below_high, low], direction="LT"), low,
+                                below_high])]
+
+
+# -- more activations -------------------------------------------------------------------------
+SELU_SCALE = 1.0507009873554804934193349852946
+SELU_SCALE_ALPHA = 1.7580993408473768599402175208123  # TF's literal, not a product
+
+
+@register("Selu", dtypes=FLOAT)
+def _lower_selu(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                ) -> list[Instruction]:
+    # TF: x < 0 ? scale * alpha * (exp(x) - 1) : scale * x.
+    x = operands[0]
+    negative = ctx.emit("compare", [x, ctx.full(0, x.shape)], direction="LT")
+    below = ctx.emit("multiply", [ctx.full(SELU_SCALE_ALPHA, x.shape),
+                                  ctx.emit("exponential-minus-one", [x])])
+    above = ctx.emit("multiply", [ctx.full(SELU_SCALE, x.shape), x])
+    return [ctx.emit("select", [negative, below, above])]

@@ -50,6 +50,27 @@ def _lower_shape(ctx: LoweringContext, op: tf.Operation, operands: Operands
     return [ctx.constant(np.array(dims), ctx.output_shape().element_type)]
 
 
+@register("Rank", "Size", dtypes=INTEGER, unused_inputs=(0,))
+def _lower_rank_and_size(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                         ) -> list[Instruction]:
+    dims = static_dims(op.inputs[0])
+    assert dims is not None
+    value = len(dims) if op.type == "Rank" else int(np.prod(dims, dtype=np.int64))
+    return [ctx.constant(np.array(value), ctx.output_shape().element_type)]
+
+
+@register("Range", dtypes=NUMERIC, static_inputs=(0, 1, 2))
+def _lower_range(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                 ) -> list[Instruction]:
+    out = ctx.output_shape()
+    start, limit, delta = (ctx.static_input(i)[()] for i in range(3))
+    values = np.arange(start, limit, delta, dtype=numpy_dtype(out.element_type))
+    if values.shape != out.dims:
+        raise LoweringError(f"Range({start}, {limit}, {delta}) has {values.size} elements, "
+                            f"TF says {out.dims}")
+    return [ctx.constant(values, out.element_type)]
+
+
 @register("ZerosLike", dtypes=ALL, unused_inputs=(0,))
 def _lower_zeros_like(ctx: LoweringContext, op: tf.Operation, operands: Operands
                       ) -> list[Instruction]:
@@ -197,7 +218,14 @@ def _lower_matmul(ctx: LoweringContext, op: tf.Operation, operands: Operands
                      rhs_contracting_dims=(1 if op.get_attr("transpose_b") else 0,))]
 
 
-@register("BatchMatMulV2", "BatchMatMul", dtypes=MATMUL_DTYPES)
+def _check_batch_matmul(op: tf.Operation) -> str | None:
+    # BatchMatMulV3 may mix input and output dtypes; only the uniform form compiles.
+    dtypes = {t.dtype for t in list(op.inputs) + list(op.outputs)}
+    return None if len(dtypes) == 1 else f"{op.type} with mixed dtypes"
+
+
+@register("BatchMatMulV2", "BatchMatMul", "BatchMatMulV3", dtypes=MATMUL_DTYPES,
+          check=_check_batch_matmul)
 def _lower_batch_matmul(ctx: LoweringContext, op: tf.Operation, operands: Operands
                         ) -> list[Instruction]:
     x, y = operands
@@ -212,7 +240,7 @@ def _lower_batch_matmul(ctx: LoweringContext, op: tf.Operation, operands: Operan
                      rhs_contracting_dims=(n + (1 if op.get_attr("adj_y") else 0),))]
 
 
-def _check_bias_add(op: tf.Operation) -> str | None:
+def check_bias_data_format(op: tf.Operation) -> str | None:
     data_format = op.get_attr("data_format")
     data_format = data_format.decode() if isinstance(data_format, bytes) else data_format
     if data_format not in ("NHWC", "NCHW"):
@@ -220,19 +248,24 @@ def _check_bias_add(op: tf.Operation) -> str | None:
     return None
 
 
-@register("BiasAdd", "BiasAddV1", dtypes=NUMERIC, check=_check_bias_add)
+def bias_channel(op: tf.Operation, rank: int) -> int:
+    """The channel axis of a BiasAdd or BiasAddGrad: 1 for NCHW of rank > 2, else the last."""
+    data_format = op.get_attr("data_format") if op.type != "BiasAddV1" else b"NHWC"
+    channels_first = data_format in (b"NCHW", "NCHW") and rank > 2
+    return 1 if channels_first else rank - 1
+
+
+@register("BiasAdd", "BiasAddV1", dtypes=NUMERIC, check=check_bias_data_format)
 def _lower_bias_add(ctx: LoweringContext, op: tf.Operation, operands: Operands
                     ) -> list[Instruction]:
     value, bias = operands
-    data_format = op.get_attr("data_format") if op.type == "BiasAdd" else b"NHWC"
-    channels_first = data_format in (b"NCHW", "NCHW") and value.shape.rank > 2
-    channel = 1 if channels_first else value.shape.rank - 1
+    channel = bias_channel(op, value.shape.rank)
     spread = ctx.emit("broadcast", [bias], shape=value.shape, dimensions=(channel,))
     return [ctx.emit("add", [value, spread])]
 
 
 # -- softmax -----------------------------------------------------------------------------------
-def _softmax_parts(ctx: LoweringContext, logits: Instruction
+def softmax_parts(ctx: LoweringContext, logits: Instruction
                    ) -> tuple[Instruction, Instruction, Instruction]:
     """(logits - max, its exp, the sum of that exp) along the last axis, all broadcast."""
     if logits.shape.rank == 0:
@@ -251,12 +284,12 @@ def _softmax_parts(ctx: LoweringContext, logits: Instruction
 @register("Softmax", dtypes=FLOAT)
 def _lower_softmax(ctx: LoweringContext, op: tf.Operation, operands: Operands
                    ) -> list[Instruction]:
-    _, exponent, total = _softmax_parts(ctx, operands[0])
+    _, exponent, total = softmax_parts(ctx, operands[0])
     return [ctx.emit("divide", [exponent, total])]
 
 
 @register("LogSoftmax", dtypes=FLOAT)
 def _lower_log_softmax(ctx: LoweringContext, op: tf.Operation, operands: Operands
                        ) -> list[Instruction]:
-    shifted, _, total = _softmax_parts(ctx, operands[0])
+    shifted, _, total = softmax_parts(ctx, operands[0])
     return [ctx.emit("subtract", [shifted, ctx.emit("log", [total])])]

@@ -56,6 +56,16 @@ TOLERANCES: dict[str, Tolerance] = {
     **{op: _ACCUMULATING for op in (
         "Sum", "Mean", "Prod", "AddN", "MatMul", "BatchMatMulV2", "BatchMatMul", "reduce",
         "dot")},
+    # gradient ops: the forward op's arithmetic, transcendental or dividing
+    **{op: _TRANSCENDENTAL for op in ("SoftplusGrad", "Selu")},
+    **{op: Tolerance(ulps=2) for op in ("SqrtGrad", "RsqrtGrad", "ReciprocalGrad", "InvGrad",
+                                        "DivNoNan", "FloorDiv")},
+    **{op: _ACCUMULATING for op in ("BiasAddGrad", "L2Loss", "Einsum", "BatchMatMulV3")},
+    "SoftmaxCrossEntropyWithLogits": Tolerance(ulps=8, atol=1e-6, rtol=1e-6),
+    "SparseSoftmaxCrossEntropyWithLogits": Tolerance(ulps=8, atol=1e-6, rtol=1e-6),
+    # whole backward passes (GradientTape over a model): chains of accumulations and
+    # transcendental ops, compared output by output
+    "model gradient": Tolerance(ulps=16, atol=2e-5, rtol=2e-4, signed_zero=True),
     "Softmax": Tolerance(ulps=8, atol=1e-7),
     "LogSoftmax": Tolerance(ulps=8, atol=1e-6),
 }
@@ -63,7 +73,7 @@ TOLERANCES: dict[str, Tolerance] = {
 _F64_OVERRIDES: dict[str, Tolerance] = {
     **{op: Tolerance(ulps=4, atol=1e-13, rtol=1e-12, signed_zero=True) for op in (
         "Sum", "Mean", "Prod", "AddN", "MatMul", "BatchMatMulV2", "BatchMatMul", "reduce",
-        "dot")},
+        "dot", "BiasAddGrad", "L2Loss", "Einsum", "BatchMatMulV3")},
 }
 
 

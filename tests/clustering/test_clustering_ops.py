@@ -10,30 +10,12 @@ from typing import Any
 import numpy as np
 import pytest
 import tensorflow as tf
-from tf_harness import check_against_tf, sample
+from tf_harness import check_against_tf, inputs, over_shapes, sample
 from tolerances import assert_close
 
 from tfxla_lite.clustering import OP_RULES
 
 F32, F64, I32, BOOL = np.float32, np.float64, np.int32, np.bool_
-
-
-def over_shapes(fn: Callable[..., Any], arity: int) -> Callable[..., list[Any]]:
-    """`fn` applied to consecutive groups of `arity` arguments: one trace, many shapes."""
-
-    def apply_all(*args: Any) -> list[Any]:
-        return [fn(*args[i:i + arity]) for i in range(0, len(args), arity)]
-
-    return apply_all
-
-
-def inputs(shape_groups: Sequence[Sequence[tuple[int, ...]]], dtypes: Sequence[Any],
-           edges: bool = True, **kwargs: Any) -> list[np.ndarray]:
-    args = []
-    for g, shapes in enumerate(shape_groups):
-        for k, (shape, dtype) in enumerate(zip(shapes, dtypes)):
-            args.append(sample(shape, dtype, seed=10 * g + k, edges=edges, **kwargs))
-    return args
 
 
 # -- unary ------------------------------------------------------------------------------------
@@ -306,10 +288,14 @@ def test_composite_graph_is_one_cluster() -> None:
 
 
 def test_every_registered_op_is_tested() -> None:
-    tested = ({o for o, _, _ in UNARY} | {o for o, _, _ in BINARY} | {o for o, _, _ in REDUCTIONS}
-              | {o for o, _, _ in SHAPE_OPS}
+    from test_slicing_ops import TESTED_OPS as SLICING_OPS
+    from test_training_ops import TESTED_OPS as TRAINING_OPS
+
+    tested = (SLICING_OPS | TRAINING_OPS | {o for o, _, _ in UNARY} | {o for o, _, _ in BINARY}
+              | {o for o, _, _ in REDUCTIONS} | {o for o, _, _ in SHAPE_OPS}
               | {"AddN", "Cast", "SelectV2", "Select", "MatMul", "BatchMatMulV2", "BiasAdd",
                  "ConcatV2", "Pack", "Fill", "Shape", "Const", "Identity", "StopGradient"})
+    assert tested <= set(OP_RULES), f"tested but not registered: {tested - set(OP_RULES)}"
     # Aliases and legacy forms lowered by a tested rule.
     aliases = {"Snapshot", "PreventGradient", "Inv", "Rint", "BatchMatMul", "BiasAddV1"}
     assert set(OP_RULES) - tested - aliases == set()

@@ -95,3 +95,21 @@ def check_against_tf(fn: Callable[..., Any], args: Sequence[np.ndarray], op_type
         if tensor.name in executed:
             compare(np.asarray(executed[tensor.name]), want.numpy(), op_type,
                     f"output {i}, compiled")
+
+
+def over_shapes(fn: Callable[..., Any], arity: int) -> Callable[..., list[Any]]:
+    """`fn` applied to consecutive groups of `arity` arguments: one trace, many shapes."""
+
+    def apply_all(*args: Any) -> list[Any]:
+        return [fn(*args[i:i + arity]) for i in range(0, len(args), arity)]
+
+    return apply_all
+
+
+def inputs(shape_groups: Sequence[Sequence[tuple[int, ...]]], dtypes: Sequence[Any],
+           edges: bool = True, **kwargs: Any) -> list[np.ndarray]:
+    args = []
+    for g, shapes in enumerate(shape_groups):
+        for k, (shape, dtype) in enumerate(zip(shapes, dtypes)):
+            args.append(sample(shape, dtype, seed=10 * g + k, edges=edges, **kwargs))
+    return args

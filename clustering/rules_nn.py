@@ -1,0 +1,237 @@
+"""Lowering rules of TF's model-building ops: losses (softmax cross-entropy, L2Loss),
+ArgMax/ArgMin, OneHot and two-operand Einsum.
+
+Registered into `registry.OP_RULES` on import. HLO here has no variadic reduce, so
+ArgMax is a max-reduce, a compare against it and a min-reduce of matching indices
+(from an iota): the first index wins ties, and NaN never wins, as in TF's CPU kernel
+(TF's XLA differs: there NaN wins). Einsum becomes transposes and reshapes around one batched dot.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from tfxla_lite.clustering.registry import (
+    ALL,
+    FLOAT,
+    INTEGER,
+    NUMERIC,
+    LoweringContext,
+    LoweringError,
+    constant_value,
+    element_type,
+    known_dims,
+    register,
+)
+from tfxla_lite.clustering.rules_tensor import MATMUL_DTYPES, softmax_parts
+from tfxla_lite.hlo import Instruction, Shape, numpy_dtype
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+
+Operands = list[Any]
+
+
+def _iota(ctx: LoweringContext, etype: str, dims: tuple[int, ...], axis: int) -> Instruction:
+    return ctx.emit("iota", [], shape=Shape(etype, dims), iota_dimension=axis)
+
+
+def _spread(ctx: LoweringContext, x: Instruction, dims: tuple[int, ...], axis: int
+            ) -> Instruction:
+    """`x` (of `dims` without `axis`) broadcast along `axis` to `dims`."""
+    kept = tuple(i for i in range(len(dims)) if i != axis)
+    return ctx.emit("broadcast", [x], shape=x.shape.with_dims(dims), dimensions=kept)
+
+
+# -- losses ------------------------------------------------------------------------------------
+@register("L2Loss", dtypes=FLOAT)
+def _lower_l2_loss(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                   ) -> list[Instruction]:
+    # sum(x * x * 0.5), in TF's order
+    x = operands[0]
+    halves = ctx.emit("multiply", [ctx.emit("multiply", [x, x]), ctx.full(0.5, x.shape)])
+    return [ctx.reduce(halves, range(x.shape.rank), "add", 0)]
+
+
+@register("SoftmaxCrossEntropyWithLogits", dtypes=FLOAT)
+def _lower_softmax_cross_entropy(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                                 ) -> list[Instruction]:
+    # loss = sum(labels * (log(sum(exp(shifted))) - shifted)), backprop = softmax - labels,
+    # with shifted = logits - max(logits), per row (TF's xent_op.h).
+    dims = ctx.output_shape(1).dims
+    logits, labels = (ctx.broadcast_to(x, dims) for x in operands)
+    shifted, exponent, total = softmax_parts(ctx, logits)
+    per_class = ctx.emit("multiply", [labels, ctx.emit("subtract", [ctx.emit("log", [total]),
+                                                                     shifted])])
+    loss = ctx.reduce(per_class, [len(dims) - 1], "add", 0)
+    backprop = ctx.emit("subtract", [ctx.emit("divide", [exponent, total]), labels])
+    return [loss, backprop]
+
+
+@register("SparseSoftmaxCrossEntropyWithLogits", dtypes=FLOAT | INTEGER,
+          note="a label out of range gives a NaN loss (TF's CPU kernel raises)")
+def _lower_sparse_softmax_cross_entropy(ctx: LoweringContext, op: tf.Operation,
+                                        operands: Operands) -> list[Instruction]:
+    # loss = log(sum(exp(shifted))) - shifted[label]; backprop = softmax - one_hot(label).
+    logits, labels = operands
+    dims = logits.shape.dims
+    last = len(dims) - 1
+    shifted, exponent, total = softmax_parts(ctx, logits)
+    classes = _iota(ctx, labels.shape.element_type, dims, last)
+    one_hot = ctx.emit("compare", [classes, _spread(ctx, labels, dims, last)], direction="EQ")
+    zeros = ctx.full(0, shifted.shape)
+    picked = ctx.reduce(ctx.emit("select", [one_hot, shifted, zeros]), [last], "add", 0)
+    row_total = ctx.reduce(exponent, [last], "add", 0)
+    loss = ctx.emit("subtract", [ctx.emit("log", [row_total]), picked])
+    in_range = ctx.emit("and", [
+        ctx.emit("compare", [labels, ctx.full(0, labels.shape)], direction="GE"),
+        ctx.emit("compare", [labels, ctx.full(dims[last], labels.shape)], direction="LT")])
+    loss = ctx.emit("select", [in_range, loss, ctx.full(np.nan, loss.shape)])
+    probabilities = ctx.emit("divide", [exponent, total])
+    backprop = ctx.emit("subtract", [probabilities,
+                                     ctx.convert(one_hot, probabilities.shape.element_type)])
+    return [loss, backprop]
+
+
+# -- arg max / min ------------------------------------------------------------------------------
+def _check_arg_reduce(op: tf.Operation) -> str | None:
+    dims = known_dims(op.inputs[0])
+    axis = constant_value(op.inputs[1])
+    if dims is None or axis is None or not dims:
+        return None if dims else "a scalar input"
+    if dims[int(axis) % len(dims)] == 0:
+        return "an empty reduced dimension (TF raises)"
+    return None
+
+
+def _arg_reduce(kind: str) -> Any:
+    def lower(ctx: LoweringContext, op: tf.Operation, operands: Operands) -> list[Instruction]:
+        # TF's CPU kernel starts from (index 0, the lowest finite value) and moves only on a
+        # strictly greater value: NaN never wins, nor do values at or past that bound. So:
+        # clamp the losers to the bound, take the extreme, and the first index reaching it
+        # (index 0 when nothing beat the bound: every element then equals it).
+        x = operands[0]
+        dims = x.shape.dims
+        axis = int(ctx.static_input(1)) % len(dims)
+        dtype = numpy_dtype(x.shape.element_type)
+        info = np.finfo(dtype) if dtype.kind == "f" else np.iinfo(dtype)
+        bound = ctx.full(info.min if kind == "maximum" else info.max, x.shape)
+        beats = ctx.emit("compare", [x, bound], direction="GT" if kind == "maximum" else "LT")
+        contenders = ctx.emit("select", [beats, x, bound])
+        extreme = ctx.reduce(contenders, [axis], kind, info.min if kind == "maximum"
+                             else info.max)
+        hit = ctx.emit("compare", [contenders, _spread(ctx, extreme, dims, axis)],
+                       direction="EQ")
+        etype = element_type(op.outputs[0].dtype)
+        indices = _iota(ctx, etype, dims, axis)
+        candidates = ctx.emit("select", [hit, indices, ctx.full(dims[axis], indices.shape)])
+        return [ctx.reduce(candidates, [axis], "minimum", dims[axis])]
+
+    lower.__doc__ = f"TF's Arg{'Max' if kind == 'maximum' else 'Min'}: first index of the extreme."
+    return lower
+
+
+_ARG_NOTE = "NaN never wins, as in TF's CPU kernel"
+register("ArgMax", dtypes=NUMERIC, static_inputs=(1,), check=_check_arg_reduce,
+         note=_ARG_NOTE)(_arg_reduce("maximum"))
+register("ArgMin", dtypes=NUMERIC, static_inputs=(1,), check=_check_arg_reduce,
+         note=_ARG_NOTE)(_arg_reduce("minimum"))
+
+
+# -- one-hot ------------------------------------------------------------------------------------
+@register("OneHot", dtypes=ALL, static_inputs=(1,), note="constant depth")
+def _lower_one_hot(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                   ) -> list[Instruction]:
+    indices, _, on_value, off_value = operands
+    out = ctx.output_shape()
+    axis = int(op.get_attr("axis")) % out.rank
+    positions = _iota(ctx, indices.shape.element_type, out.dims, axis)
+    hit = ctx.emit("compare", [positions, _spread(ctx, indices, out.dims, axis)],
+                   direction="EQ")
+    return [ctx.emit("select", [hit, ctx.broadcast_to(on_value, out.dims),
+                                ctx.broadcast_to(off_value, out.dims)])]
+
+
+# -- einsum -------------------------------------------------------------------------------------
+def parse_einsum(equation: str, count: int) -> tuple[list[str], str]:
+    """The input terms and output term of `equation`; LoweringError for forms not lowered
+    here (ellipses, repeated labels in one term, more than two operands)."""
+    equation = equation.replace(" ", "")
+    if "." in equation:
+        raise LoweringError("einsum ellipsis not supported")
+    left, arrow, output = equation.partition("->")
+    terms = left.split(",")
+    if len(terms) != count or count not in (1, 2):
+        raise LoweringError(f"einsum with {len(terms)} operands (1 or 2 supported)")
+    if not arrow:  # implicit output: the labels seen once, sorted
+        labels = "".join(terms)
+        output = "".join(sorted(c for c in set(labels) if labels.count(c) == 1))
+    for term in terms + [output]:
+        if len(set(term)) != len(term):
+            raise LoweringError(f"einsum term {term!r} repeats a label (a diagonal)")
+    return terms, output
+
+
+def _check_einsum(op: tf.Operation) -> str | None:
+    try:
+        terms, _ = parse_einsum(op.get_attr("equation").decode(), len(op.inputs))
+    except LoweringError as error:
+        return str(error)
+    sizes: dict[str, int] = {}
+    for term, tensor in zip(terms, op.inputs):
+        dims = known_dims(tensor)
+        if dims is None or len(dims) != len(term):
+            return None  # marking reports unknown shapes itself
+        for label, size in zip(term, dims):
+            if sizes.setdefault(label, size) != size:
+                return f"einsum label {label!r} broadcasts ({sizes[label]} vs {size})"
+    return None
+
+
+def _transpose_to(ctx: LoweringContext, x: Instruction, have: str, want: str) -> Instruction:
+    perm = tuple(have.index(c) for c in want)
+    if perm == tuple(range(len(perm))):
+        return x
+    return ctx.emit("transpose", [x], dimensions=perm)
+
+
+@register("Einsum", dtypes=MATMUL_DTYPES, check=_check_einsum,
+          note="one or two operands, no ellipsis, no repeated labels in a term")
+def _lower_einsum(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                  ) -> list[Instruction]:
+    terms, output = parse_einsum(op.get_attr("equation").decode(), len(operands))
+    sizes = {c: d for term, x in zip(terms, operands) for c, d in zip(term, x.shape.dims)}
+    # Sum out the labels only one operand has and the output lacks.
+    values, kept_terms = [], []
+    for k, (term, x) in enumerate(zip(terms, operands)):
+        others = "".join(t for j, t in enumerate(terms) if j != k) + output
+        axes = [i for i, c in enumerate(term) if c not in others]
+        if axes:
+            x = ctx.reduce(x, axes, "add", 0)
+            term = "".join(c for c in term if c in others)
+        values.append(x)
+        kept_terms.append(term)
+    if len(values) == 1:
+        return [_transpose_to(ctx, values[0], kept_terms[0], output)]
+
+    (a, b), (ta, tb) = values, kept_terms
+    batch = "".join(c for c in ta if c in tb and c in output)
+    contract = "".join(c for c in ta if c in tb and c not in output)
+    free_a = "".join(c for c in ta if c not in tb)
+    free_b = "".join(c for c in tb if c not in ta)
+
+    def size(labels: str) -> int:
+        return int(np.prod([sizes[c] for c in labels], dtype=np.int64))
+
+    # [B, M, K] x [B, K, N] -> [B, M, N]: one batched dot of canonical operands.
+    a = ctx.reshape(_transpose_to(ctx, a, ta, batch + free_a + contract),
+                    (size(batch), size(free_a), size(contract)))
+    b = ctx.reshape(_transpose_to(ctx, b, tb, batch + contract + free_b),
+                    (size(batch), size(contract), size(free_b)))
+    product = ctx.emit("dot", [a, b], lhs_batch_dims=(0,), rhs_batch_dims=(0,),
+                       lhs_contracting_dims=(2,), rhs_contracting_dims=(1,))
+    labels = batch + free_a + free_b
+    product = ctx.reshape(product, [sizes[c] for c in labels])
+    return [_transpose_to(ctx, product, labels, output)]

@@ -1,0 +1,264 @@
+"""Lowering rules of TF's slicing and tiling ops: StridedSlice (and its gradient), Pad,
+Tile, Split, SplitV, Unpack, IdentityN.
+
+Registered into `registry.OP_RULES` on import. HLO here has no pad, reverse or dynamic
+slice opcode, so: pads are concatenations with broadcast constant blocks, strided
+gradients interleave zero blocks before padding, and slices with negative strides (a
+reverse) do not compile. Every begin, end, stride, padding, multiple and split size
+is a compile-time constant.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from tfxla_lite.clustering.registry import (
+    ALL,
+    LoweringContext,
+    LoweringError,
+    constant_value,
+    known_dims,
+    register,
+)
+from tfxla_lite.hlo import Instruction
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+
+Operands = list[Any]
+SliceSpec = list[tuple[int, int, int]]
+
+
+@register("IdentityN", dtypes=ALL)
+def _lower_identity_n(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                      ) -> list[Instruction]:
+    return list(operands)
+
+
+# -- padding ------------------------------------------------------------------------------------
+def pad_axis(ctx: LoweringContext, x: Instruction, axis: int, low: int, high: int,
+             value: Instruction) -> Instruction:
+    """`x` with `low` and `high` elements of the scalar `value` before and after on `axis`."""
+
+    def block(count: int) -> Instruction:
+        return ctx.emit("broadcast", [value], shape=x.shape.with_dims(
+            _replace(x.shape.dims, axis, count)), dimensions=())
+
+    pieces = ([block(low)] if low else []) + [x] + ([block(high)] if high else [])
+    if len(pieces) == 1:
+        return x
+    return ctx.emit("concatenate", pieces, dimensions=(axis,))
+
+
+def _check_pad(op: tf.Operation) -> str | None:
+    paddings = constant_value(op.inputs[1])
+    if paddings is not None and (paddings < 0).any():
+        return "negative paddings"
+    return None
+
+
+@register("Pad", "PadV2", dtypes=ALL, static_inputs=(1,), check=_check_pad,
+          note="constant paddings")
+def _lower_pad(ctx: LoweringContext, op: tf.Operation, operands: Operands
+               ) -> list[Instruction]:
+    x = operands[0]
+    paddings = ctx.static_input(1).reshape(-1, 2)
+    etype = x.shape.element_type
+    value = operands[2] if op.type == "PadV2" else ctx.constant(0, etype)
+    for axis, (low, high) in enumerate(paddings):
+        x = pad_axis(ctx, x, axis, int(low), int(high), value)
+    return [x]
+
+
+# -- tiles and splits ----------------------------------------------------------------------------
+@register("Tile", dtypes=ALL, static_inputs=(1,))
+def _lower_tile(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                ) -> list[Instruction]:
+    # [d0, d1] tiled [m0, m1] = broadcast to [m0, d0, m1, d1], then merge pairs.
+    x = operands[0]
+    multiples = [int(m) for m in ctx.static_input(1).reshape(-1)]
+    interleaved = [size for pair in zip(multiples, x.shape.dims) for size in pair]
+    spread = ctx.emit("broadcast", [x], shape=x.shape.with_dims(interleaved),
+                      dimensions=tuple(range(1, 2 * x.shape.rank, 2)))
+    return [ctx.reshape(spread, ctx.output_shape().dims)]
+
+
+def _split(ctx: LoweringContext, x: Instruction, axis: int, sizes: Sequence[int]
+           ) -> list[Instruction]:
+    pieces, start = [], 0
+    for size in sizes:
+        spec = [(0, d, 1) for d in x.shape.dims]
+        spec[axis] = (start, start + size, 1)
+        pieces.append(ctx.emit("slice", [x], slice=tuple(spec)))
+        start += size
+    return pieces
+
+
+@register("Split", dtypes=ALL, static_inputs=(0,))
+def _lower_split(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                 ) -> list[Instruction]:
+    x = operands[1]
+    axis = int(ctx.static_input(0)) % x.shape.rank
+    count = int(op.get_attr("num_split"))
+    return _split(ctx, x, axis, [x.shape.dims[axis] // count] * count)
+
+
+@register("SplitV", dtypes=ALL, static_inputs=(1, 2))
+def _lower_split_v(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                   ) -> list[Instruction]:
+    x = operands[0]
+    axis = int(ctx.static_input(2)) % x.shape.rank
+    sizes = [ctx.output_shape(i).dims[axis] for i in range(len(op.outputs))]
+    return _split(ctx, x, axis, sizes)
+
+
+@register("Unpack", dtypes=ALL)
+def _lower_unpack(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                  ) -> list[Instruction]:
+    x = operands[0]
+    axis = int(op.get_attr("axis")) % x.shape.rank
+    pieces = _split(ctx, x, axis, [1] * x.shape.dims[axis])
+    return [ctx.reshape(p, ctx.output_shape(i).dims) for i, p in enumerate(pieces)]
+
+
+# -- strided slices ------------------------------------------------------------------------------
+def strided_slice_spec(dims: Sequence[int], begin: np.ndarray, end: np.ndarray,
+                       strides: np.ndarray, op: tf.Operation) -> SliceSpec:
+    """Per input dim (start, limit, stride) of a StridedSlice with positive strides, after
+    TF's masks: ellipsis and new axes expand the sparse spec to the input's dims, begin/end
+    masks take whole ranges, shrink takes one element. Raises LoweringError otherwise."""
+    masks = {name: int(op.get_attr(name)) for name in (
+        "begin_mask", "end_mask", "ellipsis_mask", "new_axis_mask", "shrink_axis_mask")}
+
+    def bit(name: str, i: int) -> bool:
+        return bool(masks[name] >> i & 1)
+
+    entries = len(begin)
+    if bin(masks["ellipsis_mask"]).count("1") > 1:
+        raise LoweringError("more than one ellipsis")
+    ellipsis = [bit("ellipsis_mask", i) for i in range(entries)]
+    new_axis = [bit("new_axis_mask", i) and not ellipsis[i] for i in range(entries)]
+    if not any(ellipsis):  # TF reads a missing ellipsis as one at the end
+        ellipsis.append(True)
+        new_axis.append(False)
+    real = sum(1 for i in range(len(ellipsis)) if not ellipsis[i] and not new_axis[i])
+    spec: SliceSpec = []
+    for i in range(len(ellipsis)):
+        if ellipsis[i]:
+            spec.extend((0, d, 1) for d in dims[len(spec):len(spec) + len(dims) - real])
+            continue
+        if new_axis[i]:
+            continue
+        if len(spec) >= len(dims):
+            raise LoweringError("slice spec longer than the input's rank")
+        size = dims[len(spec)]
+        stride = int(strides[i])
+        if stride == 0:
+            raise LoweringError("zero stride")
+        if bit("shrink_axis_mask", i):
+            index = int(begin[i]) + (size if begin[i] < 0 else 0)
+            if not 0 <= index < size:
+                raise LoweringError(f"index {begin[i]} out of bounds for size {size}")
+            spec.append((index, index + 1, 1))
+            continue
+        if stride < 0:
+            raise LoweringError("negative strides (a reverse) are not supported")
+        start = 0 if bit("begin_mask", i) else int(begin[i])
+        limit = size if bit("end_mask", i) else int(end[i])
+        start = min(max(start + size if start < 0 else start, 0), size)
+        limit = min(max(limit + size if limit < 0 else limit, 0), size)
+        spec.append((start, max(start, limit), stride))
+    if len(spec) != len(dims):
+        raise LoweringError(f"slice spec covers {len(spec)} of {len(dims)} dims")
+    return spec
+
+
+def _spec_of(op: tf.Operation, dims: Sequence[int], first: int) -> SliceSpec:
+    values = [constant_value(op.inputs[first + k]) for k in range(3)]
+    if any(v is None for v in values):
+        raise LoweringError("begin, end and strides must be constants")
+    begin, end, strides = (np.asarray(v).reshape(-1) for v in values)
+    return strided_slice_spec(dims, begin, end, strides, op)
+
+
+def _check_strided_slice(op: tf.Operation) -> str | None:
+    try:
+        dims = known_dims(op.inputs[0])
+        assert dims is not None
+        _spec_of(op, dims, 1)
+    except LoweringError as error:
+        return str(error)
+    return None
+
+
+def _sliced_dims(spec: SliceSpec) -> list[int]:
+    return [(limit - start + stride - 1) // stride for start, limit, stride in spec]
+
+
+@register("StridedSlice", dtypes=ALL, static_inputs=(1, 2, 3), check=_check_strided_slice,
+          note="constant begin/end/strides, all masks; positive strides (or shrink) only")
+def _lower_strided_slice(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                         ) -> list[Instruction]:
+    x = operands[0]
+    spec = _spec_of(op, x.shape.dims, 1)
+    if any(s != (0, d, 1) for s, d in zip(spec, x.shape.dims)):
+        x = ctx.emit("slice", [x], slice=tuple(spec))
+    # Shrunk axes go and new axes come: TF's static result shape says where.
+    return [ctx.reshape(x, ctx.output_shape().dims)]
+
+
+def _check_strided_slice_grad(op: tf.Operation) -> str | None:
+    shape = constant_value(op.inputs[0])
+    if shape is None:
+        return "input 0 must be a constant"
+    try:
+        _spec_of(op, [int(d) for d in shape.reshape(-1)], 1)
+    except LoweringError as error:
+        return str(error)
+    return None
+
+
+@register("StridedSliceGrad", dtypes=ALL, static_inputs=(0, 1, 2, 3),
+          check=_check_strided_slice_grad, note="as StridedSlice")
+def _lower_strided_slice_grad(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                              ) -> list[Instruction]:
+    # dy spread back into zeros: each axis gets stride-1 zero gaps between its elements,
+    # then zero blocks before and after.
+    dims = [int(d) for d in ctx.static_input(0).reshape(-1)]
+    spec = _spec_of(op, dims, 1)
+    dy = operands[4]
+    x = ctx.reshape(dy, _sliced_dims(spec))
+    zero = ctx.constant(0, x.shape.element_type)
+    for axis, ((start, _, stride), size) in enumerate(zip(spec, dims)):
+        count = x.shape.dims[axis]
+        if count == 0:
+            x = ctx.full(0, x.shape.with_dims(_replace(x.shape.dims, axis, size)))
+            continue
+        if stride > 1:
+            x = _interleave_zeros(ctx, x, axis, stride, zero)
+        span = x.shape.dims[axis]
+        x = pad_axis(ctx, x, axis, start, size - start - span, zero)
+    return [x]
+
+
+def _replace(dims: Sequence[int], axis: int, size: int) -> tuple[int, ...]:
+    return tuple(size if i == axis else d for i, d in enumerate(dims))
+
+
+def _interleave_zeros(ctx: LoweringContext, x: Instruction, axis: int, stride: int,
+                      zero: Instruction) -> Instruction:
+    """[a, b, c] → [a, 0, 0, b, 0, 0, c] for stride 3: no gap after the last element."""
+    dims = x.shape.dims
+    count = dims[axis]
+    column = ctx.reshape(x, dims[:axis + 1] + (1,) + dims[axis + 1:])
+    gaps = ctx.emit("broadcast", [zero],
+                    shape=x.shape.with_dims(dims[:axis + 1] + (stride - 1,) + dims[axis + 1:]),
+                    dimensions=())
+    rows = ctx.emit("concatenate", [column, gaps], dimensions=(axis + 1,))
+    flat = ctx.reshape(rows, _replace(dims, axis, count * stride))
+    spec = [(0, d, 1) for d in flat.shape.dims]
+    spec[axis] = (0, (count - 1) * stride + 1, 1)
+    return ctx.emit("slice", [flat], slice=tuple(spec))
