@@ -53,6 +53,13 @@ def _binary(opcode: str, shape: Shape, value: object, constant_first: bool = Fal
     return make
 
 
+@build(F32)
+def _element_of_tuple(comp: Computation, x: Instruction) -> Instruction:
+    pair = comp.create("tuple", [x, comp.create("negate", [x])])
+    first = comp.create("get-tuple-element", [pair], index=0)
+    return comp.create("add", [first, first])
+
+
 def _self(opcode: str, shape: Shape, **attributes: object) -> Callable[[], HloModule]:
     @build(shape)
     def make(comp: Computation, x: Instruction) -> Instruction:
@@ -199,6 +206,8 @@ CASES: dict[str, list[tuple[Callable[[], HloModule], list[str]]]] = {
                                 [r"%constant.* = f32\[\] constant\(6\)",
                                  r"%broadcast.* = f32\[8\]\{0\} broadcast\(f32\[\] %constant",
                                  r"ROOT %add = f32\[8\]\{0\} add\(.* %param_0, .* %broadcast"])],
+    "tuple-element-of-tuple": [(_element_of_tuple, [r"ROOT %add.* = f32\[8\]\{0\} add\("
+                                                    r".* %param_0, .* %param_0\)"])],
     "reshape-same-shape": [(_same_shape("reshape"), [ROOT_IS_PARAM])],
     "reshape-of-reshape": [(_reshape_twice,
                             [r"ROOT %reshape.* = f32\[4,2\]\{1,0\} reshape\(f32\[8\]\{0\} "

@@ -303,6 +303,16 @@ def _fold_broadcast_scalars(inst: Instruction) -> Instruction | None:
 
 # -- data movement ----------------------------------------------------------------------
 
+@_rewrite("get-tuple-element")
+def _tuple_element_of_tuple(inst: Instruction) -> Instruction | None:
+    """get-tuple-element(tuple(a, b, ...), i) → the i-th operand (TF's 'hlo' stage ends
+    single-output modules this way; the CPU backend emits no tuples inside the entry)."""
+    operand = inst.operand(0)
+    if operand.opcode != "tuple":
+        return None
+    return operand.operand(int(inst.attributes["index"]))
+
+
 @_rewrite("reshape", "bitcast")
 def _reshape_same_shape(inst: Instruction) -> Instruction | None:
     operand = inst.operand(0)
