@@ -6,10 +6,12 @@ form the compiler core, usable and tested without TensorFlow.
 
 from tfxla_lite.hlo.ir import Computation, HloModule, Instruction
 from tfxla_lite.hlo.opcodes import OPCODES, ShapeError, infer_shape
+from tfxla_lite.hlo.parser import ParseError, parse_module
 from tfxla_lite.hlo.shape import Shape, element_type_of, numpy_dtype
 
 __all__ = [
     "OPCODES",
+    "ParseError",
     "Computation",
     "HloModule",
     "Instruction",
@@ -18,4 +20,5 @@ __all__ = [
     "element_type_of",
     "infer_shape",
     "numpy_dtype",
+    "parse_module",
 ]
