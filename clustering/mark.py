@@ -6,6 +6,13 @@ errors, so each names the op type, dtype, input or device at fault. The checks f
 TF's mark_for_compilation_pass in spirit: a registered lowering, supported dtypes,
 fully static shapes, compile-time constants where the lowering needs values, no
 state, no resources, a device we compile for.
+
+With `MarkOptions(dynamic_shapes=True)` (docs/architecture.md, "Unknown dimensions")
+shapes need only a known rank, and a value the lowering needs may also be one that
+only the shapes determine (`shape_determined`: Shape → StridedSlice → Pack ...): the
+cluster is compiled at run time for each concrete input shape, when those are
+constants. The op's own check then runs only where it can (an exception on an
+unknown dimension defers it to that compilation).
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from tfxla_lite.clustering.registry import (
     OP_RULES,
+    OpRule,
     constant_value,
     known_dims,
     source_location,
@@ -45,6 +53,7 @@ class MarkOptions:
 
     device_types: frozenset[str] = frozenset({"CPU", "GPU"})
     denylist: frozenset[str] = field(default_factory=frozenset)
+    dynamic_shapes: bool = False
 
 
 @dataclass(frozen=True)
@@ -97,9 +106,13 @@ def why_not_compilable(op: tf.Operation, options: MarkOptions | None = None) -> 
     for t in op.outputs:
         if t.dtype.base_dtype.name not in rule.dtypes:
             return f"dtype {t.dtype.name} not supported by {op.type}"
+    dynamic = options.dynamic_shapes
     for i in rule.static_input_indices(op):
-        if constant_value(op.inputs[i]) is None:
+        if constant_value(op.inputs[i]) is None and not (dynamic
+                                                         and shape_determined(op.inputs[i])):
             return f"input {i} must be a constant"
+    if dynamic:
+        return _why_not_dynamic(op, rule)
     for i, t in enumerate(op.outputs):
         if known_dims(t) is None:
             return f"shape of output {i} not fully static"
@@ -109,6 +122,57 @@ def why_not_compilable(op: tf.Operation, options: MarkOptions | None = None) -> 
     if rule.check is not None:
         return rule.check(op)
     return None
+
+
+def _why_not_dynamic(op: tf.Operation, rule: OpRule) -> str | None:
+    """The shape checks of dynamic mode: known ranks, and the values that decide an
+    output's shape (Reshape's shape) known once the input shapes are."""
+    for i, t in enumerate(op.outputs):
+        if known_dims(t) is None and t.shape.rank is None:
+            return f"rank of output {i} unknown"
+    for i, t in enumerate(op.inputs):
+        if known_dims(t) is None and t.shape.rank is None:
+            return f"rank of input {i} unknown"
+    if any(known_dims(t) is None for t in op.outputs):
+        for i in rule.value_free_indices(op):
+            t = op.inputs[i]
+            if t.dtype.base_dtype.name in _SHAPE_DTYPES and not shape_determined(t):
+                return f"input {i} decides an output shape but is not derived from shapes"
+    if rule.check is None:
+        return None
+    try:
+        return rule.check(op)
+    except Exception:  # noqa: BLE001 - the check needs static dims: it runs when compiling
+        return None
+
+
+_SHAPE_DTYPES = frozenset({"int32", "int64"})
+# Ops whose value is a function of their inputs' shapes alone.
+_SHAPE_OPS = frozenset({"Shape", "ShapeN", "Size", "Rank"})
+
+
+def shape_determined(tensor: tf.Tensor, _seen: dict[str, bool] | None = None) -> bool:
+    """Whether `tensor`'s value is known once the shapes of the graph's inputs are: a
+    compile-time constant, a Shape/Size/Rank of a tensor of known rank, or a stateless,
+    lowerable integer op of such values."""
+    seen = {} if _seen is None else _seen
+    if tensor.name in seen:
+        return seen[tensor.name]
+    seen[tensor.name] = False  # no cycles in a graph, but be safe
+    op = tensor.op
+    if tensor.dtype.base_dtype.name not in _SHAPE_DTYPES | {"bool"}:
+        result = False
+    elif op.type in _SHAPE_OPS:
+        result = all(t.shape.rank is not None for t in op.inputs)
+    elif constant_value(tensor) is not None:
+        result = True
+    else:
+        rule = OP_RULES.get(op.type)
+        result = (rule is not None and not _is_stateful(op)
+                  and all(shape_determined(t, seen) for i, t in enumerate(op.inputs)
+                          if i not in rule.value_free_indices(op)))
+    seen[tensor.name] = result
+    return result
 
 
 def _is_stateful(op: tf.Operation) -> bool:

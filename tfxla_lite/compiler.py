@@ -5,6 +5,10 @@ mark every op, form clusters, lower each cluster to HLO, compile it (passes,
 fusion, buffer assignment, LLVM), register its executable with the launch op,
 rewrite the GraphDef so each cluster is one launch node, and wrap the result
 in a new `tf.function` that re-binds arguments, captures and variable writes.
+
+With `dynamic=True`, shapes need only known ranks: a cluster with unknown
+dimensions is planned here and compiled by the launch op at run time, once per
+concrete input signature (`tfxla_lite/dynamic.py`).
 """
 
 from __future__ import annotations
@@ -18,15 +22,17 @@ from typing import Any
 
 import tensorflow as tf
 
+from tfxla_lite import dynamic as dynamic_clusters
 from tfxla_lite.clustering.cluster import form_clusters
 from tfxla_lite.clustering.lower import lower_cluster
-from tfxla_lite.clustering.mark import PLUMBING_OPS, format_source, mark
+from tfxla_lite.clustering.mark import PLUMBING_OPS, MarkOptions, format_source, mark
 from tfxla_lite.codegen import compile_module
 from tfxla_lite.hlo import HloModule
 from tfxla_lite.options import Options
 from tfxla_lite.report import ClusteringReport, ClusterReport, FallbackNode
 from tfxla_lite.rewrite import (
     CompiledCluster,
+    add_branch_functions,
     import_rewritten,
     rewrite_graph_def,
     rewritten_tensor_name,
@@ -36,6 +42,10 @@ from tfxla_lite.runtime import register_executable
 logger = logging.getLogger("tfxla_lite")
 
 _executable_ids = itertools.count()
+
+# Distinct input signatures a dynamic cluster compiles before new ones run in TF, as
+# XLA's megamorphic-cluster heuristic (device_compiler.h) stops compiling.
+DEFAULT_MAX_SPECIALIZATIONS = 10
 
 
 class CompilationError(tf.errors.InvalidArgumentError):
@@ -70,6 +80,8 @@ class Program:
     run: Callable[..., Any] | None = None
     # `run` traced for this signature: calling it skips tf.function's dispatch.
     concrete_run: Any = None
+    # Clusters with unknown dimensions, compiled per input signature at run time.
+    dynamic_clusters: list[dynamic_clusters.DynamicCluster] = field(default_factory=list)
 
     def compiler_ir(self, stage: str) -> str:
         texts = {
@@ -81,23 +93,36 @@ class Program:
         }
         if stage not in texts:
             raise ValueError(f"unknown stage {stage!r}; stages are {', '.join(texts)}")
-        if not self.clusters:
+        compiled = list(self.clusters)
+        for dynamic_cluster in self.dynamic_clusters:
+            compiled.extend(dynamic_cluster.specializations)
+        if not compiled:
             return ""
-        return "\n".join(texts[stage](c) for c in self.clusters)
+        return "\n".join(texts[stage](c) for c in compiled)
 
 
 def _tensor_spec(tensor: tf.Tensor) -> tuple[tf.DType, tuple[int, ...]]:
     return tensor.dtype, tuple(int(d) for d in tensor.shape)
 
 
-def build_program(concrete_function: Any, jit_compile: bool | None, options: Options) -> Program:
-    """Cluster, compile and rewrite one traced function; see the module docstring."""
+def build_program(concrete_function: Any, jit_compile: bool | None, options: Options,
+                  dynamic: bool = False, max_specializations: int | None = None) -> Program:
+    """Cluster, compile and rewrite one traced function; see the module docstring.
+
+    `dynamic`: compile clusters whose dimensions are unknown per input signature at run
+    time; in auto mode at most `max_specializations` signatures each (default
+    `options.max_shape_specializations` if set, else DEFAULT_MAX_SPECIALIZATIONS),
+    after which new ones run the cluster's TF ops.
+    """
     graph = concrete_function.graph
     function_name = concrete_function.name
     if isinstance(function_name, bytes):
         function_name = function_name.decode()
+    if max_specializations is None:
+        max_specializations = getattr(options, "max_shape_specializations",
+                                      DEFAULT_MAX_SPECIALIZATIONS)
     report = ClusteringReport(function_name, jit_compile)
-    decisions = mark(graph)
+    decisions = mark(graph, MarkOptions(dynamic_shapes=dynamic))
     min_size = 1 if jit_compile else options.min_cluster_size
     clusters = form_clusters(graph, decisions, min_cluster_size=min_size,
                              max_cluster_size=options.max_cluster_size)
@@ -122,9 +147,22 @@ def build_program(concrete_function: Any, jit_compile: bool | None, options: Opt
 
     compiled: list[CompiledCluster] = []
     artifacts: list[CompiledClusterArtifacts] = []
+    planned: list[dynamic_clusters.DynamicCluster] = []
     for cluster in clusters:
         ops = tuple((name, graph.get_operation_by_name(name).type) for name in cluster.op_names)
         try:
+            if dynamic and not dynamic_clusters.is_static(graph, cluster):
+                key = f"{function_name}/{cluster.name}/{next(_executable_ids)}"
+                dynamic_cluster = _plan_dynamic(graph, cluster, key, jit_compile, options,
+                                                max_specializations)
+                compiled.append(_dynamic_compiled_cluster(cluster, dynamic_cluster,
+                                                          fallback=not jit_compile))
+                planned.append(dynamic_cluster)
+                report.clusters.append(ClusterReport(
+                    cluster.name, ops, len(dynamic_cluster.inputs), len(cluster.outputs), True))
+                logger.info("tfxla-lite: %s of %s has unknown dimensions: compiled per input "
+                            "shape at run time", cluster.name, function_name)
+                continue
             module = lower_cluster(graph, cluster)
             hlo_text = module.to_text()
             executable = compile_module(module, pipeline=options.pipeline, verify=options.verify)
@@ -162,9 +200,33 @@ def build_program(concrete_function: Any, jit_compile: bool | None, options: Opt
         logger.info("tfxla-lite: compiled %s of %s: %d ops, %d kernels", cluster.name,
                     function_name, len(ops), executable.kernel_count)
 
-    program = Program(concrete_function, report, artifacts)
-    program.run = _rewritten_function(concrete_function, compiled)
+    program = Program(concrete_function, report, artifacts, dynamic_clusters=planned)
+    program.run = _rewritten_function(concrete_function, compiled, generalize=bool(planned))
     return program
+
+
+def _plan_dynamic(graph: tf.Graph, cluster: Any, key: str, jit_compile: bool | None,
+                  options: Options, max_specializations: int | None
+                  ) -> dynamic_clusters.DynamicCluster:
+    """Plan a cluster with unknown dimensions and register its compile callback."""
+    planned = dynamic_clusters.plan_dynamic_cluster(graph, cluster, key, cluster.name)
+    planned.pipeline = options.pipeline
+    planned.verify = options.verify
+    # Must-compile has no fallback to run: like TF's jit_compile=True, every shape compiles.
+    planned.must_compile = bool(jit_compile)
+    planned.max_specializations = None if jit_compile else max_specializations
+    dynamic_clusters.register(planned)
+    return planned
+
+
+def _dynamic_compiled_cluster(cluster: Any, planned: dynamic_clusters.DynamicCluster,
+                              fallback: bool) -> CompiledCluster:
+    return CompiledCluster(
+        name=cluster.name, op_names=tuple(cluster.op_names), inputs=planned.inputs,
+        outputs=tuple(cluster.outputs), control_inputs=tuple(cluster.control_inputs),
+        key=planned.key, output_dtypes=planned.output_dtypes,
+        output_shapes=planned.output_shapes, input_dtypes=planned.input_dtypes,
+        fallback=planned.branch_functions() if fallback else None)
 
 
 def _must_compile_message(function_name: str, offending: list[FallbackNode]) -> str:
@@ -176,8 +238,10 @@ def _must_compile_message(function_name: str, offending: list[FallbackNode]) -> 
     return "\n".join(lines)
 
 
-def _rewritten_function(concrete_function: Any, clusters: list[CompiledCluster]) -> Callable:
-    """A tf.function that runs the rewritten graph; called like the original function."""
+def _rewritten_function(concrete_function: Any, clusters: list[CompiledCluster],
+                        generalize: bool = False) -> Callable:
+    """A tf.function that runs the rewritten graph; called like the original function.
+    `generalize`: its dynamic clusters take any shape, so retrace with unknown dims."""
     graph = concrete_function.graph
     graph_def = rewrite_graph_def(graph.as_graph_def(add_shapes=True), clusters)
     placeholder_names = [t.op.name for t in concrete_function.inputs]
@@ -196,9 +260,10 @@ def _rewritten_function(concrete_function: Any, clusters: list[CompiledCluster])
             raise AssertionError(f"tfxla-lite: traced {len(arguments)} arguments, the original "
                                  f"function has {num_arguments}")
         captures = [func_graph.capture(c) for c in captured]
+        add_branch_functions(func_graph, clusters)
         results = iter(import_rewritten(graph_def, placeholder_names, arguments + captures,
                                         output_names, control_names))
         values = [next(results) if isinstance(t, tf.Tensor) else t for t in flat]
         return tf.nest.pack_sequence_as(structured, values, expand_composites=True)
 
-    return tf.function(rewritten, autograph=False)
+    return tf.function(rewritten, autograph=False, reduce_retracing=generalize)

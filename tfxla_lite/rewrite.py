@@ -7,16 +7,23 @@ outputs, and re-points every consumer outside the cluster (data and control
 edges) at the launch node. `import_rewritten` then imports the result into the
 `tf.function` being traced, binding the original placeholders to the new
 function's arguments and captures (see ARCHITECTURE.md, "Re-import works").
+
+A cluster with unknown dimensions that has a fallback (`CompiledCluster.fallback`)
+becomes `TfxlaLiteCompile` → `StatelessIf(compiled, launch, original ops)` instead;
+the If node takes the launch node's name, so consumers are re-pointed the same way
+(docs/architecture.md, "Unknown dimensions").
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import tensorflow as tf
 
 LAUNCH_OP_TYPE = "TfxlaLiteLaunch"
+COMPILE_OP_TYPE = "TfxlaLiteCompile"
 
 
 @dataclass(frozen=True)
@@ -30,12 +37,20 @@ class CompiledCluster:
     control_inputs: tuple[str, ...]  # outside op names with control edges into the cluster
     key: str  # executable registry key
     output_dtypes: tuple[tf.DType, ...]
-    output_shapes: tuple[tuple[int, ...], ...]
+    output_shapes: tuple[Any, ...]  # static dims, or tf.TensorShape with unknown dims
     input_dtypes: tuple[tf.DType, ...]
+    # (launch, original ops) ConcreteFunctions over `inputs`: the launch runs when
+    # TfxlaLiteCompile says the signature compiled, the original ops otherwise. They
+    # must be added to the graph the rewritten GraphDef is imported into.
+    fallback: tuple[Any, Any] | None = None
 
     @property
     def launch_name(self) -> str:
         return f"tfxla_lite_launch_{self.name}"
+
+    @property
+    def compile_name(self) -> str:
+        return f"tfxla_lite_compile_{self.name}"
 
 
 def _split_input(reference: str) -> tuple[str, int, bool]:
@@ -119,23 +134,61 @@ def rewrite_graph_def(graph_def: tf.compat.v1.GraphDef,
         launch.op = LAUNCH_OP_TYPE
         first = nodes_by_name[cluster.op_names[0]]
         launch.device = first.device
-        for tensor in cluster.inputs:
-            launch.input.append(redirect(_graph_def_reference(tensor), cluster))
+        inputs = [redirect(_graph_def_reference(t), cluster) for t in cluster.inputs]
+        launch.input.extend(inputs)
         controls = []
         for op_name in cluster.control_inputs:
             reference = redirect(f"^{op_name}", cluster)
             if reference not in controls:
                 controls.append(reference)
         launch.input.extend(controls)
+        input_types = [d.as_datatype_enum for d in cluster.input_dtypes]
+        output_types = [d.as_datatype_enum for d in cluster.output_dtypes]
+        shapes = [tf.TensorShape(shape).as_proto() for shape in cluster.output_shapes]
+        launch.attr["_output_shapes"].list.shape.extend(shapes)
+        if cluster.fallback is not None:
+            _make_fallback_if(result, launch, cluster, inputs, input_types, output_types, shapes)
+            continue
         launch.attr["key"].s = cluster.key.encode()
-        launch.attr["Tin"].list.type.extend([d.as_datatype_enum for d in cluster.input_dtypes])
-        launch.attr["Tout"].list.type.extend([d.as_datatype_enum for d in cluster.output_dtypes])
-        for shape in cluster.output_shapes:
-            launch.attr["output_shapes"].list.shape.add().CopyFrom(
-                tf.TensorShape(shape).as_proto())
-        launch.attr["_output_shapes"].list.shape.extend(
-            [tf.TensorShape(shape).as_proto() for shape in cluster.output_shapes])
+        launch.attr["Tin"].list.type.extend(input_types)
+        launch.attr["Tout"].list.type.extend(output_types)
+        launch.attr["output_shapes"].list.shape.extend(shapes)
     return result
+
+
+def _make_fallback_if(graph_def: tf.compat.v1.GraphDef, node: Any, cluster: CompiledCluster,
+                      inputs: list[str], input_types: list[int], output_types: list[int],
+                      shapes: list[Any]) -> None:
+    """Turn `node` into `StatelessIf(TfxlaLiteCompile(inputs), launch, original)`."""
+    then_function, else_function = cluster.fallback  # type: ignore[misc]
+    compile_node = graph_def.node.add()
+    compile_node.name = cluster.compile_name
+    compile_node.op = COMPILE_OP_TYPE
+    compile_node.device = node.device
+    compile_node.input.extend(inputs)
+    compile_node.attr["key"].s = cluster.key.encode()
+    compile_node.attr["Tin"].list.type.extend(input_types)
+
+    controls = [r for r in node.input if r.startswith("^")]
+    del node.input[:]
+    node.op = "StatelessIf"
+    node.input.extend([compile_node.name, *inputs, *controls])
+    node.attr["Tcond"].type = tf.bool.as_datatype_enum
+    node.attr["Tin"].list.type.extend(input_types)
+    node.attr["Tout"].list.type.extend(output_types)
+    node.attr["then_branch"].func.name = then_function.function_def.signature.name
+    node.attr["else_branch"].func.name = else_function.function_def.signature.name
+    node.attr["output_shapes"].list.shape.extend(shapes)
+    # As tf.cond does in a tf.function: TF lowers the If into Switch/Merge when it
+    # instantiates the function, so the branches run inline.
+    node.attr["_lower_using_switch_merge"].b = True
+
+
+def add_branch_functions(graph: tf.Graph, clusters: Sequence[CompiledCluster]) -> None:
+    """Add the fallback branches of `clusters` to `graph`, before `import_rewritten`."""
+    for cluster in clusters:
+        for function in cluster.fallback or ():
+            function.add_to_graph(graph)
 
 
 def import_rewritten(graph_def: tf.compat.v1.GraphDef, placeholder_names: Sequence[str],

@@ -13,11 +13,24 @@
 //   temp       -> an arena of temp_bytes bytes (NULL when temp_bytes == 0)
 // Every non-empty buffer is 64-byte aligned; entry must be reentrant, since TF
 // may run several launch nodes, or one node from several threads, at once.
+//
+// Dynamic clusters (unknown dimensions, docs/architecture.md "Unknown dimensions"):
+// a key registered with tfxla_lite_register_dynamic has no executable of its own
+// but a compile callback into Python. The first launch with a new input
+// signature (every input's shape, and the values of the value-keyed inputs,
+// which are small shape tensors) calls it; the result, an executable or a
+// refusal, is cached per signature. TfxlaLiteCompile answers "is there an
+// executable for these inputs?" so that the graph can run the cluster's
+// original TF ops instead (a StatelessIf emitted by tfxla_lite/rewrite.py, as
+// TF's build_xla_ops_pass pairs _XlaCompile with a fallback branch).
+// The callback takes the GIL itself (ctypes); TF runs kernels with the GIL
+// released, and no lock of ours is held across the call.
 
 #include <cstdint>
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <shared_mutex>
 #include <string>
 #include <unordered_map>
@@ -47,7 +60,7 @@ using ::tensorflow::TensorShape;
 
 // Bumped when the extern "C" signatures or the entry ABI change, so that the
 // Python loader can refuse a stale library.
-constexpr int kAbiVersion = 1;
+constexpr int kAbiVersion = 2;
 constexpr uintptr_t kAlignment = 64;
 
 using EntryFunction = void (*)(void** params, void** outputs, void* temp);
@@ -62,6 +75,43 @@ struct Executable {
   int64_t temp_bytes;
   std::vector<TensorSpec> inputs;
   std::vector<TensorSpec> outputs;
+  // Which node inputs are entry's params, in order; none: all of them. A
+  // specialization of a dynamic cluster embeds its value-keyed inputs as
+  // constants and does not take them.
+  std::optional<std::vector<int>> param_inputs;
+};
+
+// What a compile callback returns (kept in sync with loader.py).
+enum CompileOutcome : int {
+  kCompiled = 0,    // the callback fulfilled the request
+  kRefused = 1,     // no executable for this signature: run the fallback
+  kFailed = 2,      // an error the op reports (must-compile mode)
+  kRefuseAll = 3,   // refused, and every new signature from now on (megamorphic)
+};
+
+// Filled by Python, through tfxla_lite_fulfill / tfxla_lite_fail, during a callback.
+struct CompileRequest {
+  int num_inputs = 0;
+  std::shared_ptr<const Executable> executable;
+  std::string error;
+};
+
+// int callback(request, num_inputs, dtypes, ranks, dims_flat, data)
+using CompileCallback = int (*)(void* request, int num_inputs, const int* dtypes,
+                                const int* ranks, const int64_t* dims_flat,
+                                const void* const* data);
+
+struct DynamicCluster {
+  CompileCallback callback;
+  std::vector<DataType> input_dtypes;
+  std::vector<PartialTensorShape> input_shapes;  // ranks known; -1 for unknown dims
+  std::vector<bool> value_keyed;
+
+  mutable std::mutex mutex;
+  // signature -> executable; nullptr caches a refusal.
+  std::unordered_map<std::string, std::shared_ptr<const Executable>> cache;
+  bool refuse_all = false;
+  int64_t refused = 0;  // signatures refused, the megamorphic ones included
 };
 
 // Process-wide map from key to executable. Kernels take a shared_ptr under a
@@ -87,19 +137,33 @@ class Registry {
     return it == executables_.end() ? nullptr : it->second;
   }
 
+  bool PutDynamic(const std::string& key, std::shared_ptr<DynamicCluster> cluster) {
+    std::unique_lock<std::shared_mutex> lock(mutex_);
+    auto [it, inserted] = dynamic_.insert_or_assign(key, std::move(cluster));
+    return !inserted;
+  }
+
+  std::shared_ptr<DynamicCluster> FindDynamic(const std::string& key) const {
+    std::shared_lock<std::shared_mutex> lock(mutex_);
+    auto it = dynamic_.find(key);
+    return it == dynamic_.end() ? nullptr : it->second;
+  }
+
   bool Erase(const std::string& key) {
     std::unique_lock<std::shared_mutex> lock(mutex_);
-    return executables_.erase(key) > 0;
+    const bool erased = executables_.erase(key) > 0;
+    return dynamic_.erase(key) > 0 || erased;
   }
 
   int64_t Size() const {
     std::shared_lock<std::shared_mutex> lock(mutex_);
-    return static_cast<int64_t>(executables_.size());
+    return static_cast<int64_t>(executables_.size() + dynamic_.size());
   }
 
  private:
   mutable std::shared_mutex mutex_;
   std::unordered_map<std::string, std::shared_ptr<const Executable>> executables_;
+  std::unordered_map<std::string, std::shared_ptr<DynamicCluster>> dynamic_;
 };
 
 bool IsAligned(const void* pointer) {
@@ -123,6 +187,110 @@ absl::Status AllocateAligned(OpKernelContext* ctx, int64_t bytes, Tensor* holder
 
 char* DataOf(const Tensor& tensor) { return const_cast<char*>(tensor.tensor_data().data()); }
 
+template <typename... Args>
+absl::Status InvalidFor(const std::string& key, const Args&... args) {
+  return absl::InvalidArgumentError(absl::StrCat("TfxlaLiteLaunch '", key, "': ", args...));
+}
+
+// The cache key of one launch of a dynamic cluster: every input's dtype and dims,
+// and the bytes of the value-keyed inputs.
+std::string SignatureOf(OpKernelContext* ctx, const DynamicCluster& cluster) {
+  std::string signature;
+  for (int i = 0; i < ctx->num_inputs(); ++i) {
+    const Tensor& input = ctx->input(i);
+    const int32_t head[2] = {static_cast<int32_t>(input.dtype()), input.dims()};
+    signature.append(reinterpret_cast<const char*>(head), sizeof(head));
+    for (int d = 0; d < input.dims(); ++d) {
+      const int64_t size = input.dim_size(d);
+      signature.append(reinterpret_cast<const char*>(&size), sizeof(size));
+    }
+    if (cluster.value_keyed[i]) {
+      signature.append(input.tensor_data().data(), input.tensor_data().size());
+    }
+  }
+  return signature;
+}
+
+// Finds or compiles the executable of a dynamic cluster for this launch's inputs;
+// sets *executable to nullptr when the cluster refuses them (run the fallback).
+absl::Status Specialize(OpKernelContext* ctx, const std::string& key, DynamicCluster& cluster,
+                        std::shared_ptr<const Executable>* executable) {
+  const int num_inputs = ctx->num_inputs();
+  if (num_inputs != static_cast<int>(cluster.input_dtypes.size())) {
+    return InvalidFor(key, "got ", num_inputs, " inputs, but the cluster takes ",
+                      cluster.input_dtypes.size());
+  }
+  for (int i = 0; i < num_inputs; ++i) {
+    const Tensor& input = ctx->input(i);
+    if (input.dtype() != cluster.input_dtypes[i]) {
+      return InvalidFor(key, "input ", i, " has dtype ", DataTypeString(input.dtype()),
+                        " but the cluster expects ", DataTypeString(cluster.input_dtypes[i]));
+    }
+    if (!cluster.input_shapes[i].IsCompatibleWith(input.shape())) {
+      return InvalidFor(key, "input ", i, " has shape ", input.shape().DebugString(),
+                        " but the cluster expects ", cluster.input_shapes[i].DebugString());
+    }
+  }
+  const std::string signature = SignatureOf(ctx, cluster);
+  {
+    std::lock_guard<std::mutex> lock(cluster.mutex);
+    auto it = cluster.cache.find(signature);
+    if (it != cluster.cache.end()) {
+      *executable = it->second;
+      return absl::OkStatus();
+    }
+    if (cluster.refuse_all) {
+      *executable = nullptr;  // not cached: a megamorphic cluster's signatures are unbounded
+      return absl::OkStatus();
+    }
+  }
+
+  // Not held across the callback: Python may take long, and other signatures of this
+  // cluster must still run. Two launches may compile one signature at once; Python
+  // dedupes, and the first result stored wins.
+  std::vector<int> dtypes(num_inputs + 1), ranks(num_inputs + 1);
+  std::vector<int64_t> dims;
+  std::vector<const void*> data(num_inputs + 1);
+  for (int i = 0; i < num_inputs; ++i) {
+    const Tensor& input = ctx->input(i);
+    dtypes[i] = input.dtype();
+    ranks[i] = input.dims();
+    for (int d = 0; d < input.dims(); ++d) dims.push_back(input.dim_size(d));
+    data[i] = input.tensor_data().data();
+  }
+  dims.push_back(0);  // never empty
+  CompileRequest request;
+  request.num_inputs = num_inputs;
+  const int outcome = cluster.callback(&request, num_inputs, dtypes.data(), ranks.data(),
+                                       dims.data(), data.data());
+
+  std::lock_guard<std::mutex> lock(cluster.mutex);
+  switch (outcome) {
+    case kCompiled:
+      if (request.executable == nullptr) {
+        return absl::InternalError(absl::StrCat("TfxlaLiteLaunch '", key,
+                                                "': the compile callback reported success but "
+                                                "fulfilled nothing"));
+      }
+      *executable = cluster.cache.emplace(signature, request.executable).first->second;
+      return absl::OkStatus();
+    case kRefused: {
+      auto [it, inserted] = cluster.cache.emplace(signature, nullptr);
+      cluster.refused += inserted ? 1 : 0;
+      *executable = it->second;
+      return absl::OkStatus();
+    }
+    case kRefuseAll:
+      cluster.refuse_all = true;
+      ++cluster.refused;
+      *executable = nullptr;
+      return absl::OkStatus();
+    default:
+      return InvalidFor(key, "compiling for these input shapes failed: ",
+                        request.error.empty() ? "(no message)" : request.error);
+  }
+}
+
 class LaunchOp : public OpKernel {
  public:
   explicit LaunchOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
@@ -138,29 +306,45 @@ class LaunchOp : public OpKernel {
     // Looked up on every launch, not once at construction: a kernel may be built
     // before its executable is registered, and a key may be re-registered.
     std::shared_ptr<const Executable> executable = Registry::Get().Find(key_);
-    OP_REQUIRES(ctx, executable != nullptr,
-                absl::NotFoundError(absl::StrCat(
-                    "TfxlaLiteLaunch: no executable is registered under key '", key_,
-                    "' in this process (was it unregistered, or compiled in another process?)")));
-    OP_REQUIRES_OK(ctx, CheckSignature(ctx, *executable));
+    if (executable != nullptr) {
+      OP_REQUIRES_OK(ctx, CheckSignature(ctx, *executable));
+    } else {
+      std::shared_ptr<DynamicCluster> cluster = Registry::Get().FindDynamic(key_);
+      OP_REQUIRES(ctx, cluster != nullptr,
+                  absl::NotFoundError(absl::StrCat(
+                      "TfxlaLiteLaunch: no executable is registered under key '", key_,
+                      "' in this process (was it unregistered, or compiled in another "
+                      "process?)")));
+      OP_REQUIRES_OK(ctx, Specialize(ctx, key_, *cluster, &executable));
+      OP_REQUIRES(ctx, executable != nullptr,
+                  Invalid("no executable for input shapes ", InputShapes(ctx),
+                          " (the cluster refused them) and this node has no fallback"));
+      OP_REQUIRES_OK(ctx, CheckOutputs(*executable));
+    }
+    Run(ctx, *executable);
+  }
 
-    const int num_inputs = ctx->num_inputs();
+ private:
+  void Run(OpKernelContext* ctx, const Executable& executable) {
+    const std::optional<std::vector<int>>& selected = executable.param_inputs;
+    const int num_params =
+        selected.has_value() ? static_cast<int>(selected->size()) : ctx->num_inputs();
     const int num_outputs = ctx->num_outputs();
     std::vector<Tensor> holders;  // aligned copies; they live until the call returns
-    holders.reserve(num_inputs + num_outputs);
+    holders.reserve(num_params + num_outputs);
 
-    std::vector<void*> params(num_inputs);
-    for (int i = 0; i < num_inputs; ++i) {
-      const Tensor& input = ctx->input(i);
-      params[i] = DataOf(input);
-      if (input.NumElements() > 0 && !IsAligned(params[i])) {
+    std::vector<void*> params(num_params);
+    for (int p = 0; p < num_params; ++p) {
+      const Tensor& input = ctx->input(selected.has_value() ? (*selected)[p] : p);
+      params[p] = DataOf(input);
+      if (input.NumElements() > 0 && !IsAligned(params[p])) {
         // TF's allocator aligns to 64 bytes, but a zero-copy slice of another tensor
         // may not be; copy rather than hand the kernel a misaligned buffer.
         char* aligned = nullptr;
         holders.emplace_back();
         OP_REQUIRES_OK(ctx, AllocateAligned(ctx, input.TotalBytes(), &holders.back(), &aligned));
-        std::memcpy(aligned, params[i], input.TotalBytes());
-        params[i] = aligned;
+        std::memcpy(aligned, params[p], input.TotalBytes());
+        params[p] = aligned;
       }
     }
 
@@ -168,7 +352,7 @@ class LaunchOp : public OpKernel {
     std::vector<std::pair<int, char*>> copy_back;  // (output index, aligned buffer)
     for (int j = 0; j < num_outputs; ++j) {
       Tensor* output = nullptr;
-      OP_REQUIRES_OK(ctx, ctx->allocate_output(j, executable->outputs[j].shape, &output));
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(j, executable.outputs[j].shape, &output));
       outputs[j] = DataOf(*output);
       if (output->NumElements() > 0 && !IsAligned(outputs[j])) {
         char* aligned = nullptr;
@@ -182,11 +366,11 @@ class LaunchOp : public OpKernel {
 
     Tensor temp_holder;
     char* temp = nullptr;
-    if (executable->temp_bytes > 0) {
-      OP_REQUIRES_OK(ctx, AllocateAligned(ctx, executable->temp_bytes, &temp_holder, &temp));
+    if (executable.temp_bytes > 0) {
+      OP_REQUIRES_OK(ctx, AllocateAligned(ctx, executable.temp_bytes, &temp_holder, &temp));
     }
 
-    executable->entry(params.data(), outputs.data(), temp);
+    executable.entry(params.data(), outputs.data(), temp);
 
     for (const auto& [j, aligned] : copy_back) {
       Tensor* output = ctx->mutable_output(j);
@@ -194,10 +378,17 @@ class LaunchOp : public OpKernel {
     }
   }
 
- private:
   template <typename... Args>
   absl::Status Invalid(const Args&... args) const {
-    return absl::InvalidArgumentError(absl::StrCat("TfxlaLiteLaunch '", key_, "': ", args...));
+    return InvalidFor(key_, args...);
+  }
+
+  static std::string InputShapes(OpKernelContext* ctx) {
+    std::string text;
+    for (int i = 0; i < ctx->num_inputs(); ++i) {
+      absl::StrAppend(&text, i == 0 ? "" : ", ", ctx->input(i).shape().DebugString());
+    }
+    return text;
   }
 
   // The executable reads its inputs blindly: every mismatch must be an error here.
@@ -218,6 +409,10 @@ class LaunchOp : public OpKernel {
                        " but the executable expects ", spec.shape.DebugString());
       }
     }
+    return CheckOutputs(executable);
+  }
+
+  absl::Status CheckOutputs(const Executable& executable) const {
     if (output_dtypes_.size() != executable.outputs.size()) {
       return Invalid("the node has ", output_dtypes_.size(), " outputs, but the executable has ",
                      executable.outputs.size());
@@ -243,6 +438,35 @@ class LaunchOp : public OpKernel {
   std::vector<PartialTensorShape> output_shapes_;
 };
 
+// TfxlaLiteCompile: true when the cluster under `key` has an executable for these
+// inputs (compiling it now if needed), false when the fallback must run.
+class CompileOp : public OpKernel {
+ public:
+  explicit CompileOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("key", &key_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    bool compiled = Registry::Get().Find(key_) != nullptr;
+    if (!compiled) {
+      std::shared_ptr<DynamicCluster> cluster = Registry::Get().FindDynamic(key_);
+      OP_REQUIRES(ctx, cluster != nullptr,
+                  absl::NotFoundError(absl::StrCat(
+                      "TfxlaLiteCompile: no cluster is registered under key '", key_,
+                      "' in this process")));
+      std::shared_ptr<const Executable> executable;
+      OP_REQUIRES_OK(ctx, Specialize(ctx, key_, *cluster, &executable));
+      compiled = executable != nullptr;
+    }
+    Tensor* output = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &output));
+    output->scalar<bool>()() = compiled;
+  }
+
+ private:
+  std::string key_;
+};
+
 // Reads `count` specs from the flat arrays of the extern "C" interface.
 bool ReadSpecs(int count, const int* dtypes, const int* ranks, const int64_t* dims_flat,
                std::vector<TensorSpec>* specs) {
@@ -266,8 +490,47 @@ bool ReadSpecs(int count, const int* dtypes, const int* ranks, const int64_t* di
   return true;
 }
 
+// Reads `count` partial shapes (-1: unknown dim) of dtypes from the extern "C" arrays.
+bool ReadPartialSpecs(int count, const int* dtypes, const int* ranks, const int64_t* dims_flat,
+                      std::vector<DataType>* out_dtypes, std::vector<PartialTensorShape>* shapes) {
+  if (count < 0 || (count > 0 && (dtypes == nullptr || ranks == nullptr))) return false;
+  int64_t offset = 0;
+  for (int i = 0; i < count; ++i) {
+    const int dtype = dtypes[i];
+    if (!tensorflow::DataType_IsValid(dtype) || dtype == tensorflow::DT_INVALID ||
+        tensorflow::IsRefType(static_cast<DataType>(dtype))) {
+      return false;
+    }
+    if (ranks[i] < 0 || (ranks[i] > 0 && dims_flat == nullptr)) return false;
+    PartialTensorShape shape;
+    absl::Span<const int64_t> dims(ranks[i] > 0 ? dims_flat + offset : nullptr, ranks[i]);
+    if (!PartialTensorShape::BuildPartialTensorShape(dims, &shape).ok()) return false;
+    offset += ranks[i];
+    out_dtypes->push_back(static_cast<DataType>(dtype));
+    shapes->push_back(std::move(shape));
+  }
+  return true;
+}
+
 }  // namespace
 }  // namespace tfxla_lite
+
+REGISTER_OP("TfxlaLiteCompile")
+    .Input("args: Tin")
+    .Output("compiled: bool")
+    .Attr("key: string")
+    .Attr("Tin: list(type) >= 0")
+    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
+      c->set_output(0, c->Scalar());
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+True when the dynamic cluster registered under `key` has (or now compiles) an
+executable for these inputs; false when its original TF ops must run instead.
+)doc");
+
+REGISTER_KERNEL_BUILDER(Name("TfxlaLiteCompile").Device(tensorflow::DEVICE_CPU),
+                        tfxla_lite::CompileOp);
 
 REGISTER_OP("TfxlaLiteLaunch")
     .Input("args: Tin")
@@ -320,6 +583,84 @@ TFXLA_LITE_EXPORT int tfxla_lite_register(const char* key, void* fn, int64_t tem
   } catch (...) {
     return -1;
   }
+}
+
+// Registers a dynamic cluster: `callback` compiles it for each new input signature.
+// `value_keyed[i]` != 0 puts input i's bytes into the signature. Returns 0 when `key`
+// is new, 1 when it replaced a dynamic cluster, -1 on bad arguments.
+TFXLA_LITE_EXPORT int tfxla_lite_register_dynamic(const char* key, void* callback, int n_in,
+                                                  const int* in_dtypes, const int* in_ranks,
+                                                  const int64_t* in_dims_flat,
+                                                  const int* value_keyed) {
+  if (key == nullptr || callback == nullptr || (n_in > 0 && value_keyed == nullptr)) return -1;
+  try {
+    auto cluster = std::make_shared<tfxla_lite::DynamicCluster>();
+    cluster->callback = reinterpret_cast<tfxla_lite::CompileCallback>(callback);
+    if (!tfxla_lite::ReadPartialSpecs(n_in, in_dtypes, in_ranks, in_dims_flat,
+                                      &cluster->input_dtypes, &cluster->input_shapes)) {
+      return -1;
+    }
+    for (int i = 0; i < n_in; ++i) cluster->value_keyed.push_back(value_keyed[i] != 0);
+    return tfxla_lite::Registry::Get().PutDynamic(key, std::move(cluster)) ? 1 : 0;
+  } catch (...) {
+    return -1;
+  }
+}
+
+// Called by a compile callback: the executable for the request's signature.
+// `param_inputs` lists the node inputs that are entry's params. Returns 0, or -1 on
+// bad arguments (the callback should then report kFailed).
+TFXLA_LITE_EXPORT int tfxla_lite_fulfill(void* request, void* fn, int64_t temp_bytes,
+                                         int n_params, const int* param_inputs, int n_out,
+                                         const int* out_dtypes, const int* out_ranks,
+                                         const int64_t* out_dims_flat) {
+  if (request == nullptr || fn == nullptr || temp_bytes < 0 || n_params < 0 ||
+      (n_params > 0 && param_inputs == nullptr)) {
+    return -1;
+  }
+  auto* pending = static_cast<tfxla_lite::CompileRequest*>(request);
+  for (int p = 0; p < n_params; ++p) {
+    if (param_inputs[p] < 0 || param_inputs[p] >= pending->num_inputs) return -1;
+  }
+  try {
+    auto executable = std::make_shared<tfxla_lite::Executable>();
+    executable->entry = reinterpret_cast<tfxla_lite::EntryFunction>(fn);
+    executable->temp_bytes = temp_bytes;
+    if (!tfxla_lite::ReadSpecs(n_out, out_dtypes, out_ranks, out_dims_flat,
+                               &executable->outputs)) {
+      return -1;
+    }
+    executable->param_inputs.emplace(param_inputs, param_inputs + n_params);
+    pending->executable = std::move(executable);
+    return 0;
+  } catch (...) {
+    return -1;
+  }
+}
+
+// Called by a compile callback before it returns kFailed: the error message.
+TFXLA_LITE_EXPORT void tfxla_lite_fail(void* request, const char* message) {
+  if (request != nullptr && message != nullptr) {
+    static_cast<tfxla_lite::CompileRequest*>(request)->error = message;
+  }
+}
+
+// Counts of a dynamic cluster: signatures compiled and refused, and whether it
+// refuses every new one. Returns 0, or -1 when `key` is no dynamic cluster.
+TFXLA_LITE_EXPORT int tfxla_lite_dynamic_stats(const char* key, int64_t* compiled,
+                                               int64_t* refused, int* refuse_all) {
+  if (key == nullptr) return -1;
+  std::shared_ptr<tfxla_lite::DynamicCluster> cluster =
+      tfxla_lite::Registry::Get().FindDynamic(key);
+  if (cluster == nullptr) return -1;
+  std::lock_guard<std::mutex> lock(cluster->mutex);
+  if (compiled != nullptr) {
+    *compiled = 0;
+    for (const auto& entry : cluster->cache) *compiled += entry.second != nullptr ? 1 : 0;
+  }
+  if (refused != nullptr) *refused = cluster->refused;
+  if (refuse_all != nullptr) *refuse_all = cluster->refuse_all ? 1 : 0;
+  return 0;
 }
 
 // Returns 1 when `key` was registered (and is now removed), 0 otherwise.

@@ -7,6 +7,10 @@ emits `launch(...)` nodes, which find it by that key at run time.
 
 `tf.load_op_library` and `ctypes.CDLL` open the same file, and share its static state
 (checked on TF 2.21), so what ctypes registers is what the kernel sees.
+
+A dynamic cluster (unknown dimensions) registers a compile function instead of an
+executable (`register_dynamic`): the op calls it back, through a ctypes callback, with
+each new input signature, and caches the `Specialization` it returns, or its refusal.
 """
 
 from __future__ import annotations
@@ -24,8 +28,12 @@ import tensorflow as tf
 from tfxla_lite.runtime import build
 
 OP_TYPE = "TfxlaLiteLaunch"
+COMPILE_OP_TYPE = "TfxlaLiteCompile"
 # Must match kAbiVersion in launch_op.cc.
-ABI_VERSION = 1
+ABI_VERSION = 2
+
+# Compile callback outcomes; must match CompileOutcome in launch_op.cc.
+COMPILED, REFUSED, FAILED, REFUSE_ALL = 0, 1, 2, 3
 
 TensorSpecLike = tuple[Any, Sequence[int]]  # (tf.DType | numpy dtype | str, static shape)
 
@@ -95,6 +103,21 @@ def _declare_c_functions(cdll: ctypes.CDLL) -> None:
     cdll.tfxla_lite_registry_size.restype = ctypes.c_int64
     cdll.tfxla_lite_abi_version.argtypes = []
     cdll.tfxla_lite_abi_version.restype = ctypes.c_int
+    cdll.tfxla_lite_register_dynamic.argtypes = [
+        ctypes.c_char_p, ctypes.c_void_p, ctypes.c_int, int_p, int_p, int64_p, int_p,
+    ]
+    cdll.tfxla_lite_register_dynamic.restype = ctypes.c_int
+    cdll.tfxla_lite_fulfill.argtypes = [
+        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, int_p,
+        ctypes.c_int, int_p, int_p, int64_p,
+    ]
+    cdll.tfxla_lite_fulfill.restype = ctypes.c_int
+    cdll.tfxla_lite_fail.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+    cdll.tfxla_lite_fail.restype = None
+    cdll.tfxla_lite_dynamic_stats.argtypes = [
+        ctypes.c_char_p, int64_p, int64_p, int_p,
+    ]
+    cdll.tfxla_lite_dynamic_stats.restype = ctypes.c_int
 
 
 def as_tf_dtype(dtype: Any) -> tf.DType:
@@ -219,3 +242,174 @@ def launch(
         # With no outputs the generated wrapper returns the Operation (graph) or None.
         return []
     return list(results)
+
+
+# -- dynamic clusters ---------------------------------------------------------------------
+# int callback(request, num_inputs, dtypes, ranks, dims_flat, data)
+_CompileCallback = ctypes.CFUNCTYPE(
+    ctypes.c_int,
+    ctypes.c_void_p,
+    ctypes.c_int,
+    ctypes.POINTER(ctypes.c_int),
+    ctypes.POINTER(ctypes.c_int),
+    ctypes.POINTER(ctypes.c_int64),
+    ctypes.POINTER(ctypes.c_void_p),
+)
+
+
+@dataclass(frozen=True)
+class SpecializationRequest:
+    """One new input signature of a dynamic cluster: every input's dtype and shape, and
+    the values of its value-keyed inputs (copies, keyed by input index)."""
+
+    dtypes: tuple[tf.DType, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    values: dict[int, np.ndarray]
+
+    @property
+    def signature(self) -> tuple:
+        """Hashable; equal exactly when the op's own cache key is equal."""
+        values = tuple((i, v.dtype.str, v.shape, v.tobytes())
+                       for i, v in sorted(self.values.items()))
+        return self.dtypes, self.shapes, values
+
+
+@dataclass(frozen=True)
+class Specialization:
+    """An executable for one signature. `param_inputs`: the node inputs passed to `entry`,
+    in order (value-keyed inputs are embedded); `owner` keeps the code alive."""
+
+    entry_address: int
+    temp_bytes: int
+    param_inputs: tuple[int, ...]
+    output_specs: tuple[TensorSpecLike, ...]
+    owner: Any = None
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """No executable for this signature: the node's fallback runs. `for_all_new`: refuse
+    every signature not seen yet too, without asking again (a megamorphic cluster)."""
+
+    for_all_new: bool = False
+
+
+CompileFunction = Any  # Callable[[SpecializationRequest], Specialization | Refusal]
+
+
+@dataclass
+class _DynamicEntry:
+    """What keeps a dynamic key's callback and its specializations' code alive."""
+
+    callback: Any
+    owners: list[Any]
+
+
+@dataclass(frozen=True)
+class DynamicStats:
+    compiled: int
+    refused: int
+    refuses_all_new: bool
+
+
+def register_dynamic(
+    key: str,
+    input_specs: Sequence[TensorSpecLike],
+    value_inputs: Sequence[int],
+    compile_function: CompileFunction,
+) -> None:
+    """Makes `key` a dynamic cluster: launches (and `TfxlaLiteCompile`) with an input
+    signature not seen before call `compile_function(SpecializationRequest)`, which returns
+    a `Specialization`, a `Refusal`, or raises (the op then fails with the message).
+
+    `input_specs` are (dtype, shape) with None for unknown dimensions; their ranks must be
+    known. The bytes of the inputs in `value_inputs` are part of the signature. The
+    callback runs on a TF thread with the GIL taken by ctypes, and may run for two
+    signatures at once: `compile_function` must be thread-safe.
+    """
+    if not key:
+        raise ValueError("register_dynamic: the key must be a non-empty string")
+    dtypes, ranks, dims = [], [], []
+    for index, (dtype, shape) in enumerate(input_specs):
+        partial = tf.TensorShape(shape)
+        if partial.rank is None:
+            raise ValueError(f"register_dynamic({key!r}): input {index} has unknown rank")
+        dtypes.append(as_tf_dtype(dtype))
+        ranks.append(partial.rank)
+        dims.extend(-1 if d is None else int(d) for d in partial.as_list())
+    count = len(dtypes)
+    value_keyed = [0] * count
+    for index in value_inputs:
+        value_keyed[index] = 1
+    cdll = load_library().cdll
+    entry = _DynamicEntry(callback=None, owners=[])
+
+    def callback(request, num_inputs, dtype_enums, rank_array, dims_flat, data):  # noqa: ANN001
+        # Never let an exception out: ctypes would print it and return 0 (COMPILED).
+        try:
+            shapes, offset = [], 0
+            for i in range(num_inputs):
+                shapes.append(tuple(dims_flat[offset + d] for d in range(rank_array[i])))
+                offset += rank_array[i]
+            values = {}
+            for i in value_inputs:
+                dtype = dtypes[i].as_numpy_dtype
+                nbytes = int(np.prod(shapes[i], dtype=np.int64)) * np.dtype(dtype).itemsize
+                raw = ctypes.string_at(data[i], nbytes) if nbytes else b""
+                values[i] = np.frombuffer(raw, dtype=dtype).reshape(shapes[i]).copy()
+            result = compile_function(SpecializationRequest(
+                tuple(dtypes), tuple(shapes), values))
+            if isinstance(result, Refusal):
+                return REFUSE_ALL if result.for_all_new else REFUSED
+            return _fulfill(cdll, request, result, entry)
+        except BaseException as error:  # noqa: BLE001 - reported by the op as its error
+            cdll.tfxla_lite_fail(request, f"{type(error).__name__}: {error}".encode())
+            return FAILED
+
+    entry.callback = _CompileCallback(callback)
+    with _owners_lock:
+        status = cdll.tfxla_lite_register_dynamic(
+            key.encode(),
+            ctypes.cast(entry.callback, ctypes.c_void_p),
+            count,
+            (ctypes.c_int * (count + 1))(*[d.as_datatype_enum for d in dtypes]),
+            (ctypes.c_int * (count + 1))(*ranks),
+            (ctypes.c_int64 * (len(dims) + 1))(*dims),
+            (ctypes.c_int * (count + 1))(*value_keyed),
+        )
+        if status < 0:
+            raise ValueError(f"register_dynamic({key!r}): the op library rejected the specs")
+        _owners[key] = entry
+
+
+def _fulfill(cdll: ctypes.CDLL, request: int, result: Specialization,
+             entry: _DynamicEntry) -> int:
+    if not result.entry_address or result.temp_bytes < 0:
+        raise ValueError("a specialization needs an entry address and temp_bytes >= 0")
+    n_out, out_dtypes, out_ranks, out_dims = _flatten_specs(result.output_specs, "output")
+    params = list(result.param_inputs)
+    with _owners_lock:
+        # Kept before the op can call the code; kept until the key is unregistered.
+        entry.owners.append(result.owner)
+    status = cdll.tfxla_lite_fulfill(
+        request, ctypes.c_void_p(result.entry_address), int(result.temp_bytes), len(params),
+        (ctypes.c_int * (len(params) + 1))(*params), n_out, out_dtypes, out_ranks, out_dims)
+    if status < 0:
+        raise ValueError("the op library rejected the specialization")
+    return COMPILED
+
+
+def dynamic_stats(key: str) -> DynamicStats | None:
+    """Signatures compiled and refused by the dynamic cluster `key` (None: no such key)."""
+    compiled, refused, refuse_all = ctypes.c_int64(), ctypes.c_int64(), ctypes.c_int()
+    status = load_library().cdll.tfxla_lite_dynamic_stats(
+        key.encode(), ctypes.byref(compiled), ctypes.byref(refused), ctypes.byref(refuse_all))
+    if status < 0:
+        return None
+    return DynamicStats(compiled.value, refused.value, bool(refuse_all.value))
+
+
+def compiled_for(inputs: Sequence[Any], key: str, name: str | None = None) -> tf.Tensor:
+    """`TfxlaLiteCompile`: a bool scalar, true when `key` has (or now compiles) an
+    executable for these inputs, false when the fallback must run."""
+    return load_ops().tfxla_lite_compile(args=list(inputs), key=key, name=name)

@@ -1,0 +1,286 @@
+"""Clusters with unknown dimensions: compiled at run time, once per concrete input shape.
+
+Where it sits: `compiler.build_program(..., dynamic=True)` marks with known ranks
+instead of static shapes (`MarkOptions(dynamic_shapes=True)`). A cluster whose shapes
+are all static still takes the ahead-of-time path; any other becomes a
+`DynamicCluster`, which the launch op calls back (`runtime.register_dynamic`) with
+each new input signature. See docs/architecture.md, "Unknown dimensions".
+
+A dynamic cluster keeps a *template*: a GraphDef of its own ops whose outside
+tensors are placeholders `tfxla_lite_input_<j>` (the launch op's inputs) or copied
+constants. For a signature, every placeholder gets its concrete shape, or becomes a
+Const of its value when it is *value-keyed* (a small integer tensor that only shapes
+determine, such as `tf.shape(x)[0]` computed outside the cluster): importing that
+into a fresh `tf.Graph` lets TF's shape inference make every shape static, and then
+`lower_cluster` and `compile_module` run as for a static cluster. Value-keyed inputs
+are part of the op's cache key, so they never make a result wrong.
+
+The fallback (auto mode): the graph rewrite puts the cluster's original ops in the
+else branch of a `StatelessIf` on `TfxlaLiteCompile`, as TF's build_xla_ops_pass
+pairs `_XlaCompile` with the original cluster. They run when this module refuses a
+signature: it failed to compile, or the cluster met `max_specializations` distinct
+signatures already (XLA's megamorphic clusters, device_compiler.h), which is logged
+once. In must-compile mode there is no limit and no fallback: a failure is the op's
+error.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from tfxla_lite.clustering.cluster import Cluster
+from tfxla_lite.clustering.lower import lower_cluster
+from tfxla_lite.clustering.mark import shape_determined
+from tfxla_lite.clustering.registry import OP_RULES, constant_value, known_dims
+from tfxla_lite.codegen import compile_module
+from tfxla_lite.hlo import HloModule
+from tfxla_lite.runtime import loader
+
+logger = logging.getLogger("tfxla_lite")
+
+INPUT_PREFIX = "tfxla_lite_input_"
+_VALUE_DTYPES = frozenset({"int32", "int64", "bool"})
+# Attributes that name nodes outside the template, or shapes it no longer has.
+_DROPPED_ATTRS = ("_class", "_output_shapes")
+
+
+def is_static(graph: tf.Graph, cluster: Cluster) -> bool:
+    """Whether `cluster` compiles ahead of time: every shape static, every value its
+    lowering needs a compile-time constant."""
+    for name in cluster.op_names:
+        op = graph.get_operation_by_name(name)
+        if any(known_dims(t) is None for t in list(op.inputs) + list(op.outputs)):
+            return False
+        rule = OP_RULES.get(op.type)
+        if rule is not None and any(constant_value(op.inputs[i]) is None
+                                    for i in rule.static_input_indices(op)):
+            return False
+    return True
+
+
+@dataclass
+class SpecializationArtifacts:
+    """One compiled signature, for `experimental_get_compiler_ir`."""
+
+    name: str
+    hlo: HloModule
+    hlo_text: str
+    executable: Any  # tfxla_lite.codegen.Executable
+
+
+@dataclass
+class DynamicCluster:
+    """One cluster compiled per input signature; callable as the launch op's compile
+    function (`SpecializationRequest` → `Specialization` | `Refusal`).
+
+    `inputs` are the launch op's inputs (tensor names of the original graph): the
+    cluster's inputs, then the tensors read only for their shape or value.
+    """
+
+    name: str
+    key: str
+    cluster: Cluster
+    inputs: tuple[str, ...]
+    input_dtypes: tuple[tf.DType, ...]
+    input_shapes: tuple[tf.TensorShape, ...]
+    value_inputs: tuple[int, ...]
+    param_inputs: tuple[int, ...]
+    output_dtypes: tuple[tf.DType, ...]
+    output_shapes: tuple[tf.TensorShape, ...]
+    template: tf.compat.v1.GraphDef
+    pipeline: str | None = None
+    verify: bool = False
+    max_specializations: int | None = 10  # None: no limit (must-compile mode)
+    must_compile: bool = False
+    specializations: list[SpecializationArtifacts] = field(default_factory=list)
+    _results: dict[Any, Any] = field(default_factory=dict, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _logged_limit: bool = field(default=False, repr=False)
+
+    # -- the compile callback ------------------------------------------------------------
+    def __call__(self, request: loader.SpecializationRequest) -> Any:
+        # Serialized per cluster: a second thread with the same signature then finds
+        # the first one's result, and the count of signatures is exact.
+        with self._lock:
+            signature = request.signature
+            if signature in self._results:
+                return self._results[signature]
+            if (self.max_specializations is not None
+                    and len(self._results) >= self.max_specializations):
+                if not self._logged_limit:
+                    self._logged_limit = True
+                    logger.warning(
+                        "tfxla-lite: %s met %d distinct input shapes (the limit); new shapes "
+                        "run in TensorFlow from now on", self.key, len(self._results))
+                return loader.Refusal(for_all_new=True)
+            try:
+                result = self.compile(request)
+            except Exception as error:
+                if self.must_compile:
+                    raise
+                logger.warning("tfxla-lite: %s falls back to TensorFlow for input shapes %s: "
+                               "%s: %s", self.key, list(request.shapes), type(error).__name__,
+                               error)
+                result = loader.Refusal()
+            self._results[signature] = result
+            return result
+
+    def compile(self, request: loader.SpecializationRequest) -> loader.Specialization:
+        """Lower and compile the cluster for the shapes (and values) of `request`."""
+        graph = tf.Graph()
+        with graph.as_default():
+            tf.graph_util.import_graph_def(self.specialized_graph_def(request), name="")
+        cluster = Cluster(self.cluster.name, list(self.cluster.op_names),
+                          [f"{INPUT_PREFIX}{j}:0" for j in self.param_inputs],
+                          list(self.cluster.outputs))
+        module = lower_cluster(graph, cluster)
+        hlo_text = module.to_text()
+        executable = compile_module(module, pipeline=self.pipeline, verify=self.verify)
+        outputs = [graph.get_tensor_by_name(t) for t in self.cluster.outputs]
+        output_specs = tuple((t.dtype, known_dims(t)) for t in outputs)
+        shapes = ", ".join(str(list(s)) for s in request.shapes)
+        self.specializations.append(SpecializationArtifacts(
+            f"{self.cluster.name} ({shapes})", module, hlo_text, executable))
+        logger.info("tfxla-lite: compiled %s for input shapes %s: %d kernels", self.key, shapes,
+                    executable.kernel_count)
+        return loader.Specialization(executable.entry_address, executable.temp_bytes,
+                                     self.param_inputs, output_specs, owner=executable)
+
+    def specialized_graph_def(self, request: loader.SpecializationRequest
+                              ) -> tf.compat.v1.GraphDef:
+        """The template with each input's concrete shape, value-keyed inputs as Consts."""
+        graph_def = tf.compat.v1.GraphDef()
+        graph_def.CopyFrom(self.template)
+        for node in graph_def.node:
+            if not node.name.startswith(INPUT_PREFIX):
+                continue
+            j = int(node.name[len(INPUT_PREFIX):])
+            if j in request.values:
+                value = request.values[j]
+                node.op = "Const"
+                del node.attr["shape"]
+                node.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(
+                    value, dtype=self.input_dtypes[j], shape=value.shape))
+            else:
+                node.attr["shape"].shape.CopyFrom(tf.TensorShape(request.shapes[j]).as_proto())
+        return graph_def
+
+    # -- the fallback branch -------------------------------------------------------------
+    def branch_functions(self) -> tuple[Any, Any]:
+        """ConcreteFunctions of (launch, original ops) over the launch inputs, for the
+        rewrite's `StatelessIf`."""
+        specs = [tf.TensorSpec(s, d) for s, d in zip(self.input_shapes, self.input_dtypes)]
+        template, outputs = self.template, list(self.cluster.outputs)
+        input_names = [f"{INPUT_PREFIX}{j}:0" for j in range(len(self.inputs))]
+
+        def compiled(*args: tf.Tensor) -> list[tf.Tensor]:
+            return loader.launch(args, self.key, self.output_dtypes, self.output_shapes)
+
+        def original(*args: tf.Tensor) -> list[tf.Tensor]:
+            return tf.graph_util.import_graph_def(template, input_map=dict(zip(input_names, args)),
+                                                  return_elements=outputs, name="original")
+
+        functions = []
+        for body in (compiled, original):
+            body.__name__ = f"tfxla_lite_{self.name}_{body.__name__}"
+            concrete = tf.function(body, autograph=False).get_concrete_function(*specs)
+            functions.append(concrete)
+        return functions[0], functions[1]
+
+
+def plan_dynamic_cluster(graph: tf.Graph, cluster: Cluster, key: str, name: str
+                         ) -> DynamicCluster:
+    """The launch inputs, their kinds and the template of `cluster` (not registered)."""
+    inside = set(cluster.op_names)
+    template = tf.compat.v1.GraphDef()
+    inputs: list[str] = []
+    constants: dict[str, str] = {}  # outside tensor -> Const node name in the template
+
+    def reference(tensor: tf.Tensor) -> str:
+        if tensor.name in constants:
+            return constants[tensor.name]
+        if tensor.name not in inputs:
+            value = constant_value(tensor) if tensor.op.type != "Const" else None
+            if tensor.op.type == "Const" or value is not None:
+                constants[tensor.name] = _add_constant(template, tensor, value)
+                return constants[tensor.name]
+            inputs.append(tensor.name)
+        return f"{INPUT_PREFIX}{inputs.index(tensor.name)}"
+
+    # The cluster's own inputs first, in parameter order, then what else it reads.
+    for tensor_name in cluster.inputs:
+        reference(graph.get_tensor_by_name(tensor_name))
+    body = []
+    for op_name in cluster.op_names:
+        op = graph.get_operation_by_name(op_name)
+        node = tf.compat.v1.NodeDef()
+        node.CopyFrom(op.node_def)
+        node.device = ""
+        for attr in _DROPPED_ATTRS:
+            if attr in node.attr:
+                del node.attr[attr]
+        del node.input[:]
+        for tensor in op.inputs:
+            if tensor.op.name in inside:
+                node.input.append(tensor.name if tensor.value_index else tensor.op.name)
+            else:
+                node.input.append(reference(tensor))
+        node.input.extend(f"^{c.name}" for c in op.control_inputs if c.name in inside)
+        body.append(node)
+
+    tensors = [graph.get_tensor_by_name(t) for t in inputs]
+    value_inputs = tuple(j for j, t in enumerate(tensors)
+                         if t.dtype.base_dtype.name in _VALUE_DTYPES and shape_determined(t))
+    param_inputs = tuple(j for j, t in enumerate(tensors)
+                         if t.name in cluster.inputs and j not in value_inputs)
+    for j, tensor in enumerate(tensors):
+        if tensor.shape.rank is None:
+            raise ValueError(f"{cluster.name}: input {tensor.name} has unknown rank")
+        placeholder = template.node.add()
+        placeholder.name = f"{INPUT_PREFIX}{j}"
+        placeholder.op = "Placeholder"
+        placeholder.attr["dtype"].type = tensor.dtype.as_datatype_enum
+        placeholder.attr["shape"].shape.CopyFrom(tensor.shape.as_proto())
+    template.node.extend(body)
+    template.versions.CopyFrom(graph.graph_def_versions)
+
+    outputs = [graph.get_tensor_by_name(t) for t in cluster.outputs]
+    return DynamicCluster(
+        name=name, key=key, cluster=cluster, inputs=tuple(inputs),
+        input_dtypes=tuple(t.dtype for t in tensors),
+        input_shapes=tuple(t.shape for t in tensors), value_inputs=value_inputs,
+        param_inputs=param_inputs, output_dtypes=tuple(t.dtype for t in outputs),
+        output_shapes=tuple(t.shape for t in outputs), template=template)
+
+
+def _add_constant(template: tf.compat.v1.GraphDef, tensor: tf.Tensor,
+                  value: np.ndarray | None) -> str:
+    """A Const node in `template` for an outside tensor of known value; its name."""
+    node = template.node.add()
+    if value is None:  # a Const op itself: copied under its own name, as lowering expects
+        node.CopyFrom(tensor.op.node_def)
+        del node.input[:]
+        node.device = ""
+        for attr in _DROPPED_ATTRS:
+            if attr in node.attr:
+                del node.attr[attr]
+        return tensor.op.name
+    node.name = f"tfxla_lite_constant_{len(template.node)}"
+    node.op = "Const"
+    node.attr["dtype"].type = tensor.dtype.as_datatype_enum
+    node.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(np.asarray(value),
+                                                            dtype=tensor.dtype))
+    return node.name
+
+
+def register(dynamic_cluster: DynamicCluster) -> None:
+    """Make the launch op call `dynamic_cluster` for each new input signature."""
+    loader.register_dynamic(dynamic_cluster.key,
+                            list(zip(dynamic_cluster.input_dtypes, dynamic_cluster.input_shapes)),
+                            dynamic_cluster.value_inputs, dynamic_cluster)
