@@ -5,9 +5,44 @@
 The C++ launch op is not built here (pip's isolated build environment may hold
 another TensorFlow than the one that runs it); it is built on first use, or by
 `python -m tfxla_lite.runtime.build`, into a cache keyed by the TF version.
+
+`tfxla_lite_startup.pth` goes to the root of site-packages, for regular and
+editable installs alike (see `BuildPyWithStartupHook`): it is the zero-code
+auto-jit hook, inert unless `TFXLA_LITE_FLAGS` is set (`tfxla_lite/_startup.py`).
 """
 
+import os
+
 from setuptools import setup
+from setuptools.command.build_py import build_py
+
+STARTUP_HOOK = os.path.join("tfxla_lite", "tfxla_lite_startup.pth")
+
+
+class BuildPyWithStartupHook(build_py):
+    """build_py, plus the start-up `.pth` at the top of what gets installed.
+
+    A regular build puts it at the root of `build_lib`, so the wheel has it at the
+    root of purelib (site-packages). An editable build (PEP 660) installs only its
+    own finder from `build_lib`; there, files in the unpacked editable wheel (the
+    `install_lib` that `editable_wheel` sets up) are what lands in site-packages.
+    (`data_files` would install under sys.prefix, not site-packages.)
+    """
+
+    def run(self) -> None:
+        super().run()
+        target = self.build_lib
+        if getattr(self, "editable_mode", False):
+            target = self.get_finalized_command("install").install_lib
+        self.mkpath(target)
+        self.copy_file(STARTUP_HOOK, os.path.join(target, os.path.basename(STARTUP_HOOK)))
+
+    def get_outputs(self, include_bytecode: bool = True) -> list:
+        outputs = super().get_outputs(include_bytecode)
+        if not getattr(self, "editable_mode", False):
+            outputs.append(os.path.join(self.build_lib, os.path.basename(STARTUP_HOOK)))
+        return outputs
+
 
 PACKAGES = {
     "tfxla_lite": "tfxla_lite",
@@ -33,4 +68,5 @@ setup(
         "test": ["pytest", "hypothesis", "ruff"],
     },
     entry_points={"console_scripts": ["tfxla-lite=tfxla_lite.cli:main"]},
+    cmdclass={"build_py": BuildPyWithStartupHook},
 )

@@ -49,10 +49,13 @@ STATEFUL_REASON = "stateful op"
 @dataclass(frozen=True)
 class MarkOptions:
     """What marking accepts. `device_types`: TF device types we compile for (an op
-    explicitly placed elsewhere stays in TF); `denylist`: op types never compiled."""
+    explicitly placed elsewhere stays in TF); `denylist`: op types never compiled;
+    `allowlist`: when set, the only op types compiled."""
 
     device_types: frozenset[str] = frozenset({"CPU", "GPU"})
     denylist: frozenset[str] = field(default_factory=frozenset)
+    # When set, only these op types may compile (TFXLA_LITE_FLAGS=--ops_to_cluster).
+    allowlist: frozenset[str] | None = None
     dynamic_shapes: bool = False
 
 
@@ -86,6 +89,8 @@ def why_not_compilable(op: tf.Operation, options: MarkOptions | None = None) -> 
         return PLUMBING_REASON
     if op.type in options.denylist:
         return f"op type {op.type} is on the denylist"
+    if options.allowlist is not None and op.type not in options.allowlist:
+        return f"op type {op.type} is not in --ops_to_cluster"
     tensors = list(op.inputs) + list(op.outputs)
     if any(t.dtype.base_dtype.name in _RESOURCE_DTYPES for t in tensors):
         return RESOURCE_REASON

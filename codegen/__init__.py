@@ -26,7 +26,7 @@ def compile_module(module: HloModule, pipeline: str | None = None,
     hlo_text = module.to_text()
     if verify:
         verify_module(module)
-    optimize(module, pipeline or DEFAULT_PIPELINE, verify=verify)
+    optimize(module, DEFAULT_PIPELINE if pipeline is None else pipeline, verify=verify)
     optimized_hlo_text = module.to_text()
     assignment = assign_buffers(module)
     return cpu.compile(module, assignment, hlo_text=hlo_text,

@@ -5,7 +5,8 @@ The first step of the data flow: a call is keyed by its input signature
 and handed to `tfxla_lite.compiler.build_program`; the program is cached and
 called. `jit_compile=True` must compile every computational op,
 `jit_compile=None` (the default) compiles what it can and leaves the rest to
-TensorFlow, `jit_compile=False` is plain `tf.function`.
+TensorFlow, `jit_compile=False` is plain `tf.function`. A function takes the
+process's options (`tfxla_lite.flags`) when it is made, unless given its own.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tfxla_lite import options as options_module
 from tfxla_lite.compiler import CompilationError, Program, build_program
+from tfxla_lite.flags import get_options
 from tfxla_lite.options import Options
 from tfxla_lite.report import ClusteringReport
+from tfxla_lite.stats import PROCESS_STATS
 
 logger = logging.getLogger("tfxla_lite")
 
@@ -36,21 +38,37 @@ def _leaf_key(value: Any) -> Any:
         return ("variable", id(value))
     if isinstance(value, (int, float, bool, str, type(None))):
         return ("value", type(value).__name__, value)
+    spec = getattr(value, "_type_spec", None)  # composites: iterators, ragged, optionals
+    if spec is not None:
+        try:
+            hash(spec)
+            return ("composite", spec)
+        except TypeError:
+            pass
     return ("object", id(value))
 
 
 class Function:
-    """A callable like `tf.function(fn)` whose clusters run as tfxla-lite executables."""
+    """A callable like `tf.function(fn)` whose clusters run as tfxla-lite executables.
+
+    `jit_compile_fallback` (set for functions made through the patched `tf.function`,
+    see `tfxla_lite.autojit`): when `jit_compile=True` cannot compile a trace, warn
+    once and run that trace with auto-clustering instead of raising.
+    """
 
     def __init__(self, fn: Callable, jit_compile: bool | None = None,
                  input_signature: Sequence[tf.TensorSpec] | None = None,
                  autograph: bool = True, options: Options | None = None,
-                 name: str | None = None) -> None:
+                 name: str | None = None, jit_compile_fallback: bool = False) -> None:
         self.python_function = fn
         self.jit_compile = jit_compile
         self.input_signature = input_signature
-        self.options = options if options is not None else options_module.DEFAULT_OPTIONS
-        functools.update_wrapper(self, fn)
+        self.options = options if options is not None else get_options()
+        self.jit_compile_fallback = jit_compile_fallback
+        self._fallback_warned = False
+        # Not `updated=__dict__`: a callable object's attributes (a Keras model's
+        # `jit_compile`) must not overwrite this Function's own.
+        functools.update_wrapper(self, fn, updated=())
         self._name = name or getattr(fn, "__name__", "function")
         # The user's own tf.function: it checks input_signature and is what
         # jit_compile=False runs. Tracing for compilation uses a copy without the
@@ -65,6 +83,9 @@ class Function:
         self._programs: dict[Any, Program] = {}
 
     # -- calling -------------------------------------------------------------------------
+    # Called inside another tf.function (Keras' train step inside its loop function),
+    # autograph would otherwise convert this method and, through it, the whole compiler.
+    @tf.autograph.experimental.do_not_convert
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.jit_compile is False:
             return self._tf_function(*args, **kwargs)
@@ -121,26 +142,57 @@ class Function:
             key = None
         program = self._programs.get(key) if key is not None else None
         if program is None:
-            concrete = self._tracer.get_concrete_function(*args, **kwargs)
-            try:
-                program = build_program(concrete, self.jit_compile, self.options)
-                # Trace the rewritten graph now, so that a failure to import it is a
-                # compile-time failure (and a fallback in auto mode), not a call error.
-                program.concrete_run = program.run.get_concrete_function(  # type: ignore[union-attr]
-                    *args, **kwargs)
-            except CompilationError:
-                raise
-            except Exception as error:  # noqa: BLE001 - auto mode never fails the call
-                if self.jit_compile:
-                    raise CompilationError(f"tfxla-lite could not compile {self._name}: "
-                                           f"{type(error).__name__}: {error}") from error
-                logger.warning("tfxla-lite: %s runs in TensorFlow: %s", self._name, error)
-                report = ClusteringReport(self._name, self.jit_compile,
-                                          note=f"whole function left to TensorFlow: "
-                                               f"{type(error).__name__}: {error}")
-                program = Program(concrete, report, run=self._tracer)
+            program = self._compile(args, kwargs)
             if key is not None:
                 self._programs[key] = program
+        return program
+
+    def _compile(self, args: tuple, kwargs: dict) -> Program:
+        """Trace this signature and build its program, applying the fallback policies."""
+        concrete = self._tracer.get_concrete_function(*args, **kwargs)
+        try:
+            program = self._build(concrete, self.jit_compile, self.options, args, kwargs)
+        except CompilationError as error:
+            if not (self.jit_compile and self.jit_compile_fallback):
+                raise
+            # Through the patched tf.function, jit_compile=True asked for TF's XLA, which
+            # would compile what tfxla-lite cannot yet (unknown dimensions, ops without a
+            # lowering): compile what we can, leave the rest to TF, and say so once.
+            if not self._fallback_warned:
+                self._fallback_warned = True
+                logger.warning("tfxla-lite: %s (jit_compile=True) runs with auto-clustering: "
+                               "%s", self._name, _first_lines(str(error.message), 6))
+            PROCESS_STATS.must_compile_fallbacks += 1
+            program = self._build(concrete, None, self.options.with_changes(min_cluster_size=1),
+                                  args, kwargs)
+        PROCESS_STATS.record(program.report)
+        if self.options.clustering_debug:
+            logger.info("%s", program.report)
+        return program
+
+    def _build(self, concrete: Any, jit_compile: bool | None, options: Options, args: tuple,
+               kwargs: dict) -> Program:
+        try:
+            program = build_program(concrete, jit_compile, options, dynamic=True)
+            if not program.report.compiled_clusters:
+                # Nothing to launch: run the trace as it is rather than a re-import of it.
+                program.run, program.concrete_run = self._tracer, concrete
+            else:
+                # Trace the rewritten graph now, so that a failure to import it is a
+                # compile-time failure (and a fallback in auto mode), not a call error.
+                program.concrete_run = program.run.get_concrete_function(  # type: ignore
+                    *args, **kwargs)
+        except CompilationError:
+            raise
+        except Exception as error:  # noqa: BLE001 - auto mode never fails the call
+            if jit_compile:
+                raise CompilationError(f"tfxla-lite could not compile {self._name}: "
+                                       f"{type(error).__name__}: {error}") from error
+            logger.warning("tfxla-lite: %s runs in TensorFlow: %s", self._name, error)
+            report = ClusteringReport(self._name, jit_compile,
+                                      note=f"whole function left to TensorFlow: "
+                                           f"{type(error).__name__}: {error}")
+            program = Program(concrete, report, run=self._tracer)
         return program
 
     # -- inspection ----------------------------------------------------------------------
@@ -183,7 +235,7 @@ def function(fn: Callable | None = None, *, jit_compile: bool | None = None,
              min_cluster_size: int | None = None) -> Any:
     """`tf.function` with tfxla-lite compilation; usable as `@function` or `@function(...)`."""
     if min_cluster_size is not None:
-        base = options if options is not None else options_module.DEFAULT_OPTIONS
+        base = options if options is not None else get_options()
         options = base.with_changes(min_cluster_size=min_cluster_size)
 
     def decorate(f: Callable) -> Function:
@@ -201,3 +253,9 @@ def explain(f: Any, *args: Any, **kwargs: Any) -> ClusteringReport:
         python_function = getattr(f, "python_function", f)
         f = Function(python_function, jit_compile=None)
     return f.explain(*args, **kwargs)
+
+
+def _first_lines(text: str, count: int) -> str:
+    lines = text.splitlines()
+    more = f"\n  ... {len(lines) - count} more" if len(lines) > count else ""
+    return "\n".join(lines[:count]) + more

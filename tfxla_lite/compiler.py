@@ -23,6 +23,7 @@ from typing import Any
 import tensorflow as tf
 
 from tfxla_lite import dynamic as dynamic_clusters
+from tfxla_lite.autojit import original_tf_function
 from tfxla_lite.clustering.cluster import form_clusters
 from tfxla_lite.clustering.lower import lower_cluster
 from tfxla_lite.clustering.mark import PLUMBING_OPS, MarkOptions, format_source, mark
@@ -122,7 +123,8 @@ def build_program(concrete_function: Any, jit_compile: bool | None, options: Opt
         max_specializations = getattr(options, "max_shape_specializations",
                                       DEFAULT_MAX_SPECIALIZATIONS)
     report = ClusteringReport(function_name, jit_compile)
-    decisions = mark(graph, MarkOptions(dynamic_shapes=dynamic))
+    decisions = mark(graph, MarkOptions(dynamic_shapes=dynamic,
+                                        allowlist=options.ops_to_cluster))
     min_size = 1 if jit_compile else options.min_cluster_size
     clusters = form_clusters(graph, decisions, min_cluster_size=min_size,
                              max_cluster_size=options.max_cluster_size)
@@ -165,7 +167,8 @@ def build_program(concrete_function: Any, jit_compile: bool | None, options: Opt
                 continue
             module = lower_cluster(graph, cluster)
             hlo_text = module.to_text()
-            executable = compile_module(module, pipeline=options.pipeline, verify=options.verify)
+            executable = compile_module(module, pipeline=options.effective_pipeline,
+                                        verify=options.verify)
         except Exception as error:  # noqa: BLE001 - any failure means: leave it to TF
             if jit_compile:
                 raise CompilationError(
@@ -210,7 +213,7 @@ def _plan_dynamic(graph: tf.Graph, cluster: Any, key: str, jit_compile: bool | N
                   ) -> dynamic_clusters.DynamicCluster:
     """Plan a cluster with unknown dimensions and register its compile callback."""
     planned = dynamic_clusters.plan_dynamic_cluster(graph, cluster, key, cluster.name)
-    planned.pipeline = options.pipeline
+    planned.pipeline = options.effective_pipeline
     planned.verify = options.verify
     # Must-compile has no fallback to run: like TF's jit_compile=True, every shape compiles.
     planned.must_compile = bool(jit_compile)
@@ -266,4 +269,5 @@ def _rewritten_function(concrete_function: Any, clusters: list[CompiledCluster],
         values = [next(results) if isinstance(t, tf.Tensor) else t for t in flat]
         return tf.nest.pack_sequence_as(structured, values, expand_composites=True)
 
-    return tf.function(rewritten, autograph=False, reduce_retracing=generalize)
+    # TF's own tf.function: with tfxla-lite enabled, tf.function is ours.
+    return original_tf_function()(rewritten, autograph=False, reduce_retracing=generalize)

@@ -1,8 +1,23 @@
-"""Compiler options: one frozen object, made once and passed down (house habit 10)."""
+"""Compiler options: one frozen object, made once and passed down (house habit 10).
+
+`Options` is what `tfxla_lite.function` hands to the compiler for every trace.
+Its values come from the dataclass defaults, then `TFXLA_LITE_FLAGS` (parsed
+once, `tfxla_lite.flags`), then `tfxla_lite.set_options(...)`; a
+`Function(options=...)` overrides all three. Every value is checked when the
+object is made, so a bad option fails where it was given, never deep in a trace.
+This module imports no TensorFlow: the start-up hook reads it.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import logging
+from dataclasses import dataclass, fields, replace
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+class OptionsError(ValueError):
+    """An option with a wrong name, type or value."""
 
 
 @dataclass(frozen=True)
@@ -11,18 +26,123 @@ class Options:
 
     `min_cluster_size` is the smallest cluster worth compiling in auto mode
     (TF's default is 4); must-compile mode uses 1, so that every op compiles.
+    `max_cluster_size` bounds a cluster's op count (None: no bound).
     `pipeline` is the pass pipeline in its text form (see
-    `tfxla_lite.passes.pipeline`); `None` means the default one. `verify` runs
-    the HLO verifier after every pass.
+    `tfxla_lite.passes.pipeline`); `None` means the default one, and
+    `disable_passes` names passes taken out of it (`effective_pipeline`).
+    `verify` runs the HLO verifier after every pass.
+
+    `auto_jit` (TF's `--tf_xla_auto_jit`): 1 or 2 auto-clusters every `tf.function`
+    of the process once `tfxla_lite.enable()` (or the start-up hook) is on; 0 and
+    -1 leave plain `tf.function`s alone. `ops_to_cluster`: when set, only these TF op
+    types may join a cluster. `clustering_debug` logs every clustering decision at
+    INFO. `strict_jit_compile`: a `tf.function(jit_compile=True)` reached through
+    the patched `tf.function` raises `CompilationError` like `tfxla_lite.function`
+    does, instead of falling back to auto-clustering with a warning. `log_level`
+    sets the level of the "tfxla_lite" logger (None: leave it as it is).
+    `dump_to` and `dump_hlo_as_text` are accepted and checked, but dumps are not
+    written yet.
     """
 
     min_cluster_size: int = 4
     max_cluster_size: int | None = None
     pipeline: str | None = None
     verify: bool = False
+    auto_jit: int = 0
+    ops_to_cluster: frozenset[str] | None = None
+    clustering_debug: bool = False
+    dump_to: str | None = None
+    dump_hlo_as_text: bool = False
+    disable_passes: tuple[str, ...] = ()
+    strict_jit_compile: bool = False
+    log_level: str | None = None
+
+    def __post_init__(self) -> None:
+        _check_int("min_cluster_size", self.min_cluster_size, minimum=1)
+        if self.max_cluster_size is not None:
+            _check_int("max_cluster_size", self.max_cluster_size, minimum=1)
+            if self.max_cluster_size < self.min_cluster_size:
+                raise OptionsError(f"max_cluster_size ({self.max_cluster_size}) is smaller "
+                                   f"than min_cluster_size ({self.min_cluster_size})")
+        _check_int("auto_jit", self.auto_jit, minimum=-1)
+        if self.auto_jit > 2:
+            raise OptionsError(f"auto_jit must be -1, 0, 1 or 2, got {self.auto_jit}")
+        for name in ("verify", "clustering_debug", "dump_hlo_as_text", "strict_jit_compile"):
+            if not isinstance(getattr(self, name), bool):
+                raise OptionsError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if self.ops_to_cluster is not None:
+            if isinstance(self.ops_to_cluster, str) or not all(
+                    isinstance(op, str) and op.isidentifier() for op in self.ops_to_cluster):
+                raise OptionsError("ops_to_cluster must be a set of TF op type names, got "
+                                   f"{self.ops_to_cluster!r}")
+            if not self.ops_to_cluster:
+                raise OptionsError("ops_to_cluster is empty: nothing could be clustered")
+            object.__setattr__(self, "ops_to_cluster", frozenset(self.ops_to_cluster))
+        if self.dump_to is not None and (not isinstance(self.dump_to, str) or not self.dump_to):
+            raise OptionsError(f"dump_to must be a directory path, got {self.dump_to!r}")
+        if self.log_level is not None and self.log_level not in LOG_LEVELS:
+            raise OptionsError(f"log_level must be one of {', '.join(LOG_LEVELS)}, "
+                               f"got {self.log_level!r}")
+        if self.pipeline is not None:
+            _check_pass_names("pipeline", _split(self.pipeline))
+        if isinstance(self.disable_passes, str):
+            raise OptionsError("disable_passes must be a sequence of pass names, got a string")
+        object.__setattr__(self, "disable_passes", tuple(self.disable_passes))
+        _check_pass_names("disable_passes", self.disable_passes)
 
     def with_changes(self, **changes: object) -> Options:
+        unknown = sorted(set(changes) - set(option_names()))
+        if unknown:
+            raise OptionsError(f"unknown option(s) {', '.join(unknown)}; options are "
+                               f"{', '.join(option_names())}")
         return replace(self, **changes)  # type: ignore[arg-type]
+
+    @property
+    def effective_pipeline(self) -> str:
+        """The pipeline text the compiler runs: `pipeline` (or the default) less
+        `disable_passes`. With every pass disabled it is "," (no passes), because an
+        empty text means "the default pipeline" to `compile_module`."""
+        from tfxla_lite.passes.pipeline import DEFAULT_PIPELINE
+
+        names = _split(self.pipeline if self.pipeline is not None else DEFAULT_PIPELINE)
+        kept = [name for name in names if name not in self.disable_passes]
+        return ",".join(kept) or ","
+
+    @property
+    def logging_level(self) -> int | None:
+        """The `logging` level for the "tfxla_lite" logger (clustering_debug: INFO at most)."""
+        level = getattr(logging, self.log_level.upper()) if self.log_level else None
+        if self.clustering_debug:
+            level = min(level, logging.INFO) if level is not None else logging.INFO
+        return level
+
+
+def option_names() -> tuple[str, ...]:
+    return tuple(f.name for f in fields(Options))
+
+
+def _split(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def _check_int(name: str, value: object, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise OptionsError(f"{name} must be an integer, got {value!r}")
+    if value < minimum:
+        raise OptionsError(f"{name} must be at least {minimum}, got {value}")
+
+
+def _check_pass_names(option: str, names: list[str] | tuple[str, ...]) -> None:
+    # Every pass may be disabled: codegen compiles an unfused op as a kernel of its own
+    # and copies outputs that alias parameters itself (checked in tests/flags).
+    if not names:
+        return  # nothing to check: keeps the start-up path free of NumPy
+    from tfxla_lite.passes.pipeline import PASSES
+
+    unknown = [name for name in names if not isinstance(name, str) or name not in PASSES]
+    if unknown:
+        raise OptionsError(f"{option}: unknown pass(es) {', '.join(map(str, unknown))}; "
+                           f"passes are {', '.join(sorted(PASSES))}")
 
 
 DEFAULT_OPTIONS = Options()

@@ -16,7 +16,7 @@ the If node takes the launch node's name, so consumers are re-pointed the same w
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,6 +103,20 @@ def rewritten_tensor_name(tensor_name: str, clusters: Sequence[CompiledCluster])
     return f"{op}:{index}"
 
 
+def _drop_colocation_with(node: tf.compat.v1.NodeDef, removed: Mapping[str, object]) -> None:
+    """Remove `_class: loc:@op` colocation constraints naming ops that the rewrite
+    removed (import_graph_def rejects a constraint on an op it cannot find)."""
+    if "_class" not in node.attr:
+        return
+    kept = [c for c in node.attr["_class"].list.s
+            if not (c.startswith(b"loc:@") and c[5:].decode() in removed)]
+    if kept:
+        del node.attr["_class"].list.s[:]
+        node.attr["_class"].list.s.extend(kept)
+    else:
+        del node.attr["_class"]
+
+
 def rewrite_graph_def(graph_def: tf.compat.v1.GraphDef,
                       clusters: Sequence[CompiledCluster]) -> tf.compat.v1.GraphDef:
     """A copy of `graph_def` with each cluster replaced by its launch node."""
@@ -118,6 +132,7 @@ def rewrite_graph_def(graph_def: tf.compat.v1.GraphDef,
             continue
         copy = result.node.add()
         copy.CopyFrom(node)
+        _drop_colocation_with(copy, owner)
         del copy.input[:]
         seen_controls: set[str] = set()
         for reference in node.input:

@@ -1,0 +1,20 @@
+"""Every flags test starts from a fresh process-options holder and an unpatched tf.function."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tfxla_lite import flags
+
+
+@pytest.fixture(autouse=True)
+def fresh_options(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.delenv(flags.ENVIRONMENT_VARIABLE, raising=False)
+    flags.PROCESS_OPTIONS.reset()
+    yield
+    from tfxla_lite import autojit
+
+    autojit.disable()
+    flags.PROCESS_OPTIONS.reset()

@@ -1,0 +1,236 @@
+"""`TFXLA_LITE_FLAGS`: the environment flags, parsed once into the process's `Options`.
+
+The flags mirror TensorFlow's `TF_XLA_FLAGS` and XLA's `XLA_FLAGS` without their
+prefixes (`--tf_xla_auto_jit=2` is `--auto_jit=2`, `--xla_dump_to=DIR` is
+`--dump_to=DIR`). `PROCESS_OPTIONS` is the one place the process's options live:
+the defaults, then the environment (read at first use), then
+`tfxla_lite.set_options(...)`. `tfxla_lite.function` reads it when a function is
+made and passes the result down; nothing else keeps option state.
+This module imports no TensorFlow: the start-up hook (`tfxla_lite._startup`) uses it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from tfxla_lite import options as options_module
+from tfxla_lite.options import Options, OptionsError
+
+ENVIRONMENT_VARIABLE = "TFXLA_LITE_FLAGS"
+
+logger = logging.getLogger("tfxla_lite")
+
+
+class FlagError(OptionsError):
+    """A flag in `TFXLA_LITE_FLAGS` that is unknown, malformed or out of range."""
+
+
+_TRUE = ("true", "1")
+_FALSE = ("false", "0")
+
+
+def _integer(text: str) -> int:
+    return int(text)
+
+
+def _boolean(text: str) -> bool:
+    if text.lower() in _TRUE:
+        return True
+    if text.lower() in _FALSE:
+        return False
+    raise ValueError("expected true, false, 1 or 0")
+
+
+def _names(text: str) -> tuple[str, ...]:
+    names = tuple(part.strip() for part in text.split(",") if part.strip())
+    if not names:
+        raise ValueError("expected a comma-separated list of names")
+    return names
+
+
+def _text(text: str) -> str:
+    if not text:
+        raise ValueError("expected a value")
+    return text
+
+
+@dataclass(frozen=True)
+class Flag:
+    name: str
+    value_name: str  # how the help spells the value; "" for a bool flag
+    convert: Callable[[str], Any]
+    help: str
+    option: str = ""  # the Options field; the flag's name when empty
+
+    @property
+    def field(self) -> str:
+        return self.option or self.name
+
+    @property
+    def is_bool(self) -> bool:
+        return self.convert is _boolean
+
+
+FLAGS: dict[str, Flag] = {flag.name: flag for flag in (
+    Flag("auto_jit", "N", _integer,
+         "1 or 2: auto-cluster every tf.function of the process (TF's --tf_xla_auto_jit); "
+         "0 or -1: off"),
+    Flag("min_cluster_size", "N", _integer,
+         "smallest cluster compiled in auto mode, in ops (default 4)"),
+    Flag("max_cluster_size", "N", _integer, "largest cluster, in ops (default: no limit)"),
+    Flag("ops_to_cluster", "OP,OP,...", lambda text: frozenset(_names(text)),
+         "only these TF op types may join a cluster, e.g. AddV2,MatMul"),
+    Flag("clustering_debug", "", _boolean, "log every clustering decision at INFO"),
+    Flag("dump_to", "DIR", _text,
+         "directory for dumps (checked and kept; dumps are not written yet)"),
+    Flag("dump_hlo_as_text", "", _boolean,
+         "dump HLO as text into --dump_to (not written yet)"),
+    Flag("disable_passes", "PASS,PASS,...", _names,
+         "take these passes out of the pipeline, e.g. fuse,cse"),
+    Flag("verify", "", _boolean, "run the HLO verifier after every pass"),
+    Flag("strict_jit_compile", "", _boolean,
+         "tf.function(jit_compile=True) raises when tfxla-lite cannot compile it, "
+         "instead of falling back to auto-clustering with a warning"),
+    Flag("log_level", "LEVEL", lambda text: _text(text).lower(),
+         "level of the 'tfxla_lite' logger: debug, info, warning or error"),
+)}
+
+
+def flags_help() -> str:
+    """One line per flag, for error messages and `python -m tfxla_lite run --help`."""
+    lines = []
+    for flag in FLAGS.values():
+        spelled = f"--{flag.name}" + ("=[true|false]" if flag.is_bool else
+                                      f"={flag.value_name}")
+        lines.append(f"  {spelled:<34} {flag.help}")
+    return "\n".join(lines)
+
+
+def _error(message: str) -> FlagError:
+    return FlagError(f"{ENVIRONMENT_VARIABLE}: {message}\nvalid flags:\n{flags_help()}")
+
+
+def parse_flags(text: str) -> dict[str, Any]:
+    """The option changes that `text` (e.g. "--auto_jit=2 --verify") asks for.
+
+    Bool flags take `--x`, `--x=true|false|1|0`; a repeated flag keeps its last
+    value. Raises `FlagError`, listing the valid flags, on an unknown or malformed
+    flag, and on values `Options` refuses.
+    """
+    try:
+        tokens = shlex.split(text)
+    except ValueError as error:
+        raise _error(f"cannot split {text!r}: {error}") from None
+    changes: dict[str, Any] = {}
+    for token in tokens:
+        if not token.startswith("--") or token == "--":
+            raise _error(f"{token!r} is not a flag (flags look like --name=value)")
+        name, has_value, value = token[2:].partition("=")
+        flag = FLAGS.get(name)
+        if flag is None:
+            raise _error(f"unknown flag --{name}")
+        if not has_value:
+            if not flag.is_bool:
+                raise _error(f"--{name} needs a value: --{name}={flag.value_name}")
+            value = "true"
+        try:
+            changes[flag.field] = flag.convert(value)
+        except ValueError as error:
+            raise _error(f"bad value {value!r} for --{name}: {error}") from None
+    try:
+        Options(**changes)
+    except OptionsError as error:
+        raise _error(str(error)) from None
+    return changes
+
+
+class OptionsHolder:
+    """The process's options: defaults, then the environment, then `set_options`.
+
+    The environment is parsed at the first `get()` and kept. `get()` builds the
+    `Options` from `options.DEFAULT_OPTIONS` each time, so a test that replaces
+    the defaults sees its own.
+    """
+
+    def __init__(self, variable: str = ENVIRONMENT_VARIABLE) -> None:
+        self.variable = variable
+        self._environment: dict[str, Any] | None = None
+        self._changes: dict[str, Any] = {}
+        self._announced = False
+        self._dump_warning_given = False
+
+    def environment_changes(self) -> dict[str, Any]:
+        if self._environment is None:
+            self._environment = parse_flags(os.environ.get(self.variable, ""))
+        return self._environment
+
+    def get(self) -> Options:
+        options = options_module.DEFAULT_OPTIONS.with_changes(
+            **{**self.environment_changes(), **self._changes})
+        if not self._announced:
+            self._announced = True
+            self._apply(options)
+        return options
+
+    def set(self, **changes: Any) -> Options:
+        options = self.get().with_changes(**changes)  # validates before anything is kept
+        self._changes.update(changes)
+        self._apply(options)
+        return options
+
+    def _apply(self, options: Options) -> None:
+        """What options do outside the compiler: the logger's level, the dumps notice."""
+        configure_logging(options)
+        if (options.dump_to or options.dump_hlo_as_text) and not self._dump_warning_given:
+            self._dump_warning_given = True
+            logger.warning("tfxla-lite: --dump_to/--dump_hlo_as_text are accepted, but dumps "
+                           "are not implemented yet: nothing is written")
+
+    def reset(self) -> None:
+        """Forget the environment and `set_options`: the next `get()` reads both anew."""
+        self._environment = None
+        self._changes = {}
+        self._announced = False
+        self._dump_warning_given = False
+
+
+PROCESS_OPTIONS = OptionsHolder()
+
+
+def get_options() -> Options:
+    """The process's current options (see `OptionsHolder`)."""
+    return PROCESS_OPTIONS.get()
+
+
+def set_options(**changes: Any) -> Options:
+    """Change the process's options, e.g. `set_options(min_cluster_size=1, verify=True)`.
+
+    Checked like the flags (`OptionsError`, a `ValueError`, on a bad name or value);
+    applies to functions made afterwards. Returns the new options.
+    """
+    return PROCESS_OPTIONS.set(**changes)
+
+
+_LOG_HANDLER_NAME = "tfxla_lite.flags"
+
+
+def configure_logging(options: Options) -> None:
+    """Set the "tfxla_lite" logger's level; give it a stderr handler when nothing would
+    print its records (no handler on it or on the root logger)."""
+    level = options.logging_level
+    if level is None:
+        return
+    package_logger = logging.getLogger("tfxla_lite")
+    package_logger.setLevel(level)
+    if package_logger.handlers or logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.set_name(_LOG_HANDLER_NAME)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    package_logger.addHandler(handler)
