@@ -111,18 +111,23 @@ def _splat(like: Instruction, value: object) -> Instruction:
 
 # -- arithmetic identities --------------------------------------------------------------
 
+def _other_if_identity(inst: Instruction, identity: object) -> Instruction | None:
+    """For a commutative `op(a, b)`: the other operand when one is a splat of `identity`."""
+    lhs, rhs = inst.operands
+    if is_splat_of(rhs, identity):
+        return lhs
+    if is_splat_of(lhs, identity):
+        return rhs
+    return None
+
+
 @_rewrite("add")
 def _add_zero(inst: Instruction) -> Instruction | None:
     """x + 0 → x. For floats only x + (-0.0): x + (+0.0) turns -0.0 into +0.0."""
     zero = -0.0 if _is_float(inst) else 0
     if not (_is_float(inst) or _is_integer(inst)):
         return None
-    lhs, rhs = inst.operands
-    if is_splat_of(rhs, zero):
-        return lhs
-    if is_splat_of(lhs, zero):
-        return rhs
-    return None
+    return _other_if_identity(inst, zero)
 
 
 @_rewrite("subtract")
@@ -146,12 +151,7 @@ def _multiply_one(inst: Instruction) -> Instruction | None:
     """x * 1 → x and 1 * x → x (exact for floats too: NaN, inf and -0.0 stay)."""
     if not (_is_float(inst) or _is_integer(inst)):
         return None
-    lhs, rhs = inst.operands
-    if is_splat_of(rhs, 1):
-        return lhs
-    if is_splat_of(lhs, 1):
-        return rhs
-    return None
+    return _other_if_identity(inst, 1)
 
 
 @_rewrite("multiply")
@@ -217,12 +217,7 @@ def _max_min_identity(inst: Instruction) -> Instruction | None:
     if not (_is_float(inst) or _is_integer(inst)):
         return None
     identity = _lowest(inst) if inst.opcode == "maximum" else _highest(inst)
-    lhs, rhs = inst.operands
-    if is_splat_of(rhs, identity):
-        return lhs
-    if is_splat_of(lhs, identity):
-        return rhs
-    return None
+    return _other_if_identity(inst, identity)
 
 
 def _ones(inst: Instruction) -> object:
@@ -235,12 +230,7 @@ def _bitwise_identity(inst: Instruction) -> Instruction | None:
     if not (_is_integer(inst) or inst.shape.element_type == "pred"):
         return None
     identity = _ones(inst) if inst.opcode == "and" else 0
-    lhs, rhs = inst.operands
-    if is_splat_of(rhs, identity):
-        return lhs
-    if is_splat_of(lhs, identity):
-        return rhs
-    return None
+    return _other_if_identity(inst, identity)
 
 
 @_rewrite("and", "or")
