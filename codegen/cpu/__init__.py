@@ -3,7 +3,7 @@
 `compile(module, assignment)` turns an optimized, buffer-assigned HLO module into an
 `Executable`; `EMITTERS` is the registry of element generators keyed by HLO opcode.
 Layout: `emitter.py` (types, indices, loops, registry), `elementwise.py`,
-`data_movement.py`, `reduction.py`, `dot.py` (the generators and kernel shapes),
+`data_movement.py`, `indexing.py`, `reduction.py`, `dot.py` (the generators and kernel shapes),
 `math.py` (vectorizable f32 transcendentals), `compiler.py` (kernels and the ABI's
 `entry`), `parallel.py` (kernels split across libgomp's threads), `engine.py` (LLVM,
 JIT, BLAS).
@@ -11,6 +11,7 @@ JIT, BLAS).
 
 from __future__ import annotations
 
+from tfxla_lite.codegen.cpu import indexing  # noqa: F401  (registers its emitters)
 from tfxla_lite.codegen.cpu.compiler import compile
 from tfxla_lite.codegen.cpu.emitter import EMITTERS
 
@@ -21,6 +22,10 @@ UNSUPPORTED_OPCODES: dict[str, str] = {
     "call": "calls are expected to be inlined by the passes",
     "tuple": "tuples inside a kernel (multi-output fusion) are not supported",
     "get-tuple-element": "tuples inside a kernel (multi-output fusion) are not supported",
+    "while": "control flow runs in the evaluator only; the CPU backend emits straight-line "
+             "kernels",
+    "conditional": "control flow runs in the evaluator only; the CPU backend emits "
+                   "straight-line kernels",
 }
 
 __all__ = ["EMITTERS", "UNSUPPORTED_OPCODES", "compile"]

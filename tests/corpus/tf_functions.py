@@ -74,7 +74,7 @@ CASES: tuple[Case, ...] = (
     Case("int_arithmetic", lambda i, j: (i * j + 3, tf.maximum(i, j) - tf.abs(j)),
          ((S32, (4, 4)), (S32, (4, 4))), "Mul"),
     Case("one_hot", lambda i: tf.one_hot(i, 5), ((S32, (6,)),), "OneHot"),
-    # Lower to opcodes tfxla-lite lacks (EXPECTED_GAPS).
+    # Lower to reverse, pad, gather, reduce-window and a variadic reduce.
     Case("reverse", lambda x: tf.reverse(x, [1]), ((F32, (3, 4)),), "ReverseV2"),
     Case("pad", lambda x: tf.pad(x, [[1, 0], [0, 2]]), ((F32, (3, 4)),), "Pad"),
     Case("gather", lambda x, i: tf.gather(x, i), ((F32, (5, 3)), (S32, (4,))), "GatherV2"),

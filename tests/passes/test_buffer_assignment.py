@@ -13,8 +13,15 @@ from tfxla_lite.passes import BufferAssignment, BufferSlice, assign_buffers, opt
 F32 = Shape("f32", (10,))  # 40 bytes: 64 once aligned
 
 
+def _in_place_group(assignment: BufferAssignment, name: str) -> str:
+    while name in assignment.in_place:
+        name = assignment.in_place[name]
+    return name
+
+
 def assert_no_live_overlap(assignment: BufferAssignment) -> None:
-    """Temps whose live ranges meet (inclusive) never share a byte."""
+    """Temps whose live ranges meet (inclusive) never share a byte, unless one writes
+    the other in place (the same in-place group)."""
     temps = [(name, s) for name, s in assignment.slices.items() if s.kind == "temp" and s.size]
     for _, s in temps:
         assert s.offset % 64 == 0 and s.offset + s.size <= assignment.temp_bytes
@@ -22,6 +29,9 @@ def assert_no_live_overlap(assignment: BufferAssignment) -> None:
         for b, sb in temps[i + 1:]:
             (a0, a1), (b0, b1) = assignment.live_ranges[a], assignment.live_ranges[b]
             if a1 < b0 or b1 < a0:
+                continue
+            if _in_place_group(assignment, a) == _in_place_group(assignment, b):
+                assert sa == sb, (a, b)
                 continue
             assert sa.offset + sa.size <= sb.offset or sb.offset + sb.size <= sa.offset, (a, b)
 
@@ -36,10 +46,20 @@ def _chain(length: int) -> HloModule:
 
 
 def test_chain_reuses_dead_temps() -> None:
-    assignment = assign_buffers(_chain(6))
+    assignment = assign_buffers(_chain(6), in_place=False)
     assert assignment.temp_bytes_without_reuse == 5 * 64
     assert assignment.temp_bytes == 2 * 64  # ping-pong: a kernel never writes its input
     assert assignment.temp_bytes < assignment.temp_bytes_without_reuse
+    assert assignment.in_place == {}
+    assert_no_live_overlap(assignment)
+
+
+def test_chain_runs_in_place() -> None:
+    assignment = assign_buffers(_chain(6))
+    assert assignment.temp_bytes == 64  # every elementwise kernel overwrites its input
+    assert assignment.in_place == {"negate": "exponential", "exponential.1": "negate",
+                                   "negate.1": "exponential.1", "exponential.2": "negate.1"}
+    assert "in place of %exponential" in assignment.to_text()
     assert_no_live_overlap(assignment)
 
 
@@ -90,7 +110,7 @@ def test_best_fit_of_decreasing_size_fills_holes() -> None:
     small1 = comp.create("abs", [s])
     small2 = comp.create("negate", [small1])
     comp.root = comp.create("tuple", [big_user, comp.create("exponential", [small2])])
-    a = assign_buffers(module)
+    a = assign_buffers(module, in_place=False)
     assert a.slice_of(big).offset == 0
     assert {a.slice_of(small1).offset, a.slice_of(small2).offset} == {0, 64}
     assert a.temp_bytes == 256
@@ -104,6 +124,6 @@ def test_to_text_dump() -> None:
     assert "output 0, size 4" in text
     assert "%add_reduce_fusion f32[] offset 0 size 4 live [3, 5]" in text
     assert text.rstrip().endswith("total temp bytes: 0 before reuse, 0 after reuse")
-    chain = assign_buffers(_chain(4)).to_text()
+    chain = assign_buffers(_chain(4), in_place=False).to_text()
     assert "temp arena, size 128 (192 without reuse)" in chain
     assert "live [1, 2]" in chain

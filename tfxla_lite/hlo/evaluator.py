@@ -22,6 +22,14 @@ Semantics follow XLA's CPU backend where NumPy differs:
 - `reduce` folds the init value in once (XLA's order differs for floats: compare
   with a tolerance). add/multiply/maximum/minimum/and/or computations take a NumPy
   fast path; any other `to_apply` computation is run element by element.
+- `pad`, `reverse`, `dynamic-slice`, `dynamic-update-slice` and `gather` follow XLA:
+  negative edge padding removes elements; dynamic start indices (and gather's)
+  are clamped so that the whole slice lies inside the operand.
+- `reduce-window` folds each window's real elements (never padding or base-dilation
+  holes) in row-major order, starting from the init value; add/max/... take a
+  NumPy fast path that pads with the reducer's identity.
+- `while` runs its body while its condition holds; `conditional` with a pred
+  selects (true, false), with an integer selects branch i, the last when out of range.
 - `dot` contracts after transposing to `[batch, m, k] x [batch, k, n]` with
   `np.matmul` in the operand dtype (f16/bf16 accumulate in f32).
 
@@ -349,6 +357,101 @@ def _call(inst: Instruction, operands: Sequence[Any]) -> Any:
     return evaluate_computation(inst.called_computations[0], list(operands))
 
 
+@_reference("reverse")
+def _reverse(inst: Instruction, operands: Sequence[Any]) -> np.ndarray:
+    return _result(np.array(np.flip(operands[0], axis=inst.dimensions), copy=True), inst.shape)
+
+
+@_reference("pad")
+def _pad(inst: Instruction, operands: Sequence[Any]) -> np.ndarray:
+    x, value = operands
+    config = inst.attributes["padding"].dimensions
+    # Interior padding first, then positive edges; negative edges slice afterwards.
+    spread = tuple((n - 1) * (d.interior + 1) + 1 if n else 0 for n, d in zip(x.shape, config))
+    grown = tuple(max(d.low, 0) + n + max(d.high, 0) for n, d in zip(spread, config))
+    out = np.full(grown, value[()], dtype=x.dtype)
+    placed = tuple(slice(max(d.low, 0), max(d.low, 0) + n, d.interior + 1)
+                   for n, d in zip(spread, config))
+    out[placed] = x
+    trimmed = tuple(slice(max(-d.low, 0), size - max(-d.high, 0))
+                    for size, d in zip(grown, config))
+    return _result(np.array(out[trimmed], copy=True), inst.shape)
+
+
+def _clamped_starts(starts: Sequence[Any], dims: tuple[int, ...], sizes: tuple[int, ...]
+                    ) -> list[int]:
+    """XLA clamps dynamic start indices so the whole slice stays inside the operand."""
+    return [min(max(int(s), 0), dim - size) for s, dim, size in zip(starts, dims, sizes)]
+
+
+@_reference("dynamic-slice")
+def _dynamic_slice(inst: Instruction, operands: Sequence[Any]) -> np.ndarray:
+    x, *starts = operands
+    sizes = inst.shape.dims
+    begin = _clamped_starts(starts, x.shape, sizes)
+    index = tuple(slice(b, b + n) for b, n in zip(begin, sizes))
+    return _result(np.array(x[index], copy=True), inst.shape)
+
+
+@_reference("dynamic-update-slice")
+def _dynamic_update_slice(inst: Instruction, operands: Sequence[Any]) -> np.ndarray:
+    x, update, *starts = operands
+    begin = _clamped_starts(starts, x.shape, update.shape)
+    out = np.array(x, copy=True)
+    out[tuple(slice(b, b + n) for b, n in zip(begin, update.shape))] = update
+    return _result(out, inst.shape)
+
+
+@_reference("gather")
+def _gather(inst: Instruction, operands: Sequence[Any]) -> np.ndarray:
+    x, indices = operands
+    attrs = inst.attributes
+    offset_dims = tuple(attrs["offset_dims"])
+    collapsed = set(attrs["collapsed_slice_dims"])
+    start_index_map = tuple(attrs["start_index_map"])
+    vector_dim = int(attrs["index_vector_dim"])
+    sizes = tuple(attrs["slice_sizes"])
+    if vector_dim == indices.ndim:
+        indices = indices[..., None]
+    indices = np.moveaxis(indices, vector_dim, -1).astype(np.int64)
+    out = np.empty(inst.shape.dims, dtype=x.dtype)
+    batch_dims = [d for d in range(inst.shape.rank) if d not in offset_dims]
+    kept = [d for d in range(x.ndim) if d not in collapsed]
+    for out_index in np.ndindex(*inst.shape.dims):
+        vector = indices[tuple(out_index[d] for d in batch_dims)]
+        start = [0] * x.ndim
+        for k, d in enumerate(start_index_map):
+            start[d] = min(max(int(vector[k]), 0), x.shape[d] - sizes[d])
+        position = list(start)
+        for d, o in zip(kept, (out_index[d] for d in offset_dims), strict=True):
+            position[d] += o
+        out[out_index] = x[tuple(position)]
+    return _result(out, inst.shape)
+
+
+# -- control flow ----------------------------------------------------------------------
+
+@_reference("while")
+def _while(inst: Instruction, operands: Sequence[Any]) -> Any:
+    condition, body = inst.called_computations
+    (state,) = operands
+    while bool(evaluate_computation(condition, [state])):
+        state = evaluate_computation(body, [state])
+    return state
+
+
+@_reference("conditional")
+def _conditional(inst: Instruction, operands: Sequence[Any]) -> Any:
+    selector, *arguments = operands
+    branches = inst.called_computations
+    if selector.dtype == np.bool_:  # (true_computation, false_computation)
+        chosen = 0 if bool(selector) else 1
+    else:  # an out-of-range index runs the last branch, as XLA does
+        chosen = int(selector)
+        chosen = chosen if 0 <= chosen < len(branches) else len(branches) - 1
+    return evaluate_computation(branches[chosen], [arguments[chosen]])
+
+
 # -- reduce and dot ---------------------------------------------------------------------
 
 _REDUCERS = {"add": np.add, "multiply": np.multiply, "maximum": np.maximum,
@@ -393,6 +496,75 @@ def _reduce(inst: Instruction, operands: Sequence[Any]) -> Any:
             elements = [np.asarray(row[index + (k,)]) for row in rows]
             out = evaluate_computation(computation, accumulators + elements)
             accumulators = list(out) if isinstance(out, tuple) else [out]
+        for result, accumulator in zip(results, accumulators, strict=True):
+            result[index] = accumulator
+    if n == 1:
+        return _result(results[0], inst.shape)
+    return tuple(_result(r, s) for r, s in zip(results, inst.shape.tuple_shapes or (), strict=True))
+
+
+_IDENTITIES: dict[Any, Callable[[np.dtype], Any]] = {
+    np.add: lambda t: 0, np.multiply: lambda t: 1, np.logical_or: lambda t: False,
+    np.logical_and: lambda t: True, np.bitwise_or: lambda t: 0,
+    np.bitwise_and: lambda t: np.invert(np.zeros((), t)),
+    np.maximum: lambda t: -np.inf if t.kind == "f" else np.iinfo(t).min,
+    np.minimum: lambda t: np.inf if t.kind == "f" else np.iinfo(t).max,
+}
+
+
+def _window_positions(inst: Instruction, input_dims: tuple[int, ...]) -> tuple[
+        np.ndarray, np.ndarray]:
+    """For every (output element, window element): the input's linear position and
+    whether it is a real element (not padding, not a base-dilation hole)."""
+    window = inst.attributes["window"].dimensions
+    out_dims = inst.shape.dims if not inst.shape.is_tuple else \
+        inst.shape.tuple_shapes[0].dims  # type: ignore[index]
+    valid = np.ones(out_dims + tuple(d.size for d in window), dtype=bool)
+    rank = len(window)
+    linear = np.zeros(valid.shape, dtype=np.int64)
+    strides = [int(np.prod(input_dims[d + 1:], dtype=np.int64)) for d in range(rank)]
+    for d, w in enumerate(window):
+        out = np.arange(out_dims[d]).reshape([-1 if k == d else 1 for k in range(2 * rank)])
+        offset = np.arange(w.size).reshape([-1 if k == rank + d else 1 for k in range(2 * rank)])
+        dilated = out * w.stride + offset * w.window_dilation - w.padding_low
+        inside = (dilated >= 0) & (dilated % w.base_dilation == 0) & (
+            dilated // w.base_dilation < input_dims[d])
+        valid = valid & inside
+        linear = linear + np.where(inside, dilated // w.base_dilation, 0) * strides[d]
+    return linear, valid
+
+
+@_reference("reduce-window")
+def _reduce_window(inst: Instruction, operands: Sequence[Any]) -> Any:
+    n = len(operands) // 2
+    inputs, inits = list(operands[:n]), list(operands[n:])
+    computation = inst.called_computations[0]
+    linear, valid = _window_positions(inst, inputs[0].shape)
+    rank = inputs[0].ndim
+    out_dims = linear.shape[:rank]
+    window_elements = int(np.prod(linear.shape[rank:], dtype=np.int64))
+    ufunc = _fast_reducer(computation) if n == 1 else None
+    if ufunc is not None and ufunc in _IDENTITIES:
+        (x,), (init,) = inputs, inits
+        compute = _compute_dtype(x.dtype)
+        flat = x.astype(compute).reshape(-1)
+        identity = np.asarray(_IDENTITIES[ufunc](compute), dtype=compute)
+        gathered = np.where(valid, flat[linear] if flat.size else identity, identity)
+        windows = gathered.reshape(out_dims + (window_elements,))
+        folded = ufunc.reduce(windows, axis=-1, dtype=compute, initial=init.astype(compute)[()])
+        return _result(folded, inst.shape)
+    # General path: fold each window's real elements in row-major order from the inits.
+    flats = [x.reshape(-1) for x in inputs]
+    windows_linear = linear.reshape(out_dims + (window_elements,))
+    windows_valid = valid.reshape(out_dims + (window_elements,))
+    results = [np.empty(out_dims, dtype=init.dtype) for init in inits]
+    for index in np.ndindex(*out_dims):
+        accumulators: list[Any] = list(inits)
+        for position, real in zip(windows_linear[index], windows_valid[index]):
+            if real:
+                elements = [np.asarray(flat[position]) for flat in flats]
+                out = evaluate_computation(computation, accumulators + elements)
+                accumulators = list(out) if isinstance(out, tuple) else [out]
         for result, accumulator in zip(results, accumulators, strict=True):
             result[index] = accumulator
     if n == 1:

@@ -7,7 +7,11 @@ by the same names: the NumPy reference in `evaluator.py`, the CPU emitter in
 Attribute names and meanings are XLA's (see `xla/hlo/ir/hlo_instruction.h`):
 `dimensions`, `direction`, `slice`, `index`, `iota_dimension`, `kind`,
 `lhs_batch_dims`, `lhs_contracting_dims`, `rhs_batch_dims`,
-`rhs_contracting_dims`, `parameter_number`, `literal`.
+`rhs_contracting_dims`, `parameter_number`, `literal`, `padding` (a `PaddingConfig`),
+`window` (a `Window`), `dynamic_slice_sizes`, and gather's `offset_dims`,
+`collapsed_slice_dims`, `start_index_map`, `index_vector_dim`, `slice_sizes`.
+`while` calls (condition, body); `conditional` calls its branches, for a pred
+index (true_computation, false_computation).
 """
 
 from __future__ import annotations
@@ -16,7 +20,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tfxla_lite.hlo.shape import Shape
+from tfxla_lite.hlo.attributes import PaddingConfig, Window
+from tfxla_lite.hlo.shape import INTEGER_TYPES, Shape
 
 ShapeRule = Callable[[list[Shape], Mapping[str, Any]], Shape]
 
@@ -223,6 +228,124 @@ def _concatenate_rule(shapes: list[Shape], attributes: Mapping[str, Any]) -> Sha
     return first.with_dims(tuple(dims))
 
 
+def _reverse_rule(shapes: list[Shape], attributes: Mapping[str, Any]) -> Shape:
+    _require(len(shapes) == 1, "reverse takes one operand")
+    s = _same_arrays(shapes, "reverse")
+    dims = tuple(attributes["dimensions"])
+    _require(len(set(dims)) == len(dims) and all(0 <= d < s.rank for d in dims),
+             f"reverse dimensions {dims} for {s}")
+    return s
+
+
+def _pad_rule(shapes: list[Shape], attributes: Mapping[str, Any]) -> Shape:
+    _require(len(shapes) == 2, "pad takes an operand and a padding value")
+    operand, value = shapes
+    _require(not operand.is_tuple and value.dims == () and not value.is_tuple,
+             f"pad takes an array and a scalar, got {shapes}")
+    _require(operand.element_type == value.element_type, f"pad operands differ in type: {shapes}")
+    config = attributes["padding"]
+    _require(isinstance(config, PaddingConfig) and len(config.dimensions) == operand.rank,
+             f"padding {config} does not fit {operand}")
+    dims = []
+    for size, d in zip(operand.dims, config.dimensions):
+        _require(d.interior >= 0, f"negative interior padding in {config}")
+        result = d.low + d.high + size + max(size - 1, 0) * d.interior
+        _require(result >= 0, f"padding {config} leaves a negative dimension of {operand}")
+        dims.append(result)
+    return operand.with_dims(tuple(dims))
+
+
+def _require_start_indices(shapes: list[Shape], rank: int, opcode: str) -> None:
+    _require(len(shapes) == rank, f"{opcode} takes one start index per dimension ({rank})")
+    for s in shapes:
+        _require(not s.is_tuple and s.dims == () and s.element_type in INTEGER_TYPES,
+                 f"{opcode} start indices are integer scalars, got {s}")
+    _require(len({s.element_type for s in shapes}) <= 1,
+             f"{opcode} start indices differ in type: {shapes}")
+
+
+def _dynamic_slice_rule(shapes: list[Shape], attributes: Mapping[str, Any]) -> Shape:
+    _require(len(shapes) >= 1 and not shapes[0].is_tuple, "dynamic-slice takes an array")
+    operand = shapes[0]
+    _require_start_indices(shapes[1:], operand.rank, "dynamic-slice")
+    sizes = tuple(attributes["dynamic_slice_sizes"])
+    _require(len(sizes) == operand.rank and all(
+        0 <= n <= size for n, size in zip(sizes, operand.dims)),
+        f"dynamic_slice_sizes {sizes} out of {operand}")
+    return operand.with_dims(sizes)
+
+
+def _dynamic_update_slice_rule(shapes: list[Shape], attributes: Mapping[str, Any]) -> Shape:
+    _require(len(shapes) >= 2, "dynamic-update-slice takes an operand, an update and starts")
+    operand, update = shapes[:2]
+    _require(not operand.is_tuple and not update.is_tuple and operand.rank == update.rank
+             and operand.element_type == update.element_type and all(
+                 u <= o for u, o in zip(update.dims, operand.dims)),
+             f"dynamic-update-slice update {update} does not fit {operand}")
+    _require_start_indices(shapes[2:], operand.rank, "dynamic-update-slice")
+    return operand
+
+
+def _gather_rule(shapes: list[Shape], attributes: Mapping[str, Any]) -> Shape:
+    _require(len(shapes) == 2, "gather takes an operand and start indices")
+    operand, indices = shapes
+    _require(not operand.is_tuple and not indices.is_tuple
+             and indices.element_type in INTEGER_TYPES, f"gather operands {shapes}")
+    offset_dims = tuple(attributes["offset_dims"])
+    collapsed = tuple(attributes["collapsed_slice_dims"])
+    start_index_map = tuple(attributes["start_index_map"])
+    index_vector_dim = int(attributes["index_vector_dim"])
+    slice_sizes = tuple(attributes["slice_sizes"])
+    for key in ("operand_batching_dims", "start_indices_batching_dims"):
+        _require(not tuple(attributes.get(key, ())), f"gather {key} is not supported")
+    _require(0 <= index_vector_dim <= indices.rank, f"index_vector_dim {index_vector_dim}")
+    vector = indices.dims[index_vector_dim] if index_vector_dim < indices.rank else 1
+    _require(len(start_index_map) == vector, f"start_index_map {start_index_map} for an index "
+                                             f"vector of {vector}")
+    _require(len(slice_sizes) == operand.rank and all(
+        0 <= n <= size for n, size in zip(slice_sizes, operand.dims)),
+        f"slice_sizes {slice_sizes} out of {operand}")
+    for dims, what in ((collapsed, "collapsed_slice_dims"), (start_index_map, "start_index_map")):
+        _require(len(set(dims)) == len(dims) and all(0 <= d < operand.rank for d in dims),
+                 f"{what} {dims} for {operand}")
+    _require(all(slice_sizes[d] <= 1 for d in collapsed),
+             f"collapsed_slice_dims {collapsed} must have slice size 1 or 0")
+    batch = [n for d, n in enumerate(indices.dims) if d != index_vector_dim]
+    offsets = [n for d, n in enumerate(slice_sizes) if d not in collapsed]
+    _require(len(offsets) == len(offset_dims), f"offset_dims {offset_dims} for {len(offsets)} "
+                                               "uncollapsed slice dimensions")
+    rank = len(batch) + len(offsets)
+    _require(list(offset_dims) == sorted(set(offset_dims)) and all(
+        0 <= d < rank for d in offset_dims), f"offset_dims {offset_dims} for rank {rank}")
+    batch_iter, offset_iter = iter(batch), iter(offsets)
+    dims = [next(offset_iter) if d in offset_dims else next(batch_iter) for d in range(rank)]
+    return operand.with_dims(tuple(dims))
+
+
+def _reduce_window_rule(shapes: list[Shape], attributes: Mapping[str, Any]) -> Shape:
+    _require(len(shapes) % 2 == 0 and shapes,
+             "reduce-window takes inputs then as many init values")
+    n = len(shapes) // 2
+    inputs, inits = shapes[:n], shapes[n:]
+    first = _same_arrays(inputs, "reduce-window")
+    for init in inits:
+        _require(not init.is_tuple and init.dims == (), "reduce-window init values are scalars")
+    window = attributes["window"]
+    _require(isinstance(window, Window) and len(window.dimensions) == first.rank,
+             f"window {window} does not fit {first}")
+    for d in window.dimensions:
+        _require(d.size >= 0 and d.stride >= 1 and d.window_dilation >= 1
+                 and d.base_dilation >= 1, f"window {window} has a bad dimension")
+    dims = tuple(d.output_size(size) for d, size in zip(window.dimensions, first.dims))
+    results = [Shape(init.element_type, dims) for init in inits]
+    return results[0] if n == 1 else Shape.tuple_of(results)
+
+
+def _while_rule(shapes: list[Shape], attributes: Mapping[str, Any]) -> Shape:
+    _require(len(shapes) == 1, "while takes one operand (its initial state)")
+    return shapes[0]
+
+
 def _tuple_rule(shapes: list[Shape], attributes: Mapping[str, Any]) -> Shape:
     return Shape.tuple_of(shapes)
 
@@ -248,6 +371,14 @@ _register("slice", "data-movement", _slice_rule)
 _register("concatenate", "data-movement", _concatenate_rule)
 _register("reduce", "reduction", _reduce_rule)
 _register("dot", "dot", _dot_rule, expensive=True)
+_register("reverse", "data-movement", _reverse_rule)
+_register("pad", "data-movement", _pad_rule)
+_register("dynamic-slice", "data-movement", _dynamic_slice_rule)
+_register("dynamic-update-slice", "data-movement", _dynamic_update_slice_rule)
+_register("gather", "data-movement", _gather_rule)
+_register("reduce-window", "reduction", _reduce_window_rule)
+_register("while", "control-flow", _while_rule)
+_register("conditional", "control-flow", _given_rule)
 _register("tuple", "other", _tuple_rule)
 _register("get-tuple-element", "other", _get_tuple_element_rule)
 _register("fusion", "other", _given_rule)

@@ -22,13 +22,17 @@ Decisions where XLA's text carries more than the IR holds:
   printer more than 64) raise `ParseError`, since their values are gone;
   `fill_elided_constants=True` fills them with zeros instead, for structure-only
   uses (printing, passes, counts), never for numerics.
-- Opcodes the registry does not know (`pad`, `gather`, `custom-call`, ...) parse
+- Opcodes the registry does not know (`custom-call`, `sort`, ...) parse
   into instructions of the printed shape: the verifier then reports "unknown
   opcode", and the evaluator and codegen name the opcode they lack.
 - Attributes the IR gives a meaning (`dimensions`, `slice`, `direction`, `kind`,
-  `index`, `iota_dimension`, the dot dimension lists, `to_apply`, fusion `calls`)
-  are parsed into values; every other one (`sharding`, `backend_config`,
-  `frontend_attributes`, `operand_precision`, `condition`, `body`, ...) is kept
+  `index`, `iota_dimension`, the dot dimension lists, `padding`, `window`, the
+  gather dimension lists, `dynamic_slice_sizes`) are parsed into values; the
+  computations an instruction calls (`to_apply`, fusion `calls`, while's
+  `condition` and `body`, conditional's `true_computation`/`false_computation` or
+  `branch_computations`) become its `called_computations`, in that order. Every
+  other one (`sharding`, `backend_config`, `frontend_attributes`,
+  `operand_precision`, `indices_are_sorted`, ...) is kept
   as a `RawAttribute` holding its text, which the printer writes back verbatim.
   Module header attributes are skipped. `metadata` keeps op_type, op_name,
   source_file and source_line.
@@ -48,6 +52,7 @@ from typing import Any
 
 import numpy as np
 
+from tfxla_lite.hlo.attributes import parse_padding, parse_window
 from tfxla_lite.hlo.ir import Computation, HloModule, Instruction
 from tfxla_lite.hlo.printer import RawAttribute
 from tfxla_lite.hlo.shape import FLOAT_TYPES, INTEGER_TYPES, Shape, numpy_dtype
@@ -69,8 +74,14 @@ _INSTRUCTION_START = re.compile(r"(?:ROOT\s+)?%?[A-Za-z_](?:[A-Za-z0-9_.]|-(?!>)
 _TRAILING_SECTIONS = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
 
 _INT_LIST_ATTRIBUTES = frozenset({"dimensions", "lhs_batch_dims", "lhs_contracting_dims",
-                                  "rhs_batch_dims", "rhs_contracting_dims"})
-_INT_ATTRIBUTES = frozenset({"index", "iota_dimension"})
+                                  "rhs_batch_dims", "rhs_contracting_dims", "offset_dims",
+                                  "collapsed_slice_dims", "start_index_map", "slice_sizes",
+                                  "operand_batching_dims", "start_indices_batching_dims",
+                                  "dynamic_slice_sizes"})
+_INT_ATTRIBUTES = frozenset({"index", "iota_dimension", "index_vector_dim"})
+# Attributes naming called computations, in the order `called_computations` keeps them.
+_CALLED_ROLES = ("to_apply", "calls", "condition", "body", "true_computation",
+                 "false_computation", "branch_computations")
 _WORD_ATTRIBUTES = frozenset({"direction", "kind"})
 _METADATA_KEYS = ("op_type", "op_name", "source_file", "source_line")
 
@@ -229,6 +240,7 @@ class _Statement:
     operands: list[_Operand] = field(default_factory=list)
     attributes: dict[str, Any] = field(default_factory=dict)
     called: list[tuple[str, int]] = field(default_factory=list)
+    called_roles: list[str] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)
 
 
@@ -397,6 +409,11 @@ class _Parser:
                 s.expect(",", "',' or ')' between operands")
         while s.accept(","):
             self.attribute(statement)
+        if len(set(statement.called_roles)) > 1:  # e.g. body= before condition=
+            order = sorted(range(len(statement.called)),
+                           key=lambda n: _CALLED_ROLES.index(statement.called_roles[n]))
+            statement.called = [statement.called[n] for n in order]
+            statement.called_roles = [statement.called_roles[n] for n in order]
         return statement
 
     def operand(self) -> _Operand:
@@ -414,7 +431,7 @@ class _Parser:
         key = s.name("an attribute name")
         s.expect("=", f"'=' after attribute {key}")
         if key in statement.attributes or (key == "metadata" and statement.metadata) or \
-                (key in ("to_apply", "calls") and statement.called):
+                key in statement.called_roles:
             raise self.error(f"attribute {key} given twice", position)
         if key in _INT_LIST_ATTRIBUTES:
             statement.attributes[key] = self.int_list()
@@ -426,11 +443,33 @@ class _Parser:
             statement.attributes[key] = self.slice_spec()
         elif key == "metadata":
             statement.metadata = self.metadata()
-        elif key == "to_apply" or (key == "calls" and statement.opcode == "fusion"):
+        elif key == "padding":
+            statement.attributes[key] = self.structured(parse_padding)
+        elif key == "window":
+            statement.attributes[key] = self.structured(parse_window)
+        elif key == "branch_computations":
+            s.expect("{", "'{' opening a list of computations")
+            while True:
+                at = s.skip()
+                statement.called.append((s.name("a computation name"), at))
+                statement.called_roles.append(key)
+                if s.accept("}"):
+                    break
+                s.expect(",", "',' or '}' in a list of computations")
+        elif key in _CALLED_ROLES and (key != "calls" or statement.opcode == "fusion"):
             at = s.skip()
             statement.called.append((s.name("a computation name"), at))
+            statement.called_roles.append(key)
         else:
             statement.attributes[key] = RawAttribute(s.raw_value())
+
+    def structured(self, parse: Any) -> Any:
+        """An attribute value read as text, then by `parse` (a PaddingConfig or Window)."""
+        start = self.scanner.skip()
+        try:
+            return parse(self.scanner.raw_value())
+        except ValueError as error:
+            raise ParseError(str(error), self.text, start) from None
 
     def int_list(self) -> tuple[int, ...]:
         s = self.scanner

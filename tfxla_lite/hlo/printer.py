@@ -105,14 +105,24 @@ def instruction_to_text(inst: Instruction, long_operands: bool = True,
         if key not in _SPECIAL_ATTRIBUTES:
             extras.append(_format_attribute(key, value))
     if inst.called_computations:
-        key = {"fusion": "calls", "call": "to_apply"}.get(inst.opcode, "to_apply")
-        names = ", ".join(f"%{c.name}" for c in inst.called_computations)
-        extras.append(f"{key}={names}")
+        extras.extend(_called_attributes(inst))
     if inst.metadata:
         extras.append(_format_metadata(inst.metadata))
     if extras:
         text += ", " + ", ".join(extras)
     return text
+
+
+def _called_attributes(inst: Instruction) -> list[str]:
+    names = [f"%{c.name}" for c in inst.called_computations]
+    if inst.opcode == "while" and len(names) == 2:
+        return [f"condition={names[0]}", f"body={names[1]}"]
+    if inst.opcode == "conditional":
+        if inst.operands and inst.operand(0).shape.element_type == "pred" and len(names) == 2:
+            return [f"true_computation={names[0]}", f"false_computation={names[1]}"]
+        return ["branch_computations={" + ", ".join(names) + "}"]
+    key = "calls" if inst.opcode == "fusion" else "to_apply"
+    return [f"{key}={', '.join(names)}"]
 
 
 def computation_to_text(comp: Computation, entry: bool = False, long_operands: bool = True,

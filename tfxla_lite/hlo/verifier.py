@@ -10,8 +10,10 @@ unique; instructions are in topological order and read only instructions of
 their computation; use lists match operand lists both ways; parameters are
 numbered 0..n-1; called computations belong to the module; shapes are what the
 opcode's shape rule infers (or, for ops whose shape is given, consistent with
-their operands); fusions call a fusion computation of their own whose
-parameters and root match them.
+their operands); reducers (of reduce and reduce-window), while conditions and
+bodies, and conditional branches take and return what their caller passes;
+fusions call a fusion computation of their own whose parameters and root match
+them.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from tfxla_lite.hlo.shape import Shape
 FUSION_KINDS = ("kLoop", "kInput", "kOutput")
 # Opcodes whose shape rule cannot infer a result: checked by `_check_given_shape`.
 _GIVEN_SHAPES = frozenset({"parameter", "iota", "broadcast", "reshape", "bitcast", "fusion",
-                           "call"})
+                           "call", "conditional"})
 
 
 class VerificationError(Exception):
@@ -147,8 +149,10 @@ def _verify_shape(inst: Instruction) -> None:
         raise _fail(inst, f"shape rule rejects it: {error}") from None
     if expected != inst.shape:
         raise _fail(inst, f"shape {inst.shape} differs from inferred {expected}")
-    if inst.opcode == "reduce":
+    if inst.opcode in ("reduce", "reduce-window"):
         _verify_reducer(inst)
+    elif inst.opcode == "while":
+        _verify_while(inst)
 
 
 def _check_given_shape(inst: Instruction, operand_shapes: list[Shape]) -> None:
@@ -175,6 +179,8 @@ def _check_given_shape(inst: Instruction, operand_shapes: list[Shape]) -> None:
         if operand.num_elements != shape.num_elements or operand.element_type != \
                 shape.element_type:
             raise _fail(inst, f"{opcode} of {operand} cannot give {shape}")
+    elif opcode == "conditional":
+        _verify_conditional(inst, operand_shapes)
     else:  # fusion, call: the called computation's signature
         if len(inst.called_computations) != 1:
             raise _fail(inst, f"{opcode} calls exactly one computation")
@@ -194,13 +200,43 @@ def _array_operands(inst: Instruction, shapes: list[Shape], count: int) -> list[
 
 def _verify_reducer(inst: Instruction) -> None:
     if len(inst.called_computations) != 1:
-        raise _fail(inst, "reduce calls exactly one to_apply computation")
+        raise _fail(inst, f"{inst.opcode} calls exactly one to_apply computation")
     reducer = inst.called_computations[0]
     n = len(inst.operands) // 2
     scalars = [Shape(o.shape.element_type, ()) for o in inst.operands[n:]]
     if [p.shape for p in reducer.parameters] != scalars + scalars:
         raise _fail(inst, f"to_apply %{reducer.name} does not take (accumulators, elements) "
                           f"as {scalars + scalars}")
+
+
+def _verify_while(inst: Instruction) -> None:
+    if len(inst.called_computations) != 2:
+        raise _fail(inst, "while calls a condition and a body")
+    condition, body = inst.called_computations
+    state = inst.shape
+    for callee in (condition, body):
+        if [p.shape for p in callee.parameters] != [state]:
+            raise _fail(inst, f"%{callee.name} does not take the loop state {state}")
+    if condition.root is None or condition.root.shape != Shape("pred", ()):
+        raise _fail(inst, f"condition %{condition.name} does not return pred[]")
+    if body.root is None or body.root.shape != state:
+        raise _fail(inst, f"body %{body.name} does not return the loop state {state}")
+
+
+def _verify_conditional(inst: Instruction, operand_shapes: list[Shape]) -> None:
+    branches = inst.called_computations
+    if not operand_shapes or operand_shapes[0] not in (Shape("pred", ()), Shape("s32", ())):
+        raise _fail(inst, "conditional's first operand is a pred[] or s32[] selector")
+    if operand_shapes[0].element_type == "pred" and len(branches) != 2:
+        raise _fail(inst, "a conditional on a pred has a true and a false computation")
+    if not branches or len(operand_shapes) != 1 + len(branches):
+        raise _fail(inst, f"conditional has {len(branches)} branches and "
+                          f"{len(operand_shapes) - 1} branch operands")
+    for callee, operand in zip(branches, operand_shapes[1:], strict=True):
+        if [p.shape for p in callee.parameters] != [operand]:
+            raise _fail(inst, f"branch %{callee.name} does not take {operand}")
+        if callee.root is None or callee.root.shape != inst.shape:
+            raise _fail(inst, f"branch %{callee.name} does not return {inst.shape}")
 
 
 def _verify_fusion(inst: Instruction) -> None:

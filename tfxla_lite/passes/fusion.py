@@ -4,20 +4,21 @@ The step that decides how many kernels codegen emits and how many buffers the
 runtime allocates. It follows XLA's `instruction_fusion.cc` and
 `cpu_instruction_fusion.cc`, producer into consumer:
 
-- kLoop: a fusion rooted at an elementwise op, broadcast, reshape, bitcast or
-  transpose, with elementwise, broadcast, reshape, bitcast, transpose and scalar
-  constant producers fused in; it computes every output element independently.
+- kLoop: a fusion rooted at an elementwise op, broadcast, reshape, bitcast,
+  transpose, reverse, pad, dynamic-slice or gather, with producers of those kinds
+  and scalar constants fused in; it computes every output element independently.
 - kInput: a fusion rooted at a single-input reduce, with the same producers
   fused into its input, so `reduce_sum(x + y*z)` reads x, y, z once and writes
   only the sum.
 
-Dots, slices, concatenates, iotas, tuples and multi-output reduces stay
-top-level, as do ops with nothing to fuse with (codegen treats each as a fusion
-of one). A cheap producer with users outside a fusion is duplicated into it;
-an expensive one (`opcodes.is_expensive`) is fused only when the fusion holds
-every user, so expensive work is never done twice. Every fused producer is
-cloned and the original stays until no user needs it, so fusion cannot create
-a cycle: a fusion reads only values its members read, which precede it.
+Dots, slices, concatenates, iotas, reduce-windows, dynamic-update-slices,
+tuples and multi-output reduces stay top-level, as do ops with nothing to fuse
+with (codegen treats each as a fusion of one). A cheap producer with users
+outside a fusion is duplicated into it; an expensive one (`opcodes.is_expensive`)
+is fused only when the fusion holds every user, so expensive work is never
+done twice. Every fused producer is cloned and the original stays until no user
+needs it, so fusion cannot create a cycle: a fusion reads only values its
+members read, which precede it.
 """
 
 from __future__ import annotations
@@ -29,8 +30,12 @@ from tfxla_lite.hlo.ir import Computation, HloModule, Instruction
 from tfxla_lite.hlo.opcodes import is_elementwise, is_expensive
 from tfxla_lite.passes.base import Pass
 
-# Ops that compute each output element from operand elements at known indices.
-LOOP_FUSIBLE = frozenset({"broadcast", "reshape", "bitcast", "transpose"})
+# Ops that compute each output element from a few operand elements at indices known
+# from the output index (and, for dynamic-slice and gather, from index operands).
+# reduce-window loops over a window per element and stays a kernel of its own;
+# dynamic-update-slice reads its whole operand and stays top-level too.
+LOOP_FUSIBLE = frozenset({"broadcast", "reshape", "bitcast", "transpose", "reverse", "pad",
+                          "dynamic-slice", "gather"})
 
 
 def _is_loop_fusible(inst: Instruction) -> bool:

@@ -1,0 +1,179 @@
+"""CPU element generators of the HLO opcodes that compute operand indices at run time
+or per window: reverse, pad, dynamic-slice, dynamic-update-slice, gather, reduce-window.
+
+Like `data_movement.py`, each maps its result index to operand indices (XLA's
+elemental IR emitter, `elemental_ir_emitter.cc`): reverse mirrors, pad branches to
+the padding value outside the operand's (interior-spread) image, dynamic-slice and
+gather add start indices read from their index operands, clamped as XLA clamps them
+so that the slice stays inside the operand. reduce-window loops over its window with
+an accumulator, skipping padding and base-dilation holes (never folding the init
+value in for them). Semantics match `tfxla_lite.hlo.evaluator`.
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+
+from tfxla_lite.codegen.cpu.emitter import (
+    I64,
+    Index,
+    KernelContext,
+    i64,
+    is_signed,
+    register,
+    value_type,
+)
+from tfxla_lite.hlo.ir import Instruction
+
+
+def _to_i64(ctx: KernelContext, value: ir.Value, element_type: str) -> ir.Value:
+    """An index value of an integer element type, widened to i64 by its signedness."""
+    width = value.type.width
+    if width == 64:
+        return value
+    if is_signed(element_type):
+        return ctx.builder.sext(value, I64)
+    return ctx.builder.zext(value, I64)
+
+
+def _clamp(ctx: KernelContext, value: ir.Value, high: int) -> ir.Value:
+    """min(max(value, 0), high) in signed i64; `high` >= 0."""
+    b = ctx.builder
+    value = b.select(b.icmp_signed("<", value, i64(0)), i64(0), value)
+    return b.select(b.icmp_signed(">", value, i64(high)), i64(high), value)
+
+
+@register("reverse")
+def emit_reverse(ctx: KernelContext, inst: Instruction, index: Index) -> ir.Value:
+    operand = inst.operand(0)
+    b = ctx.builder
+    multi = list(index.get_multi(b))
+    for d in inst.dimensions:
+        multi[d] = b.sub(i64(inst.shape.dims[d] - 1), multi[d], flags=["nsw"])
+    return ctx.value(operand, Index(operand.shape.dims, multi))
+
+
+@register("pad")
+def emit_pad(ctx: KernelContext, inst: Instruction, index: Index) -> ir.Value:
+    operand, padding_value = inst.operands
+    b = ctx.builder
+    multi = index.get_multi(b)
+    inside: ir.Value = ir.Constant(ir.IntType(1), 1)
+    operand_multi = []
+    for value, size, d in zip(multi, operand.shape.dims, inst.attributes["padding"].dimensions):
+        # Position in the interior-spread operand; it is an operand element when it
+        # is in range and falls on a multiple of (interior + 1).
+        position = b.sub(value, i64(d.low), flags=["nsw"]) if d.low else value
+        step = d.interior + 1
+        element = position
+        checks = [b.icmp_signed(">=", position, i64(0)),
+                  b.icmp_signed("<", position, i64((size - 1) * step + 1))]
+        if step != 1:
+            checks.append(b.icmp_signed("==", b.srem(position, i64(step)), i64(0)))
+            element = b.sdiv(position, i64(step))
+        for check in checks:
+            inside = b.and_(inside, check)
+        operand_multi.append(element)
+    if operand.shape.num_elements == 0:
+        return ctx.value(padding_value, Index.scalar())
+    return ctx.branch_value(
+        inside, lambda: ctx.value(operand, Index(operand.shape.dims, operand_multi)),
+        lambda: ctx.value(padding_value, Index.scalar()), name="pad")
+
+
+def _start_indices(ctx: KernelContext, starts: tuple[Instruction, ...],
+                   dims: tuple[int, ...], sizes: tuple[int, ...]) -> list[ir.Value]:
+    """Dynamic start indices, clamped to [0, dim - size] as XLA does."""
+    values = []
+    for start, dim, size in zip(starts, dims, sizes):
+        raw = _to_i64(ctx, ctx.value(start, Index.scalar()), start.shape.element_type)
+        values.append(_clamp(ctx, raw, dim - size))
+    return values
+
+
+@register("dynamic-slice")
+def emit_dynamic_slice(ctx: KernelContext, inst: Instruction, index: Index) -> ir.Value:
+    operand, *starts = inst.operands
+    b = ctx.builder
+    begin = _start_indices(ctx, tuple(starts), operand.shape.dims, inst.shape.dims)
+    multi = [b.add(v, s, flags=["nsw"]) for v, s in zip(index.get_multi(b), begin)]
+    return ctx.value(operand, Index(operand.shape.dims, multi))
+
+
+@register("dynamic-update-slice")
+def emit_dynamic_update_slice(ctx: KernelContext, inst: Instruction, index: Index) -> ir.Value:
+    operand, update, *starts = inst.operands
+    b = ctx.builder
+    if update.shape.num_elements == 0:
+        return ctx.value(operand, index)
+    begin = _start_indices(ctx, tuple(starts), operand.shape.dims, update.shape.dims)
+    multi = index.get_multi(b)
+    inside: ir.Value = ir.Constant(ir.IntType(1), 1)
+    update_multi = []
+    for value, start, size in zip(multi, begin, update.shape.dims):
+        offset = b.sub(value, start, flags=["nsw"])
+        inside = b.and_(inside, b.icmp_signed(">=", offset, i64(0)))
+        inside = b.and_(inside, b.icmp_signed("<", offset, i64(size)))
+        update_multi.append(offset)
+    return ctx.branch_value(inside, lambda: ctx.value(update, Index(update.shape.dims,
+                                                                    update_multi)),
+                            lambda: ctx.value(operand, index), name="update")
+
+
+@register("gather")
+def emit_gather(ctx: KernelContext, inst: Instruction, index: Index) -> ir.Value:
+    operand, indices = inst.operands
+    attrs = inst.attributes
+    b = ctx.builder
+    offset_dims = tuple(attrs["offset_dims"])
+    collapsed = set(attrs["collapsed_slice_dims"])
+    vector_dim = int(attrs["index_vector_dim"])
+    sizes = tuple(attrs["slice_sizes"])
+    multi = index.get_multi(b)
+    batch = [v for d, v in enumerate(multi) if d not in offset_dims]
+    offsets = iter(v for d, v in enumerate(multi) if d in offset_dims)
+    operand_multi: list[ir.Value] = [next(offsets) if d not in collapsed else i64(0)
+                                     for d in range(operand.shape.rank)]
+    for k, d in enumerate(attrs["start_index_map"]):
+        position = list(batch)
+        if vector_dim < indices.shape.rank:
+            position.insert(vector_dim, i64(k))
+        raw = ctx.value(indices, Index(indices.shape.dims, position))
+        start = _clamp(ctx, _to_i64(ctx, raw, indices.shape.element_type),
+                       operand.shape.dims[d] - sizes[d])
+        operand_multi[d] = b.add(operand_multi[d], start, flags=["nsw"])
+    return ctx.value(operand, Index(operand.shape.dims, operand_multi))
+
+
+@register("reduce-window")
+def emit_reduce_window(ctx: KernelContext, inst: Instruction, index: Index) -> ir.Value:
+    if len(inst.operands) != 2 or inst.shape.is_tuple:
+        raise NotImplementedError(
+            f"CPU backend: variadic reduce-window (%{inst.name}, {len(inst.operands) // 2} "
+            "inputs)")
+    operand, init = inst.operands
+    b = ctx.builder
+    window = inst.attributes["window"].dimensions
+    out_multi = index.get_multi(b)
+    accumulator = ctx.alloca(value_type(inst.shape.element_type), name="window.accumulator")
+    b.store(ctx.value(init, Index.scalar()), accumulator)
+    with ctx.loop_nest(tuple(d.size for d in window), name="window") as window_multi:
+        inside: ir.Value = ir.Constant(ir.IntType(1), 1)
+        operand_multi = []
+        for out, offset, d, size in zip(out_multi, window_multi, window, operand.shape.dims):
+            position = b.add(b.mul(out, i64(d.stride)), b.mul(offset, i64(d.window_dilation)))
+            position = b.sub(position, i64(d.padding_low))
+            element = position
+            inside = b.and_(inside, b.icmp_signed(">=", position, i64(0)))
+            if d.base_dilation != 1:
+                inside = b.and_(inside, b.icmp_signed(
+                    "==", b.srem(position, i64(d.base_dilation)), i64(0)))
+                element = b.sdiv(position, i64(d.base_dilation))
+            inside = b.and_(inside, b.icmp_signed("<", element, i64(size)))
+            operand_multi.append(element)
+        with b.if_then(inside), ctx.scope():
+            x = ctx.value(operand, Index(operand.shape.dims, operand_multi))
+            combined = ctx.apply_computation(inst.called_computations[0],
+                                             [b.load(accumulator), x])
+            b.store(combined, accumulator)
+    return b.load(accumulator)
