@@ -51,6 +51,9 @@ class Executable:
     hlo_text: str = ""  # before tfxla_lite.passes.optimize
     optimized_hlo_text: str = ""
     assignment_text: str = ""
+    # Where the machine code came from: "llvm" (compiled for this executable), or a
+    # compile cache hit, "memory" or "disk" (codegen/cache.py).
+    compiled_from: str = "llvm"
     _entry: Any = field(init=False, repr=False)
 
     def __post_init__(self) -> None:

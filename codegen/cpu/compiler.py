@@ -18,6 +18,8 @@ from typing import Any
 
 from llvmlite import ir
 
+from tfxla_lite.codegen import cache as kernel_cache
+
 # Importing the emitter modules fills the EMITTERS registry.
 from tfxla_lite.codegen.cpu import (  # noqa: F401
     data_movement,
@@ -145,6 +147,9 @@ def emit_kernel(module: ir.Module, pool: ConstantPool, inst: Instruction,
             raise NotImplementedError(f"CPU backend: tuple-shaped operand %{operand.name} "
                                       f"of %{inst.name}")
     root, _ = _kernel_body(inst)
+    if root.shape.is_tuple:
+        raise NotImplementedError(f"CPU backend: variadic {root.opcode} (%{inst.name}) returns "
+                                  "a tuple; kernels with several outputs are not supported")
     if root.opcode == "dot" and inst.opcode == "dot" and (plan := plan_gemm(inst)) is not None:
         ctx, output, inputs = _new_kernel(module, pool, inst, _kernel_name(inst), noalias_output)
         emit_gemm_kernel(ctx, inst, plan, output, inputs[0], inputs[1])
@@ -276,13 +281,60 @@ def _overlaps(a: Any, b: Any) -> bool:
 
 
 def compile(module: HloModule, assignment: Any, hlo_text: str = "",
-            optimized_hlo_text: str = "", threads: int | None = None) -> Executable:
+            optimized_hlo_text: str = "", threads: int | None = None,
+            cache: bool | None = None) -> Executable:
     """Emit, optimize and JIT-compile `module` under `assignment`.
 
     `threads` is the team size of parallel kernels (None: every CPU this process may
-    use; 1: all kernels serial).
+    use; 1: all kernels serial). `cache` chooses the compile caches (`codegen/cache.py`;
+    None: as `TFXLA_LITE_CACHE` says): a hit reuses machine code and emits nothing.
     """
     team = parallel.effective_threads(threads)
+    entry = module.entry
+    assert entry is not None and entry.root is not None
+    if any(inst.opcode == "dot" and plan_gemm(inst) is not None for inst in entry.instructions):
+        # OpenBLAS's threads spin between GEMMs and hold the cores a team would need:
+        # mixing the two pools costs whole time slices, so such executables stay serial
+        # outside their GEMMs (which OpenBLAS runs in parallel itself).
+        team = 1
+    root = entry.root
+    outputs = list(root.operands) if root.opcode == "tuple" else [root]
+    optimized_hlo_text = optimized_hlo_text or module.to_text()
+    assignment_text = assignment.to_text()
+    caches = kernel_cache.policy(cache)
+    key = kernel_cache.fingerprint(optimized_hlo_text, assignment_text, team)
+    signature = {"entry": ENTRY_NAME, "temp_bytes": int(assignment.temp_bytes),
+                 "parameters": [str(p.shape) for p in entry.parameters],
+                 "outputs": [str(o.shape) for o in outputs]}
+    code = kernel_cache.memory_lookup(key) if caches.memory else None
+    if code is None and caches.disk:
+        code = kernel_cache.disk_load(key, signature)
+    if code is None:
+        code = _compile_code(module, assignment, team)
+        if caches.disk:
+            kernel_cache.disk_store(key, signature, code)
+    if caches.memory:
+        kernel_cache.memory_store(key, code)
+    return Executable(
+        module=module,
+        assignment=assignment,
+        parameter_shapes=[p.shape for p in entry.parameters],
+        output_shapes=[o.shape for o in outputs],
+        temp_bytes=int(assignment.temp_bytes),
+        kernel_count=code.kernel_count,
+        llvm_ir=code.llvm_ir,
+        llvm_ir_optimized=code.llvm_ir_optimized,
+        entry_address=code.entry_address,
+        engine=code.engine,
+        hlo_text=hlo_text or module.to_text(),
+        optimized_hlo_text=optimized_hlo_text,
+        assignment_text=assignment_text,
+        compiled_from=code.source,
+    )
+
+
+def _compile_code(module: HloModule, assignment: Any, team: int) -> kernel_cache.CompiledCode:
+    """Emit the module's LLVM IR (kernels and `entry`), optimize it and JIT it."""
     entry = module.entry
     assert entry is not None and entry.root is not None
     root = entry.root
@@ -304,11 +356,6 @@ def compile(module: HloModule, assignment: Any, hlo_text: str = "",
                                                  params_arg, outputs_arg, temp_arg)
         return pointers[id(inst)]
 
-    if any(inst.opcode == "dot" and plan_gemm(inst) is not None for inst in entry.instructions):
-        # OpenBLAS's threads spin between GEMMs and hold the cores a team would need:
-        # mixing the two pools costs whole time slices, so such executables stay serial
-        # outside their GEMMs (which OpenBLAS runs in parallel itself).
-        team = 1
     kernel_count = 0
     for inst in entry.instructions:
         if inst.opcode in _NO_KERNEL or (inst is root and inst.opcode == "tuple"):
@@ -340,23 +387,11 @@ def compile(module: HloModule, assignment: Any, hlo_text: str = "",
     llvm_ref = engine.parse_and_verify(text)
     engine.optimize(llvm_ref)
     optimized_text = str(llvm_ref)
-    execution_engine = engine.jit(llvm_ref)
+    execution_engine, object_code = engine.jit(llvm_ref)
     address = execution_engine.get_function_address(ENTRY_NAME)
-    return Executable(
-        module=module,
-        assignment=assignment,
-        parameter_shapes=[p.shape for p in entry.parameters],
-        output_shapes=[o.shape for o in outputs],
-        temp_bytes=int(assignment.temp_bytes),
-        kernel_count=kernel_count,
-        llvm_ir=text,
-        llvm_ir_optimized=optimized_text,
-        entry_address=address,
-        engine=execution_engine,
-        hlo_text=hlo_text or module.to_text(),
-        optimized_hlo_text=optimized_hlo_text or module.to_text(),
-        assignment_text=assignment.to_text(),
-    )
+    kernel_cache.count("llvm_compilations")
+    return kernel_cache.CompiledCode(execution_engine, address, kernel_count, text,
+                                     optimized_text, object_code)
 
 
 def _buffer_pointer(builder: ir.IRBuilder, pool: ConstantPool, assignment: Any,

@@ -63,11 +63,57 @@ def optimize(module: llvm.ModuleRef, speed_level: int = 3) -> None:
     builder.getModulePassManager().run(module, builder)
 
 
-def jit(module: llvm.ModuleRef) -> llvm.ExecutionEngine:
-    """Compile `module` to machine code in this process; keep the engine alive to run it."""
+def jit(module: llvm.ModuleRef) -> tuple[llvm.ExecutionEngine, bytes]:
+    """Compile `module` to machine code in this process; keep the engine alive to run it.
+
+    Also returns the object file MCJIT produced (through its object-cache hook, so the
+    code is generated once), which `codegen/cache.py` stores and `load_object` loads.
+    """
     engine = llvm.create_mcjit_compiler(module, target_machine())
+    objects: list[bytes] = []
+    engine.set_object_cache(notify_func=lambda _module, data: objects.append(data))
+    engine.finalize_object()
+    return engine, (objects[0] if objects else b"")
+
+
+def load_object(object_code: bytes, symbols: list[str]) -> llvm.ExecutionEngine:
+    """An engine running a previously compiled object file: relocation only, no codegen.
+
+    `symbols` are the object's external symbols (BLAS, libgomp, libm, libc); MCJIT
+    aborts the process on one it cannot resolve, so each is checked first (after
+    `bind_runtime`) and a missing one raises `LookupError`.
+    """
+    triple, data_layout = _host()
+    host = llvm.parse_assembly(f'target triple = "{triple}"\n'
+                               f'target datalayout = "{data_layout}"\n')
+    # Creating the engine makes the process's own symbols searchable.
+    engine = llvm.create_mcjit_compiler(host, target_machine())
+    missing = [name for name in symbols if not llvm.address_of_symbol(name)]
+    if missing:
+        raise LookupError(f"unresolved symbols {', '.join(missing)}")
+    engine.add_object_file(llvm.ObjectFileRef.from_data(object_code))
     engine.finalize_object()
     return engine
+
+
+def bind_runtime() -> None:
+    """Bind every library routine generated code may call (cached objects skip the
+    emitters, which otherwise bind them as they use them)."""
+    from tfxla_lite.codegen.cpu import parallel
+
+    half_runtime()
+    gemm("f32")
+    gemm("f64")
+    parallel.openmp_available()
+
+
+def host_description() -> dict[str, str]:
+    """What generated code depends on besides its IR: LLVM, target, CPU and features."""
+    major, minor, patch = llvm.llvm_version_info
+    triple, data_layout = _host()
+    return {"llvm": f"{major}.{minor}.{patch}", "triple": triple, "data_layout": data_layout,
+            "cpu": llvm.get_host_cpu_name(),
+            "features": llvm.get_host_cpu_features().flatten()}
 
 
 # Half-precision conversions LLVM lowers to compiler-rt calls when the CPU has no

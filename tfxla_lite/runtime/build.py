@@ -29,6 +29,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from tfxla_lite.cache_dir import cache_root
+
 try:
     import fcntl
 except ImportError:  # pragma: no cover - no flock on this platform; the rename still protects
@@ -89,16 +91,6 @@ def default_config(source: Path | None = None) -> BuildConfig:
         compile_flags=tuple(tf.sysconfig.get_compile_flags()),
         link_flags=tuple(tf.sysconfig.get_link_flags()),
     )
-
-
-def cache_root() -> Path:
-    """The tfxla-lite cache folder; the op library lives under its `ops/`."""
-    override = os.environ.get("TFXLA_LITE_CACHE_DIR")
-    if override:
-        return Path(override).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "tfxla_lite"
 
 
 def library_path(config: BuildConfig | None = None) -> Path:
