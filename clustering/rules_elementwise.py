@@ -325,3 +325,63 @@ def _lower_selu(ctx: LoweringContext, op: tf.Operation, operands: Operands
                                   ctx.emit("exponential-minus-one", [x])])
     above = ctx.emit("multiply", [ctx.full(SELU_SCALE, x.shape), x])
     return [ctx.emit("select", [negative, below, above])]
+
+
+# -- erfc --------------------------------------------------------------------------------------
+# Cephes' erfcf polynomials in y = 1/x² for erfc(x)·|x|·exp(x²), highest degree first, as
+# XLA's ErfcImpl32 evaluates them: P below |x| = 2, R above.
+_ERFC_P = (2.326819970068386e-2, -1.387039388740657e-1, 3.687424674597105e-1,
+           -5.824733027278666e-1, 6.210004621745983e-1, -4.944515323274145e-1,
+           3.404879937665872e-1, -2.741127028184656e-1, 5.638259427386472e-1)
+_ERFC_R = (-1.047766399936249e+1, 1.297719955372516e+1, -7.495518717768503e+0,
+           2.921019019210786e+0, -1.015265279202700e+0, 4.218463358204948e-1,
+           -2.820767439740514e-1, 5.641895067754075e-1)
+# Above this x², exp(-x²) is below the smallest subnormal float (Cephes' MAXLOGF).
+_ERFC_MAX_SQUARE = 88.72283905206835
+# Veltkamp's splitter for 24-bit floats: x·4097 - (x·4097 - x) keeps x's top 12 bits, so
+# the high part squares exactly.
+_SPLITTER = 4097.0
+
+
+def _horner(ctx: LoweringContext, y: Instruction, coefficients: tuple[float, ...]
+            ) -> Instruction:
+    result = ctx.full(coefficients[0], y.shape)
+    for c in coefficients[1:]:
+        result = ctx.emit("add", [ctx.emit("multiply", [result, y]), ctx.full(c, y.shape)])
+    return result
+
+
+def _exp_minus_square(ctx: LoweringContext, a: Instruction) -> Instruction:
+    """exp(-a²) without the error of rounding a² (40 ulp at a = 9): a = high + low with
+    high² exact, so exp(-a²) = exp(-high²)·exp(-(2·high + low)·low)."""
+    scaled = ctx.emit("multiply", [a, ctx.full(_SPLITTER, a.shape)])
+    high = ctx.emit("subtract", [scaled, ctx.emit("subtract", [scaled, a])])
+    low = ctx.emit("subtract", [a, high])
+    high_square = ctx.emit("negate", [ctx.emit("multiply", [high, high])])
+    cross = ctx.emit("multiply", [ctx.emit("add", [ctx.emit("add", [high, high]), low]), low])
+    return ctx.emit("multiply", [ctx.emit("exponential", [high_square]),
+                                 ctx.emit("exponential", [ctx.emit("negate", [cross])])])
+
+
+@register("Erfc", dtypes=frozenset({"float32"}), note="float32 only (XLA's ErfcImpl32)")
+def _lower_erfc(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                ) -> list[Instruction]:
+    # As XLA and Cephes: 1 - erf(x) for |x| <= 1 (no cancellation there: erfc >= 0.157),
+    # else exp(-x²)/|x|·P, erfc(-x) = 2 - erfc(x), and 0 once exp(-x²) underflows.
+    x = operands[0]
+    one = ctx.full(1, x.shape)
+    near_zero = ctx.emit("subtract", [one, ctx.emit("erf", [x])])
+    a = ctx.emit("abs", [x])
+    q = ctx.emit("divide", [one, a])
+    y = ctx.emit("multiply", [q, q])
+    below_two = ctx.emit("compare", [a, ctx.full(2.0, x.shape)], direction="LT")
+    p = ctx.emit("select", [below_two, _horner(ctx, y, _ERFC_P), _horner(ctx, y, _ERFC_R)])
+    tail = ctx.emit("multiply", [ctx.emit("multiply", [_exp_minus_square(ctx, a), q]), p])
+    underflow = ctx.emit("compare", [ctx.emit("multiply", [a, a]),
+                                     ctx.full(_ERFC_MAX_SQUARE, x.shape)], direction="GT")
+    tail = ctx.emit("select", [underflow, ctx.full(0, x.shape), tail])
+    negative = ctx.emit("compare", [x, ctx.full(0, x.shape)], direction="LT")
+    tail = ctx.emit("select", [negative, ctx.emit("subtract", [ctx.full(2.0, x.shape), tail]),
+                               tail])
+    large = ctx.emit("compare", [a, one], direction="GT")
+    return [ctx.emit("select", [large, tail, near_zero])]

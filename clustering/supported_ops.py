@@ -15,7 +15,7 @@ NOT_SUPPORTED: dict[str, str] = {
     "Cumsum, Cumprod": "need a reduce-window (or scan) HLO opcode",
     "StridedSlice with negative strides, ReverseV2": "need a reverse HLO opcode",
     "Bitcast": "needs a bitcast-convert HLO opcode",
-    "Erfc": "no accurate lowering from erf alone for large x yet",
+    "Erfc in float64": "Cephes' polynomials are float32's; float64 needs its own",
     "MirrorPad": "needs a reverse HLO opcode",
     "GatherV2, ScatterNd, ResourceGather": "need gather/scatter HLO opcodes",
     "Einsum with an ellipsis or a repeated label": "not lowered yet (a diagonal needs a gather)",

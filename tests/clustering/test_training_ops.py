@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 import tensorflow as tf
-from tf_harness import check_against_tf, inputs, over_shapes, sample, trace
+from tf_harness import check_against_tf, inputs, over_shapes, run_clusters, sample, trace
 from tolerances import assert_close
 
 from tfxla_lite import examples
@@ -309,8 +309,70 @@ def test_gelu_gradient_uses_the_compiled_erf() -> None:
                      [x], "Erf", compare=_model_compare)
 
 
+# -- Erfc: Keras' exact gelu ------------------------------------------------------------------
+def _ordered_bits(values: np.ndarray) -> np.ndarray:
+    """float32 bits as integers ordered like the floats, so differences count ulps."""
+    bits = values.astype(np.float32).view(np.int32).astype(np.int64)
+    return np.where(bits < 0, -(bits & 0x7FFFFFFF), bits)
+
+
+def _erfc_sweep() -> np.ndarray:
+    # Dense over [-12, 12] (erfc underflows past 10.05; 1 - erf(x) would be 0 from 3.9 on),
+    # plus the branch points and the edges.
+    edges = [np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0, -1.0, np.nextafter(1, 2), 2.0, -2.0,
+             np.nextafter(2, 0), 9.194, 10.05, 10.06, 1e-30, -1e30]
+    return np.concatenate([np.linspace(-12, 12, 120001), edges]).astype(F32)
+
+
+def test_erfc_f32_accuracy() -> None:
+    x = _erfc_sweep()
+    concrete = trace(tf.math.erfc, [x])
+    evaluated, executed = run_clusters(concrete, [x])
+    exact = np.array([math.erfc(float(v)) if np.isfinite(v) else math.nan for v in x])
+    exact[x == np.inf], exact[x == -np.inf] = 0.0, 2.0
+    expected_tf = tf.math.erfc(x).numpy()
+    normal = np.abs(exact) >= np.finfo(F32).tiny
+    finite = np.isfinite(x)
+    for where, actual in [("evaluator", *evaluated.values()), ("compiled", *executed.values())]:
+        assert np.array_equal(np.isnan(actual), np.isnan(x)), where
+        assert actual[x == np.inf] == 0 and actual[x == -np.inf] == 2, where
+        # Where erfc is a normal float: within 8 ulp of the exact value (TF's own kernel
+        # is 65 ulp off near x = 8.8, where exp(-x²) loses the rounding error of x²).
+        error = np.abs(_ordered_bits(actual[normal]) - _ordered_bits(exact[normal]))
+        assert error.max() <= 8, f"{where}: {error.max()} ulp at x={x[normal][error.argmax()]}"
+        tf_error = np.abs(_ordered_bits(expected_tf[normal]) - _ordered_bits(exact[normal]))
+        assert np.all(error <= tf_error + 8), where
+        # Below FLT_MIN: TF flushes to zero; we are within one smallest normal of exact.
+        tail = finite & ~normal
+        assert np.abs(actual[tail] - exact[tail]).max() <= np.finfo(F32).tiny, where
+
+
+def test_erfc_against_tf() -> None:
+    check_against_tf(over_shapes(tf.math.erfc, 1), inputs([[(3, 4)], [(0,)], [(7,)]], [F32]),
+                     "Erfc")
+
+
+def test_erfc_float64_stays_in_tf() -> None:
+    # Cephes' polynomials are float32's; 1 - erf(x) would lose float64's tail.
+    graph = trace(tf.math.erfc, [np.zeros(3, F64)]).graph
+    assert [d.reason for d in mark(graph).values() if d.op_type == "Erfc"] == [
+        "dtype float64 not supported by Erfc"]
+
+
+def test_exact_gelu_gradient_compiles() -> None:
+    # keras.activations.gelu(approximate=False): 0.5·x·erfc(-x/√2); its gradient is made of
+    # Exp, Square, Neg and Mul, all compiled.
+    x = sample((4, 8), F32, seed=2, edges=False) * 3
+    gelu = _gradient_fn(lambda v: 0.5 * v * tf.math.erfc(-v / math.sqrt(2.0)))
+    graph = trace(gelu, [x]).graph
+    left_out = {d.op_type: d.reason for d in mark(graph).values()
+                if not d.compilable and d.op_type not in PLUMBING_OPS}
+    assert not left_out, left_out
+    check_against_tf(gelu, [x], "Erfc", compare=_model_compare)
+
+
 TESTED_OPS = ({o for o, _, _ in GRADIENTS} | {o for o, _, _ in DIVISIONS}
               | {o for o, _, _ in UNARY}
               | {"BiasAddGrad", "BroadcastGradientArgs", "ClipByValue",
                  "SoftmaxCrossEntropyWithLogits", "SparseSoftmaxCrossEntropyWithLogits",
-                 "ArgMax", "ArgMin", "OneHot"})
+                 "ArgMax", "ArgMin", "OneHot", "Erfc"})

@@ -1,0 +1,103 @@
+"""Function-call inlining (tfxla_lite/inline.py): nested tf.function bodies join the
+caller's clusters, stateful body ops stay in TF with their effects, and a graph
+without calls is left as it is."""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+import tfxla_lite as tl
+from tfxla_lite.inline import CALL_OP_TYPES, inline_function_calls
+
+
+def _x() -> np.ndarray:
+    return np.random.default_rng(0).uniform(-1, 1, (4, 4)).astype(np.float32)
+
+
+def test_graph_without_calls_is_not_copied() -> None:
+    concrete = tf.function(lambda x: tf.tanh(x) * 2.0).get_concrete_function(
+        tf.TensorSpec((4, 4), tf.float32))
+    assert inline_function_calls(concrete.graph) is None
+
+
+def test_nested_bodies_cluster_with_the_caller() -> None:
+    @tf.function
+    def innermost(x: tf.Tensor) -> tf.Tensor:
+        return tf.nn.relu(x) * 3.0
+
+    @tf.function
+    def inner(x: tf.Tensor) -> tf.Tensor:
+        return innermost(tf.tanh(x)) - 1.0
+
+    def outer(x: tf.Tensor) -> tf.Tensor:
+        return inner(x * 2.0) + 1.0
+
+    f = tl.function(outer, jit_compile=True)
+    x = _x()
+    np.testing.assert_allclose(f(x), tf.function(outer)(x), rtol=1e-6, atol=1e-6)
+    report = tl.explain(f, x)
+    assert len(report.compiled_clusters) == 1
+    types = {op_type for _, op_type in report.compiled_clusters[0].ops}
+    assert {"Mul", "Tanh", "Relu", "Sub", "AddV2"} <= types
+    assert not types & CALL_OP_TYPES
+    assert not [n for n in report.fallbacks if n.op_type in CALL_OP_TYPES]
+
+
+def test_stateful_body_keeps_its_effects_and_its_state_ops_in_tf() -> None:
+    v = tf.Variable(tf.ones((4, 4)))
+
+    @tf.function
+    def step(x: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        y = tf.nn.relu(x @ v) * 2.0
+        v.assign_add(tf.ones((4, 4)) * 0.5)
+        return y + 1.0, tf.reduce_sum(y)
+
+    def outer(x: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        y, total = step(x * 2.0)
+        return tf.tanh(y) + total, y
+
+    x = _x()
+    expected = []
+    for _ in range(2):
+        expected.append([t.numpy() for t in tf.function(outer)(x)])
+    expected_variable = v.numpy()
+    v.assign(tf.ones((4, 4)))
+    f = tl.function(outer)
+    for want in expected:
+        for got, value in zip(f(x), want):
+            np.testing.assert_allclose(got, value, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(v.numpy(), expected_variable)
+    report = tl.explain(f, x)
+    left = {n.op_type: n.reason for n in report.fallbacks}
+    assert left["AssignAddVariableOp"] == "argument/variable plumbing"
+    assert "MatMul" in {t for c in report.compiled_clusters for _, t in c.ops}
+
+
+def test_call_with_only_effects_still_runs() -> None:
+    # A call whose only use is its effect: a control output of the caller.
+    counter = tf.Variable(0.0)
+
+    @tf.function
+    def bump() -> None:
+        counter.assign_add(1.0)
+
+    def outer(x: tf.Tensor) -> tf.Tensor:
+        bump()
+        return tf.tanh(x) * 2.0 + 1.0 - x
+
+    f = tl.function(outer)
+    f(_x())
+    f(_x())
+    assert counter.numpy() == 2.0
+
+
+def test_stateful_random_op_in_a_body_stays_in_tf() -> None:
+    @tf.function
+    def noisy(x: tf.Tensor) -> tf.Tensor:
+        return x + tf.random.uniform((4, 4)) * 0.0 + tf.tanh(x) * 2.0 - 1.0
+
+    report = tl.explain(lambda x: noisy(x) * 3.0 + 1.0, _x())
+    reasons = {n.op_type: n.reason for n in report.fallbacks}
+    assert reasons["RandomUniform"] == "stateful op"
+    assert report.compiled_clusters

@@ -1,0 +1,142 @@
+"""Real models train compiled: Keras `fit` with `model.compile(jit_compile=True)` under
+`tl.enable()` against the same model, seeds and data trained by plain TF.
+
+Each test reports (print, `pytest -s`) the share of compute ops and FLOPs that ran in
+compiled clusters (`tfxla_lite.coverage`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import keras
+import numpy as np
+import pytest
+
+import tfxla_lite as tl
+from tfxla_lite import coverage
+
+
+class _BatchLosses(keras.callbacks.Callback):
+    def __init__(self) -> None:
+        super().__init__()
+        self.losses: list[float] = []
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        self.losses.append(float(logs["loss"]))
+
+
+def _train(build: Callable[[], keras.Model], x: Any, y: Any, compiled: bool, epochs: int,
+           batch_size: int) -> tuple[list[float], list[np.ndarray], coverage.FunctionCoverage]:
+    keras.utils.set_random_seed(0)
+    model = build()
+    losses = _BatchLosses()
+    if compiled:
+        tl.enable()
+    try:
+        with coverage.record() as recorded:
+            model.fit(x, y, epochs=epochs, batch_size=batch_size, shuffle=False, verbose=0,
+                      callbacks=[losses])
+    finally:
+        tl.disable()
+    return losses.losses, [w.numpy() for w in model.weights], coverage.total(recorded)
+
+
+def _compare(name: str, build: Callable[[], keras.Model], x: Any, y: Any, epochs: int,
+             batch_size: int, loss_rtol: float, weight_atol: float
+             ) -> coverage.FunctionCoverage:
+    plain_losses, plain_weights, _ = _train(build, x, y, False, epochs, batch_size)
+    losses, weights, share = _train(build, x, y, True, epochs, batch_size)
+    print(f"\n{name}: {share.ops_compiled} of {share.ops_compiled + share.ops_left} compute "
+          f"ops compiled ({share.op_share:.1%}), FLOPs {share.flop_share:.1%}; "
+          f"left: {dict(list(share.left_out.items())[:8])}")
+    assert len(losses) == len(plain_losses)
+    np.testing.assert_allclose(losses, plain_losses, rtol=loss_rtol)
+    for got, want in zip(weights, plain_weights):
+        np.testing.assert_allclose(got, want, atol=weight_atol, rtol=weight_atol)
+    return share
+
+
+def _mlp() -> keras.Model:
+    model = keras.Sequential([keras.Input((784,)), keras.layers.Dense(512, activation="relu"),
+                              keras.layers.Dense(512, activation="relu"),
+                              keras.layers.Dense(10)])
+    model.compile(optimizer=keras.optimizers.Adam(1e-3), jit_compile=True,
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def test_mlp_adam_ragged_last_batch() -> None:
+    rng = np.random.default_rng(0)
+    x = rng.uniform(0, 1, (200, 784)).astype(np.float32)
+    y = rng.integers(0, 10, 200)
+    share = _compare("MLP 784-512-512-10, Adam", _mlp, x, y, epochs=2, batch_size=64,
+                     loss_rtol=1e-4, weight_atol=1e-4)
+    assert share.op_share > 0.8 and share.flop_share > 0.95
+
+
+def _transformer(dropout: float) -> Callable[[], keras.Model]:
+    def build() -> keras.Model:
+        tokens = keras.Input((16,), dtype="int32")
+        x = keras.layers.Embedding(50, 32)(tokens)
+        attention = keras.layers.MultiHeadAttention(2, 16, dropout=dropout)(x, x)
+        x = keras.layers.LayerNormalization()(x + keras.layers.Dropout(dropout)(attention))
+        hidden = keras.layers.Dense(64, activation=keras.activations.gelu)(x)
+        hidden = keras.layers.Dropout(dropout)(keras.layers.Dense(32)(hidden))
+        x = keras.layers.LayerNormalization()(x + hidden)
+        logits = keras.layers.Dense(5)(keras.layers.GlobalAveragePooling1D()(x))
+        model = keras.Model(tokens, logits)
+        model.compile(optimizer=keras.optimizers.Adam(1e-3), jit_compile=True,
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return model
+
+    return build
+
+
+def _tokens() -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(1)
+    return rng.integers(0, 50, (96, 16)).astype(np.int32), rng.integers(0, 5, 96)
+
+
+def test_transformer_block_matches_tf() -> None:
+    x, y = _tokens()
+    share = _compare("Transformer block, dropout 0", _transformer(0.0), x, y, epochs=2,
+                     batch_size=40, loss_rtol=1e-4, weight_atol=2e-4)
+    assert share.op_share > 0.5
+
+
+def test_transformer_block_with_dropout_trains() -> None:
+    # Dropout's random ops stay in TF (Keras draws stateless random masks from a
+    # seed-generator variable), yet the masks do not match plain TF's even at the first
+    # step (loss 1.646 against 1.614 in one epoch of batches of 32): how the seed
+    # variable's reads and increments are ordered after the rewrite is not pinned down
+    # yet. So check that training runs, stays finite and learns.
+    x, y = _tokens()
+    losses, weights, share = _train(_transformer(0.1), x, y, True, epochs=4, batch_size=32)
+    print(f"\nTransformer block, dropout 0.1: {share.op_share:.1%} of ops, "
+          f"{share.flop_share:.1%} of FLOPs compiled")
+    assert np.all(np.isfinite(losses)) and all(np.isfinite(w).all() for w in weights)
+    assert np.mean(losses[-3:]) < np.mean(losses[:3])
+
+
+def _rnn() -> keras.Model:
+    model = keras.Sequential([keras.Input((12, 8)), keras.layers.LSTM(16, unroll=False),
+                              keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse", jit_compile=True)
+    return model
+
+
+def test_lstm_over_while_loop() -> None:
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(48, 12, 8)).astype(np.float32)
+    y = x.sum(axis=(1, 2))[:, None].astype(np.float32) * 0.1
+    share = _compare("LSTM (tf.while_loop)", _rnn, x, y, epochs=2, batch_size=20,
+                     loss_rtol=1e-4, weight_atol=1e-4)
+    assert any(reason.startswith("While") for reason in share.left_out)
+
+
+@pytest.fixture(autouse=True)
+def _disabled_after() -> Any:
+    yield
+    tl.disable()
