@@ -49,6 +49,7 @@ PACKAGES = {
     "tfxla_lite.hlo": "tfxla_lite/hlo",
     "tfxla_lite.passes": "tfxla_lite/passes",
     "tfxla_lite.runtime": "tfxla_lite/runtime",
+    "tfxla_lite.report_html": "tfxla_lite/report_html",
     "tfxla_lite.clustering": "clustering",
     "tfxla_lite.codegen": "codegen",
     "tfxla_lite.codegen.cpu": "codegen/cpu",
@@ -66,6 +67,8 @@ setup(
     extras_require={
         "tf": ["tensorflow-cpu>=2.16"],
         "test": ["pytest", "hypothesis", "ruff"],
+        # Only the benchmark suite's plot needs it (`python -m benchmarks`).
+        "bench": ["matplotlib>=3.7"],
     },
     entry_points={"console_scripts": ["tfxla-lite=tfxla_lite.cli:main"]},
     cmdclass={"build_py": BuildPyWithStartupHook},

@@ -45,6 +45,9 @@ TOLERANCES: dict[str, Tolerance] = {
         "Elu", "exponential", "exponential-minus-one", "log", "log-plus-one", "tanh",
         "logistic", "erf", "power", "sine", "cosine", "tan", "atan2", "cbrt")},
     "Softplus": Tolerance(ulps=4, atol=1e-6, signed_zero=True),
+    # TF's kernel rounds x² before exp(-x²): 8 ulp off at |x| = 3, 65 at 8.8; ours is
+    # within 8 ulp of exact (test_training_ops.test_erfc_f32_accuracy).
+    "Erfc": Tolerance(ulps=16, atol=1e-7),
     "Sqrt": Tolerance(ulps=2), "Rsqrt": Tolerance(ulps=2), "sqrt": Tolerance(ulps=2),
     "rsqrt": Tolerance(ulps=2), "Reciprocal": Tolerance(ulps=2), "RealDiv": Tolerance(ulps=2),
     "Div": Tolerance(ulps=2), "divide": Tolerance(ulps=2),

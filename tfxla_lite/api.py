@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from tfxla_lite import dump
 from tfxla_lite.compiler import CompilationError, Program, build_program
 from tfxla_lite.flags import get_options
 from tfxla_lite.options import Options
@@ -193,6 +194,7 @@ class Function:
                                       note=f"whole function left to TensorFlow: "
                                            f"{type(error).__name__}: {error}")
             program = Program(concrete, report, run=self._tracer)
+            dump.dump_trace(options, concrete.graph, report)
         return program
 
     # -- inspection ----------------------------------------------------------------------

@@ -2,6 +2,9 @@
 
 - `tfxla-lite demo [EXAMPLE...]`: compile the seed models; show clusters, HLO, timings.
 - `tfxla-lite build-op`: build (or find cached) the C++ launch op.
+- `tfxla-lite coverage SCRIPT [ARG...] [--json] [--no-tf]`: run SCRIPT with tfxla-lite
+  (auto_jit=2); print, per traced function, the compute ops and FLOPs compiled and the
+  ops left in TF by reason, beside TF's own auto-clustering (`tfxla_lite/coverage.py`).
 - `tfxla-lite opt FILE [-p simplify,cse,dce,fuse,assign-buffers]`: parse HLO text (XLA's
   or ours; `-` reads stdin), run the passes, print the module (and, for a trailing
   `assign-buffers`, the buffer assignment).
@@ -58,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
                         add_help=False)
     commands.add_parser("build-op", help="build (or find cached) the C++ launch op",
                         add_help=False)
+    commands.add_parser("coverage", help="run a script with tfxla-lite; report the share of "
+                        "ops and FLOPs compiled, beside TF's auto-clustering", add_help=False)
     _add_opt_parser(commands)
     _add_run_hlo_parser(commands)
     args, rest = parser.parse_known_args(argv)
@@ -69,6 +74,10 @@ def main(argv: list[str] | None = None) -> int:
         from tfxla_lite.runtime.build import main as build_main
 
         return build_main(rest)
+    if args.command == "coverage":
+        from tfxla_lite.coverage import main as coverage_main
+
+        return coverage_main(rest)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     options = HloFileOptions(path=args.file, pipeline=args.pipeline, verify=args.verify,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from tfxla_lite import dump
 from tfxla_lite import dynamic as dynamic_clusters
 from tfxla_lite.autojit import original_tf_function
 from tfxla_lite.clustering.cluster import form_clusters
@@ -29,6 +31,7 @@ from tfxla_lite.clustering.lower import lower_cluster
 from tfxla_lite.clustering.mark import PLUMBING_OPS, MarkOptions, format_source, mark
 from tfxla_lite.codegen import compile_module
 from tfxla_lite.hlo import HloModule
+from tfxla_lite.inline import inline_function_calls
 from tfxla_lite.options import Options
 from tfxla_lite.report import ClusteringReport, ClusterReport, FallbackNode
 from tfxla_lite.rewrite import (
@@ -83,6 +86,9 @@ class Program:
     concrete_run: Any = None
     # Clusters with unknown dimensions, compiled per input signature at run time.
     dynamic_clusters: list[dynamic_clusters.DynamicCluster] = field(default_factory=list)
+    # The graph that was marked and rewritten: the trace's, or its copy with function
+    # calls inlined.
+    graph: Any = None
 
     def compiler_ir(self, stage: str) -> str:
         texts = {
@@ -115,7 +121,9 @@ def build_program(concrete_function: Any, jit_compile: bool | None, options: Opt
     `options.max_shape_specializations` if set, else DEFAULT_MAX_SPECIALIZATIONS),
     after which new ones run the cluster's TF ops.
     """
-    graph = concrete_function.graph
+    # Nested function calls are spelled out first, so that their bodies can join the
+    # caller's clusters (tfxla_lite/inline.py); node names stay those of the trace.
+    graph = inline_function_calls(concrete_function.graph) or concrete_function.graph
     function_name = concrete_function.name
     if isinstance(function_name, bytes):
         function_name = function_name.decode()
@@ -157,6 +165,7 @@ def build_program(concrete_function: Any, jit_compile: bool | None, options: Opt
                 key = f"{function_name}/{cluster.name}/{next(_executable_ids)}"
                 dynamic_cluster = _plan_dynamic(graph, cluster, key, jit_compile, options,
                                                 max_specializations)
+                dynamic_cluster.on_compiled = _dump_specialization(options, function_name)
                 compiled.append(_dynamic_compiled_cluster(cluster, dynamic_cluster,
                                                           fallback=not jit_compile))
                 planned.append(dynamic_cluster)
@@ -165,10 +174,13 @@ def build_program(concrete_function: Any, jit_compile: bool | None, options: Opt
                 logger.info("tfxla-lite: %s of %s has unknown dimensions: compiled per input "
                             "shape at run time", cluster.name, function_name)
                 continue
+            started = time.perf_counter()
             module = lower_cluster(graph, cluster)
             hlo_text = module.to_text()
             executable = compile_module(module, pipeline=options.effective_pipeline,
                                         verify=options.verify)
+            dump.dump_cluster(options, function_name, cluster.name, hlo_text, executable,
+                              time.perf_counter() - started)
         except Exception as error:  # noqa: BLE001 - any failure means: leave it to TF
             if jit_compile:
                 raise CompilationError(
@@ -203,8 +215,11 @@ def build_program(concrete_function: Any, jit_compile: bool | None, options: Opt
         logger.info("tfxla-lite: compiled %s of %s: %d ops, %d kernels", cluster.name,
                     function_name, len(ops), executable.kernel_count)
 
-    program = Program(concrete_function, report, artifacts, dynamic_clusters=planned)
-    program.run = _rewritten_function(concrete_function, compiled, generalize=bool(planned))
+    dump.dump_trace(options, graph, report)
+    program = Program(concrete_function, report, artifacts, dynamic_clusters=planned,
+                      graph=graph)
+    program.run = _rewritten_function(concrete_function, compiled, generalize=bool(planned),
+                                      graph=graph)
     return program
 
 
@@ -220,6 +235,18 @@ def _plan_dynamic(graph: tf.Graph, cluster: Any, key: str, jit_compile: bool | N
     planned.max_specializations = None if jit_compile else max_specializations
     dynamic_clusters.register(planned)
     return planned
+
+
+def _dump_specialization(options: Options, function_name: str) -> Callable | None:
+    """The hook a dynamic cluster calls as each shape compiles, when dumps are on."""
+    if dump.dump_directory(options) is None:
+        return None
+
+    def on_compiled(artifacts: Any, seconds: float) -> None:
+        dump.dump_cluster(options, function_name, artifacts.name.split(" ")[0],
+                          artifacts.hlo_text, artifacts.executable, seconds, artifacts.name)
+
+    return on_compiled
 
 
 def _dynamic_compiled_cluster(cluster: Any, planned: dynamic_clusters.DynamicCluster,
@@ -242,10 +269,11 @@ def _must_compile_message(function_name: str, offending: list[FallbackNode]) -> 
 
 
 def _rewritten_function(concrete_function: Any, clusters: list[CompiledCluster],
-                        generalize: bool = False) -> Callable:
+                        generalize: bool = False, graph: tf.Graph | None = None) -> Callable:
     """A tf.function that runs the rewritten graph; called like the original function.
-    `generalize`: its dynamic clusters take any shape, so retrace with unknown dims."""
-    graph = concrete_function.graph
+    `generalize`: its dynamic clusters take any shape, so retrace with unknown dims.
+    `graph`: the graph the clusters are of, when not the trace's own (inlined calls)."""
+    graph = graph if graph is not None else concrete_function.graph
     graph_def = rewrite_graph_def(graph.as_graph_def(add_shapes=True), clusters)
     placeholder_names = [t.op.name for t in concrete_function.inputs]
     captured = list(concrete_function.captured_inputs)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -99,6 +100,8 @@ class DynamicCluster:
     max_specializations: int | None = 10  # None: no limit (must-compile mode)
     must_compile: bool = False
     specializations: list[SpecializationArtifacts] = field(default_factory=list)
+    # Called with (SpecializationArtifacts, compile seconds) after each compile (dumps).
+    on_compiled: Any = None
     _results: dict[Any, Any] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _logged_limit: bool = field(default=False, repr=False)
@@ -133,6 +136,7 @@ class DynamicCluster:
 
     def compile(self, request: loader.SpecializationRequest) -> loader.Specialization:
         """Lower and compile the cluster for the shapes (and values) of `request`."""
+        started = time.perf_counter()
         graph = tf.Graph()
         with graph.as_default():
             tf.graph_util.import_graph_def(self.specialized_graph_def(request), name="")
@@ -147,6 +151,8 @@ class DynamicCluster:
         shapes = ", ".join(str(list(s)) for s in request.shapes)
         self.specializations.append(SpecializationArtifacts(
             f"{self.cluster.name} ({shapes})", module, hlo_text, executable))
+        if self.on_compiled is not None:
+            self.on_compiled(self.specializations[-1], time.perf_counter() - started)
         logger.info("tfxla-lite: compiled %s for input shapes %s: %d kernels", self.key, shapes,
                     executable.kernel_count)
         return loader.Specialization(executable.entry_address, executable.temp_bytes,

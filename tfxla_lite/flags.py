@@ -88,9 +88,9 @@ FLAGS: dict[str, Flag] = {flag.name: flag for flag in (
          "only these TF op types may join a cluster, e.g. AddV2,MatMul"),
     Flag("clustering_debug", "", _boolean, "log every clustering decision at INFO"),
     Flag("dump_to", "DIR", _text,
-         "directory for dumps (checked and kept; dumps are not written yet)"),
+         "write XLA-style dumps and report.html into DIR ('-': HLO to stdout)"),
     Flag("dump_hlo_as_text", "", _boolean,
-         "dump HLO as text into --dump_to (not written yet)"),
+         "dump HLO as text (the default format; alone: HLO to stdout)"),
     Flag("disable_passes", "PASS,PASS,...", _names,
          "take these passes out of the pipeline, e.g. fuse,cse"),
     Flag("verify", "", _boolean, "run the HLO verifier after every pass"),
@@ -163,7 +163,6 @@ class OptionsHolder:
         self._environment: dict[str, Any] | None = None
         self._changes: dict[str, Any] = {}
         self._announced = False
-        self._dump_warning_given = False
 
     def environment_changes(self) -> dict[str, Any]:
         if self._environment is None:
@@ -185,19 +184,14 @@ class OptionsHolder:
         return options
 
     def _apply(self, options: Options) -> None:
-        """What options do outside the compiler: the logger's level, the dumps notice."""
+        """What options do outside the compiler: the logger's level."""
         configure_logging(options)
-        if (options.dump_to or options.dump_hlo_as_text) and not self._dump_warning_given:
-            self._dump_warning_given = True
-            logger.warning("tfxla-lite: --dump_to/--dump_hlo_as_text are accepted, but dumps "
-                           "are not implemented yet: nothing is written")
 
     def reset(self) -> None:
         """Forget the environment and `set_options`: the next `get()` reads both anew."""
         self._environment = None
         self._changes = {}
         self._announced = False
-        self._dump_warning_given = False
 
 
 PROCESS_OPTIONS = OptionsHolder()

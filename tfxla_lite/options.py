@@ -40,8 +40,10 @@ class Options:
     the patched `tf.function` raises `CompilationError` like `tfxla_lite.function`
     does, instead of falling back to auto-clustering with a warning. `log_level`
     sets the level of the "tfxla_lite" logger (None: leave it as it is).
-    `dump_to` and `dump_hlo_as_text` are accepted and checked, but dumps are not
-    written yet.
+    `dump_to`: a directory for XLA-style dumps of every compiled cluster and every
+    clustering decision, and report.html (`tfxla_lite.dump`); "-" prints the HLO to
+    stdout. `dump_hlo_as_text`: HLO as text, the default and only format; alone, it
+    prints the HLO to stdout, as XLA's `--xla_dump_hlo_as_text` does.
     """
 
     min_cluster_size: int = 4

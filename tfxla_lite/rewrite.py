@@ -16,7 +16,7 @@ the If node takes the launch node's name, so consumers are re-pointed the same w
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,20 +103,6 @@ def rewritten_tensor_name(tensor_name: str, clusters: Sequence[CompiledCluster])
     return f"{op}:{index}"
 
 
-def _drop_colocation_with(node: tf.compat.v1.NodeDef, removed: Mapping[str, object]) -> None:
-    """Remove `_class: loc:@op` colocation constraints naming ops that the rewrite
-    removed (import_graph_def rejects a constraint on an op it cannot find)."""
-    if "_class" not in node.attr:
-        return
-    kept = [c for c in node.attr["_class"].list.s
-            if not (c.startswith(b"loc:@") and c[5:].decode() in removed)]
-    if kept:
-        del node.attr["_class"].list.s[:]
-        node.attr["_class"].list.s.extend(kept)
-    else:
-        del node.attr["_class"]
-
-
 def rewrite_graph_def(graph_def: tf.compat.v1.GraphDef,
                       clusters: Sequence[CompiledCluster]) -> tf.compat.v1.GraphDef:
     """A copy of `graph_def` with each cluster replaced by its launch node."""
@@ -132,7 +118,6 @@ def rewrite_graph_def(graph_def: tf.compat.v1.GraphDef,
             continue
         copy = result.node.add()
         copy.CopyFrom(node)
-        _drop_colocation_with(copy, owner)
         del copy.input[:]
         seen_controls: set[str] = set()
         for reference in node.input:
@@ -206,6 +191,24 @@ def add_branch_functions(graph: tf.Graph, clusters: Sequence[CompiledCluster]) -
             function.add_to_graph(graph)
 
 
+def _without_colocation_outside(graph_def: tf.compat.v1.GraphDef,
+                                present: set[str]) -> tf.compat.v1.GraphDef:
+    """A copy of `graph_def` whose `_class: loc:@op` colocation constraints name only
+    ops in `present` (import_graph_def rejects a constraint on an op it cannot find)."""
+    result = tf.compat.v1.GraphDef()
+    result.CopyFrom(graph_def)
+    for node in result.node:
+        if "_class" not in node.attr:
+            continue
+        kept = [c for c in node.attr["_class"].list.s
+                if not c.startswith(b"loc:@") or c[5:].decode() in present]
+        del node.attr["_class"].list.s[:]
+        node.attr["_class"].list.s.extend(kept)
+        if not kept:
+            del node.attr["_class"]
+    return result
+
+
 def import_rewritten(graph_def: tf.compat.v1.GraphDef, placeholder_names: Sequence[str],
                      feeds: Sequence[tf.Tensor], output_names: Sequence[str],
                      control_output_names: Sequence[str]) -> list[tf.Tensor]:
@@ -221,6 +224,11 @@ def import_rewritten(graph_def: tf.compat.v1.GraphDef, placeholder_names: Sequen
     placeholders = {node.name for node in graph_def.node if node.op == "Placeholder"}
     input_map = {f"{name}:0": feed for name, feed in zip(placeholder_names, feeds)
                  if name in placeholders}
+    # Ops removed into clusters and placeholders bound by input_map are not created.
+    present = {node.name for node in graph_def.node} - {n for n in placeholder_names
+                                                         if n in placeholders}
+    if any("_class" in node.attr for node in graph_def.node):
+        graph_def = _without_colocation_outside(graph_def, present)
     elements = list(output_names) + list(control_output_names)
     imported = tf.graph_util.import_graph_def(graph_def, input_map=input_map,
                                               return_elements=elements, name="tfxla_lite")
