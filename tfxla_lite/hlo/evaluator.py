@@ -39,7 +39,7 @@ NumPy floating-point warnings are silenced: overflow to inf and NaN are results.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -491,14 +491,27 @@ def _reduce(inst: Instruction, operands: Sequence[Any]) -> Any:
     rows = [np.transpose(x, kept + list(axes)).reshape(kept_shape + (-1,)) for x in inputs]
     results = [np.empty(kept_shape, dtype=init.dtype) for init in inits]
     for index in np.ndindex(*kept_shape):
-        accumulators: list[Any] = [init for init in inits]
-        for k in range(rows[0].shape[-1]):
-            elements = [np.asarray(row[index + (k,)]) for row in rows]
-            out = evaluate_computation(computation, accumulators + elements)
-            accumulators = list(out) if isinstance(out, tuple) else [out]
-        for result, accumulator in zip(results, accumulators, strict=True):
+        elements = ([np.asarray(row[index + (k,)]) for row in rows]
+                    for k in range(rows[0].shape[-1]))
+        for result, accumulator in zip(results, _fold(computation, inits, elements),
+                                       strict=True):
             result[index] = accumulator
-    if n == 1:
+    return _reduce_results(inst, results)
+
+
+def _fold(computation: Computation, inits: Sequence[Any],
+          elements: Iterable[list[np.ndarray]]) -> list[Any]:
+    """Apply a (variadic) reducer computation over `elements`, starting from `inits`."""
+    accumulators: list[Any] = list(inits)
+    for values in elements:
+        out = evaluate_computation(computation, accumulators + values)
+        accumulators = list(out) if isinstance(out, tuple) else [out]
+    return accumulators
+
+
+def _reduce_results(inst: Instruction, results: list[np.ndarray]) -> Any:
+    """One result array, or a tuple of them for a variadic reduction."""
+    if len(results) == 1:
         return _result(results[0], inst.shape)
     return tuple(_result(r, s) for r, s in zip(results, inst.shape.tuple_shapes or (), strict=True))
 
@@ -559,17 +572,13 @@ def _reduce_window(inst: Instruction, operands: Sequence[Any]) -> Any:
     windows_valid = valid.reshape(out_dims + (window_elements,))
     results = [np.empty(out_dims, dtype=init.dtype) for init in inits]
     for index in np.ndindex(*out_dims):
-        accumulators: list[Any] = list(inits)
-        for position, real in zip(windows_linear[index], windows_valid[index]):
-            if real:
-                elements = [np.asarray(flat[position]) for flat in flats]
-                out = evaluate_computation(computation, accumulators + elements)
-                accumulators = list(out) if isinstance(out, tuple) else [out]
-        for result, accumulator in zip(results, accumulators, strict=True):
+        elements = ([np.asarray(flat[position]) for flat in flats]
+                    for position, real in zip(windows_linear[index], windows_valid[index])
+                    if real)
+        for result, accumulator in zip(results, _fold(computation, inits, elements),
+                                       strict=True):
             result[index] = accumulator
-    if n == 1:
-        return _result(results[0], inst.shape)
-    return tuple(_result(r, s) for r, s in zip(results, inst.shape.tuple_shapes or (), strict=True))
+    return _reduce_results(inst, results)
 
 
 @_reference("dot")
