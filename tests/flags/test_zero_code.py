@@ -72,15 +72,21 @@ def _losses(result: subprocess.CompletedProcess) -> list[float]:
             if line.startswith("loss ")]
 
 
-def test_keras_fit_with_jit_compile() -> None:
+def test_keras_fit_with_jit_compile(tmp_path: Path) -> None:
     # 64 samples in batches of 20: Keras' step meets an unknown batch dimension, so
     # jit_compile=True falls back to auto-clustering (which still compiles clusters).
     script, batch_size = str(SCRIPTS / "keras_fit.py"), "20"
+    dumps = tmp_path / "dumps"
     plain, hooked = _run(([script, batch_size], None),
-                         ([script, batch_size], "--auto_jit=2 --log_level=info"))
+                         ([script, batch_size],
+                          f"--auto_jit=2 --log_level=info --dump_to={dumps}"))
     expected, actual = _losses(plain), _losses(hooked)
     assert len(expected) == 2 and len(actual) == 2
     for want, got in zip(expected, actual):
         assert abs(got - want) <= 1e-5 * abs(want), (expected, actual)
     assert _launch_ops(hooked) >= 1
     assert "one_step_on_data (jit_compile=True) runs with auto-clustering" in hooked.stderr
+    # The dumps and the report of the unmodified Keras script.
+    assert (dumps / "report.html").stat().st_size > 1000
+    assert list(dumps.glob("module_*.after_optimizations.txt"))
+    assert list(dumps.glob("*one_step_on_data*.clustering.txt"))
