@@ -467,6 +467,16 @@ class CompileOp : public OpKernel {
   std::string key_;
 };
 
+// Whether one spec of the extern "C" interface is usable: a real, non-reference dtype,
+// a rank of at least 0, and dims to read when the rank is positive.
+bool IsValidSpec(int dtype, int rank, const int64_t* dims_flat) {
+  if (!tensorflow::DataType_IsValid(dtype) || dtype == tensorflow::DT_INVALID ||
+      tensorflow::IsRefType(static_cast<DataType>(dtype))) {
+    return false;
+  }
+  return rank >= 0 && (rank == 0 || dims_flat != nullptr);
+}
+
 // Reads `count` specs from the flat arrays of the extern "C" interface.
 bool ReadSpecs(int count, const int* dtypes, const int* ranks, const int64_t* dims_flat,
                std::vector<TensorSpec>* specs) {
@@ -475,12 +485,7 @@ bool ReadSpecs(int count, const int* dtypes, const int* ranks, const int64_t* di
   int64_t offset = 0;
   for (int i = 0; i < count; ++i) {
     const int dtype = dtypes[i];
-    if (!tensorflow::DataType_IsValid(dtype) || dtype == tensorflow::DT_INVALID ||
-        tensorflow::IsRefType(static_cast<DataType>(dtype))) {
-      return false;
-    }
-    if (ranks[i] < 0) return false;
-    if (ranks[i] > 0 && dims_flat == nullptr) return false;
+    if (!IsValidSpec(dtype, ranks[i], dims_flat)) return false;
     TensorShape shape;
     absl::Span<const int64_t> dims(ranks[i] > 0 ? dims_flat + offset : nullptr, ranks[i]);
     if (!TensorShape::BuildTensorShape(dims, &shape).ok()) return false;
@@ -497,11 +502,7 @@ bool ReadPartialSpecs(int count, const int* dtypes, const int* ranks, const int6
   int64_t offset = 0;
   for (int i = 0; i < count; ++i) {
     const int dtype = dtypes[i];
-    if (!tensorflow::DataType_IsValid(dtype) || dtype == tensorflow::DT_INVALID ||
-        tensorflow::IsRefType(static_cast<DataType>(dtype))) {
-      return false;
-    }
-    if (ranks[i] < 0 || (ranks[i] > 0 && dims_flat == nullptr)) return false;
+    if (!IsValidSpec(dtype, ranks[i], dims_flat)) return false;
     PartialTensorShape shape;
     absl::Span<const int64_t> dims(ranks[i] > 0 ? dims_flat + offset : nullptr, ranks[i]);
     if (!PartialTensorShape::BuildPartialTensorShape(dims, &shape).ok()) return false;
