@@ -91,10 +91,7 @@ class Function:
         if self.jit_compile is False:
             return self._tf_function(*args, **kwargs)
         args, kwargs = self._canonical(args, kwargs)
-        program = self._program(args, kwargs)
-        if program.concrete_run is not None:
-            return program.concrete_run(*args, **kwargs)
-        return program.run(*args, **kwargs)  # type: ignore[misc]
+        return self._program(args, kwargs).concrete_run(*args, **kwargs)
 
     def __get__(self, instance: Any, owner: Any = None) -> Any:
         # Methods: bind like a function would.
@@ -193,7 +190,7 @@ class Function:
             report = ClusteringReport(self._name, jit_compile,
                                       note=f"whole function left to TensorFlow: "
                                            f"{type(error).__name__}: {error}")
-            program = Program(concrete, report, run=self._tracer)
+            program = Program(concrete, report, run=self._tracer, concrete_run=concrete)
             dump.dump_trace(options, concrete.graph, report)
         return program
 
@@ -203,8 +200,7 @@ class Function:
         if self.jit_compile is False:
             return self._tf_function.get_concrete_function(*args, **kwargs)
         args, kwargs = self._canonical(args, kwargs)
-        program = self._program(args, kwargs)
-        return program.run.get_concrete_function(*args, **kwargs)  # type: ignore[union-attr]
+        return self._program(args, kwargs).concrete_run
 
     def experimental_get_compiler_ir(self, *args: Any, **kwargs: Any) -> Callable[..., str]:
         """As TF's: `f.experimental_get_compiler_ir(x)(stage='optimized_hlo')`.

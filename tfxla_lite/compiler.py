@@ -82,7 +82,8 @@ class Program:
     report: ClusteringReport
     clusters: list[CompiledClusterArtifacts] = field(default_factory=list)
     run: Callable[..., Any] | None = None
-    # `run` traced for this signature: calling it skips tf.function's dispatch.
+    # What a call of this signature runs, set by tfxla_lite.api for every program:
+    # `run` traced for it (skipping tf.function's dispatch), or the original trace.
     concrete_run: Any = None
     # Clusters with unknown dimensions, compiled per input signature at run time.
     dynamic_clusters: list[dynamic_clusters.DynamicCluster] = field(default_factory=list)
