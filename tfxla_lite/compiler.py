@@ -177,10 +177,9 @@ def build_program(concrete_function: Any, jit_compile: bool | None, options: Opt
                 continue
             started = time.perf_counter()
             module = lower_cluster(graph, cluster)
-            hlo_text = module.to_text()
             executable = compile_module(module, pipeline=options.effective_pipeline,
                                         verify=options.verify)
-            dump.dump_cluster(options, function_name, cluster.name, hlo_text, executable,
+            dump.dump_cluster(options, function_name, cluster.name, executable.hlo_text, executable,
                               time.perf_counter() - started)
         except Exception as error:  # noqa: BLE001 - any failure means: leave it to TF
             if jit_compile:
@@ -208,7 +207,8 @@ def build_program(concrete_function: Any, jit_compile: bool | None, options: Opt
             output_dtypes=tuple(t.dtype for t in outputs),
             output_shapes=tuple(_tensor_spec(t)[1] for t in outputs),
             input_dtypes=tuple(t.dtype for t in inputs)))
-        artifacts.append(CompiledClusterArtifacts(cluster.name, module, hlo_text, executable))
+        artifacts.append(CompiledClusterArtifacts(cluster.name, module, executable.hlo_text,
+                                                  executable))
         report.clusters.append(ClusterReport(
             cluster.name, ops, len(cluster.inputs), len(cluster.outputs), True,
             kernel_count=executable.kernel_count, temp_bytes=executable.temp_bytes,

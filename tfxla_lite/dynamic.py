@@ -144,13 +144,12 @@ class DynamicCluster:
                           [f"{INPUT_PREFIX}{j}:0" for j in self.param_inputs],
                           list(self.cluster.outputs))
         module = lower_cluster(graph, cluster)
-        hlo_text = module.to_text()
         executable = compile_module(module, pipeline=self.pipeline, verify=self.verify)
         outputs = [graph.get_tensor_by_name(t) for t in self.cluster.outputs]
         output_specs = tuple((t.dtype, known_dims(t)) for t in outputs)
         shapes = ", ".join(str(list(s)) for s in request.shapes)
         self.specializations.append(SpecializationArtifacts(
-            f"{self.cluster.name} ({shapes})", module, hlo_text, executable))
+            f"{self.cluster.name} ({shapes})", module, executable.hlo_text, executable))
         if self.on_compiled is not None:
             self.on_compiled(self.specializations[-1], time.perf_counter() - started)
         logger.info("tfxla-lite: compiled %s for input shapes %s: %d kernels", self.key, shapes,
