@@ -53,6 +53,7 @@ PACKAGES = {
     "tfxla_lite.clustering": "clustering",
     "tfxla_lite.codegen": "codegen",
     "tfxla_lite.codegen.cpu": "codegen/cpu",
+    "tfxla_lite.codegen.gpu": "codegen/gpu",
 }
 
 setup(
@@ -69,6 +70,9 @@ setup(
         "test": ["pytest", "hypothesis", "ruff"],
         # Only the benchmark suite's plot needs it (`python -m benchmarks`).
         "bench": ["matplotlib>=3.7"],
+        # The GPU backend (codegen/gpu): CuPy built for the CUDA 12 or 13 runtime.
+        "gpu": ["cupy-cuda12x>=13"],
+        "gpu-cuda13": ["cupy-cuda13x>=13"],
     },
     entry_points={"console_scripts": ["tfxla-lite=tfxla_lite.cli:main"]},
     cmdclass={"build_py": BuildPyWithStartupHook},

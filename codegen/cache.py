@@ -21,10 +21,22 @@ tests check that), so equal texts mean equal code.
   concurrent processes see a whole entry or none; hits refresh the file's mtime and
   the oldest entries are removed beyond `DISK_ENTRIES`.
 
+One level up, `compile_module` keeps *optimized modules* the same two ways: by a key
+of the module as lowered (its HLO text), the pipeline, the donated parameters and the
+thread count, the optimized HLO text, the buffer assignment's text, the donations
+and the kernel fingerprint (`OptimizedModule`), so a warm start runs neither the pass
+pipeline nor buffer assignment nor LLVM. On disk: `<cache root>/optimized/<key>.tlo`,
+a manifest line (the kernel environment plus a hash of the `hlo/` and `passes/`
+sources, the key, the payload's size and SHA-256) and the zlib'd payload; a load
+checks all of it. The executable built from a hit (`CachedExecutable`) parses its
+optimized module and re-runs buffer assignment only when something asks for them
+(dumps, the report page), and then checks the assignment against the stored text.
+
 `TFXLA_LITE_CACHE` (read at every compile) sets the default: unset or `1`: both
 caches; `memory`: the process only; `0`: none. `compile_module(..., cache=False)`
 turns both off for one compile, `cache=True` turns both on. `stats()` counts LLVM
-compilations and hits, so tests can see that a compile did no LLVM work.
+compilations, pass pipelines run and hits, so tests can see that a compile did no
+LLVM work and ran no pass.
 """
 
 from __future__ import annotations
@@ -35,6 +47,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import struct
 import tempfile
 import threading
@@ -45,6 +58,9 @@ from pathlib import Path
 from typing import Any
 
 import llvmlite
+
+from tfxla_lite.codegen.executable import Executable
+from tfxla_lite.hlo.ir import HloModule
 
 FORMAT = "tfxla-lite-kernel-1"
 MEMORY_ENTRIES = 256
@@ -76,6 +92,11 @@ class CacheStats:
     disk_hits: int = 0
     disk_writes: int = 0
     disk_rejected: int = 0  # entries found but not trusted
+    pipeline_runs: int = 0  # pass pipelines run by compile_module
+    optimized_memory_hits: int = 0
+    optimized_disk_hits: int = 0
+    optimized_disk_writes: int = 0
+    optimized_disk_rejected: int = 0
 
 
 @dataclass(frozen=True)
@@ -119,9 +140,11 @@ def count(field: str) -> None:
 
 
 def clear_memory() -> None:
-    """Forget the in-process entries (their executables keep their own engines)."""
+    """Forget the in-process entries, machine code and optimized modules (their
+    executables keep their own engines)."""
     with _lock:
         _memory.clear()
+        _optimized_memory.clear()
 
 
 def fingerprint(optimized_hlo_text: str, assignment_text: str, threads: int) -> str:
@@ -129,6 +152,47 @@ def fingerprint(optimized_hlo_text: str, assignment_text: str, threads: int) -> 
     for part in (optimized_hlo_text, assignment_text, f"threads={threads}"):
         hasher.update(part.encode())
         hasher.update(b"\0")
+    return hasher.hexdigest()
+
+
+def kernel_fingerprint(optimized_hlo_text: str, assignment_text: str,
+                       donations: tuple[tuple[int, int], ...], threads: int,
+                       constants: str) -> str:
+    """The machine code's key: `fingerprint` with the donations (in-place variants) and
+    the digest of the module's constants (`constants_digest`)."""
+    suffix = f"\ndonations {donations}" if donations else ""
+    return fingerprint(without_metadata(optimized_hlo_text) + f"\nconstants {constants}",
+                       assignment_text + suffix, threads)
+
+
+# `, metadata={op_type="..." op_name="..." source_file="..." source_line=N}`, which the
+# printer puts last on an instruction's line; strings escape `"` and `\`.
+_METADATA = re.compile(r', metadata=\{(?:[^"}\n]|"(?:[^"\\\n]|\\.)*")*\}$', re.MULTILINE)
+
+
+def without_metadata(hlo_text: str) -> str:
+    """The HLO text without instruction metadata (TF op names, the user's source lines):
+    no pass decides on it (they only carry it along) and codegen never reads it, so the
+    same model called from another line, or built again, shares its compile (XLA's
+    fingerprint leaves metadata out as well)."""
+    return _METADATA.sub("", hlo_text)
+
+
+def constants_digest(module: HloModule) -> str:
+    """A hash of every constant's values: the printer elides literals of more than
+    `MAX_PRINTED_LITERAL_ELEMENTS` elements as `{...}`, so the HLO text alone does not
+    tell two modules that differ only in a large constant apart (as XLA's fingerprint
+    hashes literals, not their printed form)."""
+    import numpy as np
+
+    hasher = hashlib.sha256()
+    for computation in module.computations:
+        for inst in computation.instructions:
+            if inst.opcode == "constant":
+                literal = np.ascontiguousarray(inst.literal)
+                hasher.update(f"{computation.name}/{inst.name} {inst.shape} "
+                              f"{literal.dtype.str}\0".encode())
+                hasher.update(literal.tobytes())
     return hasher.hexdigest()
 
 
@@ -156,10 +220,14 @@ def memory_store(key: str, code: CompiledCode) -> None:
 
 @cache
 def _codegen_source_hash() -> str:
-    """Editing an emitter changes the code a fingerprint stands for: key on the sources."""
+    """Editing an emitter changes the code a fingerprint stands for: key on the sources.
+
+    The CPU backend's sources only (this folder and `cpu/`): editing the GPU backend
+    leaves the CPU cache valid.
+    """
     root = Path(__file__).parent
     hasher = hashlib.sha256()
-    for path in sorted(root.rglob("*.py")):
+    for path in sorted([*root.glob("*.py"), *(root / "cpu").rglob("*.py")]):
         hasher.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
     return hasher.hexdigest()[:16]
 
@@ -210,6 +278,7 @@ def disk_load(fingerprint_: str, shapes: dict[str, Any]) -> CompiledCode | None:
     except Exception as error:  # noqa: BLE001 - a cache entry is never trusted blindly
         logger.debug("tfxla-lite: ignoring kernel cache entry %s: %s", path, error)
         count("disk_rejected")
+        _discard(path)
         return None
     try:
         os.utime(path)  # least recently used entries go first
@@ -277,10 +346,19 @@ def disk_store(fingerprint_: str, shapes: dict[str, Any], code: CompiledCode) ->
     _prune(path.parent)
 
 
-def _prune(folder: Path) -> None:
+def _discard(path: Path) -> None:
+    """Remove an entry that failed its checks: the fresh compile rewrites it anyway, and
+    a second look in this compile (kernel after optimized module) must not read it again."""
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _prune(folder: Path, suffix: str = ENTRY_SUFFIX) -> None:
     """Remove the least recently used entries beyond DISK_ENTRIES (down to 3/4 of it)."""
     try:
-        entries = [e for e in os.scandir(folder) if e.name.endswith(ENTRY_SUFFIX)]
+        entries = [e for e in os.scandir(folder) if e.name.endswith(suffix)]
         if len(entries) <= DISK_ENTRIES:
             return
         entries.sort(key=lambda e: e.stat().st_mtime)
@@ -310,3 +388,248 @@ def undefined_symbols(object_code: bytes) -> list[str]:
                 end = object_code.index(b"\0", strings_offset + name)
                 names.append(object_code[strings_offset + name:end].decode())
     return sorted(names)
+
+
+# -- optimized modules: above codegen ----------------------------------------------------
+
+OPTIMIZED_FORMAT = "tfxla-lite-optimized-1"
+OPTIMIZED_SUFFIX = ".tlo"
+_optimized_memory: collections.OrderedDict[str, OptimizedModule] = collections.OrderedDict()
+
+
+@dataclass(frozen=True)
+class OptimizedModule:
+    """What the pass pipeline and buffer assignment made of one lowered module: everything
+    an `Executable` needs besides the machine code, whose key is derived from these texts
+    (never stored beside them, so an entry cannot name code of another module)."""
+
+    optimized_hlo_text: str
+    assignment_text: str
+    temp_bytes: int
+    temp_bytes_without_reuse: int
+    donations: tuple[tuple[int, int], ...]
+    constants: str  # constants_digest of the optimized module
+    # (element type, dims) of each parameter and output, in order
+    parameters: tuple[tuple[str, tuple[int, ...]], ...]
+    outputs: tuple[tuple[str, tuple[int, ...]], ...]
+
+    def kernel_signature(self, entry_name: str) -> dict[str, Any]:
+        """The `shapes` a kernel entry is checked against (`cpu.compile` spells the same)."""
+        from tfxla_lite.hlo.shape import Shape
+
+        return {"entry": entry_name, "temp_bytes": self.temp_bytes,
+                "parameters": [str(Shape.array(t, d)) for t, d in self.parameters],
+                "outputs": [str(Shape.array(t, d)) for t, d in self.outputs]}
+
+    def kernel_fingerprint(self, threads: int) -> str:
+        return kernel_fingerprint(self.optimized_hlo_text, self.assignment_text,
+                                  self.donations, threads, self.constants)
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @staticmethod
+    def from_json(data: dict[str, Any]) -> OptimizedModule:
+        """Typed, so that a payload of the wrong shape fails here and not in a launch."""
+        def shapes(items: Any) -> tuple[tuple[str, tuple[int, ...]], ...]:
+            return tuple((str(t), tuple(int(d) for d in dims)) for t, dims in items)
+
+        module = OptimizedModule(
+            str(data["optimized_hlo_text"]), str(data["assignment_text"]),
+            int(data["temp_bytes"]), int(data["temp_bytes_without_reuse"]),
+            tuple((int(j), int(i)) for j, i in data["donations"]),
+            str(data["constants"]), shapes(data["parameters"]),
+            shapes(data["outputs"]))
+        if set(data) != {f.name for f in dataclasses.fields(OptimizedModule)}:
+            raise ValueError(f"unexpected fields {sorted(data)}")
+        return module
+
+
+def optimized_key(hlo_text: str, constants: str, pipeline: str, donate: Any,
+                  threads: int) -> str:
+    """The key of a lowered module's compile: its HLO text, its constants' digest and
+    every compile option that changes the result (the verifier does not)."""
+    hasher = hashlib.sha256()
+    for part in (without_metadata(hlo_text), f"constants={constants}", f"pipeline={pipeline}",
+                 f"donate={sorted(set(donate))}", f"threads={threads}"):
+        hasher.update(part.encode())
+        hasher.update(b"\0")
+    return hasher.hexdigest()
+
+
+@cache
+def _compiler_source_hash() -> str:
+    """The passes and the HLO IR decide the optimized module: key on their sources."""
+    import tfxla_lite.hlo
+    import tfxla_lite.passes
+
+    hasher = hashlib.sha256()
+    for package in (tfxla_lite.hlo, tfxla_lite.passes):
+        root = Path(package.__file__).parent
+        for path in sorted(root.rglob("*.py")):
+            hasher.update(f"{package.__name__}/{path.relative_to(root)}".encode() + b"\0"
+                          + path.read_bytes())
+    return hasher.hexdigest()[:16]
+
+
+def _optimized_environment() -> dict[str, str]:
+    return {**environment(), "format": OPTIMIZED_FORMAT,
+            "compiler_sources": _compiler_source_hash()}
+
+
+def optimized_disk_path(key: str) -> Path:
+    from tfxla_lite.cache_dir import cache_root
+
+    hasher = hashlib.sha256(key.encode())
+    hasher.update(json.dumps(_optimized_environment(), sort_keys=True).encode())
+    return cache_root() / "optimized" / (hasher.hexdigest()[:40] + OPTIMIZED_SUFFIX)
+
+
+def optimized_lookup(key: str, caches: CachePolicy) -> OptimizedModule | None:
+    """The optimized module of `key` from the process, else from disk (verified)."""
+    if caches.memory:
+        with _lock:
+            found = _optimized_memory.get(key)
+            if found is not None:
+                _optimized_memory.move_to_end(key)
+                _stats.optimized_memory_hits += 1
+                return found
+    if not caches.disk:
+        return None
+    path = optimized_disk_path(key)
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    try:
+        newline = data.find(b"\n")
+        if newline < 0:
+            raise ValueError("no manifest line")
+        manifest = json.loads(data[:newline])
+        for name, value in {**_optimized_environment(), "key": key}.items():
+            if manifest.get(name) != value:
+                raise ValueError(f"manifest {name} is {manifest.get(name)!r}, expected {value!r}")
+        payload = data[newline + 1:]
+        if len(payload) != int(manifest["size"]):
+            raise ValueError(f"payload of {len(payload)} bytes, expected {manifest['size']}")
+        if hashlib.sha256(payload).hexdigest() != manifest["sha256"]:
+            raise ValueError("payload checksum mismatch")
+        found = OptimizedModule.from_json(json.loads(zlib.decompress(payload)))
+    except Exception as error:  # noqa: BLE001 - a cache entry is never trusted blindly
+        logger.debug("tfxla-lite: ignoring optimized-module cache entry %s: %s", path, error)
+        count("optimized_disk_rejected")
+        _discard(path)
+        return None
+    try:
+        os.utime(path)
+    except OSError:
+        pass
+    count("optimized_disk_hits")
+    if caches.memory:
+        _optimized_memory_store(key, found)
+    return found
+
+
+def optimized_store(key: str, module: OptimizedModule, caches: CachePolicy) -> None:
+    """Keep `module` in the process and write it to disk, as `caches` says."""
+    if caches.memory:
+        _optimized_memory_store(key, module)
+    if not caches.disk:
+        return
+    path = optimized_disk_path(key)
+    payload = zlib.compress(json.dumps(module.to_json()).encode(), 1)
+    manifest = {**_optimized_environment(), "key": key, "size": len(payload),
+                "sha256": hashlib.sha256(payload).hexdigest()}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(json.dumps(manifest, sort_keys=True).encode() + b"\n" + payload)
+            os.chmod(temporary, 0o644)
+            os.replace(temporary, path)
+        finally:
+            if os.path.exists(temporary):
+                os.unlink(temporary)
+    except OSError as error:
+        logger.debug("tfxla-lite: could not write optimized-module entry %s: %s", path, error)
+        return
+    count("optimized_disk_writes")
+    _prune(path.parent, OPTIMIZED_SUFFIX)
+
+
+def _optimized_memory_store(key: str, module: OptimizedModule) -> None:
+    with _lock:
+        _optimized_memory[key] = module
+        _optimized_memory.move_to_end(key)
+        while len(_optimized_memory) > MEMORY_ENTRIES:
+            _optimized_memory.popitem(last=False)
+
+
+def kernel_lookup(fingerprint_: str, shapes: dict[str, Any],
+                  caches: CachePolicy) -> CompiledCode | None:
+    """The machine code of `fingerprint_` from the process, else from disk."""
+    code = memory_lookup(fingerprint_) if caches.memory else None
+    if code is None and caches.disk:
+        code = disk_load(fingerprint_, shapes)
+        if code is not None and caches.memory:
+            memory_store(fingerprint_, code)
+    return code
+
+
+class CachedExecutable(Executable):
+    """An `Executable` made from an optimized-module hit and cached machine code: no
+    pass, no buffer assignment, no LLVM ran for it. Its `module` and `assignment` are
+    parsed from the stored optimized HLO and assigned again only when something reads
+    them (dumps, the report page); that assignment must print as the stored one."""
+
+    temp_bytes_without_reuse: int = 0  # the assignment's figure, kept for the report
+
+    @property  # type: ignore[override]
+    def module(self) -> HloModule:
+        self._materialize()
+        return self.__dict__["_module"]
+
+    @module.setter
+    def module(self, value: HloModule | None) -> None:
+        self.__dict__["_module"] = value
+
+    @property  # type: ignore[override]
+    def assignment(self) -> Any:
+        self._materialize()
+        return self.__dict__["_assignment"]
+
+    @assignment.setter
+    def assignment(self, value: Any) -> None:
+        self.__dict__["_assignment"] = value
+
+    def _materialize(self) -> None:
+        if self.__dict__.get("_module") is not None:
+            return
+        from tfxla_lite.hlo.parser import parse_module
+        from tfxla_lite.passes import assign_buffers
+
+        module = parse_module(self.optimized_hlo_text)
+        assignment = assign_buffers(module)
+        if assignment.to_text() != self.assignment_text:
+            raise RuntimeError(f"tfxla-lite: the cached optimized module {module.name} does "
+                               "not reproduce its buffer assignment")
+        self.__dict__["_assignment"] = assignment
+        self.__dict__["_module"] = module
+
+
+def cached_executable(found: OptimizedModule, code: CompiledCode,
+                      hlo_text: str) -> CachedExecutable:
+    from tfxla_lite.hlo.shape import Shape
+
+    executable = CachedExecutable(
+        module=None, assignment=None,  # type: ignore[arg-type]
+        parameter_shapes=[Shape.array(t, d) for t, d in found.parameters],
+        output_shapes=[Shape.array(t, d) for t, d in found.outputs],
+        temp_bytes=found.temp_bytes, kernel_count=code.kernel_count, llvm_ir=code.llvm_ir,
+        llvm_ir_optimized=code.llvm_ir_optimized, entry_address=code.entry_address,
+        engine=code.engine, hlo_text=hlo_text, optimized_hlo_text=found.optimized_hlo_text,
+        assignment_text=found.assignment_text, compiled_from=code.source,
+        donations=found.donations)
+    executable.temp_bytes_without_reuse = found.temp_bytes_without_reuse
+    return executable

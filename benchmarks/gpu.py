@@ -1,0 +1,253 @@
+"""GPU benchmark: tfxla-lite's fused CUDA kernels against unfused CuPy and JAX's XLA:GPU.
+
+Run on a machine with a CUDA GPU and CuPy (`pip install -e '.[gpu]'`, plus `jax[cuda12]`
+for the third column):
+
+    python benchmarks/gpu.py [--repeat 50] [--json benchmarks/results/gpu.json]
+
+Each workload is built once as an HLO module (the same program for every contender),
+compiled by `tfxla_lite.codegen.gpu`, written the obvious way in CuPy (one kernel per
+operation, as eager TF or NumPy code runs), and with `jax.jit` when JAX sees a GPU.
+Times are medians of `--repeat` runs measured with CUDA events after warm-up, outputs are
+checked against each other first. Never run here: it was written on a machine without a
+GPU (docs/gpu.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tfxla_lite.hlo.ir import Computation, HloModule, Instruction  # noqa: E402
+from tfxla_lite.hlo.shape import Shape  # noqa: E402
+
+
+def _module(name: str) -> tuple[HloModule, Computation]:
+    module = HloModule(name)
+    return module, module.new_computation("main", entry=True)
+
+
+def _scalar(comp: Computation, value: float, shape: Shape) -> Instruction:
+    return comp.create("broadcast", [comp.add_constant(value, shape.element_type)],
+                       shape=shape, dimensions=())
+
+
+def _reduce(comp: Computation, x: Instruction, dims: tuple[int, ...], kind: str,
+            init: float) -> Instruction:
+    assert comp.module is not None
+    return comp.create("reduce", [x, comp.add_constant(init, x.shape.element_type)],
+                       called_computations=[comp.module.reduction_computation(
+                           kind, x.shape.element_type)], dimensions=dims)
+
+
+def reduce_sum_module(n: int) -> HloModule:
+    module, comp = _module("reduce_sum_x_plus_y_times_z")
+    shape = Shape("f32", (n,))
+    x, y, z = (comp.add_parameter(i, shape) for i in range(3))
+    total = comp.create("add", [x, comp.create("multiply", [y, z])])
+    comp.root = _reduce(comp, total, (0,), "add", 0.0)
+    return module
+
+
+def gelu_module(n: int) -> HloModule:
+    module, comp = _module("gelu")
+    shape = Shape("f32", (n,))
+    x = comp.add_parameter(0, shape)
+    cube = comp.create("multiply", [x, comp.create("multiply", [x, x])])
+    inner = comp.create("add", [x, comp.create("multiply", [_scalar(comp, 0.044715, shape),
+                                                            cube])])
+    scaled = comp.create("multiply", [_scalar(comp, math.sqrt(2 / math.pi), shape), inner])
+    one_plus = comp.create("add", [_scalar(comp, 1.0, shape), comp.create("tanh", [scaled])])
+    comp.root = comp.create("multiply", [comp.create("multiply", [_scalar(comp, 0.5, shape),
+                                                                 x]), one_plus])
+    return module
+
+
+def softmax_module(rows: int, width: int) -> HloModule:
+    module, comp = _module("softmax")
+    shape = Shape("f32", (rows, width))
+    x = comp.add_parameter(0, shape)
+    largest = _reduce(comp, x, (1,), "maximum", float("-inf"))
+    e = comp.create("exponential", [comp.create("subtract", [x, comp.create(
+        "broadcast", [largest], shape=shape, dimensions=(0,))])])
+    total = _reduce(comp, e, (1,), "add", 0.0)
+    comp.root = comp.create("divide", [e, comp.create("broadcast", [total], shape=shape,
+                                                      dimensions=(0,))])
+    return module
+
+
+def layer_norm_module(rows: int, width: int) -> HloModule:
+    module, comp = _module("layer_norm")
+    shape, rows_shape = Shape("f32", (rows, width)), Shape("f32", (rows,))
+    x = comp.add_parameter(0, shape)
+    mean = comp.create("multiply", [_reduce(comp, x, (1,), "add", 0.0),
+                                    _scalar(comp, 1.0 / width, rows_shape)])
+    centered = comp.create("subtract", [x, comp.create("broadcast", [mean], shape=shape,
+                                                       dimensions=(0,))])
+    variance = comp.create("multiply", [_reduce(comp, comp.create(
+        "multiply", [centered, centered]), (1,), "add", 0.0), _scalar(comp, 1.0 / width,
+                                                                       rows_shape)])
+    inverse = comp.create("rsqrt", [comp.create("add", [variance, _scalar(comp, 1e-5,
+                                                                           rows_shape)])])
+    comp.root = comp.create("multiply", [centered, comp.create("broadcast", [inverse],
+                                                               shape=shape, dimensions=(0,))])
+    return module
+
+
+def dense_module(m: int, k: int, n: int) -> HloModule:
+    module, comp = _module("dense_bias_relu")
+    x = comp.add_parameter(0, Shape("f32", (m, k)))
+    w = comp.add_parameter(1, Shape("f32", (k, n)))
+    b = comp.add_parameter(2, Shape("f32", (n,)))
+    product = comp.create("dot", [x, w], lhs_contracting_dims=(1,), rhs_contracting_dims=(0,))
+    biased = comp.create("add", [product, comp.create("broadcast", [b], shape=product.shape,
+                                                      dimensions=(1,))])
+    comp.root = comp.create("maximum", [biased, _scalar(comp, 0.0, product.shape)])
+    return module
+
+
+@dataclass
+class Workload:
+    name: str
+    build: Callable[[], HloModule]
+    # Unfused: one CuPy operation per HLO op; also traced by jax.jit with jax.numpy.
+    array_fn: Callable[..., Any]
+    bytes_moved: int  # the least memory traffic: inputs read once, outputs written once
+
+
+def workloads() -> list[Workload]:
+    n, rows, width = 1 << 22, 4096, 1024
+
+    def softmax(xp: Any, x: Any) -> Any:
+        e = xp.exp(x - x.max(axis=1, keepdims=True))
+        return e / e.sum(axis=1, keepdims=True)
+
+    def layer_norm(xp: Any, x: Any) -> Any:
+        mean = x.mean(axis=1, keepdims=True)
+        centered = x - mean
+        return centered / xp.sqrt((centered * centered).mean(axis=1, keepdims=True) + 1e-5)
+
+    def gelu(xp: Any, x: Any) -> Any:
+        return 0.5 * x * (1 + xp.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x * x * x)))
+
+    return [
+        Workload("reduce_sum(x+y*z) 4M", lambda: reduce_sum_module(n),
+                 lambda xp, x, y, z: (x + y * z).sum(), 12 * n),
+        Workload("GELU 4M", lambda: gelu_module(n), gelu, 8 * n),
+        Workload("softmax 4096x1024", lambda: softmax_module(rows, width), softmax,
+                 8 * rows * width),
+        Workload("layer norm 4096x1024", lambda: layer_norm_module(rows, width), layer_norm,
+                 8 * rows * width),
+        Workload("dense+bias+relu 2048^3", lambda: dense_module(2048, 2048, 2048),
+                 lambda xp, x, w, b: xp.maximum(x @ w + b, 0), 4 * 3 * 2048 * 2048),
+    ]
+
+
+def time_gpu(cupy: Any, fn: Callable[[], Any], repeat: int) -> float:
+    """Median milliseconds of `fn` by CUDA events, after three warm-up calls."""
+    for _ in range(3):
+        fn()
+    cupy.cuda.Device().synchronize()
+    times = []
+    for _ in range(repeat):
+        start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, end))
+    return statistics.median(times)
+
+
+def time_host(fn: Callable[[], Any], repeat: int) -> float:
+    """Median milliseconds of `fn` (which waits for its device work) by the host clock:
+    JAX runs on streams of its own, which CuPy's events do not see."""
+    import time
+
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def measure(cupy: Any, workload: Workload, rng: np.random.Generator, repeat: int,
+            has_jax: bool) -> dict[str, Any]:
+    """One workload's row: outputs checked against unfused CuPy, then timed."""
+    from tfxla_lite.codegen.gpu import compile_module
+
+    executable = compile_module(workload.build())
+    inputs = [cupy.asarray(rng.standard_normal(s.dims).astype(np.float32))
+              for s in executable.parameter_shapes]
+    ours = executable(*inputs)[0]
+    theirs = workload.array_fn(cupy, *inputs)
+    np.testing.assert_allclose(cupy.asnumpy(ours), cupy.asnumpy(theirs), rtol=2e-3,
+                               atol=2e-3, err_msg=workload.name)
+    fused = time_gpu(cupy, lambda: executable(*inputs), repeat)
+    unfused = time_gpu(cupy, lambda: workload.array_fn(cupy, *inputs), repeat)
+    jax_ms = None
+    if has_jax:
+        import jax
+        import jax.numpy as jnp
+
+        jitted = jax.jit(lambda *xs: workload.array_fn(jnp, *xs))
+        jax_inputs = [jnp.asarray(cupy.asnumpy(x)) for x in inputs]
+        jax_ms = time_host(lambda: jitted(*jax_inputs).block_until_ready(), repeat)
+    return {"workload": workload.name, "tfxla_lite_ms": fused,
+            "kernels": executable.kernel_count, "cupy_unfused_ms": unfused, "jax_ms": jax_ms,
+            "gb_per_s": workload.bytes_moved / (fused * 1e-3) / 1e9}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=50)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    try:
+        import cupy
+
+        cupy.cuda.runtime.getDeviceCount()
+    except Exception as error:  # noqa: BLE001
+        print(f"needs CuPy and a CUDA GPU: {error}", file=sys.stderr)
+        return 2
+    try:
+        import jax
+
+        has_jax = any(d.platform == "gpu" for d in jax.devices())
+    except Exception:  # noqa: BLE001 - JAX absent or without a GPU
+        has_jax = False
+    properties = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
+    print(f"# {properties['name'].decode()}: median ms of {args.repeat} runs\n")
+    print("| workload | tfxla-lite | kernels | unfused CuPy | JAX XLA:GPU | GB/s (tfxla-lite) |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    results = []
+    rng = np.random.default_rng(0)
+    for workload in workloads():
+        row = measure(cupy, workload, rng, args.repeat, has_jax)
+        row["device"] = properties["name"].decode()
+        jax_text = f"{row['jax_ms']:.3f}" if row["jax_ms"] is not None else "-"
+        print(f"| {workload.name} | {row['tfxla_lite_ms']:.3f} | {row['kernels']} | "
+              f"{row['cupy_unfused_ms']:.3f} | {jax_text} | {row['gb_per_s']:.0f} |")
+        results.append(row)
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,108 @@
+"""The GPU backend's driver: an optimized, buffer-assigned HLO module → CUDA C → executable.
+
+`emit_program` is pure Python (no CuPy, no GPU): it plans the kernels (`kernels.py`),
+writes one CUDA translation unit (the prelude, the reducers and constant arrays the
+kernels share, then every kernel) and the *thunk list* the executable runs: a kernel
+launch, or a cuBLAS dot, per plan, in the entry computation's order. `compile` adds
+the device side: NVRTC through `cupy.RawModule`, cached by a fingerprint of the module.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from tfxla_lite.codegen.gpu.cuda_source import prelude
+from tfxla_lite.codegen.gpu.elemental import ModuleTables
+from tfxla_lite.codegen.gpu.kernels import KernelPlan, describe, plan_kernels
+from tfxla_lite.codegen.gpu.templates import emit_plan
+from tfxla_lite.hlo.ir import HloModule, Instruction
+
+SCRATCH_ALIGNMENT = 256  # where the scratch area starts after the temp arena
+
+
+@dataclass
+class Thunk:
+    """One step of the executable: launch `functions` (a kernel plan) or call a library."""
+
+    plan: KernelPlan
+    functions: list[str] = field(default_factory=list)  # empty for a dot
+
+
+@dataclass
+class GpuProgram:
+    """Everything the device side needs, produced without a device."""
+
+    module_name: str
+    source: str
+    thunks: list[Thunk]
+    scratch_bytes: int  # after the temp arena; split reductions' partials
+    element_types: set[str]
+    body: str = ""  # the source after the prelude: shared functions, constants, kernels
+
+    @property
+    def kernel_names(self) -> list[str]:
+        return [name for thunk in self.thunks for name in thunk.functions]
+
+    @property
+    def kernel_count(self) -> int:
+        """Kernels launched per run, library calls included (as the CPU backend counts)."""
+        return sum(max(1, len(t.functions) - (1 if t.plan.vectorized else 0))
+                   for t in self.thunks)
+
+    def plan_text(self) -> str:
+        return describe([t.plan for t in self.thunks])
+
+    def fingerprint(self) -> str:
+        return hashlib.sha256(self.source.encode()).hexdigest()
+
+
+def _element_types(module: HloModule) -> set[str]:
+    types = set()
+    for computation in module.computations:
+        for inst in computation.instructions:
+            shapes = inst.shape.tuple_shapes or (inst.shape,)
+            types.update(s.element_type for s in shapes if not s.is_tuple)
+    return types
+
+
+def emit_program(module: HloModule, assignment: Any) -> GpuProgram:
+    """The CUDA source and thunks of `module` (already optimized) under `assignment`."""
+    entry = module.entry
+    assert entry is not None and entry.root is not None
+    plans = plan_kernels(list(entry.instructions), assignment)
+    tables = ModuleTables()
+    kernels, thunks = [], []
+    scratch = 0
+    for plan in plans:
+        if plan.kind == "dot":
+            thunks.append(Thunk(plan))
+            continue
+        source = emit_plan(plan, assignment, tables)
+        kernels.append(source.text)
+        thunks.append(Thunk(plan, source.functions))
+        if plan.kind == "split-reduction":
+            scratch = max(scratch, plan.chunks * 8)  # the widest compute type is 8 bytes
+    types = _element_types(module)
+    body = "\n".join([*tables.definitions, *kernels])
+    return GpuProgram(module.name, prelude(types) + "\n" + body, thunks, scratch, types, body)
+
+
+def output_instructions(module: HloModule) -> list[Instruction]:
+    entry = module.entry
+    assert entry is not None and entry.root is not None
+    root = entry.root
+    return list(root.operands) if root.opcode == "tuple" else [root]
+
+
+def compile(module: HloModule, assignment: Any, hlo_text: str = "",
+            optimized_hlo_text: str = "", cache: bool | None = None) -> Any:
+    """Emit `module`'s CUDA and build a `GpuExecutable` (needs CuPy and a GPU to run;
+    the NVRTC compile happens here, through the module cache)."""
+    from tfxla_lite.codegen.gpu.executable import GpuExecutable
+
+    program = emit_program(module, assignment)
+    return GpuExecutable.build(module, assignment, program, hlo_text=hlo_text,
+                               optimized_hlo_text=optimized_hlo_text or module.to_text(),
+                               cache=cache)

@@ -1,0 +1,504 @@
+"""Kernel planning of the GPU backend: which template each entry instruction becomes, and
+its launch geometry.
+
+The step between the buffer-assigned HLO module and the CUDA text. Every entry instruction
+that computes is one *kernel plan*, except that consecutive kernels over the same rows are
+merged into one *row group* (a softmax or layer norm: row reductions and their
+elementwise consumers, one block or warp per row; XLA's GPU backend gets the same from
+its multi-output fusions and `softmax rewriter`). Templates:
+
+- `loop`: one thread per output element, grid-stride; a flat elementwise f32 kernel also
+  gets a `float4` variant used when every buffer is 16-byte aligned.
+- `row-reduction`: the reduced dimensions are innermost (rows of W contiguous elements);
+  a warp per row (W <= 512) or a block per row, warp shuffles then shared memory.
+- `split-reduction`: a reduction to one element of a large input: blocks fold fixed
+  chunks into partials (scratch memory), a second kernel folds the partials.
+- `column-reduction`: any other reduce: 32 outputs per block, 8 slices of the reduced
+  elements per output, combined in shared memory in a fixed order.
+- `row-group`: see above.
+- `row-fusion`: a kCustom fusion of the `fuse-rows` pass (softmax, layer norm): a team
+  per row folds each of its reduces in order (the results shared through shared memory),
+  then computes the row's outputs; wide values between stages are recomputed, not stored.
+- `multi-output`: a fusion whose root is a tuple (`multi-output-fusion`): a kernel of
+  reduction phases, one per reduce result, then a loop kernel for the other results.
+- `dot`: a library call (cuBLAS through CuPy), no generated kernel.
+- `dot-epilogue`: a kOutput fusion (a dot and its elementwise epilogue): cuBLAS writes
+  the product to scratch memory, then a loop kernel applies the epilogue (bias,
+  activation, scale) reading it once per element.
+
+Every reduction folds in a fixed tree order that depends only on the shapes (never on the
+grid size or the device), so results are deterministic run to run and device to device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from tfxla_lite.codegen.gpu.cuda_source import identifier
+from tfxla_lite.hlo.ir import Instruction
+from tfxla_lite.hlo.opcodes import is_elementwise
+from tfxla_lite.passes.row_fusion import plan_row_fusion
+
+LIBRARY_DOT_TYPES = frozenset({"f16", "f32", "f64"})  # dots cuBLAS computes
+BLOCK_SIZE = 256  # threads of loop and column-reduction blocks
+WARP = 32
+ROWS_PER_WARP_BLOCK = 8  # rows of a block of one-warp teams
+LOOP_ROW_MAX = 16  # rows this short are folded by one thread each (loop template)
+WARP_ROW_MAX = 512  # rows up to this long get a warp, longer ones a block
+SPLIT_MIN = 1 << 16  # full reductions from this many elements are split
+SPLIT_CHUNK = 1 << 14  # elements per partial (at least)
+SPLIT_MAX_CHUNKS = 1024
+COLUMN_TILE = (32, 8)  # outputs x slices of a column-reduction block
+ROW_GROUP_MAX_WIDTH = 1 << 16  # a single-row group (R = 1) must stay this small
+
+_NO_KERNEL = frozenset({"parameter", "constant"})
+DERIVED_SUFFIXES = ("", "_v4", "_partials", "_reduce", "_row_group")
+_FLAT = frozenset({"parameter", "constant", "reshape", "bitcast"})
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Threads per block, and the work units a grid strides over (`units_per_block` per
+    block): the grid is `min(ceil(units / units_per_block), cap)` at run time, any grid
+    being correct."""
+
+    block: tuple[int, int]
+    units: int
+    units_per_block: int
+
+    def grid(self, cap: int) -> int:
+        return max(1, min(-(-self.units // self.units_per_block), cap))
+
+
+@dataclass
+class KernelPlan:
+    """One kernel (or library call) of the executable."""
+
+    # loop | row-reduction | split-reduction | column-reduction | row-group | row-fusion |
+    # multi-output | dot | dot-epilogue
+    kind: str
+    name: str
+    members: list[Instruction]  # the entry instructions it computes, in order
+    launch: Launch | None = None
+    team: int = 0  # threads per row (reductions and row groups)
+    rows: int = 0
+    width: int = 0  # elements per row (of a reduction)
+    vectorized: bool = False  # has a float4 variant `<name>_v4`
+    chunk: int = 0  # split-reduction: elements per partial
+    chunks: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def outputs(self) -> list[tuple[Instruction, tuple[int, ...]]]:
+        """(member, shape index) of every array the kernel writes, in flat order."""
+        return [(m, index) for m in self.members for index in leaf_indices(m)]
+
+    @property
+    def inputs(self) -> list[Instruction]:
+        """The entry values the kernel reads that it does not compute, in first-use order."""
+        member_ids = {id(m) for m in self.members}
+        inputs: list[Instruction] = []
+        for member in self.members:
+            for operand in member.operands:
+                if id(operand) not in member_ids and all(operand is not i for i in inputs):
+                    inputs.append(operand)
+        return inputs
+
+
+def leaf_indices(inst: Instruction) -> list[tuple[int, ...]]:
+    """The shape indices of an instruction's arrays: `[()]`, or one per tuple element."""
+    if not inst.shape.is_tuple:
+        return [()]
+    assert inst.shape.tuple_shapes is not None
+    if any(s.is_tuple for s in inst.shape.tuple_shapes):
+        raise NotImplementedError(f"GPU backend: nested tuple result of %{inst.name}")
+    return [(n,) for n in range(len(inst.shape.tuple_shapes))]
+
+
+def multi_output_leaves(inst: Instruction) -> list[Instruction] | None:
+    """The roots of a multi-output fusion (a fusion whose root is a tuple of arrays),
+    or None for any other instruction."""
+    if inst.opcode != "fusion":
+        return None
+    root = inst.fused_computation.root
+    if root is None or root.opcode != "tuple":
+        return None
+    for leaf in root.operands:
+        if leaf.shape.is_tuple:
+            raise NotImplementedError(f"GPU backend: variadic {leaf.opcode} in multi-output "
+                                      f"fusion %{inst.name}")
+        if leaf.opcode == "reduce" and len(leaf.operands) != 2:
+            raise NotImplementedError(f"GPU backend: variadic reduce (%{inst.name})")
+    return list(root.operands)
+
+
+def kernel_body(inst: Instruction) -> tuple[Instruction, list[Instruction]]:
+    """The instruction a kernel computes last (its root) and all it computes."""
+    if inst.opcode == "fusion":
+        computation = inst.fused_computation
+        assert computation.root is not None
+        if computation.root.opcode == "tuple":
+            raise NotImplementedError(f"GPU backend: multi-output fusion %{inst.name}")
+        return computation.root, list(computation.instructions)
+    return inst, [inst]
+
+
+def is_row_reduction(reduce: Instruction) -> bool:
+    """Whether every reduced dimension lies after every kept one (rows are contiguous)."""
+    reduced = set(reduce.dimensions)
+    kept = [d for d in range(reduce.operand(0).shape.rank) if d not in reduced]
+    return not kept or not reduced or max(kept) < min(reduced)
+
+
+def is_flat(instructions: list[Instruction]) -> bool:
+    """Whether every instruction reads its operands at its own linear index (or scalars)."""
+    for inst in instructions:
+        if inst.opcode in _FLAT or is_elementwise(inst.opcode):
+            continue
+        if inst.opcode == "broadcast" and not inst.operand(0).shape.dims:
+            continue
+        return False
+    return True
+
+
+def loop_launch(elements: int, vector_width: int = 1) -> Launch:
+    per_block = BLOCK_SIZE * vector_width
+    return Launch((BLOCK_SIZE, 1), elements, per_block)
+
+
+def row_team(width: int) -> int:
+    """Threads that fold one row of `width` elements."""
+    if width <= WARP_ROW_MAX:
+        return WARP
+    return 512 if width >= 16384 else 256
+
+
+def row_launch(rows: int, team: int) -> Launch:
+    if team == WARP:
+        return Launch((WARP, ROWS_PER_WARP_BLOCK), rows, ROWS_PER_WARP_BLOCK)
+    return Launch((team, 1), rows, 1)
+
+
+def split_plan(elements: int) -> tuple[int, int]:
+    """(chunk, chunks) of a split full reduction, from the input size alone."""
+    chunks = min(SPLIT_MAX_CHUNKS, -(-elements // SPLIT_CHUNK))
+    chunk = -(-elements // chunks)
+    chunk = -(-chunk // 1024) * 1024
+    return chunk, -(-elements // chunk)
+
+
+def _vectorizable(inst: Instruction, computed: list[Instruction]) -> bool:
+    """A flat f32 kernel whose every array operand is f32 of the output's size, a size
+    divisible by 4: the float4 variant reads and writes 16 bytes per access."""
+    root_shape = inst.shape
+    if root_shape.element_type != "f32" or root_shape.num_elements % 4 or not is_flat(computed):
+        return False
+    for operand in inst.operands:
+        if operand.shape.dims and (operand.shape.element_type != "f32"
+                                   or operand.shape.num_elements != root_shape.num_elements):
+            return False
+    return all(not (i.opcode == "constant" and i.shape.num_elements > 1) for i in computed)
+
+
+def plan_instruction(inst: Instruction, name: str) -> KernelPlan:
+    """The plan of one entry instruction on its own."""
+    for operand in inst.operands:
+        if operand.shape.is_tuple:
+            raise NotImplementedError(f"GPU backend: tuple-shaped operand %{operand.name} of "
+                                      f"%{inst.name}")
+    if inst.opcode in ("tuple", "get-tuple-element", "while", "conditional", "call"):
+        raise NotImplementedError(f"GPU backend: {inst.opcode} in the entry computation "
+                                  f"(%{inst.name})")
+    if (leaves := multi_output_leaves(inst)) is not None:
+        return plan_multi_output(inst, name, leaves)
+    root, computed = kernel_body(inst)
+    if root.shape.is_tuple and root.opcode != "reduce":
+        raise NotImplementedError(f"GPU backend: {root.opcode} (%{inst.name}) returns a tuple")
+    if root.shape.is_tuple:
+        # A variadic reduce (ArgMax: values and indices): a team per row, or column tiles.
+        leaf_indices(inst)  # arrays only
+        inputs = root.operands[:len(root.operands) // 2]
+        outputs = root.shape.tuple_shapes[0].num_elements  # type: ignore[index]
+        if is_row_reduction(root) and outputs:
+            team = row_team(inputs[0].shape.num_elements // outputs)
+            return KernelPlan("row-reduction", name, [inst], row_launch(outputs, team), team,
+                              outputs, inputs[0].shape.num_elements // outputs)
+        return KernelPlan("column-reduction", name, [inst],
+                          Launch(COLUMN_TILE, outputs, COLUMN_TILE[0]), rows=outputs)
+    if inst.opcode == "dot" and inst.shape.element_type in LIBRARY_DOT_TYPES:
+        return KernelPlan("dot", name, [inst])
+    if inst.opcode == "fusion" and (dot := epilogue_dot(inst)) is not None:
+        # cuBLAS writes the product to scratch memory; a loop kernel applies the epilogue.
+        return KernelPlan("dot-epilogue", name, [inst], loop_launch(inst.shape.num_elements),
+                          extra={"dot": dot})
+    if (row_plan := plan_row_fusion(inst)) is not None:
+        rows, width = row_plan.spec.rows, row_plan.spec.width
+        team = row_team(width)
+        return KernelPlan("row-fusion", name, [inst], row_launch(rows, team), team, rows,
+                          width, extra={"row_plan": row_plan})
+    if root.opcode == "reduce":
+        operand_size = root.operand(0).shape.num_elements
+        outputs = root.shape.num_elements
+        if is_row_reduction(root) and outputs:
+            width = operand_size // outputs
+            if width <= LOOP_ROW_MAX:
+                return KernelPlan("loop", name, [inst], loop_launch(outputs))
+            if outputs == 1 and operand_size >= SPLIT_MIN:
+                chunk, chunks = split_plan(operand_size)
+                return KernelPlan("split-reduction", name, [inst],
+                                  Launch((256, 1), chunks, 1), 256, 1, operand_size,
+                                  chunk=chunk, chunks=chunks)
+            team = row_team(width)
+            return KernelPlan("row-reduction", name, [inst], row_launch(outputs, team), team,
+                              outputs, width)
+        return KernelPlan("column-reduction", name, [inst],
+                          Launch(COLUMN_TILE, outputs, COLUMN_TILE[0]),
+                          rows=outputs, width=operand_size // max(outputs, 1))
+    vectorized = _vectorizable(inst, computed)
+    return KernelPlan("loop", name, [inst], loop_launch(inst.shape.num_elements),
+                      vectorized=vectorized)
+
+
+def phase_blocks(reduce: Instruction) -> int:
+    """Blocks of 256 threads a reduction phase of a multi-output kernel needs at most."""
+    outputs = reduce.shape.num_elements
+    if is_row_reduction(reduce) and outputs:
+        width = reduce.operand(0).shape.num_elements // outputs
+        return -(-outputs // ROWS_PER_WARP_BLOCK) if row_team(width) == WARP else outputs
+    return -(-outputs // COLUMN_TILE[0])
+
+
+def plan_multi_output(inst: Instruction, name: str, leaves: list[Instruction]) -> KernelPlan:
+    """A multi-output fusion: a kernel of reduction phases (one per reduce leaf, each a
+    grid-stride loop of its own over blocks of 256 threads), then a loop kernel computing
+    every other leaf at each index before storing any (a leaf may overwrite an operand
+    in place; the reductions have read everything by then)."""
+    reduces = [n for n, leaf in enumerate(leaves) if leaf.opcode == "reduce"]
+    loops = [n for n, leaf in enumerate(leaves) if leaf.opcode != "reduce"]
+    if len({leaves[n].shape.dims for n in loops}) > 1:
+        raise NotImplementedError(f"GPU backend: multi-output fusion %{inst.name} with loop "
+                                  "results of different shapes")
+    blocks = max((phase_blocks(leaves[n]) for n in reduces), default=0)
+    elements = leaves[loops[0]].shape.num_elements if loops else 0
+    return KernelPlan("multi-output", name, [inst], Launch((BLOCK_SIZE, 1), elements,
+                                                             BLOCK_SIZE),
+                      extra={"reduces": reduces, "loops": loops,
+                             "reduce_launch": Launch((BLOCK_SIZE, 1), blocks, 1)})
+
+
+def epilogue_dot(fusion: Instruction) -> Instruction | None:
+    """The dot of a fusion that is a library dot plus an elementwise epilogue (a kOutput
+    fusion, ours or XLA's): one dot of parameters, read by the rest only at its own index
+    through elementwise ops of its dimensions. None for any other fusion."""
+    computation = fusion.fused_computation
+    dots = [i for i in computation.instructions if i.opcode == "dot"]
+    if len(dots) != 1 or computation.root is None or computation.root.shape.is_tuple:
+        return None
+    (dot,) = dots
+    if dot.shape.element_type not in LIBRARY_DOT_TYPES or any(
+            o.opcode != "parameter" for o in dot.operands) or \
+            dot.shape.dims != computation.root.shape.dims:
+        return None
+    stack, seen = [dot], set()
+    while stack:
+        node = stack.pop()
+        for user in node.users:
+            if not is_elementwise(user.opcode) or user.shape.dims != dot.shape.dims:
+                return None
+            if id(user) not in seen:
+                seen.add(id(user))
+                stack.append(user)
+    return dot
+
+
+def plan_kernels(entry_instructions: list[Instruction], assignment: Any) -> list[KernelPlan]:
+    """The kernels of an entry computation, in execution order (`assignment`: its buffers,
+    which decide whether a row group may merge kernels)."""
+    root = entry_instructions[-1] if entry_instructions else None
+    plans: list[KernelPlan] = []
+    used: set[str] = set()
+    for inst in entry_instructions:
+        if inst.opcode in _NO_KERNEL or (inst is root and inst.opcode == "tuple"):
+            continue
+        if inst.opcode == "get-tuple-element" and not inst.shape.is_tuple:
+            continue  # a name of a leaf's buffer (buffer assignment aliases it): no code
+        name = "kernel_" + identifier(inst.name)
+        # Templates derive more names from a plan's (`_v4`, `_partials`, `_reduce`,
+        # `_row_group`): none may meet another kernel's.
+        while any(name + suffix in used for suffix in DERIVED_SUFFIXES):
+            name += "_"
+        used.update(name + suffix for suffix in DERIVED_SUFFIXES)
+        plans.append(plan_instruction(inst, name))
+    return merge_row_groups(plans, assignment)
+
+
+# -- row groups ----------------------------------------------------------------------------
+
+def _group_rows(plan: KernelPlan) -> int | None:
+    """The rows a reduction plan could lead a row group with, if any."""
+    if plan.kind not in ("row-reduction", "loop") or len(plan.members) != 1:
+        return None
+    root, _ = kernel_body(plan.members[0])
+    if root.opcode != "reduce" or root.shape.is_tuple or not is_row_reduction(root):
+        return None
+    rows = root.shape.num_elements
+    width = root.operand(0).shape.num_elements // max(rows, 1)
+    if rows == 0 or width < 2 or (rows == 1 and width > ROW_GROUP_MAX_WIDTH):
+        return None
+    return rows
+
+
+def _can_join(plan: KernelPlan, rows: int, group: list[Instruction]) -> bool:
+    """Whether `plan` may run in a row group of `rows` rows after `group`'s members."""
+    if len(plan.members) != 1 or plan.kind not in ("loop", "row-reduction"):
+        return False
+    inst = plan.members[0]
+    if inst.shape.is_tuple:
+        return False
+    root, computed = kernel_body(inst)
+    if root.opcode == "reduce":
+        if not is_row_reduction(root) or root.shape.num_elements != rows:
+            return False
+    elif not (inst.opcode == "fusion" and inst.attributes.get("kind") == "kLoop"
+              or is_elementwise(inst.opcode)):
+        return False
+    elif inst.shape.num_elements % rows or not inst.shape.num_elements:
+        return False
+    reads = [n for n, o in enumerate(inst.operands) if any(o is m for m in group)]
+    return bool(reads) and all(reads_row_local(inst, n, rows) for n in reads)
+
+
+def reads_row_local(inst: Instruction, operand_number: int, rows: int) -> bool:
+    """Whether `inst` (an entry kernel) reads operand `operand_number` only in row r when it
+    computes row r, both viewed as `rows` rows of contiguous elements."""
+    if rows == 1:
+        return True
+    if inst.opcode != "fusion":
+        return _edge_is_row_local(inst, inst.operand(operand_number), rows)
+    computation = inst.fused_computation
+    start = computation.parameter(operand_number)
+    stack, seen = [start], {id(start)}
+    while stack:
+        node = stack.pop()
+        for user in node.users:
+            if not _edge_is_row_local(user, node, rows):
+                return False
+            if id(user) not in seen:
+                seen.add(id(user))
+                stack.append(user)
+    return True
+
+
+def _edge_is_row_local(user: Instruction, operand: Instruction, rows: int) -> bool:
+    if user.shape.is_tuple or operand.shape.num_elements % rows or \
+            user.shape.num_elements % rows:
+        return False
+    if user.opcode == "reduce":
+        return user.operand(0) is operand and operand is not user.operand(1) and \
+            is_row_reduction(user) and user.shape.num_elements == rows
+    if is_elementwise(user.opcode):
+        return operand.shape.dims == user.shape.dims
+    if user.opcode in ("reshape", "bitcast"):
+        return True  # the linear index, hence the row, is kept
+    if user.opcode == "broadcast":
+        dimensions = user.dimensions
+        product = 1
+        for k in range(user.shape.rank + 1):
+            if product == rows:
+                if len(dimensions) >= k and all(dimensions[i] == i for i in range(k)) \
+                        and operand.shape.dims[:k] == user.shape.dims[:k] \
+                        and all(d >= k for d in dimensions[k:]):
+                    return True
+            if k < user.shape.rank:
+                product *= user.shape.dims[k]
+    return False
+
+
+def _overlap(a: Any, b: Any) -> bool:
+    if a.kind != b.kind:
+        return False
+    if a.kind == "temp":
+        return a.size > 0 and b.size > 0 and a.offset < b.offset + b.size and \
+            b.offset < a.offset + a.size
+    return a.index == b.index if a.kind in ("parameter", "output") else False
+
+
+def _buffers_allow(group: list[Instruction], assignment: Any) -> bool:
+    """Merged kernels run interleaved, a team per row: no member may write where any
+    member reads an outside value. Two members may share a buffer (buffer assignment
+    reuses a dead member's bytes, or writes one in place of another) only when row r of
+    each lies on the same bytes (same offset and size), every reader of the earlier one
+    runs before the later one writes (or is the later one, reading in place: at its own
+    index only), so each team has finished with its row before it overwrites it."""
+    outputs = [assignment.slice_of(m) for m in group]
+    member_ids = {id(m) for m in group}
+    inputs = [assignment.slice_of(o) for m in group for o in m.operands
+              if id(o) not in member_ids]
+    in_place: dict[str, str] = getattr(assignment, "in_place", {}) or {}
+    position = {id(m): n for n, m in enumerate(group)}
+    for n, (member, out) in enumerate(zip(group, outputs)):
+        if any(_overlap(out, value) for value in inputs):
+            return False
+        for later, other in zip(group[n + 1:], outputs[n + 1:]):
+            if not _overlap(out, other):
+                continue
+            if (out.offset, out.size) != (other.offset, other.size):
+                return False
+            readers = [position.get(id(user)) for user in member.users]
+            if any(r is None or r > position[id(later)] for r in readers):
+                return False
+            if any(o is member for o in later.operands) and in_place.get(later.name) != \
+                    member.name:
+                return False
+    return True
+
+
+def merge_row_groups(plans: list[KernelPlan], assignment: Any) -> list[KernelPlan]:
+    """Merge runs of consecutive kernels over the same rows (module docstring)."""
+    merged: list[KernelPlan] = []
+    n = 0
+    while n < len(plans):
+        rows = _group_rows(plans[n])
+        if rows is None:
+            merged.append(plans[n])
+            n += 1
+            continue
+        group = [plans[n].members[0]]
+        end = n + 1
+        while end < len(plans) and _can_join(plans[end], rows, group) and \
+                _buffers_allow(group + plans[end].members, assignment):
+            group.append(plans[end].members[0])
+            end += 1
+        if len(group) == 1:
+            merged.append(plans[n])
+            n += 1
+            continue
+        widths = [m.shape.num_elements // rows if kernel_body(m)[0].opcode != "reduce"
+                  else kernel_body(m)[0].operand(0).shape.num_elements // rows for m in group]
+        team = row_team(max(widths))
+        merged.append(KernelPlan("row-group", plans[n].name + "_row_group", group,
+                                 row_launch(rows, team), team, rows, max(widths)))
+        n = end
+    return merged
+
+
+def describe(plans: list[KernelPlan]) -> str:
+    """One line per kernel: name, template, members and geometry (for dumps and tests)."""
+    lines = []
+    for plan in plans:
+        geometry = ""
+        if plan.launch is not None:
+            geometry = f" block={plan.launch.block} units={plan.launch.units}"
+        extra = " float4" if plan.vectorized else ""
+        members = ",".join(m.name for m in plan.members)
+        lines.append(f"{plan.name}: {plan.kind}{extra} [{members}]{geometry}")
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b) if b else 0
+
+
+__all__ = ["KernelPlan", "Launch", "ceil_div", "describe", "kernel_body",
+           "plan_instruction", "plan_kernels"]

@@ -1,0 +1,712 @@
+"""CUDA kernel templates: one `extern "C" __global__` function per kernel plan.
+
+Each template writes the loops that give threads their elements (grid-stride loops, so
+that any grid is correct and the result never depends on it) and asks the element
+generators (`elemental.py`, `data_movement.py`) for the values. A kernel takes its output
+pointers, then its input pointers, then (split reductions) a scratch pointer; sizes are
+compile-time constants, since shapes are static.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from tfxla_lite.codegen.gpu import data_movement  # noqa: F401  (registers its generators)
+from tfxla_lite.codegen.gpu.cuda_source import Writer, compute_type, storage_type, to_storage
+from tfxla_lite.codegen.gpu.elemental import Index, KernelContext, ModuleTables
+from tfxla_lite.codegen.gpu.kernels import (
+    COLUMN_TILE,
+    ROWS_PER_WARP_BLOCK,
+    WARP,
+    KernelPlan,
+    is_row_reduction,
+    kernel_body,
+    row_team,
+)
+from tfxla_lite.hlo.ir import Instruction
+
+INT_INDEX_LIMIT = 1 << 30  # below this many elements, indices are 32-bit
+
+
+def _index_type(plan: KernelPlan) -> str:
+    computed = [i for m in plan.members for i in (
+        m.fused_computation.instructions if m.opcode == "fusion" else [m])]
+    sizes = [v.shape.num_elements for m in plan.members for v in [m, *m.operands, *computed]
+             if not v.shape.is_tuple]
+    return "int" if max(sizes, default=0) < INT_INDEX_LIMIT else "long long"
+
+
+class KernelSource:
+    """The text of one plan's kernels and how to call them."""
+
+    def __init__(self, plan: KernelPlan, functions: list[str], text: str) -> None:
+        self.plan = plan
+        self.functions = functions  # kernel names, in launch order (split: partials first)
+        self.text = text
+
+
+def _signature(plan: KernelPlan, assignment: Any, scratch: bool = False,
+               restrict_outputs: bool = True) -> tuple[list[str], dict[Any, str]]:
+    """Kernel parameters and the pointer name of every entry value the kernel touches."""
+    params: list[str] = []
+    names: dict[Any, str] = {}
+    outputs = plan.outputs
+    inputs = plan.inputs
+    out_slices = [assignment.slice_of(o, index) for o, index in outputs]
+    in_slices = [assignment.slice_of(i) for i in inputs]
+    for n, ((out, index), out_slice) in enumerate(zip(outputs, out_slices)):
+        alone = restrict_outputs and not any(_overlap(out_slice, s) for s in in_slices)
+        restrict = " __restrict__" if alone else ""
+        shape = out.shape.tuple_shapes[index[0]] if index else out.shape  # type: ignore[index]
+        params.append(f"{storage_type(shape.element_type)}*{restrict} out{n}")
+        names[(id(out), index)] = f"out{n}"
+        if not index:
+            names[id(out)] = f"out{n}"
+    for n, (value, in_slice) in enumerate(zip(inputs, in_slices)):
+        alone = not any(_overlap(in_slice, s) for s in out_slices)
+        qualifier = "const " if alone else ""
+        restrict = " __restrict__" if alone else ""
+        params.append(f"{qualifier}{storage_type(value.shape.element_type)}*{restrict} in{n}")
+        names[id(value)] = f"in{n}"
+    if scratch:
+        params.append("void* __restrict__ scratch")
+    return params, names
+
+
+def _overlap(a: Any, b: Any) -> bool:
+    if a.kind != b.kind:
+        return False
+    if a.kind == "temp":
+        return a.offset < b.offset + b.size and b.offset < a.offset + a.size
+    return a.index == b.index if a.kind in ("parameter", "output") else False
+
+
+def _member_context(writer: Writer, member: Instruction, names: dict[Any, str],
+                    index_type: str, tables: ModuleTables) -> KernelContext:
+    """A context reading `member`'s operands (its fusion parameters) from their pointers."""
+    if member.opcode == "fusion":
+        params = member.fused_computation.parameters
+        buffers = {id(p): names[id(o)] for p, o in zip(params, member.operands)}
+    else:
+        buffers = {id(o): names[id(o)] for o in member.operands}
+    return KernelContext(writer, buffers, index_type, tables)
+
+
+def _header(name: str, params: list[str], threads: int) -> str:
+    return (f'extern "C" __global__ void __launch_bounds__({threads}) {name}(\n    '
+            + ",\n    ".join(params) + ")")
+
+
+def emit_plan(plan: KernelPlan, assignment: Any, tables: ModuleTables) -> KernelSource:
+    """The CUDA text of one kernel plan (not a `dot`, which is a library call)."""
+    emitters: dict[str, Callable[[KernelPlan, Any, ModuleTables], KernelSource]] = {
+        "loop": _emit_loop, "row-reduction": _emit_row_reduction,
+        "split-reduction": _emit_split_reduction, "column-reduction": _emit_column_reduction,
+        "row-group": _emit_row_group, "row-fusion": _emit_row_fusion,
+        "dot-epilogue": _emit_dot_epilogue, "multi-output": _emit_multi_output}
+    return emitters[plan.kind](plan, assignment, tables)
+
+
+# -- loop ----------------------------------------------------------------------------------
+
+def _emit_loop(plan: KernelPlan, assignment: Any, tables: ModuleTables) -> KernelSource:
+    (inst,) = plan.members
+    root, _ = kernel_body(inst)
+    idx = _index_type(plan)
+    params, names = _signature(plan, assignment)
+    texts = [_loop_function(plan.name, inst, root, params, names, idx, tables, 1)]
+    functions = [plan.name]
+    if plan.vectorized:
+        texts.append(_loop_function(plan.name + "_v4", inst, root, params, names, idx, tables, 4))
+        functions.append(plan.name + "_v4")
+    return KernelSource(plan, functions, "\n".join(texts))
+
+
+def _loop_function(name: str, inst: Instruction, root: Instruction, params: list[str],
+                   names: dict[Any, str], idx: str, tables: ModuleTables, width: int) -> str:
+    w = Writer()
+    w.open(_header(name, params, 256))
+    count = inst.shape.num_elements // width
+    w.open(f"for ({idx} i = blockIdx.x * blockDim.x + threadIdx.x; i < {count}; "
+           f"i += gridDim.x * blockDim.x)")
+    ctx = _member_context(w, inst, names, idx, tables)
+    element_type = inst.shape.element_type
+    if width == 1:
+        value = ctx.value(root, Index(inst.shape.dims, linear="i"))
+        w.line(f"out0[i] = {to_storage(element_type, value)};")
+    else:
+        # float4 lanes: every array read is at the output's own linear index (a flat kernel).
+        arrays = [(p, o) for p, o in _reads(inst) if o.shape.dims]
+        vectors = {}
+        for param, operand in arrays:
+            vector = w.fresh("q")
+            w.line(f"const float4 {vector} = reinterpret_cast<const float4*>"
+                   f"({names[id(operand)]})[i];")
+            vectors[id(param)] = vector
+        lanes = []
+        for lane, component in enumerate("xyzw"):
+            ctx.bound = {key: f"{vector}.{component}" for key, vector in vectors.items()}
+            with ctx.scope():
+                linear = f"(i * 4 + {lane})"  # inline: a flat kernel may never read it
+                lanes.append(ctx.value(root, Index(inst.shape.dims, linear=linear)))
+        w.line(f"reinterpret_cast<float4*>(out0)[i] = make_float4({', '.join(lanes)});")
+    w.close()
+    w.close()
+    return w.text()
+
+
+def _emit_dot_epilogue(plan: KernelPlan, assignment: Any,
+                       tables: ModuleTables) -> KernelSource:
+    """The epilogue of a kOutput fusion over the product cuBLAS left in scratch memory."""
+    (inst,) = plan.members
+    root, _ = kernel_body(inst)
+    dot = plan.extra["dot"]
+    idx = _index_type(plan)
+    params, names = _signature(plan, assignment)
+    params.append(f"const {storage_type(dot.shape.element_type)}* __restrict__ product")
+    w = Writer()
+    w.open(_header(plan.name, params, 256))
+    w.open(f"for ({idx} i = blockIdx.x * blockDim.x + threadIdx.x; i < "
+           f"{inst.shape.num_elements}; i += gridDim.x * blockDim.x)")
+    ctx = _member_context(w, inst, names, idx, tables)
+    ctx.buffers[id(dot)] = "product"
+    value = ctx.value(root, Index(inst.shape.dims, linear="i"))
+    w.line(f"out0[i] = {to_storage(inst.shape.element_type, value)};")
+    w.close()
+    w.close()
+    return KernelSource(plan, [plan.name], w.text())
+
+
+def _reads(inst: Instruction) -> list[tuple[Instruction, Instruction]]:
+    """(the instruction a kernel body reads, the entry operand it stands for)."""
+    if inst.opcode == "fusion":
+        return list(zip(inst.fused_computation.parameters, inst.operands))
+    return [(o, o) for o in inst.operands]
+
+
+# -- reductions ----------------------------------------------------------------------------
+
+def _parts(reduce: Instruction) -> tuple[list[Instruction], list[Instruction]]:
+    """The inputs and the init values of a (variadic) reduce."""
+    count = len(reduce.operands) // 2
+    return list(reduce.operands[:count]), list(reduce.operands[count:])
+
+
+def _fold_into(ctx: KernelContext, reduce: Instruction, accumulators: list[str],
+               values: list[str], has: str) -> None:
+    """accumulators = has ? reducer(accumulators, values) : values."""
+    w = ctx.writer
+    reducer = reduce.called_computations[0]
+    if len(accumulators) == 1:
+        combined = ctx.apply(reducer, [accumulators[0], values[0]])
+        w.line(f"{accumulators[0]} = {has} ? {combined} : {values[0]};")
+        return
+    w.open(f"if ({has})")
+    with ctx.scope():
+        results = ctx.apply_tuple(reducer, accumulators + values)
+        for accumulator, result in zip(accumulators, results):
+            w.line(f"{accumulator} = {result};")
+    w.depth -= 1
+    w.open("} else")
+    for accumulator, value in zip(accumulators, values):
+        w.line(f"{accumulator} = {value};")
+    w.close()
+
+
+def _with_init(ctx: KernelContext, reduce: Instruction, accumulators: list[str],
+               has: str) -> list[str]:
+    """The reduce's results: the init values folded with the accumulators (if any)."""
+    _, inits = _parts(reduce)
+    init_values = [ctx.value(i, Index.scalar()) for i in inits]
+    reducer = reduce.called_computations[0]
+    if len(accumulators) == 1:
+        return [f"({has} ? {ctx.apply(reducer, [init_values[0], accumulators[0]])} : "
+                f"{init_values[0]})"]
+    w = ctx.writer
+    results = []
+    for init, value in zip(inits, init_values):
+        result = w.fresh("result")
+        w.line(f"{compute_type(init.shape.element_type)} {result} = {value};")
+        results.append(result)
+    w.open(f"if ({has})")
+    with ctx.scope():
+        for result, value in zip(results, ctx.apply_tuple(reducer, init_values + accumulators)):
+            w.line(f"{result} = {value};")
+    w.close()
+    return results
+
+
+def _team_fold(ctx: KernelContext, reduce: Instruction,
+               element: Callable[[str], str | list[str]], length: str, team: int, lane: str,
+               idx: str) -> tuple[list[str], str]:
+    """Fold `element(j)` (one value per reduce input) for j in [0, length) over a team of
+    `team` threads (a warp, or a block of whole warps); lane 0 ends with (accumulators,
+    has-any-element).
+
+    Thread t folds j = t, t + team, ... in order; the threads' results combine in a fixed
+    binary tree (warp shuffles, then shared memory across warps): deterministic.
+    """
+    w = ctx.writer
+    _, inits = _parts(reduce)
+    types = [compute_type(i.shape.element_type) for i in inits]
+    init_values = [ctx.value(i, Index.scalar()) for i in inits]
+    accumulators = [w.fresh("acc") for _ in inits]
+    for c_type, accumulator, init in zip(types, accumulators, init_values):
+        w.line(f"{c_type} {accumulator} = {init};")
+    has = w.fresh("has")
+    w.line(f"bool {has} = false;")
+    j = w.fresh("j")
+    w.open(f"for ({idx} {j} = {lane}; {j} < {length}; {j} += {team})")
+    with ctx.scope():
+        values = element(j)
+        _fold_into(ctx, reduce, accumulators, [values] if isinstance(values, str) else values,
+                   has)
+        w.line(f"{has} = true;")
+    w.close()
+
+    def warp_tree() -> None:
+        w.open("for (int offset = 16; offset > 0; offset >>= 1)")
+        others = [w.fresh("other") for _ in accumulators]
+        for c_type, other, accumulator in zip(types, others, accumulators):
+            w.line(f"const {c_type} {other} = tl_shfl_down({accumulator}, offset);")
+        other_has = w.fresh("other_has")
+        w.line(f"const bool {other_has} = tl_shfl_down({has}, offset);")
+        w.open(f"if ({other_has})")
+        with ctx.scope():
+            _fold_into(ctx, reduce, accumulators, others, has)
+        w.line(f"{has} = true;")
+        w.close()
+        w.close()
+
+    warp_tree()
+    if team > WARP:
+        shared = [w.fresh("shared_acc") for _ in accumulators]
+        shared_has = w.fresh("shared_has")
+        for c_type, array in zip(types, shared):
+            w.line(f"__shared__ {c_type} {array}[32];")
+        w.line(f"__shared__ bool {shared_has}[32];")
+        w.open(f"if (({lane} & 31) == 0)")
+        for array, accumulator in zip(shared, accumulators):
+            w.line(f"{array}[{lane} >> 5] = {accumulator};")
+        w.line(f"{shared_has}[{lane} >> 5] = {has};")
+        w.close()
+        w.line("__syncthreads();")
+        w.open(f"if ({lane} < 32)")
+        for array, accumulator, init in zip(shared, accumulators, init_values):
+            w.line(f"{accumulator} = {lane} < {team // WARP} ? {array}[{lane}] : {init};")
+        w.line(f"{has} = {lane} < {team // WARP} ? {shared_has}[{lane}] : false;")
+        warp_tree()
+        w.close()
+        w.line("__syncthreads();  // the shared arrays serve the next row")
+    return accumulators, has
+
+
+def _row_loop(w: Writer, team: int, rows: int, idx: str) -> tuple[str, str]:
+    """Open the grid-stride loop over rows; (row variable, lane variable)."""
+    if team == WARP:
+        w.line("const int lane = threadIdx.x;")
+        w.open(f"for ({idx} row = blockIdx.x * {ROWS_PER_WARP_BLOCK} + threadIdx.y; "
+               f"row < {rows}; row += gridDim.x * {ROWS_PER_WARP_BLOCK})")
+    else:
+        w.line("const int lane = threadIdx.x;")
+        w.open(f"for ({idx} row = blockIdx.x; row < {rows}; row += gridDim.x)")
+    return "row", "lane"
+
+
+def _threads(plan: KernelPlan) -> int:
+    assert plan.launch is not None
+    return plan.launch.block[0] * plan.launch.block[1]
+
+
+def _output_names(inst: Instruction, names: dict[Any, str]) -> list[str]:
+    """The output pointers of a kernel computing `inst` (one per leaf of a tuple)."""
+    if inst.shape.is_tuple:
+        assert inst.shape.tuple_shapes is not None
+        return [names[(id(inst), (n,))] for n in range(len(inst.shape.tuple_shapes))]
+    return [names[id(inst)]]
+
+
+def _emit_row_reduction(plan: KernelPlan, assignment: Any,
+                        tables: ModuleTables) -> KernelSource:
+    (inst,) = plan.members
+    reduce, _ = kernel_body(inst)
+    idx = _index_type(plan)
+    params, names = _signature(plan, assignment)
+    w = Writer()
+    w.open(_header(plan.name, params, _threads(plan)))
+    row, lane = _row_loop(w, plan.team, plan.rows, idx)
+    ctx = _member_context(w, inst, names, idx, tables)
+    _fold_row_into(ctx, reduce, row, lane, plan.team, idx, _output_names(inst, names))
+    w.close()
+    w.close()
+    return KernelSource(plan, [plan.name], w.text())
+
+
+def _fold_row_into(ctx: KernelContext, reduce: Instruction, row: str, lane: str, team: int,
+                   idx: str, outputs: list[str]) -> None:
+    """Fold row `row` of `reduce` (a row reduction, maybe variadic) and let lane 0 store
+    each result."""
+    inputs, inits = _parts(reduce)
+    width = inputs[0].shape.num_elements // max(_kept_elements(reduce), 1)
+
+    def element(j: str) -> list[str]:
+        linear = ctx.bind(f"{row} * {width} + {j}", idx, "lin")
+        return [ctx.value(i, Index(i.shape.dims, linear=linear)) for i in inputs]
+
+    accumulators, has = _team_fold(ctx, reduce, element, str(width), team, lane, idx)
+    ctx.writer.open(f"if ({lane} == 0)")
+    with ctx.scope():
+        results = _with_init(ctx, reduce, accumulators, has)
+        for output, init, result in zip(outputs, inits, results):
+            ctx.writer.line(f"{output}[{row}] = {to_storage(init.shape.element_type, result)};")
+    ctx.writer.close()
+
+
+def _kept_elements(reduce: Instruction) -> int:
+    """Elements of each of a reduce's results (the kept dimensions)."""
+    inputs, _ = _parts(reduce)
+    reduced = set(reduce.dimensions)
+    count = 1
+    for d, size in enumerate(inputs[0].shape.dims):
+        if d not in reduced:
+            count *= size
+    return count
+
+
+def _emit_split_reduction(plan: KernelPlan, assignment: Any,
+                          tables: ModuleTables) -> KernelSource:
+    (inst,) = plan.members
+    reduce, _ = kernel_body(inst)
+    operand = reduce.operand(0)
+    ct = compute_type(reduce.shape.element_type)
+    idx = _index_type(plan)
+    params, names = _signature(plan, assignment, scratch=True)
+    team = plan.team
+
+    # Kernel 1: partial[c] = the fold of chunk c (every chunk has elements).
+    w = Writer()
+    w.open(_header(plan.name + "_partials", params, team))
+    w.line(f"{ct}* partials = reinterpret_cast<{ct}*>(scratch);")
+    w.line("const int lane = threadIdx.x;")
+    w.open(f"for ({idx} chunk = blockIdx.x; chunk < {plan.chunks}; chunk += gridDim.x)")
+    ctx = _member_context(w, inst, names, idx, tables)
+    start = ctx.bind(f"chunk * ({idx}){plan.chunk}", idx, "start")
+    length = ctx.bind(f"min(({idx}){plan.chunk}, ({idx}){plan.width} - {start})", idx, "length")
+
+    def element(j: str) -> str:
+        linear = ctx.bind(f"{start} + {j}", idx, "lin")
+        return ctx.value(operand, Index(operand.shape.dims, linear=linear))
+
+    (acc,), _ = _team_fold(ctx, reduce, element, length, team, "lane", idx)
+    w.open("if (lane == 0)")
+    w.line(f"partials[chunk] = {acc};")
+    w.close()
+    w.close()
+    w.close()
+    partials_text = w.text()
+
+    # Kernel 2: one block folds the partials in order of a fixed tree, then the init value.
+    w = Writer()
+    w.open(_header(plan.name, params, team))
+    w.line(f"const {ct}* partials = reinterpret_cast<const {ct}*>(scratch);")
+    w.line("const int lane = threadIdx.x;")
+    w.open("if (blockIdx.x == 0)")
+    ctx = _member_context(w, inst, names, idx, tables)
+    accumulators, has = _team_fold(ctx, reduce, lambda j: f"partials[{j}]", str(plan.chunks),
+                                   team, "lane", idx)
+    w.open("if (lane == 0)")
+    (result,) = _with_init(ctx, reduce, accumulators, has)
+    w.line(f"out0[0] = {to_storage(inst.shape.element_type, result)};")
+    w.close()
+    w.close()
+    w.close()
+    return KernelSource(plan, [plan.name + "_partials", plan.name], partials_text + "\n"
+                        + w.text())
+
+
+def _emit_column_reduction(plan: KernelPlan, assignment: Any,
+                           tables: ModuleTables) -> KernelSource:
+    """Any reduce (maybe variadic): 32 outputs per block, each folded by 8 threads over
+    interleaved slices of its reduced elements, the slices combined in order."""
+    (inst,) = plan.members
+    reduce, _ = kernel_body(inst)
+    inputs, inits = _parts(reduce)
+    operand = inputs[0]
+    tile_x, tile_y = COLUMN_TILE
+    outputs = _kept_elements(reduce)
+    kept_dims = tuple(size for d, size in enumerate(operand.shape.dims)
+                      if d not in set(reduce.dimensions))
+    reduced_dims = sorted(set(reduce.dimensions))
+    reduced_sizes = tuple(operand.shape.dims[d] for d in reduced_dims)
+    count = 1
+    for size in reduced_sizes:
+        count *= size
+    types = [compute_type(i.shape.element_type) for i in inits]
+    idx = _index_type(plan)
+    params, names = _signature(plan, assignment)
+    w = Writer()
+    w.open(_header(plan.name, params, tile_x * tile_y))
+    shared = [f"shared_acc{n}" for n in range(len(inits))]
+    for c_type, array in zip(types, shared):
+        w.line(f"__shared__ {c_type} {array}[{tile_y}][{tile_x + 1}];")
+    w.line(f"__shared__ bool shared_has[{tile_y}][{tile_x + 1}];")
+    w.open(f"for ({idx} base = blockIdx.x * {tile_x}; base < {outputs}; "
+           f"base += gridDim.x * {tile_x})")
+    w.line(f"const {idx} o = base + threadIdx.x;")
+    ctx = _member_context(w, inst, names, idx, tables)
+    init_values = [ctx.value(i, Index.scalar()) for i in inits]
+    accumulators = [f"acc{n}" if len(inits) > 1 else "acc" for n in range(len(inits))]
+    for c_type, accumulator, init in zip(types, accumulators, init_values):
+        w.line(f"{c_type} {accumulator} = {init};")
+    w.line("bool has = false;")
+    w.open(f"if (o < {outputs})")
+    with ctx.scope():
+        kept = Index(kept_dims, linear="o").get_multi(ctx)
+        w.open(f"for ({idx} k = threadIdx.y; k < {count}; k += {tile_y})")
+        with ctx.scope():
+            reduced = iter(Index(reduced_sizes, linear="k").get_multi(ctx))
+            kept_iter = iter(kept)
+            multi = [next(reduced) if d in reduced_dims else next(kept_iter)
+                     for d in range(operand.shape.rank)]
+            values = [ctx.value(i, Index(operand.shape.dims, multi)) for i in inputs]
+            _fold_into(ctx, reduce, accumulators, values, "has")
+            w.line("has = true;")
+        w.close()
+    w.close()
+    for array, accumulator in zip(shared, accumulators):
+        w.line(f"{array}[threadIdx.y][threadIdx.x] = {accumulator};")
+    w.line("shared_has[threadIdx.y][threadIdx.x] = has;")
+    w.line("__syncthreads();")
+    w.open(f"if (threadIdx.y == 0 && o < {outputs})")
+    results = [f"result{n}" if len(inits) > 1 else "result" for n in range(len(inits))]
+    for c_type, result, init in zip(types, results, init_values):
+        w.line(f"{c_type} {result} = {init};")
+    w.open(f"for (int s = 0; s < {tile_y}; ++s)")
+    w.open("if (shared_has[s][threadIdx.x])")
+    with ctx.scope():
+        _fold_into(ctx, reduce, results, [f"{array}[s][threadIdx.x]" for array in shared],
+                   "true")
+    w.close()
+    w.close()
+    for output, init, result in zip(_output_names(inst, names), inits, results):
+        w.line(f"{output}[o] = {to_storage(init.shape.element_type, result)};")
+    w.close()
+    w.line("__syncthreads();")
+    w.close()
+    w.close()
+    return KernelSource(plan, [plan.name], w.text())
+
+
+# -- row groups ----------------------------------------------------------------------------
+
+def _emit_row_group(plan: KernelPlan, assignment: Any, tables: ModuleTables) -> KernelSource:
+    """Members in order for each row, a team per row; a member reads earlier members' rows
+    back from memory after the team synchronizes (written by the same team)."""
+    idx = _index_type(plan)
+    # Later members read what earlier ones wrote in this kernel: no `__restrict__`, so the
+    # compiler neither reorders those accesses nor uses the non-coherent read-only cache.
+    params, names = _signature(plan, assignment, restrict_outputs=False)
+    w = Writer()
+    w.open(_header(plan.name, params, _threads(plan)))
+    row, lane = _row_loop(w, plan.team, plan.rows, idx)
+    sync = "__syncwarp();" if plan.team == WARP else "__syncthreads();"
+    for member in plan.members:
+        root, _ = kernel_body(member)
+        w.line(f"// {member.name}")
+        w.open("")
+        ctx = _member_context(w, member, names, idx, tables)
+        output = names[id(member)]
+        if root.opcode == "reduce":
+            _fold_row_into(ctx, root, row, lane, plan.team, idx, [output])
+        else:
+            width = member.shape.num_elements // plan.rows
+            j = w.fresh("j")
+            w.open(f"for ({idx} {j} = {lane}; {j} < {width}; {j} += {plan.team})")
+            linear = ctx.bind(f"{row} * {width} + {j}", idx, "lin")
+            value = ctx.value(root, Index(member.shape.dims, linear=linear))
+            w.line(f"{output}[{linear}] = {to_storage(member.shape.element_type, value)};")
+            w.close()
+        w.line(sync)
+        w.close()
+    w.close()
+    w.close()
+    return KernelSource(plan, [plan.name], w.text())
+
+
+__all__ = ["KernelSource", "emit_plan"]
+
+
+def _emit_row_fusion(plan: KernelPlan, assignment: Any, tables: ModuleTables) -> KernelSource:
+    """A kCustom row fusion (`tfxla_lite.passes.row_fusion`): per row, each reduce folds
+    in order (earlier reduces' row values bound), its result shared through shared memory;
+    then the root's elements of the row (a wide root) or its one value (a per-row root)."""
+    (inst,) = plan.members
+    row_plan = plan.extra["row_plan"]
+    spec = row_plan.spec
+    idx = _index_type(plan)
+    params, names = _signature(plan, assignment)
+    w = Writer()
+    w.open(_header(plan.name, params, _threads(plan)))
+    slots = ROWS_PER_WARP_BLOCK if plan.team == WARP else 1
+    slot = "threadIdx.y" if plan.team == WARP else "0"
+    sync = "__syncwarp();" if plan.team == WARP else "__syncthreads();"
+    shared = []
+    for number, reduce in enumerate(row_plan.reduces):
+        name = f"row_value{number}"
+        w.line(f"__shared__ {compute_type(reduce.shape.element_type)} {name}[{slots}];")
+        shared.append(name)
+    row, lane = _row_loop(w, plan.team, plan.rows, idx)
+    ctx = _member_context(w, inst, names, idx, tables)
+    for reduce, name in zip(row_plan.reduces, shared):
+        operand = reduce.operand(0)
+        with ctx.scope():
+            def element(j: str, operand: Instruction = operand) -> str:
+                linear = ctx.bind(f"{row} * {spec.width} + {j}", idx, "lin")
+                return ctx.value(operand, Index(spec.dims, linear=linear))
+
+            (acc,), has = _team_fold(ctx, reduce, element, str(spec.width), plan.team, lane,
+                                     idx)
+            init = ctx.value(reduce.operand(1), Index.scalar())
+            w.open(f"if ({lane} == 0)")
+            w.line(f"{name}[{slot}] = {has} ? "
+                   f"{ctx.apply(reduce.called_computations[0], [init, acc])} : {init};")
+            w.close()
+        w.line(sync)
+        value = w.fresh("row_value")
+        w.line(f"const {compute_type(reduce.shape.element_type)} {value} = {name}[{slot}];")
+        w.line(f"{sync}  // every lane has read it before lane 0 writes the next row's")
+        ctx.bound[id(reduce)] = value
+    root = row_plan.root
+    element_type = inst.shape.element_type
+    if row_plan.classes.get(id(root)) == "wide":
+        j = w.fresh("j")
+        w.open(f"for ({idx} {j} = {lane}; {j} < {spec.width}; {j} += {plan.team})")
+        with ctx.scope():
+            linear = ctx.bind(f"{row} * {spec.width} + {j}", idx, "lin")
+            value = ctx.value(root, Index(spec.dims, linear=linear))
+            w.line(f"out0[{linear}] = {to_storage(element_type, value)};")
+        w.close()
+    else:  # one value per row, at the row's linear index
+        w.open(f"if ({lane} == 0)")
+        with ctx.scope():
+            value = ctx.value(root, Index(root.shape.dims, linear=row))
+            w.line(f"out0[{row}] = {to_storage(element_type, value)};")
+        w.close()
+    w.close()
+    w.close()
+    return KernelSource(plan, [plan.name], w.text())
+
+
+# -- multi-output fusions ------------------------------------------------------------------
+
+def _emit_multi_output(plan: KernelPlan, assignment: Any,
+                       tables: ModuleTables) -> KernelSource:
+    """Two kernels (either may be absent): `<name>_reduce`, one phase per reduce result,
+    each a grid-stride loop of its own over 1-D blocks of 256 threads (warp teams, block
+    teams or 32x8 column tiles carved out of `threadIdx.x`); then `<name>`, one loop
+    computing every other result at an index before storing any of them."""
+    (inst,) = plan.members
+    leaves = list(inst.fused_computation.root.operands)  # type: ignore[union-attr]
+    idx = _index_type(plan)
+    params, names = _signature(plan, assignment)
+    texts, functions = [], []
+    if plan.extra["reduces"]:
+        w = Writer()
+        w.open(_header(plan.name + "_reduce", params, 256))
+        for n in plan.extra["reduces"]:
+            w.line(f"// result {n}: {leaves[n].name}")
+            w.open("")
+            ctx = _member_context(w, inst, names, idx, tables)
+            _reduction_phase(ctx, leaves[n], names[(id(inst), (n,))], idx)
+            w.close()
+        w.close()
+        texts.append(w.text())
+        functions.append(plan.name + "_reduce")
+    if plan.extra["loops"]:
+        dims = leaves[plan.extra["loops"][0]].shape.dims
+        count = leaves[plan.extra["loops"][0]].shape.num_elements
+        w = Writer()
+        w.open(_header(plan.name, params, 256))
+        w.open(f"for ({idx} i = blockIdx.x * blockDim.x + threadIdx.x; i < {count}; "
+               f"i += gridDim.x * blockDim.x)")
+        ctx = _member_context(w, inst, names, idx, tables)
+        values = [(n, ctx.value(leaves[n], Index(dims, linear="i")))
+                  for n in plan.extra["loops"]]
+        for n, value in values:
+            element_type = leaves[n].shape.element_type
+            w.line(f"{names[(id(inst), (n,))]}[i] = {to_storage(element_type, value)};")
+        w.close()
+        w.close()
+        texts.append(w.text())
+        functions.append(plan.name)
+    return KernelSource(plan, functions, "\n".join(texts))
+
+
+def _reduction_phase(ctx: KernelContext, reduce: Instruction, output: str, idx: str) -> None:
+    """One reduce result of a multi-output kernel, in 1-D blocks of 256 threads."""
+    w = ctx.writer
+    element_type = reduce.shape.element_type
+    outputs = reduce.shape.num_elements
+    operand = reduce.operand(0)
+    if is_row_reduction(reduce) and outputs:
+        width = operand.shape.num_elements // outputs
+        team = row_team(width)
+        if team == WARP:
+            w.line("const int lane = threadIdx.x & 31;")
+            w.open(f"for ({idx} row = blockIdx.x * 8 + (threadIdx.x >> 5); row < {outputs}; "
+                   "row += gridDim.x * 8)")
+        else:
+            team = 256  # the whole block
+            w.line("const int lane = threadIdx.x;")
+            w.open(f"for ({idx} row = blockIdx.x; row < {outputs}; row += gridDim.x)")
+        with ctx.scope():
+            _fold_row_into(ctx, reduce, "row", "lane", team, idx, [output])
+        w.close()
+        return
+    reducer = reduce.called_computations[0]
+    ct = compute_type(element_type)
+    tile_x, tile_y = COLUMN_TILE
+    reduced_dims = sorted(set(reduce.dimensions))
+    reduced_sizes = tuple(operand.shape.dims[d] for d in reduced_dims)
+    count = 1
+    for size in reduced_sizes:
+        count *= size
+    w.line("const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;")
+    shared_acc, shared_has = w.fresh("shared_acc"), w.fresh("shared_has")
+    w.line(f"__shared__ {ct} {shared_acc}[{tile_y}][{tile_x + 1}];")
+    w.line(f"__shared__ bool {shared_has}[{tile_y}][{tile_x + 1}];")
+    w.open(f"for ({idx} base = blockIdx.x * {tile_x}; base < {outputs}; "
+           f"base += gridDim.x * {tile_x})")
+    with ctx.scope():
+        w.line(f"const {idx} o = base + tx;")
+        init = ctx.value(reduce.operand(1), Index.scalar())
+        w.line(f"{ct} acc = {init};")
+        w.line("bool has = false;")
+        w.open(f"if (o < {outputs})")
+        with ctx.scope():
+            kept = iter(Index(reduce.shape.dims, linear="o").get_multi(ctx))
+            w.open(f"for ({idx} k = ty; k < {count}; k += {tile_y})")
+            with ctx.scope():
+                reduced = iter(Index(reduced_sizes, linear="k").get_multi(ctx))
+                multi = [next(reduced) if d in reduced_dims else next(kept)
+                         for d in range(operand.shape.rank)]
+                x = ctx.value(operand, Index(operand.shape.dims, multi))
+                w.line(f"acc = has ? {ctx.apply(reducer, ['acc', x])} : {x};")
+                w.line("has = true;")
+            w.close()
+        w.close()
+        w.line(f"{shared_acc}[ty][tx] = acc;")
+        w.line(f"{shared_has}[ty][tx] = has;")
+        w.line("__syncthreads();")
+        w.open(f"if (ty == 0 && o < {outputs})")
+        w.line(f"{ct} result = {init};")
+        w.open(f"for (int s = 0; s < {tile_y}; ++s)")
+        w.open(f"if ({shared_has}[s][tx])")
+        w.line(f"result = {ctx.apply(reducer, ['result', f'{shared_acc}[s][tx]'])};")
+        w.close()
+        w.close()
+        w.line(f"{output}[o] = {to_storage(element_type, 'result')};")
+        w.close()
+        w.line("__syncthreads();")
+    w.close()

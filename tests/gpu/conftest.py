@@ -1,0 +1,40 @@
+"""Shared setup of the GPU backend's tests: import paths, and why device tests skip.
+
+The CUDA emitter and the nvcc checks need no GPU; tests that run kernels take the
+`cuda_device` fixture, which skips with the reason (no CuPy, no CUDA device).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+_HERE = Path(__file__).resolve().parent
+for path in (_HERE, _HERE.parent, _HERE.parent / "hlo", _HERE.parent / "corpus"):
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+
+
+def device_skip_reason() -> str | None:
+    """Why kernels cannot run here, or None when a CUDA device is usable through CuPy."""
+    try:
+        import cupy
+    except Exception as error:  # noqa: BLE001 - any import failure
+        return f"no CuPy ({type(error).__name__}: {error}); pip install 'tfxla-lite[gpu]'"
+    try:
+        count = int(cupy.cuda.runtime.getDeviceCount())
+    except Exception as error:  # noqa: BLE001 - no driver or no device
+        return f"no GPU: CuPy finds no CUDA device ({type(error).__name__}: {error})"
+    return None if count else "no GPU: CuPy finds no CUDA device"
+
+
+@pytest.fixture(scope="session")
+def cuda_device() -> object:
+    reason = device_skip_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    import cupy
+
+    return cupy

@@ -1,0 +1,386 @@
+"""Hand-written HLO modules for the GPU backend's tests: every opcode over every element
+type it takes, and shapes that reach every kernel template.
+
+`MODULES` maps a name to a builder (a fresh module each call, since compiling optimizes
+a module in place); `TEMPLATE_OF` names the template some of them must reach. The nvcc
+test compiles all of them; the device tests run them against the evaluator.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hlo"))
+
+from hlo_builders import reduce_sum_x_plus_y_times_z  # noqa: E402
+
+from tfxla_lite.hlo.attributes import PaddingConfig, Window  # noqa: E402
+from tfxla_lite.hlo.ir import Computation, HloModule, Instruction  # noqa: E402
+from tfxla_lite.hlo.opcodes import BINARY_ELEMENTWISE, UNARY_ELEMENTWISE  # noqa: E402
+from tfxla_lite.hlo.shape import Shape  # noqa: E402
+
+FLOATS = ("f16", "bf16", "f32", "f64")
+INTEGERS = ("s8", "s16", "s32", "s64", "u8", "u16", "u32", "u64")
+ALL_TYPES = ("pred", *INTEGERS, *FLOATS)
+_INTEGER_UNARY = ("abs", "negate", "sign", "not", "floor", "ceil", "round-nearest-afz",
+                  "round-nearest-even", "copy")
+_FLOAT_BINARY = ("add", "subtract", "multiply", "divide", "maximum", "minimum", "power",
+                 "remainder", "atan2")
+_INTEGER_BINARY = tuple(op for op in BINARY_ELEMENTWISE if op != "atan2")
+
+
+def new_module(name: str) -> tuple[HloModule, Computation]:
+    module = HloModule(name)
+    return module, module.new_computation("main", entry=True)
+
+
+def finish(comp: Computation, results: list[Instruction]) -> None:
+    comp.root = results[0] if len(results) == 1 else comp.create("tuple", results)
+
+
+def reduce(comp: Computation, x: Instruction, dims: tuple[int, ...], kind: str = "add",
+           init: float = 0.0) -> Instruction:
+    assert comp.module is not None
+    reducer = comp.module.reduction_computation(kind, x.shape.element_type)
+    start = comp.add_constant(init, x.shape.element_type)
+    return comp.create("reduce", [x, start], called_computations=[reducer], dimensions=dims)
+
+
+def unary(element_type: str) -> HloModule:
+    module, comp = new_module(f"unary_{element_type}")
+    x = comp.add_parameter(0, Shape(element_type, (7, 33)))
+    opcodes = tuple(op for op in UNARY_ELEMENTWISE if op != "not") \
+        if element_type in FLOATS else _INTEGER_UNARY
+    if element_type == "pred":
+        opcodes = ("not", "copy")
+    results = [comp.create(op, [x]) for op in opcodes]
+    if element_type in FLOATS:
+        results.append(comp.create("is-finite", [x]))
+    finish(comp, results)
+    return module
+
+
+def binary(element_type: str) -> HloModule:
+    module, comp = new_module(f"binary_{element_type}")
+    shape = Shape(element_type, (5, 41))
+    x, y = comp.add_parameter(0, shape), comp.add_parameter(1, shape)
+    if element_type == "pred":
+        opcodes: tuple[str, ...] = ("and", "or", "xor", "maximum", "minimum")
+    elif element_type in FLOATS:
+        opcodes = _FLOAT_BINARY
+    else:
+        opcodes = _INTEGER_BINARY
+    results = [comp.create(op, [x, y]) for op in opcodes]
+    results += [comp.create("compare", [x, y], direction=d)
+                for d in ("EQ", "NE", "LT", "LE", "GT", "GE")]
+    predicate = comp.create("compare", [x, y], direction="LT")
+    results.append(comp.create("select", [predicate, x, y]))
+    if element_type != "pred":
+        low, high = comp.add_parameter(2, Shape(element_type)), comp.add_parameter(
+            3, Shape(element_type))
+        results.append(comp.create("clamp", [low, x, high]))
+        results.append(comp.create("clamp", [x, y, x]))
+    finish(comp, results)
+    return module
+
+
+def converts() -> HloModule:
+    module, comp = new_module("convert_all_pairs")
+    results = []
+    for n, source in enumerate(ALL_TYPES):
+        x = comp.add_parameter(n, Shape(source, (3, 11)))
+        for target in ALL_TYPES:
+            if target != source:
+                results.append(comp.create("convert", [x], shape=Shape(target, (3, 11))))
+    finish(comp, results)
+    return module
+
+
+def data_movement(element_type: str) -> HloModule:
+    module, comp = new_module(f"data_movement_{element_type}")
+    x = comp.add_parameter(0, Shape(element_type, (4, 6, 5)))
+    v = comp.add_parameter(1, Shape(element_type, (6,)))
+    empty = comp.add_parameter(2, Shape(element_type, (4, 0, 5)))
+    start = comp.add_parameter(3, Shape("s32"))
+    ustart = comp.add_parameter(4, Shape("u32"))
+    scalar = comp.add_parameter(5, Shape(element_type))
+    results = [
+        comp.create("broadcast", [v], shape=Shape(element_type, (3, 6, 2)), dimensions=(1,)),
+        comp.create("broadcast", [scalar], shape=Shape(element_type, (3, 4)), dimensions=()),
+        comp.create("reshape", [x], shape=Shape(element_type, (24, 5))),
+        comp.create("transpose", [x], dimensions=(2, 0, 1)),
+        comp.create("slice", [x], slice=((1, 4, 2), (0, 6, 1), (1, 5, 3))),
+        comp.create("concatenate", [x, empty, x], dimensions=(1,)),
+        comp.create("reverse", [x], dimensions=(0, 2)),
+        comp.create("pad", [x, scalar], padding=PaddingConfig.of((1, -1, 1), (0, 2), (-2, 1, 2))),
+        comp.create("dynamic-slice", [x, start, start, start], dynamic_slice_sizes=(2, 3, 5)),
+        comp.create("dynamic-update-slice", [x, comp.create(
+            "slice", [x], slice=((0, 2, 1), (0, 2, 1), (0, 5, 1))), ustart, ustart, ustart]),
+        comp.create("iota", shape=Shape(element_type, (3, 9)), iota_dimension=1),
+    ]
+    finish(comp, results)
+    return module
+
+
+def gather() -> HloModule:
+    module, comp = new_module("gather_rows")
+    table = comp.add_parameter(0, Shape("f32", (10, 8)))
+    indices = comp.add_parameter(1, Shape("s32", (4, 3)))
+    gathered = comp.create("gather", [table, indices], offset_dims=(2,),
+                           collapsed_slice_dims=(0,), start_index_map=(0,), index_vector_dim=2,
+                           slice_sizes=(1, 8))
+    finish(comp, [gathered])
+    return module
+
+
+def scatter_add() -> HloModule:
+    module, comp = new_module("scatter_add_rows")
+    table = comp.add_parameter(0, Shape("f32", (10, 8)))
+    indices = comp.add_parameter(1, Shape("s32", (5, 1)))
+    updates = comp.add_parameter(2, Shape("f32", (5, 8)))
+    assert comp.module is not None
+    scattered = comp.create("scatter", [table, indices, updates],
+                            called_computations=[comp.module.reduction_computation("add", "f32")],
+                            update_window_dims=(1,), inserted_window_dims=(0,),
+                            scatter_dims_to_operand_dims=(0,), index_vector_dim=1)
+    finish(comp, [scattered])
+    return module
+
+
+def reduce_window() -> HloModule:
+    module, comp = new_module("reduce_window")
+    x = comp.add_parameter(0, Shape("f32", (9, 12)))
+    assert comp.module is not None
+    reducer = comp.module.reduction_computation("maximum", "f32")
+    start = comp.add_constant(float("-inf"), "f32")
+    window = Window.of((3, 2), (2, 1), ((1, 1), (0, 1)))
+    pooled = comp.create("reduce-window", [x, start], called_computations=[reducer],
+                         window=window)
+    dims = window.dimensions
+    dilated = Window((dims[0], type(dims[1])(2, 1, 1, 0, 2, 2)))
+    summed = comp.create("reduce-window", [x, comp.add_constant(0.0, "f32")],
+                         called_computations=[comp.module.reduction_computation("add", "f32")],
+                         window=dilated)
+    finish(comp, [pooled, summed])
+    return module
+
+
+def constants() -> HloModule:
+    module, comp = new_module("constant_arrays")
+    results = []
+    rng = np.random.default_rng(0)
+    for n, element_type in enumerate(("f32", "f16", "bf16", "f64", "s64", "u8", "pred")):
+        x = comp.add_parameter(n, Shape(element_type, (2, 5)))
+        values = rng.normal(size=(2, 5)) * 100
+        if element_type in FLOATS:
+            values[0, :3] = [np.nan, np.inf, -0.0]
+        elif element_type != "pred":
+            values = np.abs(values)
+        table = comp.add_constant(values.astype(np.float64), element_type)
+        op = "or" if element_type == "pred" else "add"
+        results.append(comp.create(op, [x, table]))
+    finish(comp, results)
+    return module
+
+
+def elementwise(dims: tuple[int, ...], element_type: str = "f32") -> HloModule:
+    module, comp = new_module(f"elementwise_{'x'.join(map(str, dims))}_{element_type}")
+    shape = Shape(element_type, dims)
+    x, y = comp.add_parameter(0, shape), comp.add_parameter(1, shape)
+    half = comp.create("broadcast", [comp.add_constant(0.5, element_type)], shape=shape,
+                       dimensions=())
+    finish(comp, [comp.create("add", [comp.create("multiply", [x, half]),
+                                      comp.create("tanh", [y])])])
+    return module
+
+
+def reduction(dims: tuple[int, ...], reduced: tuple[int, ...], element_type: str = "f32",
+              kind: str = "add") -> HloModule:
+    name = f"reduce_{kind}_{'x'.join(map(str, dims))}_over_{''.join(map(str, reduced))}"
+    module, comp = new_module(f"{name}_{element_type}")
+    x = comp.add_parameter(0, Shape(element_type, dims))
+    init = {"add": 0.0, "maximum": float("-inf"), "minimum": float("inf"), "and": 1,
+            "or": 0, "multiply": 1.0}[kind]
+    if element_type in INTEGERS and kind in ("maximum", "minimum"):
+        init = 0
+    operand = x if element_type == "pred" else comp.create("multiply", [x, x])
+    finish(comp, [reduce(comp, operand, reduced, kind, init)])
+    return module
+
+
+def softmax(rows: int, width: int, element_type: str = "f32") -> HloModule:
+    module, comp = new_module(f"softmax_{rows}x{width}_{element_type}")
+    x = comp.add_parameter(0, Shape(element_type, (rows, width)))
+    largest = reduce(comp, x, (1,), "maximum", float("-inf"))
+    shifted = comp.create("subtract", [x, comp.create("broadcast", [largest], shape=x.shape,
+                                                      dimensions=(0,))])
+    e = comp.create("exponential", [shifted])
+    total = reduce(comp, e, (1,))
+    finish(comp, [comp.create("divide", [e, comp.create("broadcast", [total], shape=x.shape,
+                                                        dimensions=(0,))])])
+    return module
+
+
+def layer_norm(rows: int, width: int) -> HloModule:
+    module, comp = new_module(f"layer_norm_{rows}x{width}")
+    shape = Shape("f32", (rows, width))
+    x = comp.add_parameter(0, shape)
+    gamma = comp.add_parameter(1, Shape("f32", (width,)))
+    scale = comp.create("broadcast", [comp.add_constant(1.0 / width, "f32")],
+                        shape=Shape("f32", (rows,)), dimensions=())
+    mean = comp.create("multiply", [reduce(comp, x, (1,)), scale])
+    centered = comp.create("subtract", [x, comp.create("broadcast", [mean], shape=shape,
+                                                       dimensions=(0,))])
+    variance = comp.create("multiply", [reduce(comp, comp.create("multiply",
+                                                                 [centered, centered]), (1,)),
+                                        scale])
+    epsilon = comp.create("broadcast", [comp.add_constant(1e-5, "f32")],
+                          shape=Shape("f32", (rows,)), dimensions=())
+    inverse = comp.create("rsqrt", [comp.create("add", [variance, epsilon])])
+    normed = comp.create("multiply", [centered, comp.create("broadcast", [inverse], shape=shape,
+                                                            dimensions=(0,))])
+    finish(comp, [comp.create("multiply", [normed, comp.create("broadcast", [gamma],
+                                                               shape=shape, dimensions=(1,))])])
+    return module
+
+
+def dot(batch: int, m: int, k: int, n: int, element_type: str = "f32",
+        epilogue: bool = False) -> HloModule:
+    suffix = "_bias_relu" if epilogue else ""
+    module, comp = new_module(f"dot_{batch}x{m}x{k}x{n}_{element_type}{suffix}")
+    lead = (batch,) if batch else ()
+    lhs = comp.add_parameter(0, Shape(element_type, (*lead, m, k)))
+    rhs = comp.add_parameter(1, Shape(element_type, (*lead, k, n)))
+    batch_dims = (0,) if batch else ()
+    product = comp.create("dot", [lhs, rhs], lhs_batch_dims=batch_dims,
+                          rhs_batch_dims=batch_dims, lhs_contracting_dims=(len(lead) + 1,),
+                          rhs_contracting_dims=(len(lead),))
+    if epilogue:
+        bias = comp.add_parameter(2, Shape(element_type, (n,)))
+        zero = comp.create("broadcast", [comp.add_constant(0.0, element_type)],
+                           shape=product.shape, dimensions=())
+        biased = comp.create("add", [product, comp.create(
+            "broadcast", [bias], shape=product.shape, dimensions=(product.shape.rank - 1,))])
+        product = comp.create("maximum", [biased, zero])
+    finish(comp, [product])
+    return module
+
+
+def row_statistics(rows: int, width: int, reduced: tuple[int, ...] = (1,)) -> HloModule:
+    """Sibling reductions of one input and an elementwise result of it: one multi-output
+    fusion (`multi-output-fusion`)."""
+    module, comp = new_module(f"statistics_{rows}x{width}_over_{''.join(map(str, reduced))}")
+    x = comp.add_parameter(0, Shape("f32", (rows, width)))
+    e = comp.create("exponential", [x])
+    total = reduce(comp, e, reduced)
+    squares = reduce(comp, comp.create("multiply", [x, x]), reduced)
+    largest = reduce(comp, x, reduced, "maximum", float("-inf"))
+    finish(comp, [total, squares, largest, e])
+    return module
+
+
+def argmax(dims: tuple[int, ...], axis: int, element_type: str = "f32") -> HloModule:
+    """TF's ArgMax as XLA lowers it: a variadic reduce over (values, iota) whose reducer
+    keeps the larger value and, on ties, the smaller index."""
+    module, comp = new_module(f"argmax_{'x'.join(map(str, dims))}_axis{axis}_{element_type}")
+    scalar, index = Shape(element_type), Shape("s32")
+    reducer = module.new_computation("argmax_reducer")
+    lhs_value, lhs_index = reducer.add_parameter(0, scalar), reducer.add_parameter(1, index)
+    rhs_value, rhs_index = reducer.add_parameter(2, scalar), reducer.add_parameter(3, index)
+    keep = reducer.create("compare", [lhs_value, rhs_value], direction="GE")
+    tie = reducer.create("compare", [lhs_value, rhs_value], direction="EQ")
+    value = reducer.create("select", [keep, lhs_value, rhs_value])
+    chosen = reducer.create("select", [tie, reducer.create("minimum", [lhs_index, rhs_index]),
+                                       reducer.create("select", [keep, lhs_index, rhs_index])])
+    reducer.root = reducer.create("tuple", [value, chosen])
+    x = comp.add_parameter(0, Shape(element_type, dims))
+    positions = comp.create("iota", shape=Shape("s32", dims), iota_dimension=axis)
+    reduced = comp.create("reduce", [x, positions, comp.add_constant(float("-inf"), element_type),
+                                     comp.add_constant(0, "s32")],
+                          called_computations=[reducer], dimensions=(axis,))
+    finish(comp, [comp.create("get-tuple-element", [reduced], index=1),
+                  comp.create("get-tuple-element", [reduced], index=0)])
+    return module
+
+
+def huge_elementwise() -> HloModule:
+    """Over 2^31 elements: 64-bit indices (emitted and compiled only, never run)."""
+    module, comp = new_module("elementwise_huge")
+    shape = Shape("u8", (3, 1 << 30))
+    x = comp.add_parameter(0, shape)
+    finish(comp, [comp.create("add", [x, x])])
+    return module
+
+
+Builder = Callable[[], HloModule]
+MODULES: dict[str, Builder] = {}
+for _type in ALL_TYPES:
+    MODULES[f"unary_{_type}"] = lambda t=_type: unary(t)
+    MODULES[f"binary_{_type}"] = lambda t=_type: binary(t)
+for _type in ("f32", "f16", "s64", "pred"):
+    MODULES[f"data_movement_{_type}"] = lambda t=_type: data_movement(t)
+MODULES.update({
+    "convert_all_pairs": converts,
+    "gather_rows": gather,
+    "reduce_window": reduce_window,
+    "scatter_add_rows": scatter_add,
+    "constant_arrays": constants,
+    "elementwise_vectorized": lambda: elementwise((64, 256)),
+    "elementwise_odd": lambda: elementwise((3, 7)),
+    "elementwise_f16": lambda: elementwise((64, 256), "f16"),
+    "reduce_sum_x_plus_y_times_z": lambda: reduce_sum_x_plus_y_times_z(),
+    "reduce_sum_split": lambda: reduce_sum_x_plus_y_times_z(Shape("f32", (512, 1024))),
+    "row_reduce_short": lambda: reduction((300, 8), (1,)),
+    "row_reduce_warp": lambda: reduction((300, 100), (1,)),
+    "row_reduce_block": lambda: reduction((30, 3000), (1,)),
+    "row_reduce_wide": lambda: reduction((3, 20000), (1,), "f64"),
+    "row_reduce_max_f16": lambda: reduction((40, 700), (1,), "f16", "maximum"),
+    "row_reduce_s32": lambda: reduction((40, 70), (1,), "s32"),
+    "row_reduce_u8_max": lambda: reduction((40, 70), (1,), "u8", "maximum"),
+    "row_reduce_pred_and": lambda: reduction((40, 70), (1,), "pred", "and"),
+    "column_reduce": lambda: reduction((1000, 64), (0,)),
+    "middle_reduce": lambda: reduction((4, 50, 6), (1,), "f64", "minimum"),
+    "column_reduce_bf16": lambda: reduction((100, 30), (0,), "bf16"),
+    "softmax": lambda: softmax(64, 1000),
+    "softmax_warp_rows": lambda: softmax(100, 40),
+    "softmax_f16": lambda: softmax(16, 300, "f16"),
+    "layer_norm": lambda: layer_norm(32, 768),
+    "dot": lambda: dot(0, 16, 32, 8),
+    "dot_batched": lambda: dot(3, 4, 8, 5),
+    "dot_epilogue": lambda: dot(0, 16, 32, 8, epilogue=True),
+    "dot_s32": lambda: dot(0, 4, 6, 3, "s32"),
+    "dot_f16": lambda: dot(2, 8, 16, 8, "f16"),
+    "elementwise_huge": huge_elementwise,
+    "multi_output_rows_warp": lambda: row_statistics(64, 300),
+    "multi_output_rows_block": lambda: row_statistics(16, 3000),
+    "multi_output_columns": lambda: row_statistics(500, 40, (0,)),
+    "argmax_rows": lambda: argmax((40, 70), 1),
+    "argmax_wide_rows": lambda: argmax((6, 5000), 1, "f16"),
+    "argmax_columns": lambda: argmax((300, 20), 0, "f64"),
+})
+
+# The template a module's main (last) kernel must use (checked by the emitter tests).
+TEMPLATE_OF = {
+    "elementwise_vectorized": "loop",
+    "reduce_sum_split": "split-reduction",
+    "row_reduce_short": "loop",
+    "row_reduce_warp": "row-reduction",
+    "row_reduce_block": "row-reduction",
+    "column_reduce": "column-reduction",
+    "middle_reduce": "column-reduction",
+    "softmax": "row-fusion",
+    "layer_norm": "row-fusion",
+    "dot": "dot",
+    "dot_epilogue": "dot-epilogue",
+    "dot_s32": "loop",
+    "multi_output_rows_warp": "multi-output",
+    "multi_output_columns": "multi-output",
+    "argmax_rows": "row-reduction",
+    "argmax_columns": "column-reduction",
+}
+# Modules too big to allocate: compiled, never run.
+NOT_RUN = frozenset({"elementwise_huge"})

@@ -1,0 +1,97 @@
+"""GPU executables against the NumPy evaluator, on a CUDA device through CuPy.
+
+Every test here needs a GPU and skips without one (the `cuda_device` fixture says why).
+They were written without a GPU to run them: run `pytest tests/gpu` on a GPU machine
+(docs/gpu.md) before trusting the backend's numerics.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gpu_checks import assert_matches, edge_arguments
+from gpu_modules import MODULES, NOT_RUN
+from hlo_builders import flatten, random_arguments
+
+from tfxla_lite.codegen.gpu import compile_module
+from tfxla_lite.hlo.evaluator import evaluate
+
+EDGE_CASES = frozenset(name for name in MODULES if name.startswith("convert"))
+RUNNABLE = sorted(set(MODULES) - NOT_RUN)
+
+
+def _arguments(name: str) -> list[np.ndarray]:
+    module = MODULES[name]()
+    if name in EDGE_CASES:
+        return edge_arguments(module)
+    return random_arguments(module)  # out-of-range indices are clamped or skipped
+
+
+@pytest.mark.parametrize("name", RUNNABLE)
+def test_gpu_module_matches_the_evaluator(cuda_device: object, name: str) -> None:
+    args = _arguments(name)
+    expected = flatten(evaluate(MODULES[name](), *args))
+    executable = compile_module(MODULES[name](), verify=True)
+    assert_matches(executable.run_numpy(*args), expected, name)
+
+
+@pytest.mark.parametrize("name", ["softmax", "layer_norm", "reduce_sum_split", "column_reduce",
+                                  "row_reduce_block", "dot_epilogue"])
+def test_gpu_results_are_deterministic(cuda_device: object, name: str) -> None:
+    args = _arguments(name)
+    executable = compile_module(MODULES[name](), verify=True)
+    first = executable.run_numpy(*args)
+    for _ in range(3):
+        for a, b in zip(first, executable.run_numpy(*args), strict=True):
+            np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
+
+
+def test_gpu_executable_checks_its_arguments(cuda_device: object) -> None:
+    executable = compile_module(MODULES["elementwise_odd"]())
+    with pytest.raises(ValueError, match="takes 2 arguments"):
+        executable(np.zeros((3, 7), np.float32))
+    with pytest.raises(ValueError, match="expected f32"):
+        executable(np.zeros((3, 7), np.float64), np.zeros((3, 7), np.float64))
+
+
+def test_gpu_second_compile_reuses_the_module(cuda_device: object) -> None:
+    first = compile_module(MODULES["softmax"]())
+    second = compile_module(MODULES["softmax"]())
+    assert second.compiled_from == "memory"
+    assert second.raw_module is first.raw_module
+
+
+def test_gpu_float4_and_scalar_variants_agree(cuda_device: object) -> None:
+    cupy = cuda_device
+    executable = compile_module(MODULES["elementwise_vectorized"]())
+    x, y = (np.random.default_rng(n).normal(size=(64, 256)).astype(np.float32) for n in (0, 1))
+    aligned = executable.run_numpy(x, y)[0]
+    # Arrays starting 4 bytes into an allocation are not 16-byte aligned: scalar kernel.
+    buffers = [cupy.empty(64 * 256 + 1, np.float32) for _ in range(2)]  # type: ignore[attr-defined]
+    views = []
+    for buffer, host in zip(buffers, (x, y)):
+        view = buffer[1:].reshape(64, 256)
+        view[...] = cupy.asarray(host)  # type: ignore[attr-defined]
+        views.append(view)
+    unaligned = cupy.asnumpy(executable(*views)[0])  # type: ignore[attr-defined]
+    np.testing.assert_array_equal(aligned, unaligned)
+
+
+def test_gpu_runs_on_tf_gpu_tensors_through_dlpack(cuda_device: object) -> None:
+    tf = pytest.importorskip("tensorflow")
+    if not tf.config.list_physical_devices("GPU"):
+        pytest.skip("no GPU: TensorFlow sees no GPU device")
+    from tfxla_lite.runtime.gpu_launch import GpuCluster
+
+    args = _arguments("softmax")
+    expected = flatten(evaluate(MODULES["softmax"](), *args))
+    cluster = GpuCluster("softmax", MODULES["softmax"], lambda x: [tf.nn.softmax(x)])
+    with tf.device("/GPU:0"):
+        outputs = cluster(tf.constant(args[0]))
+    assert cluster.refused is None
+    assert "GPU:0" in outputs[0].device
+    assert_matches([o.numpy() for o in outputs], expected, "softmax through DLPack")
+    # Tensors on the CPU run the TF fallback.
+    with tf.device("/CPU:0"):
+        outputs = cluster(tf.constant(args[0]))
+    assert_matches([o.numpy() for o in outputs], expected, "softmax in TF")
