@@ -6,7 +6,8 @@ to build the cluster's `HloModule`. One op, one registration (house habit 2): th
 rules themselves live beside each other in `rules_elementwise.py` (element-wise,
 comparisons, casts, activations) and `rules_tensor.py` (reductions, dots, shapes,
 softmax), `rules_slicing.py` (strided slices, pads, splits, tiles), `rules_nn.py`
-(losses, arg-max, one-hot, einsum) and `rules_gradients.py` (the gradient ops
+(losses, arg-max, one-hot, einsum), `rules_indexing.py` (gathers, scatters, segment
+sums, reverses, cumulative sums) and `rules_gradients.py` (the gradient ops
 `tf.GradientTape` emits); this file holds the machinery they share.
 
 Compile-time constants: a static input (an axis, a shape) may be a Const or any
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tfxla_lite.hlo import Computation, HloModule, Instruction, Shape
+from tfxla_lite.hlo import Computation, HloModule, Instruction, Shape, numpy_dtype
 
 if TYPE_CHECKING:  # TF is heavy; type names only.
     import tensorflow as tf
@@ -40,12 +41,17 @@ _ELEMENT_TYPES: dict[str, str] = {
     "float16": "f16", "bfloat16": "bf16", "float32": "f32", "float64": "f64",
 }
 
-# Dtype sets the rules pick from (TF dtype names).
-FLOAT = frozenset({"float32", "float64"})
+# Dtype sets the rules pick from (TF dtype names). The 2-byte floats compute as XLA
+# computes them: element-wise in their own type (each result rounded to it), sums,
+# products and dots accumulated in float32 (`LoweringContext.reduce` and `.dot`).
+HALF = frozenset({"float16", "bfloat16"})
+FLOAT = frozenset({"float32", "float64"}) | HALF
 INTEGER = frozenset({"int32", "int64"})
 NUMERIC = FLOAT | INTEGER
 BOOL = frozenset({"bool"})
 ALL = NUMERIC | BOOL
+
+_HALF_TYPES = frozenset({"f16", "bf16"})
 
 LowerFn = Callable[["LoweringContext", "tf.Operation", list[Any]], list[Instruction]]
 CheckFn = Callable[["tf.Operation"], "str | None"]
@@ -62,8 +68,9 @@ class OpRule:
     `dtypes` bounds the dtypes of every input and output except those listed in
     `static_inputs` (whose values must be compile-time constants: axes, perms) and
     `unused_inputs` (whose values the lowering never reads, e.g. Reshape's shape: the
-    static output shape says it). `check` rejects op instances the lowering cannot
-    handle, returning a reason.
+    static output shape says it). `static_leading` names an integer attr (DynamicStitch's
+    `N`): that many leading inputs are static too. `check` rejects op instances the
+    lowering cannot handle, returning a reason.
     """
 
     op_type: str
@@ -73,13 +80,19 @@ class OpRule:
     unused_inputs: tuple[int, ...] = ()
     check: CheckFn | None = None
     note: str = ""
+    static_leading: str = ""
+
+    def _static(self, op: tf.Operation) -> tuple[int, ...]:
+        leading = tuple(range(int(op.get_attr(self.static_leading)))) \
+            if self.static_leading else ()
+        return self.static_inputs + leading
 
     def static_input_indices(self, op: tf.Operation) -> list[int]:
-        return _normalize(self.static_inputs, len(op.inputs))
+        return _normalize(self._static(op), len(op.inputs))
 
     def value_free_indices(self, op: tf.Operation) -> set[int]:
         """Inputs whose runtime values the lowering does not take as operands."""
-        return set(_normalize(self.static_inputs + self.unused_inputs, len(op.inputs)))
+        return set(_normalize(self._static(op) + self.unused_inputs, len(op.inputs)))
 
 
 OP_RULES: dict[str, OpRule] = {}
@@ -92,6 +105,7 @@ def register(
     unused_inputs: tuple[int, ...] = (),
     check: CheckFn | None = None,
     note: str = "",
+    static_leading: str = "",
 ) -> Callable[[LowerFn], LowerFn]:
     """Register `lower` for each of `op_types`; negative input indices count from the end.
     `note` is the limit users read in docs/supported_ops.md."""
@@ -101,7 +115,7 @@ def register(
             if op_type in OP_RULES:
                 raise ValueError(f"TF op type {op_type} registered twice")
             OP_RULES[op_type] = OpRule(op_type, lower, dtypes, static_inputs, unused_inputs,
-                                       check, note)
+                                       check, note, static_leading)
         return lower
 
     return decorate
@@ -118,6 +132,18 @@ def element_type(dtype: tf.DType) -> str:
         return _ELEMENT_TYPES[dtype.base_dtype.name]
     except KeyError:
         raise LoweringError(f"no HLO element type for TF dtype {dtype.name}") from None
+
+
+def value_range(element_type_name: str) -> tuple[Any, Any]:
+    """The lowest and highest finite values of an XLA element type (bf16 included)."""
+    dtype = numpy_dtype(element_type_name)
+    if dtype.name == "bfloat16":
+        import ml_dtypes  # TF's own dependency: NumPy has no bfloat16 finfo
+
+        info: Any = ml_dtypes.finfo(dtype)
+    else:
+        info = np.finfo(dtype) if dtype.kind == "f" else np.iinfo(dtype)
+    return info.min, info.max
 
 
 def static_dims(tensor: tf.Tensor) -> tuple[int, ...] | None:
@@ -305,11 +331,24 @@ class LoweringContext:
                          dimensions=tuple(i + offset for i in kept))
 
     def reduce(self, x: Instruction, axes: Sequence[int], kind: str, init: Any) -> Instruction:
-        """Reduce `x` over `axes` with the scalar computation `kind`, from `init`."""
+        """Reduce `x` over `axes` with the scalar computation `kind`, from `init`. Sums and
+        products of 2-byte floats accumulate in f32 (XLA's SumAccumulationType)."""
         etype = x.shape.element_type
+        if kind in ("add", "multiply") and etype in _HALF_TYPES:
+            wide = self.reduce(self.convert(x, "f32"), axes, kind, init)
+            return self.convert(wide, etype)
         computation = self.module.reduction_computation(kind, etype)
         return self.emit("reduce", [x, self.constant(init, etype)],
                          called_computations=[computation], dimensions=tuple(sorted(axes)))
+
+    def dot(self, a: Instruction, b: Instruction, **dimensions: Any) -> Instruction:
+        """HLO `dot`; 2-byte floats multiply and accumulate in f32, then round once (what
+        XLA's CPU backend does with their dots)."""
+        etype = a.shape.element_type
+        if etype not in _HALF_TYPES:
+            return self.emit("dot", [a, b], **dimensions)
+        wide = self.emit("dot", [self.convert(a, "f32"), self.convert(b, "f32")], **dimensions)
+        return self.convert(wide, etype)
 
     # -- facts about the op being lowered --
     def output_shape(self, index: int = 0) -> Shape:
@@ -330,6 +369,7 @@ def _load_rules() -> None:
     from tfxla_lite.clustering import (  # noqa: F401
         rules_elementwise,
         rules_gradients,
+        rules_indexing,
         rules_nn,
         rules_slicing,
         rules_tensor,

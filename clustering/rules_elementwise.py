@@ -124,6 +124,35 @@ register("Round", "Rint", dtypes=FLOAT)(_unary("round-nearest-even"))
 register("Sin", dtypes=FLOAT)(_unary("sine"))
 register("Cos", dtypes=FLOAT)(_unary("cosine"))
 register("LogicalNot", dtypes=BOOL)(_unary("not"))
+register("Tan", dtypes=FLOAT)(_unary("tan"))
+register("Atan2", dtypes=FLOAT)(_binary("atan2"))
+
+
+@register("Atan", dtypes=FLOAT)
+def _lower_atan(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                ) -> list[Instruction]:
+    # XLA's Atan: atan2(x, 1).
+    x = operands[0]
+    return [ctx.emit("atan2", [x, ctx.full(1, x.shape)])]
+
+
+def _zero_where_x_is_zero(opcode: str) -> Any:
+    def lower(ctx: LoweringContext, op: tf.Operation, operands: Operands) -> list[Instruction]:
+        # x == 0 gives x itself, the sign of zero of TF's vectorized kernel (its scalar
+        # path gives +0: the tolerance table lets the sign go).
+        x, y = _broadcast_all(ctx, operands)
+        value = ctx.emit("multiply", [x, ctx.emit(opcode, [y])]) if opcode != "divide" else \
+            ctx.emit("divide", [x, y])
+        is_zero = ctx.emit("compare", [x, ctx.full(0, x.shape)], direction="EQ")
+        return [ctx.emit("select", [is_zero, x, value])]
+
+    lower.__doc__ = f"TF's x == 0 ? 0 : x·{opcode}(y) (whatever y is, NaN included)."
+    return lower
+
+
+register("Xlogy", dtypes=FLOAT)(_zero_where_x_is_zero("log"))
+register("Xlog1py", dtypes=FLOAT)(_zero_where_x_is_zero("log-plus-one"))
+register("Xdivy", dtypes=FLOAT)(_zero_where_x_is_zero("divide"))
 
 
 @register("Square", dtypes=NUMERIC)
@@ -172,6 +201,15 @@ def _lower_elu(ctx: LoweringContext, op: tf.Operation, operands: Operands) -> li
     x = operands[0]
     positive = ctx.emit("compare", [x, ctx.full(0, x.shape)], direction="GT")
     return [ctx.emit("select", [positive, x, ctx.emit("exponential-minus-one", [x])])]
+
+
+@register("Softsign", dtypes=FLOAT)
+def _lower_softsign(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                    ) -> list[Instruction]:
+    # TF: x / (|x| + 1).
+    x = operands[0]
+    return [ctx.emit("divide", [x, ctx.emit("add", [ctx.emit("abs", [x]),
+                                                    ctx.full(1, x.shape)])])]
 
 
 @register("Softplus", dtypes=FLOAT)
@@ -351,10 +389,28 @@ def _horner(ctx: LoweringContext, y: Instruction, coefficients: tuple[float, ...
     return result
 
 
-def _exp_minus_square(ctx: LoweringContext, a: Instruction) -> Instruction:
+# Cephes' erfc polynomials for float64 in |x| (ndtr.c, as XLA's ErfcImpl64), highest
+# degree first: erfc(x) = exp(-x²)·P(|x|)/Q(|x|) below |x| = 8, R/S above.
+_ERFC64_P = (2.46196981473530512524e-10, 5.64189564831068821977e-1, 7.46321056442269912687e0,
+             4.86371970985681366614e1, 1.96520832956077098242e2, 5.26445194995477358631e2,
+             9.34528527171957607540e2, 1.02755188689515710272e3, 5.57535335369399327526e2)
+_ERFC64_Q = (1.0, 1.32281951154744992508e1, 8.67072140885989742329e1,
+             3.54937778887819891062e2, 9.75708501743205489753e2, 1.82390916687909736289e3,
+             2.24633760818710981792e3, 1.65666309194161350182e3, 5.57535340817727675546e2)
+_ERFC64_R = (5.64189583547755073984e-1, 1.27536670759978104416e0, 5.01905042251180477414e0,
+             6.16021097993053585195e0, 7.40974269950448939160e0, 2.97886665372100240670e0)
+_ERFC64_S = (1.0, 2.26052863220117276590e0, 9.39603524938001434673e0,
+             1.20489539808096656605e1, 1.70814450747565897222e1, 9.60896809063285878198e0,
+             3.36907645100081516050e0)
+_ERFC64_MAX_SQUARE = 7.09782712893383996843e2  # Cephes' MAXLOG for doubles
+_SPLITTER64 = 134217729.0  # 2^27 + 1: Veltkamp's splitter for 53-bit doubles
+
+
+def _exp_minus_square(ctx: LoweringContext, a: Instruction, splitter: float = _SPLITTER
+                      ) -> Instruction:
     """exp(-a²) without the error of rounding a² (40 ulp at a = 9): a = high + low with
     high² exact, so exp(-a²) = exp(-high²)·exp(-(2·high + low)·low)."""
-    scaled = ctx.emit("multiply", [a, ctx.full(_SPLITTER, a.shape)])
+    scaled = ctx.emit("multiply", [a, ctx.full(splitter, a.shape)])
     high = ctx.emit("subtract", [scaled, ctx.emit("subtract", [scaled, a])])
     low = ctx.emit("subtract", [a, high])
     high_square = ctx.emit("negate", [ctx.emit("multiply", [high, high])])
@@ -363,12 +419,46 @@ def _exp_minus_square(ctx: LoweringContext, a: Instruction) -> Instruction:
                                  ctx.emit("exponential", [ctx.emit("negate", [cross])])])
 
 
-@register("Erfc", dtypes=frozenset({"float32"}), note="float32 only (XLA's ErfcImpl32)")
+def _erfc64(ctx: LoweringContext, x: Instruction) -> Instruction:
+    """As XLA's ErfcImpl64 (Cephes' erfc): 1 - erf(x) for |x| < 1, else
+    exp(-x²)·P(|x|)/Q(|x|) (R/S from |x| = 8), erfc(-x) = 2 - erfc(x), 0 once x² passes
+    MAXLOG; exp(-x²) is taken without rounding x² first."""
+    one = ctx.full(1, x.shape)
+    near_zero = ctx.emit("subtract", [one, ctx.emit("erf", [x])])
+    a = ctx.emit("abs", [x])
+    below_eight = ctx.emit("compare", [a, ctx.full(8.0, x.shape)], direction="LT")
+    numerator = ctx.emit("select", [below_eight, _horner(ctx, a, _ERFC64_P),
+                                    _horner(ctx, a, _ERFC64_R)])
+    denominator = ctx.emit("select", [below_eight, _horner(ctx, a, _ERFC64_Q),
+                                      _horner(ctx, a, _ERFC64_S)])
+    tail = ctx.emit("divide", [ctx.emit("multiply", [_exp_minus_square(ctx, a, _SPLITTER64),
+                                                     numerator]), denominator])
+    underflow = ctx.emit("compare", [ctx.emit("multiply", [a, a]),
+                                     ctx.full(_ERFC64_MAX_SQUARE, x.shape)], direction="GT")
+    tail = ctx.emit("select", [underflow, ctx.full(0, x.shape), tail])
+    negative = ctx.emit("compare", [x, ctx.full(0, x.shape)], direction="LT")
+    tail = ctx.emit("select", [negative, ctx.emit("subtract", [ctx.full(2.0, x.shape), tail]),
+                               tail])
+    large = ctx.emit("compare", [a, one], direction="GE")
+    return ctx.emit("select", [large, tail, near_zero])
+
+
+@register("Erfc", dtypes=FLOAT,
+          note="XLA's ErfcImpl32 and ErfcImpl64 (Cephes); 2-byte floats through float32")
 def _lower_erfc(ctx: LoweringContext, op: tf.Operation, operands: Operands
                 ) -> list[Instruction]:
-    # As XLA and Cephes: 1 - erf(x) for |x| <= 1 (no cancellation there: erfc >= 0.157),
-    # else exp(-x²)/|x|·P, erfc(-x) = 2 - erfc(x), and 0 once exp(-x²) underflows.
     x = operands[0]
+    etype = x.shape.element_type
+    if etype == "f64":
+        return [_erfc64(ctx, x)]
+    if etype in ("f16", "bf16"):  # XLA upcasts: computed in f32, rounded once
+        return [ctx.convert(_erfc32(ctx, ctx.convert(x, "f32")), etype)]
+    return [_erfc32(ctx, x)]
+
+
+def _erfc32(ctx: LoweringContext, x: Instruction) -> Instruction:
+    """As XLA and Cephes: 1 - erf(x) for |x| <= 1 (no cancellation there: erfc >= 0.157),
+    else exp(-x²)/|x|·P, erfc(-x) = 2 - erfc(x), and 0 once exp(-x²) underflows."""
     one = ctx.full(1, x.shape)
     near_zero = ctx.emit("subtract", [one, ctx.emit("erf", [x])])
     a = ctx.emit("abs", [x])
@@ -384,4 +474,4 @@ def _lower_erfc(ctx: LoweringContext, op: tf.Operation, operands: Operands
     tail = ctx.emit("select", [negative, ctx.emit("subtract", [ctx.full(2.0, x.shape), tail]),
                                tail])
     large = ctx.emit("compare", [a, one], direction="GT")
-    return [ctx.emit("select", [large, tail, near_zero])]
+    return ctx.emit("select", [large, tail, near_zero])

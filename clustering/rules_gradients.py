@@ -79,6 +79,15 @@ def _lower_softplus_grad(ctx: LoweringContext, op: tf.Operation, operands: Opera
     return [ctx.emit("divide", [gradients, denominator])]
 
 
+@register("SoftsignGrad", dtypes=FLOAT)
+def _lower_softsign_grad(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                         ) -> list[Instruction]:
+    # gradients / (|features| + 1)²
+    gradients, features = operands
+    denominator = ctx.emit("add", [ctx.emit("abs", [features]), ctx.full(1, features.shape)])
+    return [ctx.emit("divide", [gradients, ctx.emit("multiply", [denominator, denominator])])]
+
+
 # -- activations: (gradients, outputs) ----------------------------------------------------------
 @register("EluGrad", dtypes=FLOAT)
 def _lower_elu_grad(ctx: LoweringContext, op: tf.Operation, operands: Operands

@@ -24,9 +24,10 @@ from tfxla_lite.clustering.registry import (
     element_type,
     known_dims,
     register,
+    value_range,
 )
 from tfxla_lite.clustering.rules_tensor import MATMUL_DTYPES, softmax_parts
-from tfxla_lite.hlo import Instruction, Shape, numpy_dtype
+from tfxla_lite.hlo import Instruction, Shape
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -115,13 +116,12 @@ def _arg_reduce(kind: str) -> Any:
         x = operands[0]
         dims = x.shape.dims
         axis = int(ctx.static_input(1)) % len(dims)
-        dtype = numpy_dtype(x.shape.element_type)
-        info = np.finfo(dtype) if dtype.kind == "f" else np.iinfo(dtype)
-        bound = ctx.full(info.min if kind == "maximum" else info.max, x.shape)
+        lowest, highest = value_range(x.shape.element_type)
+        bound = ctx.full(lowest if kind == "maximum" else highest, x.shape)
         beats = ctx.emit("compare", [x, bound], direction="GT" if kind == "maximum" else "LT")
         contenders = ctx.emit("select", [beats, x, bound])
-        extreme = ctx.reduce(contenders, [axis], kind, info.min if kind == "maximum"
-                             else info.max)
+        extreme = ctx.reduce(contenders, [axis], kind, lowest if kind == "maximum"
+                             else highest)
         hit = ctx.emit("compare", [contenders, _spread(ctx, extreme, dims, axis)],
                        direction="EQ")
         etype = element_type(op.outputs[0].dtype)
@@ -230,8 +230,8 @@ def _lower_einsum(ctx: LoweringContext, op: tf.Operation, operands: Operands
                     (size(batch), size(free_a), size(contract)))
     b = ctx.reshape(_transpose_to(ctx, b, tb, batch + contract + free_b),
                     (size(batch), size(contract), size(free_b)))
-    product = ctx.emit("dot", [a, b], lhs_batch_dims=(0,), rhs_batch_dims=(0,),
-                       lhs_contracting_dims=(2,), rhs_contracting_dims=(1,))
+    product = ctx.dot(a, b, lhs_batch_dims=(0,), rhs_batch_dims=(0,),
+                      lhs_contracting_dims=(2,), rhs_contracting_dims=(1,))
     labels = batch + free_a + free_b
     product = ctx.reshape(product, [sizes[c] for c in labels])
     return [_transpose_to(ctx, product, labels, output)]

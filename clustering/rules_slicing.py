@@ -1,11 +1,11 @@
 """Lowering rules of TF's slicing and tiling ops: StridedSlice (and its gradient), Pad,
 Tile, Split, SplitV, Unpack, IdentityN.
 
-Registered into `registry.OP_RULES` on import. HLO here has no pad, reverse or dynamic
-slice opcode, so: pads are concatenations with broadcast constant blocks, strided
-gradients interleave zero blocks before padding, and slices with negative strides (a
-reverse) do not compile. Every begin, end, stride, padding, multiple and split size
-is a compile-time constant.
+Registered into `registry.OP_RULES` on import. Pads are concatenations with broadcast
+constant blocks, strided gradients interleave zero blocks before padding, and slices
+with negative strides reverse their axes, then slice forward (their gradients build
+the same in reversed coordinates, then reverse). Every begin, end, stride, padding,
+multiple and split size is a compile-time constant.
 """
 
 from __future__ import annotations
@@ -73,6 +73,43 @@ def _lower_pad(ctx: LoweringContext, op: tf.Operation, operands: Operands
     return [x]
 
 
+def _check_mirror_pad(op: tf.Operation) -> str | None:
+    paddings, dims = constant_value(op.inputs[1]), known_dims(op.inputs[0])
+    if paddings is None or dims is None:
+        return None  # marking reports non-constant paddings and unknown shapes itself
+    mode = op.get_attr("mode")
+    reflect = (mode.decode() if isinstance(mode, bytes) else mode) == "REFLECT"
+    for (low, high), size in zip(paddings.reshape(-1, 2), dims):
+        if min(low, high) < 0 or max(low, high) > size - (1 if reflect else 0):
+            return f"paddings {low}, {high} out of range for size {size}"
+    return None
+
+
+@register("MirrorPad", dtypes=ALL, static_inputs=(1,), check=_check_mirror_pad,
+          note="constant paddings; REFLECT and SYMMETRIC")
+def _lower_mirror_pad(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                      ) -> list[Instruction]:
+    # Per axis: the mirrored edge slices, reversed, on both sides (REFLECT leaves out
+    # the edge element itself, SYMMETRIC repeats it).
+    x = operands[0]
+    mode = op.get_attr("mode")
+    skip = 1 if (mode.decode() if isinstance(mode, bytes) else mode) == "REFLECT" else 0
+    for axis, (low, high) in enumerate(ctx.static_input(1).reshape(-1, 2)):
+        low, high, size = int(low), int(high), x.shape.dims[axis]
+        pieces = []
+        for begin, count in ((skip, low), (None, None), (size - skip - high, high)):
+            if begin is None:
+                pieces.append(x)
+            elif count:
+                spec = [(0, d, 1) for d in x.shape.dims]
+                spec[axis] = (begin, begin + count, 1)
+                edge = ctx.emit("slice", [x], slice=tuple(spec))
+                pieces.append(ctx.emit("reverse", [edge], dimensions=(axis,)))
+        if len(pieces) > 1:
+            x = ctx.emit("concatenate", pieces, dimensions=(axis,))
+    return [x]
+
+
 # -- tiles and splits ----------------------------------------------------------------------------
 @register("Tile", dtypes=ALL, static_inputs=(1,))
 def _lower_tile(ctx: LoweringContext, op: tf.Operation, operands: Operands
@@ -127,9 +164,10 @@ def _lower_unpack(ctx: LoweringContext, op: tf.Operation, operands: Operands
 # -- strided slices ------------------------------------------------------------------------------
 def strided_slice_spec(dims: Sequence[int], begin: np.ndarray, end: np.ndarray,
                        strides: np.ndarray, op: tf.Operation) -> SliceSpec:
-    """Per input dim (start, limit, stride) of a StridedSlice with positive strides, after
-    TF's masks: ellipsis and new axes expand the sparse spec to the input's dims, begin/end
-    masks take whole ranges, shrink takes one element. Raises LoweringError otherwise."""
+    """Per input dim (start, limit, stride) of a StridedSlice, after TF's masks: ellipsis
+    and new axes expand the sparse spec to the input's dims, begin/end masks take whole
+    ranges, shrink takes one element. A negative stride gives the bounds of the same
+    elements in the reversed axis (see `_forward`). Raises LoweringError otherwise."""
     masks = {name: int(op.get_attr(name)) for name in (
         "begin_mask", "end_mask", "ellipsis_mask", "new_axis_mask", "shrink_axis_mask")}
 
@@ -165,7 +203,14 @@ def strided_slice_spec(dims: Sequence[int], begin: np.ndarray, end: np.ndarray,
             spec.append((index, index + 1, 1))
             continue
         if stride < 0:
-            raise LoweringError("negative strides (a reverse) are not supported")
+            # TF's canonical bounds for a backward slice: begin in [-1, size - 1] (masked:
+            # size - 1), end likewise (masked: -1, before the first element); then the
+            # same slice in the axis reversed, position p at size - 1 - p.
+            first = size - 1 if bit("begin_mask", i) else _backward_bound(int(begin[i]), size)
+            last = -1 if bit("end_mask", i) else _backward_bound(int(end[i]), size)
+            start, limit = size - 1 - first, size - 1 - last
+            spec.append((start, max(start, limit), stride))
+            continue
         start = 0 if bit("begin_mask", i) else int(begin[i])
         limit = size if bit("end_mask", i) else int(end[i])
         start = min(max(start + size if start < 0 else start, 0), size)
@@ -174,6 +219,18 @@ def strided_slice_spec(dims: Sequence[int], begin: np.ndarray, end: np.ndarray,
     if len(spec) != len(dims):
         raise LoweringError(f"slice spec covers {len(spec)} of {len(dims)} dims")
     return spec
+
+
+def _backward_bound(index: int, size: int) -> int:
+    index = index + size if index < 0 else index
+    return min(max(index, -1), size - 1)
+
+
+def _forward(spec: SliceSpec) -> tuple[SliceSpec, tuple[int, ...]]:
+    """The spec with every stride positive, and the axes to reverse first (those whose
+    stride was negative: their bounds are already in reversed coordinates)."""
+    reversed_axes = tuple(d for d, (_, _, stride) in enumerate(spec) if stride < 0)
+    return [(start, limit, abs(stride)) for start, limit, stride in spec], reversed_axes
 
 
 def _spec_of(op: tf.Operation, dims: Sequence[int], first: int) -> SliceSpec:
@@ -199,11 +256,13 @@ def _sliced_dims(spec: SliceSpec) -> list[int]:
 
 
 @register("StridedSlice", dtypes=ALL, static_inputs=(1, 2, 3), check=_check_strided_slice,
-          note="constant begin/end/strides, all masks; positive strides (or shrink) only")
+          note="constant begin/end/strides, all masks; negative strides reverse first")
 def _lower_strided_slice(ctx: LoweringContext, op: tf.Operation, operands: Operands
                          ) -> list[Instruction]:
     x = operands[0]
-    spec = _spec_of(op, x.shape.dims, 1)
+    spec, reversed_axes = _forward(_spec_of(op, x.shape.dims, 1))
+    if reversed_axes:
+        x = ctx.emit("reverse", [x], dimensions=reversed_axes)
     if any(s != (0, d, 1) for s, d in zip(spec, x.shape.dims)):
         x = ctx.emit("slice", [x], slice=tuple(spec))
     # Shrunk axes go and new axes come: TF's static result shape says where.
@@ -228,7 +287,7 @@ def _lower_strided_slice_grad(ctx: LoweringContext, op: tf.Operation, operands: 
     # dy spread back into zeros: each axis gets stride-1 zero gaps between its elements,
     # then zero blocks before and after.
     dims = [int(d) for d in ctx.static_input(0).reshape(-1)]
-    spec = _spec_of(op, dims, 1)
+    spec, reversed_axes = _forward(_spec_of(op, dims, 1))
     dy = operands[4]
     x = ctx.reshape(dy, _sliced_dims(spec))
     zero = ctx.constant(0, x.shape.element_type)
@@ -241,6 +300,8 @@ def _lower_strided_slice_grad(ctx: LoweringContext, op: tf.Operation, operands: 
             x = _interleave_zeros(ctx, x, axis, stride, zero)
         span = x.shape.dims[axis]
         x = pad_axis(ctx, x, axis, start, size - start - span, zero)
+    if reversed_axes:  # built in the reversed coordinates of backward slices
+        x = ctx.emit("reverse", [x], dimensions=reversed_axes)
     return [x]
 
 

@@ -24,8 +24,10 @@ from tfxla_lite.clustering.registry import (
     element_type,
     register,
     static_dims,
+    value_range,
 )
 from tfxla_lite.hlo import Instruction, numpy_dtype
+from tfxla_lite.hlo.shape import FLOAT_TYPES
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -114,6 +116,16 @@ def _lower_transpose(ctx: LoweringContext, op: tf.Operation, operands: Operands
     return [ctx.emit("transpose", [x], dimensions=perm)]
 
 
+@register("InvertPermutation", dtypes=INTEGER, static_inputs=(0,),
+          note="a constant permutation (the gradient of a Transpose)")
+def _lower_invert_permutation(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                              ) -> list[Instruction]:
+    perm = ctx.static_input(0).reshape(-1).astype(np.int64)
+    if sorted(perm.tolist()) != list(range(perm.size)):
+        raise LoweringError(f"{perm.tolist()} is not a permutation")
+    return [ctx.constant(np.argsort(perm), ctx.output_shape().element_type)]
+
+
 @register("ConcatV2", dtypes=ALL, static_inputs=(-1,))
 def _lower_concat(ctx: LoweringContext, op: tf.Operation, operands: Operands
                   ) -> list[Instruction]:
@@ -161,13 +173,11 @@ def _reduction_axes(ctx: LoweringContext, x: Instruction) -> list[int]:
 
 
 def _lowest(etype: str) -> Any:
-    dtype = numpy_dtype(etype)
-    return -np.inf if dtype.kind == "f" else np.iinfo(dtype).min
+    return -np.inf if etype in FLOAT_TYPES else value_range(etype)[0]
 
 
 def _highest(etype: str) -> Any:
-    dtype = numpy_dtype(etype)
-    return np.inf if dtype.kind == "f" else np.iinfo(dtype).max
+    return np.inf if etype in FLOAT_TYPES else value_range(etype)[1]
 
 
 def _reduction(kind: str, init: Any) -> Any:
@@ -195,13 +205,17 @@ register("All", dtypes=BOOL, static_inputs=(1,))(_reduction("and", True))
 def _lower_mean(ctx: LoweringContext, op: tf.Operation, operands: Operands
                 ) -> list[Instruction]:
     # TF divides the sum by the count in the input dtype: integer means truncate, and an
-    # empty float mean is 0/0 = NaN.
+    # empty float mean is 0/0 = NaN. 2-byte floats sum and divide in f32 (a count of
+    # 65520 or more is inf in f16).
     x = operands[0]
+    etype = x.shape.element_type
+    if etype in ("f16", "bf16"):
+        x = ctx.convert(x, "f32")
     axes = _reduction_axes(ctx, x)
     total = ctx.reduce(x, axes, "add", 0)
     count = int(np.prod([x.shape.dims[a] for a in axes], dtype=np.int64))
     mean = ctx.emit("divide", [total, ctx.full(count, total.shape)])
-    return [ctx.reshape(mean, ctx.output_shape().dims)]
+    return [ctx.reshape(ctx.convert(mean, etype), ctx.output_shape().dims)]
 
 
 # -- dots --------------------------------------------------------------------------------------
@@ -213,9 +227,8 @@ def _lower_matmul(ctx: LoweringContext, op: tf.Operation, operands: Operands
                   ) -> list[Instruction]:
     # Transposed operands become other contracting dims: no transpose instruction.
     a, b = operands
-    return [ctx.emit("dot", [a, b],
-                     lhs_contracting_dims=(0 if op.get_attr("transpose_a") else 1,),
-                     rhs_contracting_dims=(1 if op.get_attr("transpose_b") else 0,))]
+    return [ctx.dot(a, b, lhs_contracting_dims=(0 if op.get_attr("transpose_a") else 1,),
+                    rhs_contracting_dims=(1 if op.get_attr("transpose_b") else 0,))]
 
 
 def _check_batch_matmul(op: tf.Operation) -> str | None:
@@ -234,10 +247,9 @@ def _lower_batch_matmul(ctx: LoweringContext, op: tf.Operation, operands: Operan
     y = ctx.broadcast_to(y, batch + y.shape.dims[-2:])
     n = len(batch)
     # adj_x/adj_y: conjugate transposes, plain transposes for real dtypes.
-    return [ctx.emit("dot", [x, y],
-                     lhs_batch_dims=tuple(range(n)), rhs_batch_dims=tuple(range(n)),
-                     lhs_contracting_dims=(n + (0 if op.get_attr("adj_x") else 1),),
-                     rhs_contracting_dims=(n + (1 if op.get_attr("adj_y") else 0),))]
+    return [ctx.dot(x, y, lhs_batch_dims=tuple(range(n)), rhs_batch_dims=tuple(range(n)),
+                    lhs_contracting_dims=(n + (0 if op.get_attr("adj_x") else 1),),
+                    rhs_contracting_dims=(n + (1 if op.get_attr("adj_y") else 0),))]
 
 
 def check_bias_data_format(op: tf.Operation) -> str | None:

@@ -12,17 +12,19 @@ from tfxla_lite.clustering.registry import OP_RULES, OpRule
 # Ops users meet in training graphs that do not compile, and why. Not exhaustive: any
 # op without a rule stays in TF, and `tfxla_lite.explain` names it.
 NOT_SUPPORTED: dict[str, str] = {
-    "Cumsum, Cumprod": "need a reduce-window (or scan) HLO opcode",
-    "StridedSlice with negative strides, ReverseV2": "need a reverse HLO opcode",
+    "MirrorPadGrad, ReverseSequence": "not lowered yet",
     "Bitcast": "needs a bitcast-convert HLO opcode",
-    "Erfc in float64": "Cephes' polynomials are float32's; float64 needs its own",
-    "MirrorPad": "needs a reverse HLO opcode",
-    "GatherV2, ScatterNd, ResourceGather": "need gather/scatter HLO opcodes",
+    "ResourceGather, ResourceScatterAdd, ...": "resource ops stay in TF (a variable's "
+                                               "read is a cluster input)",
+    "SegmentSum (sorted), DynamicStitch with runtime indices": "not lowered yet (gather "
+                                                               "and scatter opcodes exist)",
+    "StatelessRandomUniformV2 and the other random ops": "stay in TF, so masks are TF's "
+                                                         "(TF's XLA draws other numbers)",
     "Einsum with an ellipsis or a repeated label": "not lowered yet (a diagonal needs a gather)",
     "If, While, StatelessIf, StatelessWhile": "control flow is not clustered yet",
 }
 
-_ORDER = ("bool", "int32", "int64", "float32", "float64")
+_ORDER = ("bool", "int32", "int64", "float16", "bfloat16", "float32", "float64")
 
 
 def _dtypes(rule: OpRule) -> str:
@@ -31,7 +33,8 @@ def _dtypes(rule: OpRule) -> str:
 
 
 def _constant_inputs(rule: OpRule) -> str:
-    return ", ".join(str(i) for i in rule.static_inputs)
+    leading = [f"the first {rule.static_leading}"] if rule.static_leading else []
+    return ", ".join(leading + [str(i) for i in rule.static_inputs])
 
 
 def supported_ops_markdown() -> str:
@@ -44,7 +47,10 @@ def supported_ops_markdown() -> str:
         "a test fails when this page is out of date. Every op needs fully static shapes;",
         "*constant inputs* must be compile-time constants (Consts, or integer arithmetic on",
         "them and on static shapes, which is folded). The dtypes bound the op's inputs and",
-        "outputs other than its constant inputs.",
+        "outputs other than its constant inputs. float16 and bfloat16 compute element-wise",
+        "in their own type (every result rounded to it); Sum, Prod, Mean, softmax sums and",
+        "dots accumulate in float32 and round once, as TF and XLA do; Cumsum, Cumprod and",
+        "the segment reductions accumulate in the 2-byte type, as TF's CPU kernels do.",
         "",
         f"{len(OP_RULES)} op types.",
         "",

@@ -22,7 +22,7 @@ import numpy as np
 from llvmlite import ir
 
 from tfxla_lite.hlo.ir import Computation, Instruction
-from tfxla_lite.hlo.shape import FLOAT_TYPES, SIGNED_TYPES, UNSIGNED_TYPES, Shape
+from tfxla_lite.hlo.shape import FLOAT_TYPES, SIGNED_TYPES, UNSIGNED_TYPES, Shape, numpy_dtype
 
 I1 = ir.IntType(1)
 I8 = ir.IntType(8)
@@ -31,8 +31,10 @@ I64 = ir.IntType(64)
 VOID = ir.VoidType()
 PTR = ir.PointerType()
 
-_FLOAT_IR_TYPES: dict[str, ir.Type] = {"f16": ir.HalfType(), "f32": ir.FloatType(),
-                                       "f64": ir.DoubleType()}
+# bf16 lives in registers as an f32 that is always a bf16 value (every computed bf16
+# element is rounded, `round_bf16`), and in memory as its 16 high bits.
+_FLOAT_IR_TYPES: dict[str, ir.Type] = {"f16": ir.HalfType(), "bf16": ir.FloatType(),
+                                       "f32": ir.FloatType(), "f64": ir.DoubleType()}
 _INT_BITS = {"s8": 8, "s16": 16, "s32": 32, "s64": 64, "u8": 8, "u16": 16, "u32": 32, "u64": 64}
 
 
@@ -64,8 +66,33 @@ def value_type(element_type: str) -> ir.Type:
 
 
 def storage_type(element_type: str) -> ir.Type:
-    """The LLVM type of one element in memory (pred is a byte, as NumPy's bool)."""
+    """The LLVM type of one element in memory (pred is a byte, as NumPy's bool; bf16 the
+    16 high bits of an f32)."""
+    if element_type == "bf16":
+        return ir.IntType(16)
     return I8 if element_type == "pred" else value_type(element_type)
+
+
+def bf16_bits(builder: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """The bf16 nearest an f32 (ties to even), as i16; a NaN stays a (quiet) NaN."""
+    bits = builder.bitcast(x, I32)
+    lsb = builder.and_(builder.lshr(bits, ir.Constant(I32, 16)), ir.Constant(I32, 1))
+    rounded = builder.add(bits, builder.add(ir.Constant(I32, 0x7FFF), lsb))
+    quiet_nan = builder.or_(bits, ir.Constant(I32, 0x400000))
+    is_nan = builder.fcmp_unordered("uno", x, x)
+    chosen = builder.select(is_nan, quiet_nan, rounded)
+    return builder.trunc(builder.lshr(chosen, ir.Constant(I32, 16)), ir.IntType(16))
+
+
+def bf16_value(builder: ir.IRBuilder, bits: ir.Value) -> ir.Value:
+    """The f32 of bf16 `bits` (i16): exact."""
+    wide = builder.shl(builder.zext(bits, I32), ir.Constant(I32, 16))
+    return builder.bitcast(wide, ir.FloatType())
+
+
+def round_bf16(builder: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """An f32 rounded to the nearest bf16 value, still as an f32."""
+    return bf16_value(builder, bf16_bits(builder, x))
 
 
 def constant(element_type: str, value: Any) -> ir.Constant:
@@ -75,6 +102,8 @@ def constant(element_type: str, value: Any) -> ir.Constant:
         return ir.Constant(typ, int(bool(value)))
     if is_float(element_type):
         # llvmlite prints floats as the double's hex; round to the type first.
+        if element_type == "bf16":
+            return ir.Constant(typ, float(np.asarray(value).astype(numpy_dtype("bf16"))))
         dtype = {"f16": np.float16, "f32": np.float32, "f64": np.float64}[element_type]
         return ir.Constant(typ, float(dtype(value)))
     bits = int_bits(element_type)
@@ -156,6 +185,23 @@ ElementGenerator = Callable[["KernelContext", Instruction, Index], ir.Value]
 
 EMITTERS: dict[str, ElementGenerator] = {}
 
+# A whole-kernel emitter: the body of a kernel whose root is `inst`, writing `output`
+# itself (in any order), for ops whose elements are cheaper computed together than each
+# on its own (scatter: each update read once, instead of once per output element).
+KernelEmitter = Callable[["KernelContext", Instruction, ir.Value], None]
+
+KERNEL_EMITTERS: dict[str, KernelEmitter] = {}
+
+
+def register_kernel(opcode: str) -> Callable[[KernelEmitter], KernelEmitter]:
+    def decorate(fn: KernelEmitter) -> KernelEmitter:
+        if opcode in KERNEL_EMITTERS:
+            raise ValueError(f"two CPU kernel emitters for {opcode}")
+        KERNEL_EMITTERS[opcode] = fn
+        return fn
+
+    return decorate
+
 
 def register(*opcodes: str) -> Callable[[ElementGenerator], ElementGenerator]:
     def decorate(fn: ElementGenerator) -> ElementGenerator:
@@ -211,6 +257,8 @@ class KernelContext:
         self.pool = pool
         self.buffers = buffers
         self.scalars: dict[int, ir.Value] = {}
+        # Parameters of a `call`ed computation -> the caller's operands (calls.py).
+        self.forwarded: dict[int, Instruction] = {}
         # Stack slots go in a block of their own, so that two builders never share one.
         self._allocas = function.append_basic_block("allocas")
         start = function.append_basic_block("start")
@@ -224,6 +272,8 @@ class KernelContext:
         """The element of `inst` at `index`, memoized where it dominates."""
         if id(inst) in self.scalars:
             return self.scalars[id(inst)]
+        if id(inst) in self.forwarded:
+            return self.value(self.forwarded[id(inst)], index)
         key = (id(inst), id(index))
         for scope in reversed(self._scopes):
             if key in scope:
@@ -236,6 +286,8 @@ class KernelContext:
                 raise NotImplementedError(
                     f"CPU backend: no emitter for opcode '{inst.opcode}' (%{inst.name})")
             result = generator(self, inst, index)
+            if inst.shape.element_type == "bf16":  # computed in f32: round once per op
+                result = round_bf16(self.builder, result)
         self._scopes[-1][key] = (result, index)
         return result
 
@@ -269,11 +321,15 @@ class KernelContext:
         value = self.builder.load(self.element_pointer(base, shape, index), typ=typ)
         if shape.element_type == "pred":
             value = self.builder.icmp_unsigned("!=", value, ir.Constant(I8, 0))
+        elif shape.element_type == "bf16":
+            value = bf16_value(self.builder, value)
         return value
 
     def store(self, value: ir.Value, base: ir.Value, shape: Shape, index: Index) -> None:
         if shape.element_type == "pred":
             value = self.builder.zext(value, I8)
+        elif shape.element_type == "bf16":
+            value = bf16_bits(self.builder, value)
         self.builder.store(value, self.element_pointer(base, shape, index))
 
     def alloca(self, typ: ir.Type, name: str = "", count: int | None = None) -> ir.Value:

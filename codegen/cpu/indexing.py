@@ -1,5 +1,6 @@
 """CPU element generators of the HLO opcodes that compute operand indices at run time
-or per window: reverse, pad, dynamic-slice, dynamic-update-slice, gather, reduce-window.
+or per window: reverse, pad, dynamic-slice, dynamic-update-slice, gather, scatter,
+reduce-window.
 
 Like `data_movement.py`, each maps its result index to operand indices (XLA's
 elemental IR emitter, `elemental_ir_emitter.cc`): reverse mirrors, pad branches to
@@ -7,7 +8,10 @@ the padding value outside the operand's (interior-spread) image, dynamic-slice a
 gather add start indices read from their index operands, clamped as XLA clamps them
 so that the slice stays inside the operand. reduce-window loops over its window with
 an accumulator, skipping padding and base-dilation holes (never folding the init
-value in for them). Semantics match `tfxla_lite.hlo.evaluator`.
+value in for them). A scatter at a kernel's root is a serial kernel of its own
+(copy, then combine each update in order); its element generator, for a scatter
+inside a fusion, computes each output element from every update that lands on it.
+Semantics match `tfxla_lite.hlo.evaluator`.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from tfxla_lite.codegen.cpu.emitter import (
     i64,
     is_signed,
     register,
+    register_kernel,
     value_type,
 )
 from tfxla_lite.hlo.ir import Instruction
@@ -143,6 +148,107 @@ def emit_gather(ctx: KernelContext, inst: Instruction, index: Index) -> ir.Value
                        operand.shape.dims[d] - sizes[d])
         operand_multi[d] = b.add(operand_multi[d], start, flags=["nsw"])
     return ctx.value(operand, Index(operand.shape.dims, operand_multi))
+
+
+@register("scatter")
+def emit_scatter(ctx: KernelContext, inst: Instruction, index: Index) -> ir.Value:
+    """The operand's element at `index`, combined with every update that lands there, in
+    row-major order of the scatter indices: each output element reads all of them, so
+    output elements are independent (a parallel loop may split them) and repeated indices
+    combine in a fixed order."""
+    operand, indices, updates = inst.operands
+    attrs = inst.attributes
+    b = ctx.builder
+    window_dims = tuple(attrs["update_window_dims"])
+    inserted = set(attrs["inserted_window_dims"])
+    vector_dim = int(attrs["index_vector_dim"])
+    rank = operand.shape.rank
+    window_operand_dims = [d for d in range(rank) if d not in inserted]
+    window_sizes = [1] * rank
+    for d, u in zip(window_operand_dims, window_dims):
+        window_sizes[d] = updates.shape.dims[u]
+    scatter_dims = [d for d in range(updates.shape.rank) if d not in window_dims]
+    out_multi = index.get_multi(b)
+    accumulator = ctx.alloca(value_type(inst.shape.element_type), name="scatter.accumulator")
+    b.store(ctx.value(operand, index), accumulator)
+    with ctx.loop_nest(tuple(updates.shape.dims[d] for d in scatter_dims),
+                       name="scatter") as scatter_multi:
+        starts: list[ir.Value] = [i64(0)] * rank
+        for k, d in enumerate(attrs["scatter_dims_to_operand_dims"]):
+            position = list(scatter_multi)
+            if vector_dim < indices.shape.rank:
+                position.insert(vector_dim, i64(k))
+            raw = ctx.value(indices, Index(indices.shape.dims, position))
+            starts[d] = _to_i64(ctx, raw, indices.shape.element_type)
+        # The whole window must lie inside the operand (else XLA skips the update), and
+        # this output element must fall inside it.
+        inside: ir.Value = ir.Constant(ir.IntType(1), 1)
+        offsets = []
+        for d in range(rank):
+            start, size = starts[d], window_sizes[d]
+            offset = b.sub(out_multi[d], start)
+            for check in (b.icmp_signed(">=", start, i64(0)),
+                          b.icmp_signed("<=", start, i64(operand.shape.dims[d] - size)),
+                          b.icmp_signed(">=", offset, i64(0)),
+                          b.icmp_signed("<", offset, i64(size))):
+                inside = b.and_(inside, check)
+            offsets.append(offset)
+        with b.if_then(inside), ctx.scope():
+            update_multi: list[ir.Value] = [i64(0)] * updates.shape.rank
+            for j, d in enumerate(scatter_dims):
+                update_multi[d] = scatter_multi[j]
+            for d, u in zip(window_operand_dims, window_dims):
+                update_multi[u] = offsets[d]
+            x = ctx.value(updates, Index(updates.shape.dims, update_multi))
+            combined = ctx.apply_computation(inst.called_computations[0],
+                                             [b.load(accumulator), x])
+            b.store(combined, accumulator)
+    return b.load(accumulator)
+
+
+@register_kernel("scatter")
+def emit_scatter_kernel(ctx: KernelContext, inst: Instruction, output: ir.Value) -> None:
+    """A scatter as a kernel of its own: copy the operand to the output, then combine each
+    update into its element, serially in row-major order of the updates (repeated
+    indices combine in that order). O(output + updates), where the element generator
+    above reads every update once per output element."""
+    operand, indices, updates = inst.operands
+    attrs = inst.attributes
+    b = ctx.builder
+    shape = inst.shape
+    window_dims = tuple(attrs["update_window_dims"])
+    inserted = set(attrs["inserted_window_dims"])
+    vector_dim = int(attrs["index_vector_dim"])
+    rank = shape.rank
+    window_operand_dims = [d for d in range(rank) if d not in inserted]
+    window_sizes = [1] * rank
+    for d, u in zip(window_operand_dims, window_dims):
+        window_sizes[d] = updates.shape.dims[u]
+    scatter_dims = [d for d in range(updates.shape.rank) if d not in window_dims]
+    with ctx.loop(shape.num_elements, name="copy") as linear:
+        index = Index(shape.dims, linear=linear)
+        ctx.store(ctx.value(operand, index), output, shape, index)
+    with ctx.loop_nest(updates.shape.dims, name="update") as update_multi:
+        inside: ir.Value = ir.Constant(ir.IntType(1), 1)
+        position: list[ir.Value] = [i64(0)] * rank
+        for k, d in enumerate(attrs["scatter_dims_to_operand_dims"]):
+            at = [update_multi[j] for j in scatter_dims]
+            if vector_dim < indices.shape.rank:
+                at.insert(vector_dim, i64(k))
+            raw = ctx.value(indices, Index(indices.shape.dims, at))
+            start = _to_i64(ctx, raw, indices.shape.element_type)
+            inside = b.and_(inside, b.icmp_signed(">=", start, i64(0)))
+            inside = b.and_(inside, b.icmp_signed(
+                "<=", start, i64(shape.dims[d] - window_sizes[d])))
+            position[d] = start
+        for d, u in zip(window_operand_dims, window_dims):
+            position[d] = b.add(position[d], update_multi[u], flags=["nsw"])
+        with b.if_then(inside), ctx.scope():
+            target = Index(shape.dims, position)
+            x = ctx.value(updates, Index(updates.shape.dims, list(update_multi)))
+            combined = ctx.apply_computation(inst.called_computations[0],
+                                             [ctx.load(output, shape, target), x])
+            ctx.store(combined, output, shape, target)
 
 
 @register("reduce-window")

@@ -84,6 +84,10 @@ BINARY = [
     ("NotEqual", tf.not_equal, (F32, BOOL)),
     ("LogicalAnd", tf.logical_and, (BOOL,)),
     ("LogicalOr", tf.logical_or, (BOOL,)),
+    ("Atan2", tf.math.atan2, (F32, F64)),
+    ("Xlogy", tf.math.xlogy, (F32, F64)),
+    ("Xlog1py", tf.math.xlog1py, (F32,)),
+    ("Xdivy", tf.math.xdivy, (F32, F64)),
 ]
 
 
@@ -288,10 +292,12 @@ def test_composite_graph_is_one_cluster() -> None:
 
 
 def test_every_registered_op_is_tested() -> None:
+    from test_indexing_lowerings import TESTED_OPS as INDEXING_OPS
     from test_slicing_ops import TESTED_OPS as SLICING_OPS
     from test_training_ops import TESTED_OPS as TRAINING_OPS
 
-    tested = (SLICING_OPS | TRAINING_OPS | {o for o, _, _ in UNARY} | {o for o, _, _ in BINARY}
+    tested = (SLICING_OPS | TRAINING_OPS | INDEXING_OPS | {o for o, _, _ in UNARY}
+              | {o for o, _, _ in BINARY}
               | {o for o, _, _ in REDUCTIONS} | {o for o, _, _ in SHAPE_OPS}
               | {"AddN", "Cast", "SelectV2", "Select", "MatMul", "BatchMatMulV2", "BiasAdd",
                  "ConcatV2", "Pack", "Fill", "Shape", "Const", "Identity", "StopGradient"})

@@ -41,8 +41,16 @@ STRIDED_CASES: list[tuple[tuple[int, ...], Callable[[Any], Any]]] = [
     ((2, 3, 4), lambda x: x[..., tf.newaxis, 0]),
     ((2, 3, 4), lambda x: x[1, ..., 1:3]),
     ((2, 3, 4), lambda x: x[:, -2:, ::2]),
+    ((6,), lambda x: x[::-1]),
+    ((6,), lambda x: x[4:0:-2]),
+    ((6,), lambda x: x[-2::-3]),
+    ((6,), lambda x: x[100:-100:-1]),
+    ((6,), lambda x: x[1:4:-1]),
+    ((4, 5), lambda x: x[::-1, 3::-2]),
+    ((2, 3, 4), lambda x: x[..., ::-1, 0]),
     ((0, 3), lambda x: x[:, 1]),
     ((3, 0), lambda x: x[1:, :]),
+    ((0, 3), lambda x: x[::-1]),
 ]
 
 
@@ -53,7 +61,7 @@ def test_strided_slice(dtype: Any) -> None:
                      "StridedSlice")
 
 
-GRAD_CASES = [c for c in STRIDED_CASES if c[0] not in ((0, 3), (3, 0))]
+GRAD_CASES = [c for c in STRIDED_CASES if 0 not in c[0]]
 
 
 @pytest.mark.parametrize("dtype", [F32, F64], ids=["float32", "float64"])
@@ -75,10 +83,11 @@ def test_strided_slice_grad(dtype: Any) -> None:
     check_against_tf(fn, xs + dys, "StridedSliceGrad")
 
 
-def test_negative_strides_stay_in_tf_with_a_reason() -> None:
-    graph = trace(lambda x: x[::-1] * 2.0, [np.zeros(4, np.float32)]).graph
+def test_slice_with_a_runtime_begin_stays_in_tf_with_a_reason() -> None:
+    graph = trace(lambda x, i: x[i::-1] * 2.0, [np.zeros(4, np.float32),
+                                               np.zeros((), np.int32)]).graph
     (op,) = [op for op in graph.get_operations() if op.type == "StridedSlice"]
-    assert "negative strides" in str(why_not_compilable(op))
+    assert "constant" in str(why_not_compilable(op))
 
 
 # -- pads, tiles, splits ----------------------------------------------------------------------
@@ -93,6 +102,19 @@ def test_pad(dtype: Any) -> None:
     check_against_tf(_per_case(PAD_CASES, lambda x, p: tf.pad(x, p)), args, "Pad")
     check_against_tf(_per_case(PAD_CASES, lambda x, p: tf.pad(x, p, constant_values=fill)),
                      args, "PadV2")
+
+
+MIRROR_CASES = [((3, 4), [[1, 2], [0, 3]]), ((5,), [[0, 0]]), ((2, 1, 3), [[1, 1], [0, 0], [2, 2]])]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("mode", ["REFLECT", "SYMMETRIC"])
+def test_mirror_pad(dtype: Any, mode: str) -> None:
+    cases = [(shape, pads) for shape, pads in MIRROR_CASES
+             if mode == "SYMMETRIC" or all(max(p) < n for p, n in zip(pads, shape))]
+    cases += [((3, 4), [[3, 3], [4, 0]])] if mode == "SYMMETRIC" else [((3, 4), [[2, 2], [3, 0]])]
+    args = inputs([[shape] for shape, _ in cases], [dtype])
+    check_against_tf(_per_case(cases, lambda x, p: tf.pad(x, p, mode=mode)), args, "MirrorPad")
 
 
 TILE_CASES = [((2, 3), [2, 1]), ((3,), [4]), ((), []), ((2, 0), [3, 2]), ((1, 2, 1), [2, 1, 3]),
@@ -140,6 +162,20 @@ def test_range_rank_size() -> None:
         check_against_tf(fn, args, op_type)
 
 
+def test_transpose_gradient_inverts_a_constant_permutation() -> None:
+    """TF's gradient of a Transpose transposes dy by InvertPermutation(perm): folded."""
+    x, dy = sample((2, 3, 4), F32, seed=1), sample((4, 2, 3), F32, seed=2)
+
+    def fn(x: Any, dy: Any) -> list[Any]:
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = tf.transpose(x, [2, 0, 1])
+        return [tape.gradient(y, x, output_gradients=dy),
+                tf.math.invert_permutation(tf.constant([2, 0, 3, 1]))]
+
+    check_against_tf(fn, [x, dy], "InvertPermutation")
+
+
 # -- einsum and batched dots ------------------------------------------------------------------
 EINSUM_CASES = [("ij,jk->ik", (3, 4), (4, 5)), ("bij,bjk->bik", (2, 3, 4), (2, 4, 5)),
                 ("bqd,bkd->bqk", (2, 3, 4), (2, 5, 4)), ("abc,cd->abd", (2, 3, 4), (4, 5)),
@@ -182,5 +218,6 @@ def test_batch_matmul_v3(dtype: Any) -> None:
     check_against_tf(fn, args, "BatchMatMulV3")
 
 
-TESTED_OPS = {"StridedSlice", "StridedSliceGrad", "Pad", "PadV2", "Tile", "Split", "SplitV",
-              "Unpack", "IdentityN", "Range", "Rank", "Size", "Einsum", "BatchMatMulV3"}
+TESTED_OPS = {"StridedSlice", "StridedSliceGrad", "Pad", "PadV2", "MirrorPad", "Tile",
+              "Split", "SplitV", "Unpack", "IdentityN", "Range", "Rank", "Size", "Einsum",
+              "BatchMatMulV3", "InvertPermutation"}

@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from codegen_helpers import as_args, build, check
+from codegen_helpers import as_args, build, check, compile_unfused
+from tolerances import assert_close
 
 from tfxla_lite.codegen import compile_module
 from tfxla_lite.hlo.attributes import PaddingConfig, Window, WindowDimension
+from tfxla_lite.hlo.evaluator import evaluate
 from tfxla_lite.hlo.ir import Computation, HloModule, Instruction
+from tfxla_lite.hlo.parser import parse_module
 from tfxla_lite.hlo.shape import Shape
+from tfxla_lite.hlo.verifier import verify
 
 DTYPES = ["f32", "f64", "f16", "s32", "u8", "s64", "pred"]
 SHAPES = [(3, 4), (2, 3, 5), (0, 3), (1,), (7,)]
@@ -146,7 +150,7 @@ def test_reduce_window(element_type: str, kind: str, init: float, case: int) -> 
     assert executable.kernel_count == 2  # the negate is never fused into the window
 
 
-def test_variadic_reduce_names_itself_in_codegen() -> None:
+def test_variadic_reduce_computes_argmax() -> None:
     shape = Shape("f32", (4, 7))
 
     def body(c: Computation, ps: list[Instruction]) -> list[Instruction]:
@@ -164,8 +168,9 @@ def test_variadic_reduce_names_itself_in_codegen() -> None:
                           dimensions=(1,), called_computations=[minmax])
         return [c.create("get-tuple-element", [result], index=1)]
 
-    with pytest.raises(NotImplementedError, match="variadic reduce"):
-        compile_module(build("argmax", [shape], body))
+    # Variadic reduces compile (codegen/cpu/variadic_reduce.py); test_multi_output.py
+    # covers them over shapes, reductions and thread counts.
+    check(build("argmax", [shape], body), as_args([shape], edges=False), "ArgMax")
 
 
 def test_pad_and_reverse_fuse_into_one_kernel() -> None:
@@ -180,3 +185,112 @@ def test_pad_and_reverse_fuse_into_one_kernel() -> None:
     module: HloModule = build("fused", [shape], body)
     executable = check(module, as_args([shape]), "exponential")
     assert executable.kernel_count == 1
+
+
+# -- scatter ------------------------------------------------------------------------------
+
+def _scatter(c: Computation, ps: list[Instruction], kind: str, **dims: object) -> Instruction:
+    assert c.module is not None
+    combiner = c.module.reduction_computation(kind, ps[0].shape.element_type)
+    return c.create("scatter", ps, called_computations=[combiner], **dims)
+
+
+_SEGMENT_DIMS = {"update_window_dims": (1,), "inserted_window_dims": (0,),
+                 "scatter_dims_to_operand_dims": (0,), "index_vector_dim": 1}
+
+
+@pytest.mark.parametrize("element_type,kind", [("f32", "add"), ("f64", "add"), ("s32", "add"),
+                                               ("f32", "maximum"), ("s64", "minimum"),
+                                               ("pred", "or"), ("f16", "add")])
+@pytest.mark.parametrize("index_type", ["s32", "s64", "u8"])
+def test_scatter_segment_form(element_type: str, kind: str, index_type: str) -> None:
+    """UnsortedSegmentSum's form: rows of updates combined into rows of the operand,
+    repeated rows combined in order, rows out of range skipped."""
+    x, i, u = Shape(element_type, (6, 3)), Shape(index_type, (9,)), Shape(element_type, (9, 3))
+    dtype = i.numpy_dtype
+    ids = np.array([0, 5, 2, 2, 5, 7 if dtype.kind == "u" else -1, 0, 6, 2]).astype(dtype)
+    args = as_args([x]) + [ids] + as_args([u], seed=1)
+    _check_both(lambda: build("scatter", [x, i, u], lambda c, ps: [
+        _scatter(c, ps, kind, **_SEGMENT_DIMS)]), args)
+
+
+@pytest.mark.parametrize("case", range(3))
+def test_scatter_index_vectors_and_windows(case: int) -> None:
+    """ScatterNd's forms: full index vectors (element updates), partial ones (row windows),
+    scalar indices into a vector, an empty update set."""
+    forms = [
+        ((4, 5), (6, 2), (6,), {"update_window_dims": (), "inserted_window_dims": (0, 1),
+                                "scatter_dims_to_operand_dims": (0, 1), "index_vector_dim": 1}),
+        ((4, 5), (2, 3, 1), (2, 3, 5), {"update_window_dims": (2,),
+                                        "inserted_window_dims": (0,),
+                                        "scatter_dims_to_operand_dims": (0,),
+                                        "index_vector_dim": 2}),
+        ((7,), (0,), (0,), {"update_window_dims": (), "inserted_window_dims": (0,),
+                            "scatter_dims_to_operand_dims": (0,), "index_vector_dim": 1}),
+    ]
+    x_dims, i_dims, u_dims, dims = forms[case]
+    x, i, u = Shape("f32", x_dims), Shape("s32", i_dims), Shape("f32", u_dims)
+    rng = np.random.default_rng(case)
+    indices = rng.integers(-1, 6, size=i_dims).astype(np.int32)
+    args = as_args([x]) + [indices] + as_args([u], seed=2)
+    _check_both(lambda: build("scatter", [x, i, u], lambda c, ps: [
+        _scatter(c, ps, "add", **dims)]), args)
+
+
+def test_scatter_then_elementwise_consumers_and_constant_operand() -> None:
+    """UnsortedSegmentSum as lowered: scatter into a broadcast zero, then more work."""
+    i, u = Shape("s32", (40,)), Shape("f32", (40, 8))
+
+    def body(c: Computation, ps: list[Instruction]) -> list[Instruction]:
+        zeros = c.create("broadcast", [c.add_constant(0.0, "f32")],
+                         shape=Shape("f32", (50, 8)), dimensions=())
+        summed = _scatter(c, [zeros, *ps], "add", **_SEGMENT_DIMS)
+        return [c.create("multiply", [summed, summed])]
+
+    ids = np.random.default_rng(3).integers(0, 50, size=40).astype(np.int32)
+    _check_both(lambda: build("segment_sum", [i, u], body), [ids] + as_args([u], edges=False))
+
+
+FUSED_SCATTER = """HloModule fused_scatter
+
+%add (x: f32[], y: f32[]) -> f32[] {
+  %x = f32[] parameter(0)
+  %y = f32[] parameter(1)
+  ROOT %sum = f32[] add(f32[] %x, f32[] %y)
+}
+
+%fused_computation (p0: f32[6,3], p1: s32[9], p2: f32[9,3]) -> f32[6,3] {
+  %p0 = f32[6,3]{1,0} parameter(0)
+  %p1 = s32[9]{0} parameter(1)
+  %p2 = f32[9,3]{1,0} parameter(2)
+  %s = f32[6,3]{1,0} scatter(f32[6,3]{1,0} %p0, s32[9]{0} %p1, f32[9,3]{1,0} %p2), update_window_dims={1}, inserted_window_dims={0}, scatter_dims_to_operand_dims={0}, index_vector_dim=1, to_apply=%add
+  ROOT %m = f32[6,3]{1,0} multiply(f32[6,3]{1,0} %s, f32[6,3]{1,0} %s)
+}
+
+ENTRY %main (x: f32[6,3], i: s32[9], u: f32[9,3]) -> f32[6,3] {
+  %x = f32[6,3]{1,0} parameter(0)
+  %i = s32[9]{0} parameter(1)
+  %u = f32[9,3]{1,0} parameter(2)
+  ROOT %f = f32[6,3]{1,0} fusion(f32[6,3]{1,0} %x, s32[9]{0} %i, f32[9,3]{1,0} %u), kind=kLoop, calls=%fused_computation
+}
+"""  # noqa: E501 (HLO lines as XLA prints them)
+
+
+def test_scatter_inside_a_fusion_uses_its_element_generator() -> None:
+    """A scatter at a kernel's root is a serial kernel of its own; inside a fusion it is
+    computed per output element, reading every update that lands there."""
+    module = parse_module(FUSED_SCATTER)
+    verify(module)
+    ids = np.array([0, 5, 2, 2, 5, -1, 0, 6, 2], np.int32)
+    args = as_args([Shape("f32", (6, 3))]) + [ids] + as_args([Shape("f32", (9, 3))], seed=1)
+    executable = compile_unfused(module)
+    assert "scatter.accumulator" in executable.llvm_ir
+    expected = evaluate(module, *args)
+    assert_close(executable(*args)[0], expected, "Mul")
+
+
+def test_unfused_scatter_is_a_serial_kernel() -> None:
+    x, i, u = Shape("f32", (6, 3)), Shape("s32", (9,)), Shape("f32", (9, 3))
+    module = build("scatter", [x, i, u], lambda c, ps: [_scatter(c, ps, "add", **_SEGMENT_DIMS)])
+    executable = compile_module(module)
+    assert "scatter.accumulator" not in executable.llvm_ir and "update" in executable.llvm_ir

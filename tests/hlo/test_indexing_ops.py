@@ -424,3 +424,101 @@ def test_window_text_round_trip() -> None:
     for text in ("{size=3}", "{size=1x6 pad=0_0x5_0}", "{size=2 stride=2 lhs_dilate=3}",
                  "{size=2x2 rhs_dilate=2x1}"):
         assert str(parse_window(text)) == text
+
+
+# -- scatter ------------------------------------------------------------------------------
+
+# As TF's XLA prints UnsortedSegmentSum and TensorScatterUpdate (metadata dropped).
+SCATTER_TEXT = """HloModule scatter, entry_computation_layout={(f32[3,4]{1,0}, s32[3]{0}, f32[5,4]{1,0}, s32[2,1]{1,0}, f32[2,4]{1,0})->(f32[5,4]{1,0}, f32[5,4]{1,0})}
+
+%scatter-combiner.1 (p0.1: f32[], p1.1: f32[]) -> f32[] {
+  %p0.1 = f32[] parameter(0)
+  %p1.1 = f32[] parameter(1)
+  ROOT %add.1 = f32[] add(f32[] %p0.1, f32[] %p1.1)
+}
+
+%scatter-combiner.2 (p0.2: f32[], p1.2: f32[]) -> f32[] {
+  %p0.2 = f32[] parameter(0)
+  ROOT %p1.2 = f32[] parameter(1)
+}
+
+ENTRY %main (data: f32[3,4], ids: s32[3], x: f32[5,4], i: s32[2,1], u: f32[2,4]) -> (f32[5,4], f32[5,4]) {
+  %data = f32[3,4]{1,0} parameter(0)
+  %ids = s32[3]{0} parameter(1)
+  %x = f32[5,4]{1,0} parameter(2)
+  %i = s32[2,1]{1,0} parameter(3)
+  %u = f32[2,4]{1,0} parameter(4)
+  %zero = f32[] constant(0)
+  %zeros = f32[5,4]{1,0} broadcast(f32[] %zero), dimensions={}
+  %sum = f32[5,4]{1,0} scatter(f32[5,4]{1,0} %zeros, s32[3]{0} %ids, f32[3,4]{1,0} %data), update_window_dims={1}, inserted_window_dims={0}, scatter_dims_to_operand_dims={0}, index_vector_dim=1, to_apply=%scatter-combiner.1
+  %update = f32[5,4]{1,0} scatter(f32[5,4]{1,0} %x, s32[2,1]{1,0} %i, f32[2,4]{1,0} %u), update_window_dims={1}, inserted_window_dims={0}, scatter_dims_to_operand_dims={0}, index_vector_dim=1, to_apply=%scatter-combiner.2
+  ROOT %t = (f32[5,4]{1,0}, f32[5,4]{1,0}) tuple(f32[5,4]{1,0} %sum, f32[5,4]{1,0} %update)
+}
+"""  # noqa: E501 (HLO lines as XLA prints them)
+
+
+def test_scatter_parses_verifies_evaluates_and_round_trips() -> None:
+    module = parse_module(SCATTER_TEXT)
+    verify(module)
+    by_name = {i.name: i for i in module.entry.instructions}
+    assert by_name["sum"].attributes["update_window_dims"] == (1,)
+    assert by_name["sum"].attributes["scatter_dims_to_operand_dims"] == (0,)
+    text = module.to_text()
+    assert "update_window_dims={1}, inserted_window_dims={0}, " \
+           "scatter_dims_to_operand_dims={0}, index_vector_dim=1, to_apply=%scatter-combiner.1" \
+           in text
+    assert parse_module(text).to_text() == text
+    rng = np.random.default_rng(0)
+    data = rng.normal(size=(3, 4)).astype(np.float32)
+    ids = np.array([4, 1, 4], np.int32)  # a repeated segment
+    x = rng.normal(size=(5, 4)).astype(np.float32)
+    i = np.array([[3], [3]], np.int32)  # a repeated target: the last update wins
+    u = np.arange(8, dtype=np.float32).reshape(2, 4)
+    summed, updated = evaluate(module, data, ids, x, i, u)
+    want = np.zeros((5, 4), np.float32)
+    np.add.at(want, ids, data)
+    np.testing.assert_array_equal(summed, want)
+    want = x.copy()
+    want[3] = u[1]
+    np.testing.assert_array_equal(updated, want)
+
+
+def _scatter_module(operand: Shape, indices: Shape, updates: Shape, kind: str,
+                    **dims: tuple[int, ...] | int) -> HloModule:
+    module, comp = new_module()
+    x, i, u = parameters(comp, operand, indices, updates)
+    combiner = module.reduction_computation(kind, operand.element_type)
+    comp.root = comp.create("scatter", [x, i, u], called_computations=[combiner], **dims)
+    verify(module)
+    return module
+
+
+def test_scatter_skips_windows_out_of_bounds_and_takes_index_vectors() -> None:
+    # ScatterNd-style: [row, col] index vectors into a [4, 5] operand, windows of [1, 2].
+    module = _scatter_module(Shape("s32", (4, 5)), Shape("s64", (3, 2)), Shape("s32", (3, 2)),
+                             "add", update_window_dims=(1,), inserted_window_dims=(0,),
+                             scatter_dims_to_operand_dims=(0, 1), index_vector_dim=1)
+    x = np.zeros((4, 5), np.int32)
+    indices = np.array([[1, 3], [1, 4], [-1, 0]], np.int64)  # the 2nd and 3rd fall outside
+    updates = np.array([[1, 2], [10, 20], [100, 200]], np.int32)
+    want = x.copy()
+    want[1, 3:5] += [1, 2]
+    np.testing.assert_array_equal(evaluate(module, x, indices, updates), want)
+
+
+def test_scatter_shape_rule_and_verifier_errors() -> None:
+    operand, indices, updates = Shape("f32", (5, 4)), Shape("s32", (3,)), Shape("f32", (3, 4))
+    dims = {"update_window_dims": (1,), "inserted_window_dims": (0,),
+            "scatter_dims_to_operand_dims": (0,), "index_vector_dim": 1}
+    for bad, message in [({"update_window_dims": (0,)}, "do not match the scatter dims"),
+                         ({"inserted_window_dims": ()}, "do not cover"),
+                         ({"scatter_dims_to_operand_dims": (0, 1)}, "index vector of 1")]:
+        with pytest.raises(ShapeError, match=message):
+            _scatter_module(operand, indices, updates, "add", **{**dims, **bad})
+    with pytest.raises(ShapeError, match="scatter operands"):
+        _scatter_module(operand, Shape("f32", (3,)), updates, "add", **dims)
+    module = _scatter_module(operand, indices, updates, "add", **dims)
+    scatter = module.entry.root
+    scatter.called_computations[0] = module.reduction_computation("add", "s32")
+    with pytest.raises(VerificationError, match="to_apply"):
+        verify(module)

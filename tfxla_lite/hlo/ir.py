@@ -126,15 +126,20 @@ class Computation:
         """Insert `instruction` just after its last operand, keeping topological order."""
         if instruction.parent is not None:
             raise ValueError(f"{instruction.name} already belongs to {instruction.parent.name}")
-        position = 0
-        index = {id(inst): n for n, inst in enumerate(self.instructions)}
         for operand in instruction._operands:
             if operand.parent is not self:
                 raise ValueError(f"operand {operand.name} of {instruction.name} is not in "
                                  f"computation {self.name}")
-            position = max(position, index[id(operand)] + 1)
-        if not instruction._operands:
-            position = len(self.instructions)
+        # Just after the last operand: the first one met walking back from the end, which
+        # is near the end when a computation is built in order (a full index per insert
+        # made building quadratic).
+        position = len(self.instructions)
+        if instruction._operands:
+            operands = {id(o) for o in instruction._operands}
+            while position and id(self.instructions[position - 1]) not in operands:
+                position -= 1
+            if not position:
+                raise KeyError(f"no operand of {instruction.name} in {self.name}")
         instruction.name = self._unique_name(instruction.name)
         instruction.parent = self
         self.instructions.insert(position, instruction)
@@ -218,10 +223,15 @@ class Computation:
             taken.add(base)
             return base
         stem = base.rsplit(".", 1)[0] if base.rsplit(".", 1)[-1].isdigit() else base
-        for n in itertools.count(1):
+        # A module's names are never released, so every `stem.k` below the last one
+        # handed out is still taken: search on from there (from 1 each time was
+        # quadratic in the number of instructions of one opcode).
+        hints = self.module.suffix_hints if self.module is not None else {}
+        for n in itertools.count(hints.get(stem, 1)):
             candidate = f"{stem}.{n}"
             if candidate not in taken:
                 taken.add(candidate)
+                hints[stem] = n + 1
                 return candidate
         raise AssertionError("unreachable")
 
@@ -247,6 +257,8 @@ class HloModule:
         self.entry: Computation | None = None
         # Instruction names are unique module-wide, as XLA's printer expects.
         self.names: set[str] = set()
+        # stem -> the first `stem.k` suffix that may be free (Computation._unique_name)
+        self.suffix_hints: dict[str, int] = {}
         self._computation_names: set[str] = set()
 
     def add_computation(self, computation: Computation, entry: bool = False) -> Computation:

@@ -9,7 +9,9 @@ Attribute names and meanings are XLA's (see `xla/hlo/ir/hlo_instruction.h`):
 `lhs_batch_dims`, `lhs_contracting_dims`, `rhs_batch_dims`,
 `rhs_contracting_dims`, `parameter_number`, `literal`, `padding` (a `PaddingConfig`),
 `window` (a `Window`), `dynamic_slice_sizes`, and gather's `offset_dims`,
-`collapsed_slice_dims`, `start_index_map`, `index_vector_dim`, `slice_sizes`.
+`collapsed_slice_dims`, `start_index_map`, `index_vector_dim`, `slice_sizes`, and
+scatter's `update_window_dims`, `inserted_window_dims`, `scatter_dims_to_operand_dims`,
+`index_vector_dim` (scatter calls its combiner `to_apply`, as reduce does).
 `while` calls (condition, body); `conditional` calls its branches, for a pred
 index (true_computation, false_computation).
 """
@@ -322,6 +324,48 @@ def _gather_rule(shapes: list[Shape], attributes: Mapping[str, Any]) -> Shape:
     return operand.with_dims(tuple(dims))
 
 
+def _scatter_rule(shapes: list[Shape], attributes: Mapping[str, Any]) -> Shape:
+    """XLA's ShapeInference::InferScatterShape for one operand and no batching dims."""
+    _require(len(shapes) == 3, "scatter takes an operand, scatter indices and updates")
+    operand, indices, updates = shapes
+    _require(not any(s.is_tuple for s in shapes) and indices.element_type in INTEGER_TYPES
+             and operand.element_type == updates.element_type, f"scatter operands {shapes}")
+    window_dims = tuple(attributes["update_window_dims"])
+    inserted = tuple(attributes["inserted_window_dims"])
+    to_operand = tuple(attributes["scatter_dims_to_operand_dims"])
+    index_vector_dim = int(attributes["index_vector_dim"])
+    for key in ("input_batching_dims", "scatter_indices_batching_dims"):
+        _require(not tuple(attributes.get(key, ())), f"scatter {key} is not supported")
+    _require(0 <= index_vector_dim <= indices.rank, f"index_vector_dim {index_vector_dim}")
+    vector = indices.dims[index_vector_dim] if index_vector_dim < indices.rank else 1
+    _require(len(to_operand) == vector, f"scatter_dims_to_operand_dims {to_operand} for an "
+                                        f"index vector of {vector}")
+    _require(list(window_dims) == sorted(set(window_dims)) and all(
+        0 <= d < updates.rank for d in window_dims),
+        f"update_window_dims {window_dims} for updates {updates}")
+    _require(list(inserted) == sorted(set(inserted)) and all(
+        0 <= d < operand.rank for d in inserted),
+        f"inserted_window_dims {inserted} for {operand}")
+    _require(len(set(to_operand)) == len(to_operand) and all(
+        0 <= d < operand.rank for d in to_operand),
+        f"scatter_dims_to_operand_dims {to_operand} for {operand}")
+    _require(len(window_dims) + len(inserted) == operand.rank,
+             f"update_window_dims {window_dims} and inserted_window_dims {inserted} do not "
+             f"cover the operand's rank {operand.rank}")
+    scatter_dims = [n for d, n in enumerate(indices.dims) if d != index_vector_dim]
+    _require(updates.rank == len(window_dims) + len(scatter_dims),
+             f"updates {updates} have rank {updates.rank}, expected "
+             f"{len(window_dims) + len(scatter_dims)}")
+    update_scatter = [n for d, n in enumerate(updates.dims) if d not in window_dims]
+    _require(update_scatter == scatter_dims,
+             f"updates {updates} do not match the scatter dims {scatter_dims} of {indices}")
+    window_operand_dims = [d for d in range(operand.rank) if d not in inserted]
+    for d, u in zip(window_operand_dims, window_dims):
+        _require(updates.dims[u] <= operand.dims[d],
+                 f"update window dim {u} of {updates} is larger than {operand}")
+    return operand
+
+
 def _reduce_window_rule(shapes: list[Shape], attributes: Mapping[str, Any]) -> Shape:
     _require(len(shapes) % 2 == 0 and shapes,
              "reduce-window takes inputs then as many init values")
@@ -377,6 +421,7 @@ _register("dynamic-slice", "data-movement", _dynamic_slice_rule)
 _register("dynamic-update-slice", "data-movement", _dynamic_update_slice_rule)
 _register("gather", "data-movement", _gather_rule)
 _register("reduce-window", "reduction", _reduce_window_rule)
+_register("scatter", "data-movement", _scatter_rule)
 _register("while", "control-flow", _while_rule)
 _register("conditional", "control-flow", _given_rule)
 _register("tuple", "other", _tuple_rule)

@@ -27,7 +27,7 @@ Decisions where XLA's text carries more than the IR holds:
   opcode", and the evaluator and codegen name the opcode they lack.
 - Attributes the IR gives a meaning (`dimensions`, `slice`, `direction`, `kind`,
   `index`, `iota_dimension`, the dot dimension lists, `padding`, `window`, the
-  gather dimension lists, `dynamic_slice_sizes`) are parsed into values; the
+  gather and scatter dimension lists, `dynamic_slice_sizes`) are parsed into values; the
   computations an instruction calls (`to_apply`, fusion `calls`, while's
   `condition` and `body`, conditional's `true_computation`/`false_computation` or
   `branch_computations`) become its `called_computations`, in that order. Every
@@ -77,7 +77,9 @@ _INT_LIST_ATTRIBUTES = frozenset({"dimensions", "lhs_batch_dims", "lhs_contracti
                                   "rhs_batch_dims", "rhs_contracting_dims", "offset_dims",
                                   "collapsed_slice_dims", "start_index_map", "slice_sizes",
                                   "operand_batching_dims", "start_indices_batching_dims",
-                                  "dynamic_slice_sizes"})
+                                  "dynamic_slice_sizes", "update_window_dims",
+                                  "inserted_window_dims", "scatter_dims_to_operand_dims",
+                                  "input_batching_dims", "scatter_indices_batching_dims"})
 _INT_ATTRIBUTES = frozenset({"index", "iota_dimension", "index_vector_dim"})
 # Attributes naming called computations, in the order `called_computations` keeps them.
 _CALLED_ROLES = ("to_apply", "calls", "condition", "body", "true_computation",
