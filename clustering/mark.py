@@ -40,10 +40,14 @@ PLUMBING_OPS = frozenset({
 # Plumbing that never joins a cluster, whatever its dtype (Identity can compile).
 NEVER_CLUSTERED = PLUMBING_OPS - {"Identity", "IdentityN"}
 
-_RESOURCE_DTYPES = frozenset({"resource", "variant"})
 PLUMBING_REASON = "argument/variable plumbing"
 RESOURCE_REASON = "resource op / variable plumbing"
 STATEFUL_REASON = "stateful op"
+VARIANT_REASON = "variant op (TensorList, dataset, optional)"
+# tf.distribute's cross-replica communication: it synchronizes devices, so it stays in TF
+# between the per-replica clusters.
+COLLECTIVE_REASON = "collective communication op (tf.distribute)"
+_COLLECTIVE_PREFIXES = ("Collective", "NcclAllReduce", "NcclReduce", "NcclBroadcast")
 
 
 @dataclass(frozen=True)
@@ -87,13 +91,18 @@ def why_not_compilable(op: tf.Operation, options: MarkOptions | None = None) -> 
     options = options or MarkOptions()
     if op.type in NEVER_CLUSTERED:
         return PLUMBING_REASON
+    if op.type.startswith(_COLLECTIVE_PREFIXES):
+        return COLLECTIVE_REASON
     if op.type in options.denylist:
         return f"op type {op.type} is on the denylist"
     if options.allowlist is not None and op.type not in options.allowlist:
         return f"op type {op.type} is not in --ops_to_cluster"
     tensors = list(op.inputs) + list(op.outputs)
-    if any(t.dtype.base_dtype.name in _RESOURCE_DTYPES for t in tensors):
+    dtypes = {t.dtype.base_dtype.name for t in tensors}
+    if "resource" in dtypes:
         return RESOURCE_REASON
+    if "variant" in dtypes:
+        return VARIANT_REASON
     rule = OP_RULES.get(op.type)
     if rule is None:
         if _is_stateful(op):
@@ -154,6 +163,15 @@ def _why_not_dynamic(op: tf.Operation, rule: OpRule) -> str | None:
 _SHAPE_DTYPES = frozenset({"int32", "int64"})
 # Ops whose value is a function of their inputs' shapes alone.
 _SHAPE_OPS = frozenset({"Shape", "ShapeN", "Size", "Rank"})
+# Set on a loop body's or branch's integer argument whose value outside is
+# shape-determined and that the loop never changes (tfxla_lite/control_flow.py): inside
+# the body it is as good as the Shape it came from.
+SHAPE_DETERMINED_ATTR = "_tfxla_lite_shape_determined"
+# Set on a gradient loop body's TensorList argument whose forward loop pushed only
+# shape-determined values (while_v2 keeps the shapes a gradient needs that way): what
+# the body pops from it is a shape, value-keyed like one.
+SHAPE_LIST_ATTR = "_tfxla_lite_shape_list"
+_LIST_READS = frozenset({"TensorListPopBack", "TensorListGetItem"})
 
 
 def shape_determined(tensor: tf.Tensor, _seen: dict[str, bool] | None = None) -> bool:
@@ -167,6 +185,10 @@ def shape_determined(tensor: tf.Tensor, _seen: dict[str, bool] | None = None) ->
     op = tensor.op
     if tensor.dtype.base_dtype.name not in _SHAPE_DTYPES | {"bool"}:
         result = False
+    elif op.type == "Placeholder" and SHAPE_DETERMINED_ATTR in op.node_def.attr:
+        result = True
+    elif op.type in _LIST_READS and _is_shape_list(op.inputs[0]):
+        result = True
     elif op.type in _SHAPE_OPS:
         result = all(t.shape.rank is not None for t in op.inputs)
     elif constant_value(tensor) is not None:
@@ -178,6 +200,14 @@ def shape_determined(tensor: tf.Tensor, _seen: dict[str, bool] | None = None) ->
                           if i not in rule.value_free_indices(op)))
     seen[tensor.name] = result
     return result
+
+
+def _is_shape_list(handle: tf.Tensor) -> bool:
+    """Whether TensorList `handle` is (a pop away from) a placeholder of SHAPE_LIST_ATTR."""
+    op = handle.op
+    while op.type in _LIST_READS and op.inputs:
+        op = op.inputs[0].op
+    return op.type == "Placeholder" and SHAPE_LIST_ATTR in op.node_def.attr
 
 
 def _is_stateful(op: tf.Operation) -> bool:

@@ -23,6 +23,12 @@ traced with an unknown batch dimension):
   ...): 0;
 - every other op (element-wise, casts, selects, ...): 1 per output element.
 TF's side counts ops only (its dumped graphs carry no shapes).
+
+The functions of While and If ops (loop bodies and conditions, branches) count too,
+each op once in the op counts and weighted in FLOPs by how often it runs per call
+(`body_weight`): a loop body by its trip count (a constant `maximum_iterations`, the
+forward loop's for a gradient loop, else `assumed_dim`), its condition once more,
+each branch of an If one half. The While and If ops themselves are not counted.
 """
 
 from __future__ import annotations
@@ -54,6 +60,8 @@ MOVEMENT_OPS = frozenset({
     "Size", "Rank", "Pack", "Unpack", "Tile", "GatherV2", "ExpandDims", "Squeeze", "Split",
     "SplitV", "Pad", "PadV2", "BroadcastTo", "StridedSliceGrad", "InvertPermutation",
     "BroadcastGradientArgs", "ZerosLike", "OnesLike", "Fill", "Range", "DynamicStitch"})
+# While and If ops: not compute themselves; the ops of their functions are counted.
+CONTROL_FLOW_OPS = frozenset({"While", "StatelessWhile", "If", "StatelessIf"})
 TF_XLA_FLAGS = "--tf_xla_auto_jit=2 --tf_xla_cpu_global_jit --tf_xla_clustering_debug"
 DEFAULT_ASSUMED_DIM = 64
 
@@ -151,26 +159,51 @@ def _einsum_size(op: Any, assumed_dim: int) -> int:
 # -- recording tfxla-lite's programs --------------------------------------------------------
 def function_coverage(program: Any, assumed_dim: int = DEFAULT_ASSUMED_DIM
                       ) -> FunctionCoverage:
-    """The coverage of one built program (`tfxla_lite.compiler.Program`)."""
+    """The coverage of one built program (`tfxla_lite.compiler.Program`), the functions of
+    its While and If ops included (see `body_weight`)."""
     report = program.report
-    graph = program.graph if program.graph is not None else program.concrete_function.graph
     result = FunctionCoverage(report.function_name)
-    compiled = {name for cluster in report.compiled_clusters for name, _ in cluster.ops}
-    reasons = {node.op_name: node.reason for node in report.fallbacks}
     left: Counter[str] = Counter()
-    for op in graph.get_operations():
-        if op.type in NOT_COMPUTE:
-            continue
-        flops = op_flops(op, assumed_dim)
-        if op.name in compiled:
-            result.ops_compiled += 1
-            result.flops_compiled += flops
-        else:
-            result.ops_left += 1
-            result.flops_left += flops
-            left[f"{op.type}: {reasons.get(op.name, 'not clustered')}"] += 1
+    _count_program(program, 1.0, assumed_dim, result, left)
+    result.flops_compiled, result.flops_left = (round(result.flops_compiled),
+                                                round(result.flops_left))
     result.left_out = dict(left.most_common())
     return result
+
+
+def body_weight(parent_op: Any, attr: str, assumed_trip_count: int) -> float:
+    """How many times a function of a control-flow op runs per run of the op: a While
+    body its estimated trip count (`control_flow.trip_count`, `assumed_trip_count` when
+    unknown) and its condition once more; each of an If's two branches one half."""
+    from tfxla_lite import control_flow
+
+    if parent_op.type in control_flow.WHILE_OPS:
+        trips = control_flow.trip_count(parent_op, assumed_trip_count)
+        return float(trips + 1 if attr == "cond" else trips)
+    return 0.5
+
+
+def _count_program(program: Any, weight: float, assumed_dim: int, result: FunctionCoverage,
+                   left: Counter[str]) -> None:
+    graph = program.graph if program.graph is not None else program.concrete_function.graph
+    report = program.report
+    compiled = {name for cluster in report.compiled_clusters for name, _ in cluster.ops}
+    reasons = {node.op_name: node.reason for node in report.fallbacks}
+    for op in graph.get_operations():
+        if op.type in NOT_COMPUTE or op.type in CONTROL_FLOW_OPS:
+            continue
+        flops = op_flops(op, assumed_dim) * weight
+        if op.name in compiled:
+            result.ops_compiled += 1
+            result.flops_compiled += flops  # type: ignore[assignment]
+        else:
+            result.ops_left += 1
+            result.flops_left += flops  # type: ignore[assignment]
+            left[f"{op.type}: {reasons.get(op.name, 'not clustered')}"] += 1
+    for body in getattr(program, "bodies", ()):
+        parent = graph.get_operation_by_name(body.call.node)
+        _count_program(body.program, weight * body_weight(parent, body.call.attr, assumed_dim),
+                       assumed_dim, result, left)
 
 
 @contextlib.contextmanager

@@ -24,8 +24,9 @@ What must hold for the compiler's rewrite (`compiler._rewritten_function`), and 
 - Control inputs of a call reach every body node that has no other inputs.
 
 Not inlined: calls of functions that say not to be (`_noinline`), that name an
-implementation to be swapped (`api_implements`, `_implements`), or that are not in
-the library; and bodies of control flow (If, While), which are not calls.
+implementation to be swapped (`api_implements`, `_implements`), that tfxla-lite
+compiled already (`is_compiled_function`), or that are not in the library; and bodies
+of control flow (If, While), which are not calls (`tfxla_lite/control_flow.py`).
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ from tensorflow.core.framework import function_pb2
 from tensorflow.python.framework.function_def_to_graph import function_def_to_graph_def
 
 CALL_OP_TYPES = frozenset({"PartitionedCall", "StatefulPartitionedCall"})
+# The ops tfxla-lite's rewrite puts in a graph (tfxla_lite/rewrite.py).
+COMPILED_OP_TYPES = frozenset({"TfxlaLiteLaunch", "TfxlaLiteCompile"})
 # Function attributes that ask for the call to stay a call.
 _KEEP_CALL_ATTRIBUTES = ("_noinline", "api_implements", "_implements")
 # Nested calls deeper than this stay calls (a guard against recursive libraries).
@@ -89,8 +92,33 @@ def _inlinable(node: Any, library: Mapping[str, function_pb2.FunctionDef]) -> bo
     if function is None:
         return False
     attributes = function.attr
-    return not any(name in attributes and (attributes[name].b or attributes[name].s)
-                   for name in _KEEP_CALL_ATTRIBUTES)
+    if any(name in attributes and (attributes[name].b or attributes[name].s)
+           for name in _KEEP_CALL_ATTRIBUTES):
+        return False
+    return not is_compiled_function(function.signature.name, library)
+
+
+def is_compiled_function(name: str, library: Mapping[str, function_pb2.FunctionDef]) -> bool:
+    """Whether function `name` is tfxla-lite's output already: it, or a function it uses,
+    holds a launch op. Such a call (Keras' compiled step inside its outer loop function,
+    both traced through the patched tf.function) stays a call, as TF keeps a call of a
+    jit_compile=True function out of the caller's clusters: compiling it again would
+    only re-cluster what is left around its launch ops."""
+    seen: set[str] = set()
+    pending = [name]
+    while pending:
+        current = pending.pop()
+        if current in seen or current not in library:
+            continue
+        seen.add(current)
+        for node in library[current].node_def:
+            if node.op in COMPILED_OP_TYPES:
+                return True
+            for value in node.attr.values():
+                if value.HasField("func"):
+                    pending.append(value.func.name)
+                pending.extend(f.name for f in value.list.func)
+    return False
 
 
 def inline_calls(graph_def: tf.compat.v1.GraphDef, calls: Iterable[Any],
@@ -216,6 +244,13 @@ def _import(graph_def: tf.compat.v1.GraphDef, original: tf.Graph,
     kept.versions.CopyFrom(graph_def.versions)
     kept.library.CopyFrom(graph_def.library)
     kept.node.extend(n for n in graph_def.node if n.name not in placeholders)
+    if any("_class" in n.attr for n in kept.node):
+        # A colocation with a placeholder (IteratorGetNext with its iterator argument, in
+        # Keras' multi_step_on_iterator) names a node this import does not create, which
+        # import_graph_def rejects; the placeholder is an argument, placed with the call.
+        from tfxla_lite.rewrite import without_colocation_outside
+
+        kept = without_colocation_outside(kept, {n.name for n in kept.node})
     inlined = FuncGraph(f"{getattr(original, 'name', 'graph')}_inlined")
     with inlined.as_default():
         input_map = {}
@@ -224,6 +259,9 @@ def _import(graph_def: tf.compat.v1.GraphDef, original: tf.Graph,
             if new.op.name != name:
                 raise ValueError(f"placeholder {name} was renamed {new.op.name}")
             handle_data_util.copy_handle_data(tensor, new)
+            for attr, value in tensor.op.node_def.attr.items():
+                if attr.startswith("_tfxla_lite"):  # a loop body's argument annotations
+                    new.op._set_attr(attr, value)  # noqa: SLF001 - no public setter
             input_map[f"{name}:0"] = new
         used = {r.split(":")[0].lstrip("^") for n in kept.node for r in n.input}
         input_map = {k: v for k, v in input_map.items() if k[:-2] in used}

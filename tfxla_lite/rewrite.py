@@ -191,7 +191,7 @@ def add_branch_functions(graph: tf.Graph, clusters: Sequence[CompiledCluster]) -
             function.add_to_graph(graph)
 
 
-def _without_colocation_outside(graph_def: tf.compat.v1.GraphDef,
+def without_colocation_outside(graph_def: tf.compat.v1.GraphDef,
                                 present: set[str]) -> tf.compat.v1.GraphDef:
     """A copy of `graph_def` whose `_class: loc:@op` colocation constraints name only
     ops in `present` (import_graph_def rejects a constraint on an op it cannot find)."""
@@ -228,7 +228,7 @@ def import_rewritten(graph_def: tf.compat.v1.GraphDef, placeholder_names: Sequen
     present = {node.name for node in graph_def.node} - {n for n in placeholder_names
                                                          if n in placeholders}
     if any("_class" in node.attr for node in graph_def.node):
-        graph_def = _without_colocation_outside(graph_def, present)
+        graph_def = without_colocation_outside(graph_def, present)
     elements = list(output_names) + list(control_output_names)
     imported = tf.graph_util.import_graph_def(graph_def, input_map=input_map,
                                               return_elements=elements, name="tfxla_lite")

@@ -101,3 +101,44 @@ def test_stateful_random_op_in_a_body_stays_in_tf() -> None:
     reasons = {n.op_type: n.reason for n in report.fallbacks}
     assert reasons["RandomUniform"] == "stateful op"
     assert report.compiled_clusters
+
+
+def test_colocation_with_an_argument_survives_inlining() -> None:
+    # Keras' multi_step_on_iterator: IteratorGetNext is colocated with the iterator
+    # argument; the inlined graph's import must not reject that constraint.
+    @tf.function
+    def inner(x: tf.Tensor) -> tf.Tensor:
+        return tf.tanh(x * 2.0) + tf.exp(-x) - 1.0
+
+    def step(iterator: tf.data.Iterator) -> tf.Tensor:
+        return inner(next(iterator)) * 3.0
+
+    data = np.random.default_rng(0).uniform(-1, 1, (8, 4)).astype(np.float32)
+    dataset = tf.data.Dataset.from_tensor_slices(data).batch(4)
+    concrete = tf.function(step).get_concrete_function(iter(dataset))
+    assert any(b"loc:@iterator" in op.node_def.attr["_class"].list.s
+               for op in concrete.graph.get_operations() if "_class" in op.node_def.attr)
+    f = tl.function(step)
+    compiled, plain = iter(dataset), iter(dataset)
+    for _ in range(2):
+        np.testing.assert_allclose(f(compiled), tf.function(step)(plain), rtol=1e-5, atol=1e-6)
+    report = tl.explain(f, iter(dataset))
+    assert report.note is None and report.compiled_clusters, report
+
+
+def test_call_of_a_compiled_function_stays_a_call() -> None:
+    # Keras' compiled step inside its outer loop function: the step is tfxla-lite's
+    # output already, so the caller keeps the call instead of clustering it again.
+    inner = tl.function(lambda x: tf.tanh(x * 2.0) + tf.exp(-x) - 1.0)
+
+    def outer(x: tf.Tensor) -> tf.Tensor:
+        return inner(x) * 3.0
+
+    x = _x()
+    f = tl.function(outer, min_cluster_size=1)
+    np.testing.assert_allclose(f(x), tf.function(outer)(x), rtol=1e-5, atol=1e-6)
+    report = tl.explain(f, x)
+    calls = [n for n in report.fallbacks if n.op_type in CALL_OP_TYPES]
+    assert len(calls) == 1, report
+    compiled = {op for c in report.compiled_clusters for _, op in c.ops}
+    assert compiled <= {"Mul", "Const", "Identity"} and "Mul" in compiled, report
