@@ -4,6 +4,8 @@
 `Executable`; `EMITTERS` is the registry of element generators keyed by HLO opcode.
 Layout: `emitter.py` (types, indices, loops, registry), `elementwise.py`,
 `data_movement.py`, `indexing.py`, `reduction.py`, `dot.py` (the generators and kernel shapes),
+`variadic_reduce.py` (variadic reduces, tuples as structs), `calls.py` (call),
+`multi_output.py` (kernels with several outputs),
 `math.py` (vectorizable f32 transcendentals), `compiler.py` (kernels and the ABI's
 `entry`), `parallel.py` (kernels split across libgomp's threads), `engine.py` (LLVM,
 JIT, BLAS).
@@ -19,9 +21,6 @@ from tfxla_lite.codegen.cpu.emitter import EMITTERS
 # NotImplementedError naming it.
 UNSUPPORTED_OPCODES: dict[str, str] = {
     "fusion": "an entry fusion is a kernel (compiler.py); nested fusions are not supported",
-    "call": "calls are expected to be inlined by the passes",
-    "tuple": "tuples inside a kernel (multi-output fusion) are not supported",
-    "get-tuple-element": "tuples inside a kernel (multi-output fusion) are not supported",
     "while": "control flow runs in the evaluator only; the CPU backend emits straight-line "
              "kernels",
     "conditional": "control flow runs in the evaluator only; the CPU backend emits "

@@ -12,7 +12,7 @@ keep no state: the generated code is reentrant.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,16 +22,20 @@ from tfxla_lite.codegen import cache as kernel_cache
 
 # Importing the emitter modules fills the EMITTERS registry.
 from tfxla_lite.codegen.cpu import (  # noqa: F401
+    calls,
     data_movement,
     elementwise,
     engine,
     parallel,
     reduction,
+    row_kernel,
 )
-from tfxla_lite.codegen.cpu.dot import emit_gemm_kernel, plan_gemm
+from tfxla_lite.codegen.cpu.donation import output_donations
+from tfxla_lite.codegen.cpu.dot import emit_dot_kernel
 from tfxla_lite.codegen.cpu.emitter import (
     I8,
     I64,
+    KERNEL_EMITTERS,
     PTR,
     VOID,
     ConstantPool,
@@ -42,6 +46,7 @@ from tfxla_lite.codegen.cpu.emitter import (
 )
 from tfxla_lite.codegen.executable import Executable
 from tfxla_lite.hlo.ir import HloModule, Instruction
+from tfxla_lite.passes.buffer_assignment import leaves
 
 ENTRY_NAME = "entry"
 # Opcodes of the entry computation that own a buffer but emit no kernel.
@@ -86,7 +91,8 @@ class Partition:
 
     `flat`: elements of a flat loop; `dimension`: the output's dimension `dim`;
     `column`: the operand's dimension `dim` of a column reduction; `split`: chunks of
-    `chunk` elements of a full reduction, folded into partial results. `work` is the
+    `chunk` elements of a full reduction, folded into partial results; `rows`: rows of
+    a row fusion (`row_kernel.py`). `work` is the
     largest element count the kernel reads or writes (the threshold compares it).
     """
 
@@ -115,6 +121,8 @@ def plan_partition(inst: Instruction) -> Partition:
     root, computed = _kernel_body(inst)
     shape = root.shape
     work = max([shape.num_elements] + [o.shape.num_elements for o in inst.operands])
+    if row_kernel.is_row_fusion(inst):
+        return Partition("rows", row_kernel.row_count(inst), work)
     if root.opcode == "reduce":
         operand_size = root.operand(0).shape.num_elements
         if shape.num_elements == 1 and operand_size >= parallel.PARALLEL_MIN_WORK:
@@ -136,11 +144,17 @@ def plan_partition(inst: Instruction) -> Partition:
 
 
 def emit_kernel(module: ir.Module, pool: ConstantPool, inst: Instruction,
-                noalias_output: bool, threads: int = 1) -> ir.Function:
+                noalias_output: bool, threads: int = 1,
+                in_place_operand: int | None = None) -> ir.Function:
     """The kernel function of entry instruction `inst`: `void kernel(out, in0, in1, ...)`.
 
-    Apart from GEMM calls, the kernel is a launcher of its range function (see
-    `parallel.py`), which it runs on `threads` threads when the work is big enough.
+    The kernel is a launcher of its range function (see `parallel.py`; a dot's range
+    function computes units of its product, `dot.py`), which it runs on `threads`
+    threads when the work is big enough. With `in_place_operand` n, the output is
+    either operand n's very buffer or disjoint from every operand (a donation,
+    `donation.py`): the launcher compares the two pointers and runs a range function
+    that reads operand n through the output pointer (same-index reads and writes of
+    one pointer, which LLVM vectorizes without alias checks) or the `noalias` one.
     """
     for operand in inst.operands:
         if operand.shape.is_tuple:
@@ -150,15 +164,23 @@ def emit_kernel(module: ir.Module, pool: ConstantPool, inst: Instruction,
     if root.shape.is_tuple:
         raise NotImplementedError(f"CPU backend: variadic {root.opcode} (%{inst.name}) returns "
                                   "a tuple; kernels with several outputs are not supported")
-    if root.opcode == "dot" and inst.opcode == "dot" and (plan := plan_gemm(inst)) is not None:
-        ctx, output, inputs = _new_kernel(module, pool, inst, _kernel_name(inst), noalias_output)
-        emit_gemm_kernel(ctx, inst, plan, output, inputs[0], inputs[1])
+    if in_place_operand is not None and (inst.opcode in KERNEL_EMITTERS or root.opcode == "dot"):
+        noalias_output = False  # no in-place variant of these: plain aliasing rules
+        in_place_operand = None
+    # A GEMM-shaped dot, alone or with its kOutput epilogue: units of tiles (dot.py).
+    dot_kernel = emit_dot_kernel(module, pool, inst, _kernel_name(inst), noalias_output,
+                                 threads, _new_kernel)
+    if dot_kernel is not None:
+        return dot_kernel
+    if inst.opcode in KERNEL_EMITTERS:  # a whole-kernel emitter (scatter: indexing.py)
+        ctx, output, _ = _new_kernel(module, pool, inst, _kernel_name(inst), noalias_output)
+        KERNEL_EMITTERS[inst.opcode](ctx, inst, output)
         ctx.builder.ret_void()
         return ctx.function
     partition = plan_partition(inst)
     range_function = _emit_range_function(module, pool, inst, noalias_output, partition)
     ctx, output, inputs = _new_kernel(module, pool, inst, _kernel_name(inst) + ".launch",
-                                      noalias_output)
+                                      noalias_output and in_place_operand is None)
     pointers = [output, *inputs]
     partials = None
     if partition.kind == "split":
@@ -167,8 +189,21 @@ def emit_kernel(module: ir.Module, pool: ConstantPool, inst: Instruction,
         pointers.append(partials)
     if partition.work < parallel.PARALLEL_MIN_WORK:
         threads = 1
-    parallel.emit_launch(ctx, range_function, pointers, partition.total, threads,
-                         partition.align)
+    if in_place_operand is not None:
+        in_place = _emit_range_function(module, pool, inst, False, partition, in_place_operand)
+        b = ctx.builder
+        same = b.icmp_unsigned("==", b.ptrtoint(output, I64),
+                               b.ptrtoint(inputs[in_place_operand], I64))
+        with b.if_else(same) as (then, otherwise):
+            with then:
+                parallel.emit_launch(ctx, in_place, pointers, partition.total, threads,
+                                     partition.align)
+            with otherwise:
+                parallel.emit_launch(ctx, range_function, pointers, partition.total, threads,
+                                     partition.align)
+    else:
+        parallel.emit_launch(ctx, range_function, pointers, partition.total, threads,
+                             partition.align)
     if partials is not None:
         _combine_partials(ctx, root, output, partials, partition.total)
     ctx.builder.ret_void()
@@ -202,12 +237,18 @@ def _new_kernel(module: ir.Module, pool: ConstantPool, inst: Instruction, name: 
 
 
 def _emit_range_function(module: ir.Module, pool: ConstantPool, inst: Instruction,
-                         noalias_output: bool, partition: Partition) -> ir.Function:
+                         noalias_output: bool, partition: Partition,
+                         in_place_operand: int | None = None) -> ir.Function:
     """`void kernel(out, in..., [partials,] i64 begin, i64 end)`: units [begin, end) of
-    the partition."""
+    the partition; with `in_place_operand` n, operand n is read through `out`."""
     root, _ = _kernel_body(inst)
     extra = ([PTR] if partition.kind == "split" else []) + [I64, I64]
-    ctx, output, _ = _new_kernel(module, pool, inst, _kernel_name(inst), noalias_output, extra)
+    name = _kernel_name(inst) + (".in_place" if in_place_operand is not None else "")
+    ctx, output, _ = _new_kernel(module, pool, inst, name, noalias_output, extra)
+    if in_place_operand is not None:
+        operand = (inst.fused_computation.parameters[in_place_operand]
+                   if inst.opcode == "fusion" else inst.operand(in_place_operand))
+        ctx.buffers[id(operand)] = output
     begin, end = ctx.function.args[-2:]
     begin.name, end.name = "begin", "end"
     shape = root.shape
@@ -218,6 +259,8 @@ def _emit_range_function(module: ir.Module, pool: ConstantPool, inst: Instructio
         _emit_partials(ctx, root, partials, partition, begin, end)
     elif shape.num_elements == 0:
         pass  # nothing to compute
+    elif partition.kind == "rows":
+        row_kernel.emit_row_kernel(ctx, inst, output, begin, end)
     elif root.opcode == "reduce":
         reduction.emit_reduction_kernel(ctx, root, output, restrict)
     elif partition.kind == "flat":
@@ -282,8 +325,12 @@ def _overlaps(a: Any, b: Any) -> bool:
 
 def compile(module: HloModule, assignment: Any, hlo_text: str = "",
             optimized_hlo_text: str = "", threads: int | None = None,
-            cache: bool | None = None) -> Executable:
+            cache: bool | None = None, donate: Collection[int] = ()) -> Executable:
     """Emit, optimize and JIT-compile `module` under `assignment`.
+
+    `donate`: parameter numbers whose buffers outputs may take over (TF's input
+    forwarding, `donation.py`); each donated kernel gets an in-place variant, which
+    costs compile time, so callers name only inputs that TF might forward.
 
     `threads` is the team size of parallel kernels (None: every CPU this process may
     use; 1: all kernels serial). `cache` chooses the compile caches (`codegen/cache.py`;
@@ -292,17 +339,14 @@ def compile(module: HloModule, assignment: Any, hlo_text: str = "",
     team = parallel.effective_threads(threads)
     entry = module.entry
     assert entry is not None and entry.root is not None
-    if any(inst.opcode == "dot" and plan_gemm(inst) is not None for inst in entry.instructions):
-        # OpenBLAS's threads spin between GEMMs and hold the cores a team would need:
-        # mixing the two pools costs whole time slices, so such executables stay serial
-        # outside their GEMMs (which OpenBLAS runs in parallel itself).
-        team = 1
     root = entry.root
     outputs = list(root.operands) if root.opcode == "tuple" else [root]
     optimized_hlo_text = optimized_hlo_text or module.to_text()
     assignment_text = assignment.to_text()
     caches = kernel_cache.policy(cache)
-    key = kernel_cache.fingerprint(optimized_hlo_text, assignment_text, team)
+    donations = output_donations(module, assignment, frozenset(donate))
+    key = kernel_cache.kernel_fingerprint(optimized_hlo_text, assignment_text, donations, team,
+                                          kernel_cache.constants_digest(module))
     signature = {"entry": ENTRY_NAME, "temp_bytes": int(assignment.temp_bytes),
                  "parameters": [str(p.shape) for p in entry.parameters],
                  "outputs": [str(o.shape) for o in outputs]}
@@ -310,7 +354,7 @@ def compile(module: HloModule, assignment: Any, hlo_text: str = "",
     if code is None and caches.disk:
         code = kernel_cache.disk_load(key, signature)
     if code is None:
-        code = _compile_code(module, assignment, team)
+        code = _compile_code(module, assignment, team, donations)
         if caches.disk:
             kernel_cache.disk_store(key, signature, code)
     if caches.memory:
@@ -330,10 +374,12 @@ def compile(module: HloModule, assignment: Any, hlo_text: str = "",
         optimized_hlo_text=optimized_hlo_text,
         assignment_text=assignment_text,
         compiled_from=code.source,
+        donations=donations,
     )
 
 
-def _compile_code(module: HloModule, assignment: Any, team: int) -> kernel_cache.CompiledCode:
+def _compile_code(module: HloModule, assignment: Any, team: int,
+                  donations: tuple[tuple[int, int], ...] = ()) -> kernel_cache.CompiledCode:
     """Emit the module's LLVM IR (kernels and `entry`), optimize it and JIT it."""
     entry = module.entry
     assert entry is not None and entry.root is not None
@@ -348,26 +394,41 @@ def _compile_code(module: HloModule, assignment: Any, team: int) -> kernel_cache
     params_arg, outputs_arg, temp_arg = entry_function.args
     params_arg.name, outputs_arg.name, temp_arg.name = "params", "outputs", "temp"
     builder = ir.IRBuilder(entry_function.append_basic_block("entry"))
-    pointers: dict[int, ir.Value] = {}
+    pointers: dict[tuple[int, tuple[int, ...]], ir.Value] = {}
 
-    def pointer_of(inst: Instruction) -> ir.Value:
-        if id(inst) not in pointers:
-            pointers[id(inst)] = _buffer_pointer(builder, pool, assignment, inst,
-                                                 params_arg, outputs_arg, temp_arg)
-        return pointers[id(inst)]
+    def pointer_of(inst: Instruction, index: tuple[int, ...] = ()) -> ir.Value:
+        if (id(inst), index) not in pointers:
+            pointers[(id(inst), index)] = _buffer_pointer(builder, pool, assignment, inst,
+                                                          params_arg, outputs_arg, temp_arg,
+                                                          index)
+        return pointers[(id(inst), index)]
 
     kernel_count = 0
+    # Kernels whose output may be a parameter's own buffer: the operand number it reads
+    # that parameter as (donation.py).
+    donated = {id(outputs[j]): [o.opcode == "parameter" and o.parameter_number == i
+                                for o in outputs[j].operands].index(True)
+               for j, i in donations}
     for inst in entry.instructions:
         if inst.opcode in _NO_KERNEL or (inst is root and inst.opcode == "tuple"):
             continue
         if inst.opcode in ("tuple", "get-tuple-element"):
-            raise NotImplementedError(f"CPU backend: {inst.opcode} in the entry computation "
-                                      f"(%{inst.name})")
-        out_slice = assignment.slice_of(inst)
-        noalias = all(not _overlaps(out_slice, assignment.slice_of(o)) for o in inst.operands)
-        kernel = emit_kernel(llvm_module, pool, inst, noalias, team)
+            continue  # names for its operands' buffers (buffer assignment aliases them)
+        # One output pointer per leaf: a tuple-shaped kernel (a multi-output fusion, a
+        # variadic reduce) writes each leaf to its own slice (multi_output.py).
+        indices = [index for index, _ in leaves(inst.shape)]
+        in_slices = [assignment.slice_of(o) for o in inst.operands if not o.shape.is_tuple]
+        noalias = [all(not _overlaps(_leaf_slice(assignment, inst, index), s)
+                       for s in in_slices) for index in indices]
+        if inst.shape.is_tuple:
+            from tfxla_lite.codegen.cpu import multi_output  # it imports this module
+
+            kernel = multi_output.emit_kernel(llvm_module, pool, inst, noalias, team)
+        else:
+            kernel = emit_kernel(llvm_module, pool, inst, noalias[0], team, donated.get(id(inst)))
         kernel_count += 1
-        builder.call(kernel, [pointer_of(inst)] + [pointer_of(o) for o in inst.operands])
+        builder.call(kernel, [pointer_of(inst, index) for index in indices]
+                     + [pointer_of(o) for o in inst.operands])
 
     # Outputs whose value lives elsewhere (a parameter, a constant, an earlier output)
     # are copied; after the `add-output-copies` pass there are none.
@@ -394,10 +455,15 @@ def _compile_code(module: HloModule, assignment: Any, team: int) -> kernel_cache
                                      optimized_text, object_code)
 
 
+def _leaf_slice(assignment: Any, inst: Instruction, index: tuple[int, ...]) -> Any:
+    """The slice of `inst`'s leaf at shape `index` (the whole value for `()`)."""
+    return assignment.slice_of(inst, index) if index else assignment.slice_of(inst)
+
+
 def _buffer_pointer(builder: ir.IRBuilder, pool: ConstantPool, assignment: Any,
                     inst: Instruction, params: ir.Value, outputs: ir.Value,
-                    temp: ir.Value) -> ir.Value:
-    buffer = assignment.slice_of(inst)
+                    temp: ir.Value, index: tuple[int, ...] = ()) -> ir.Value:
+    buffer = _leaf_slice(assignment, inst, index)
     if buffer.kind == "parameter":
         slot = builder.gep(params, [I64(buffer.index)], source_etype=PTR)
         return builder.load(slot, typ=PTR, name=f"param.{buffer.index}")

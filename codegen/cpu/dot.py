@@ -1,26 +1,37 @@
-"""CPU code for `dot`: a GEMM call where the layout allows, emitted loops otherwise.
+"""CPU code for `dot`: GEMM-shaped dots by units (library GEMM or emitted loops), with
+their kOutput epilogue; the element generator otherwise.
 
 An f32/f64 dot whose operands sit in buffers is a batch of row-major GEMMs: the
 lhs's free dimensions flatten to M and its contracting ones to K, the rhs's to K
 and N, and each flattened group must have one stride in memory (then the
 transpose flag and leading dimension express it, as `cpu/dot_op_emitter.cc`
-does). Batch dimensions, with any strides, become an outer loop of GEMM calls.
+does). Such a dot, alone or as the dot of a kOutput fusion (`passes/output_fusion`),
+is cut into units fixed by its shape (`schedule`): output tiles, or groups of batch
+elements. Each unit is computed by the strategy chosen per shape (`choose_strategy`):
+one call of OpenBLAS's GEMM (NumPy's, kept to one thread: the units run on our own
+libgomp team, `parallel.py`), or emitted row-by-row axpy loops for small dots and
+vector × matrix products; the epilogue then runs over the library call's tile while
+it is in cache, or on each sum in registers as the emitted loop finishes it.
 Anything else (integer dots, layouts GEMM cannot express, dots fed by fused
-producers) uses the element generator: a loop over the contracting dimensions.
+producers) uses the element generator: a loop over the contracting dimensions, the
+epilogue applied in registers.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from llvmlite import ir
 
-from tfxla_lite.codegen.cpu import engine
+from tfxla_lite.codegen.cpu import engine, parallel
 from tfxla_lite.codegen.cpu.elementwise import binary_op, convert
 from tfxla_lite.codegen.cpu.emitter import (
     I32,
+    I64,
     PTR,
     VOID,
     Index,
@@ -183,17 +194,273 @@ def plan_gemm(inst: Instruction) -> GemmPlan | None:
     )
 
 
-def emit_gemm_kernel(ctx: KernelContext, inst: Instruction, plan: GemmPlan, output: ir.Value,
-                     lhs_pointer: ir.Value, rhs_pointer: ir.Value) -> None:
-    """Call GEMM once per batch element, or fill zeros when K is 0."""
-    shape = inst.shape
-    element_type = shape.element_type
-    if shape.num_elements == 0:
-        return
-    if plan.k == 0:  # an empty sum: BLAS implementations disagree on touching C then
-        with ctx.loop(shape.num_elements, name="zero") as linear:
-            ctx.store(constant(element_type, 0), output, shape, Index(shape.dims, linear=linear))
-        return
+# -- strategy and schedule -----------------------------------------------------------------
+
+# A GEMM-shaped dot runs as *units*: tiles of its output, or groups of whole batch
+# elements, each computed over the full K by one call (library or emitted code). The
+# units depend on the shape alone, never on the thread count, so every element is summed
+# in the same order however many threads share the units: results are deterministic.
+# Tiles are split from the whole matrix, halving the longer side, while a unit keeps at
+# least MIN_UNIT_FLOPS, there are at most MAX_UNITS, and the re-packing the split costs
+# stays within PACKING_BUDGET of the dot's flops: each library call packs its rows of A
+# and its columns of B again, so tm × tn tiles pack K·M·(tn − 1) + K·N·(tm − 1) more
+# elements than one call, each worth about PACKING_FLOPS flops (OpenBLAS 0.3, one
+# thread, znver4: 4×4 tiles of a 512³ product cost 10% of its CPU time, 2×2 about 4%).
+# More units balance the team better when the machine is busy; fewer pack less.
+MIN_UNIT_FLOPS = 1 << 22
+MAX_UNITS = 16
+PACKING_FLOPS = 17.0
+PACKING_BUDGET = 0.06
+TILE_ALIGN = 16  # tile bounds at multiples of 16 elements: whole cache lines for f32
+# Below this many flops a dot runs on the calling thread: a parallel region costs a
+# few microseconds to start and join.
+PARALLEL_MIN_FLOPS = 1 << 21
+# Up to this many multiply-adds per GEMM, emitted loops beat a library call, whose
+# argument checks, dispatch and packing cost about a microsecond.
+SMALL_DOT_MACS = 1 << 15
+
+
+@dataclass(frozen=True)
+class DotSchedule:
+    """How a GEMM-shaped dot is computed: `strategy` ("library": the BLAS GEMM per unit;
+    "emitted": generated loops) over `units` units, each a `block_m`×`block_n` tile of one
+    of `batch_per_unit` consecutive batch elements (tiles vary fastest)."""
+
+    strategy: str
+    block_m: int
+    block_n: int
+    tiles_m: int
+    tiles_n: int
+    batch_per_unit: int
+    units: int
+    flops: int
+
+    @property
+    def tiles(self) -> int:
+        return self.tiles_m * self.tiles_n
+
+
+def choose_strategy(plan: GemmPlan) -> str:
+    """The library GEMM, or emitted loops for small dots and vector × matrix products.
+
+    A vector × matrix product (M = 1) with B's rows contiguous is a sequence of
+    `axpy`s over those rows, which the emitted loop streams once through B at memory
+    speed, with the epilogue on the hot row; a library GEMM would pack B first.
+    """
+    if plan.m * plan.n * plan.k <= SMALL_DOT_MACS:
+        return "emitted"
+    if plan.m == 1 and not plan.transpose_b:
+        return "emitted"
+    return "library"
+
+
+def _halve(size: int) -> int:
+    half = -(-size // 2)
+    return -(-half // TILE_ALIGN) * TILE_ALIGN
+
+
+def packing_overhead(m: int, n: int, tiles_m: int, tiles_n: int) -> float:
+    """The extra packing of a tiles_m × tiles_n split of an m×n product, relative to
+    its flops (the K of both cancels)."""
+    return PACKING_FLOPS * ((tiles_n - 1) / (2 * n) + (tiles_m - 1) / (2 * m))
+
+
+def schedule(plan: GemmPlan) -> DotSchedule:
+    """The units of `plan`, fixed by its shape (see MIN_UNIT_FLOPS)."""
+    batch = math.prod(plan.batch_sizes)
+    m, n = max(plan.m, 1), max(plan.n, 1)
+    per_gemm = 2 * plan.m * plan.n * max(plan.k, 1)
+    strategy = choose_strategy(plan)
+    flops = per_gemm * batch
+    if per_gemm < MIN_UNIT_FLOPS:  # whole matrices, several batch elements per unit
+        per_unit = max(1, min(batch, MIN_UNIT_FLOPS // max(per_gemm, 1)))
+        return DotSchedule(strategy, m, n, 1, 1, per_unit, -(-batch // per_unit), flops)
+    block_m, block_n = m, n
+    while batch * -(-m // block_m) * -(-n // block_n) < MAX_UNITS:
+        half_m, half_n = _halve(block_m), _halve(block_n)
+        can_m = half_m < block_m
+        can_n = half_n < block_n
+        if can_m and (block_m >= block_n or not can_n):
+            candidate = half_m, block_n
+        elif can_n:
+            candidate = block_m, half_n
+        else:
+            break
+        tiles = -(-m // candidate[0]), -(-n // candidate[1])
+        if (2 * candidate[0] * candidate[1] * plan.k < MIN_UNIT_FLOPS
+                or packing_overhead(m, n, *tiles) > PACKING_BUDGET):
+            break
+        block_m, block_n = candidate
+    tiles_m, tiles_n = -(-m // block_m), -(-n // block_n)
+    return DotSchedule(strategy, block_m, block_n, tiles_m, tiles_n, 1,
+                       batch * tiles_m * tiles_n, flops)
+
+
+def kernel_dot(inst: Instruction) -> Instruction | None:
+    """The dot a kernel computes as GEMM units: `inst` itself, or the dot of a kOutput
+    fusion (whose root, the epilogue, then runs on each unit); None otherwise."""
+    if inst.opcode == "dot":
+        return inst
+    if inst.opcode != "fusion" or inst.attributes.get("kind") != "kOutput":
+        return None
+    dots = [i for i in inst.fused_computation.instructions if i.opcode == "dot"]
+    if len(dots) != 1 or any(o.opcode != "parameter" for o in dots[0].operands):
+        return None
+    if dots[0].shape != inst.shape:  # the product lives in the output buffer first
+        return None
+    return dots[0]
+
+
+# -- GEMM kernels --------------------------------------------------------------------------
+
+NewKernel = Callable[..., tuple[KernelContext, ir.Value, list[ir.Value]]]
+
+
+def emit_dot_kernel(module: ir.Module, pool: Any, inst: Instruction, name: str,
+                    noalias_output: bool, threads: int, new_kernel: NewKernel
+                    ) -> ir.Function | None:
+    """The kernel of a dot or kOutput fusion whose dot GEMM can express, or None.
+
+    A range function computes units [begin, end) of the schedule: per unit and batch
+    element, the tile of the product (a library GEMM call or emitted loops) into the
+    output buffer, then the epilogue over that tile while it is in cache (emitted loops
+    apply it in registers as each sum is finished). The launcher runs it on `threads`
+    threads when the dot is big.
+    `new_kernel(module, pool, inst, name, noalias, extra)` makes a kernel function.
+    """
+    dot = kernel_dot(inst)
+    plan = plan_gemm(dot) if dot is not None else None
+    if dot is None or plan is None:
+        return None
+    sched = schedule(plan)
+    ctx, output, _ = new_kernel(module, pool, inst, name, noalias_output, [I64, I64])
+    begin, end = ctx.function.args[-2:]
+    begin.name, end.name = "begin", "end"
+    if inst.shape.num_elements:
+        _emit_units(ctx, inst, dot, plan, sched, output, begin, end)
+    ctx.builder.ret_void()
+    range_function = ctx.function
+
+    launcher, output, inputs = new_kernel(module, pool, inst, name + ".launch", noalias_output)
+    if sched.flops < PARALLEL_MIN_FLOPS:
+        threads = 1
+    parallel.emit_launch(launcher, range_function, [output, *inputs], sched.units, threads)
+    launcher.builder.ret_void()
+    return launcher.function
+
+
+def _unflatten(b: ir.IRBuilder, value: ir.Value, sizes: tuple[int, ...]) -> list[ir.Value]:
+    """The row-major multi-index over `sizes` of linear `value`."""
+    multi = []
+    strides = row_major_strides(sizes)
+    for d, size in enumerate(sizes):
+        if size == 1:
+            multi.append(i64(0))
+            continue
+        part = value if d == 0 else b.urem(value, i64(strides[d - 1]))
+        multi.append(part if strides[d] == 1 else b.udiv(part, i64(strides[d])))
+    return multi
+
+
+def _minimum(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
+    return b.select(b.icmp_signed("<", x, y), x, y)
+
+
+def _emit_units(ctx: KernelContext, inst: Instruction, dot: Instruction, plan: GemmPlan,
+                sched: DotSchedule, output: ir.Value, begin: ir.Value, end: ir.Value) -> None:
+    b = ctx.builder
+    lhs_pointer = ctx.buffers[id(dot.operand(0))]
+    rhs_pointer = ctx.buffers[id(dot.operand(1))]
+    epilogue = None
+    if inst.opcode == "fusion":
+        ctx.buffers[id(dot)] = output  # the epilogue reads the product where it was stored
+        epilogue = inst.fused_computation.root
+    dims = dot.shape.dims
+    n_batch, n_lhs_free = len(plan.batch_sizes), len(DotDims.of(dot).lhs_free)
+    m_sizes, n_sizes = dims[n_batch:n_batch + n_lhs_free], dims[n_batch + n_lhs_free:]
+    batch = math.prod(plan.batch_sizes)
+    with ctx.loop(end, name="unit", start=begin) as unit:
+        group = b.udiv(unit, i64(sched.tiles))
+        tile = b.urem(unit, i64(sched.tiles))
+        row0 = b.mul(b.udiv(tile, i64(sched.tiles_n)), i64(sched.block_m))
+        row1 = _minimum(b, b.add(row0, i64(sched.block_m)), i64(plan.m))
+        col0 = b.mul(b.urem(tile, i64(sched.tiles_n)), i64(sched.block_n))
+        col1 = _minimum(b, b.add(col0, i64(sched.block_n)), i64(plan.n))
+        first = b.mul(group, i64(sched.batch_per_unit))
+        last = _minimum(b, b.add(first, i64(sched.batch_per_unit)), i64(batch))
+        with ctx.loop(last, name="batch", start=first) as element:
+            batch_multi = _unflatten(b, element, plan.batch_sizes)
+            lhs_offset, rhs_offset = i64(0), i64(0)
+            for value, ls, rs in zip(batch_multi, plan.lhs_batch_strides,
+                                     plan.rhs_batch_strides):
+                lhs_offset = b.add(lhs_offset, b.mul(value, i64(ls)))
+                rhs_offset = b.add(rhs_offset, b.mul(value, i64(rs)))
+            out_offset = b.mul(element, i64(plan.m * plan.n))
+            tile_ = _Tile(plan, dot.shape.element_type, lhs_pointer, rhs_pointer, output,
+                          lhs_offset, rhs_offset, out_offset, row0, row1, col0, col1)
+
+            def index_of(row: ir.Value, col: ir.Value) -> Index:
+                multi = batch_multi + _unflatten(b, row, m_sizes) + _unflatten(b, col, n_sizes)
+                return Index(dims, multi, b.add(b.add(out_offset, b.mul(row, i64(plan.n))),
+                                                col))
+
+            def finish_in_register(row: ir.Value) -> Finish:
+                def finish(col: ir.Value, total: ir.Value, pointer: ir.Value) -> None:
+                    if epilogue is None:
+                        b.store(total, pointer)
+                        return
+                    index = index_of(row, col)
+                    ctx.scalars[id(dot)] = total  # the epilogue reads the sum, not memory
+                    value = ctx.value(epilogue, index)
+                    del ctx.scalars[id(dot)]
+                    ctx.store(value, output, epilogue.shape, index)
+                return finish
+
+            def finish_row(row: ir.Value) -> None:
+                if epilogue is None:
+                    return
+                row_multi = _unflatten(b, row, m_sizes)
+                row_start = b.add(out_offset, b.mul(row, i64(plan.n)))
+                with ctx.loop(col1, name="epilogue.j", start=col0) as col:
+                    multi = batch_multi + row_multi + _unflatten(b, col, n_sizes)
+                    index = Index(dims, multi, b.add(row_start, col))
+                    ctx.store(ctx.value(epilogue, index), output, epilogue.shape, index)
+
+            if plan.k == 0:  # an empty sum: zeros, then the epilogue
+                with ctx.loop(row1, name="row", start=row0) as row:
+                    _zero_row(ctx, tile_, row)
+                    finish_row(row)
+            elif sched.strategy == "emitted":
+                with ctx.loop(row1, name="row", start=row0) as row:
+                    _emit_row(ctx, tile_, row, finish_in_register(row))
+            else:
+                _call_gemm(ctx, tile_)
+                if epilogue is not None:  # over the tile the call just wrote
+                    with ctx.loop(row1, name="row", start=row0) as row:
+                        finish_row(row)
+
+
+@dataclass(frozen=True)
+class _Tile:
+    """Rows [row0, row1) × columns [col0, col1) of one batch element's product."""
+
+    plan: GemmPlan
+    element_type: str
+    lhs: ir.Value
+    rhs: ir.Value
+    out: ir.Value
+    lhs_offset: ir.Value
+    rhs_offset: ir.Value
+    out_offset: ir.Value
+    row0: ir.Value
+    row1: ir.Value
+    col0: ir.Value
+    col1: ir.Value
+
+
+def _call_gemm(ctx: KernelContext, tile: _Tile) -> None:
+    """C[tile] = A[rows] @ B[:, columns] by one library call."""
+    plan, element_type = tile.plan, tile.element_type
     routine = engine.gemm(element_type)
     assert routine is not None
     blas_int = ir.IntType(routine.int_bits)
@@ -206,25 +473,94 @@ def emit_gemm_kernel(ctx: KernelContext, inst: Instruction, plan: GemmPlan, outp
     b = ctx.builder
     etype = storage_type(element_type)
 
-    def integer(value: int) -> ir.Constant:
-        return ir.Constant(blas_int, value)
+    def integer(value: ir.Value | int) -> ir.Value:
+        if isinstance(value, int):
+            return ir.Constant(blas_int, value)
+        return value if routine.int_bits == 64 else b.trunc(value, blas_int)
 
-    with ctx.loop_nest(plan.batch_sizes, name="batch") as batch:
-        lhs_offset, rhs_offset, out_offset = i64(0), i64(0), i64(0)
-        out_strides = row_major_strides(plan.batch_sizes)
-        for value, ls, rs, os_ in zip(batch, plan.lhs_batch_strides, plan.rhs_batch_strides,
-                                      out_strides):
-            lhs_offset = b.add(lhs_offset, b.mul(value, i64(ls)))
-            rhs_offset = b.add(rhs_offset, b.mul(value, i64(rs)))
-            out_offset = b.add(out_offset, b.mul(value, i64(os_ * plan.m * plan.n)))
-        b.call(function, [
-            ir.Constant(I32, _ROW_MAJOR),
-            ir.Constant(I32, _TRANS if plan.transpose_a else _NO_TRANS),
-            ir.Constant(I32, _TRANS if plan.transpose_b else _NO_TRANS),
-            integer(plan.m), integer(plan.n), integer(plan.k),
-            ir.Constant(scalar, 1.0),
-            b.gep(lhs_pointer, [lhs_offset], source_etype=etype), integer(plan.lda),
-            b.gep(rhs_pointer, [rhs_offset], source_etype=etype), integer(plan.ldb),
-            ir.Constant(scalar, 0.0),
-            b.gep(output, [out_offset], source_etype=etype), integer(max(1, plan.n)),
-        ])
+    lhs_start = tile.row0 if plan.transpose_a else b.mul(tile.row0, i64(plan.lda))
+    rhs_start = b.mul(tile.col0, i64(plan.ldb)) if plan.transpose_b else tile.col0
+    out_start = b.add(b.mul(tile.row0, i64(plan.n)), tile.col0)
+    b.call(function, [
+        ir.Constant(I32, _ROW_MAJOR),
+        ir.Constant(I32, _TRANS if plan.transpose_a else _NO_TRANS),
+        ir.Constant(I32, _TRANS if plan.transpose_b else _NO_TRANS),
+        integer(b.sub(tile.row1, tile.row0)), integer(b.sub(tile.col1, tile.col0)),
+        integer(plan.k), ir.Constant(scalar, 1.0),
+        b.gep(tile.lhs, [b.add(tile.lhs_offset, lhs_start)], source_etype=etype),
+        integer(plan.lda),
+        b.gep(tile.rhs, [b.add(tile.rhs_offset, rhs_start)], source_etype=etype),
+        integer(plan.ldb), ir.Constant(scalar, 0.0),
+        b.gep(tile.out, [b.add(tile.out_offset, out_start)], source_etype=etype),
+        integer(max(1, plan.n)),
+    ])
+
+
+# Multiply-adds per element per pass of the emitted row loop: the row of C is loaded and
+# stored once per this many k, and the sum keeps its order (k ascending) exactly.
+_K_UNROLL = 4
+
+
+Finish = Callable[[ir.Value, ir.Value, ir.Value], None]
+
+
+def _zero_row(ctx: KernelContext, tile: _Tile, row: ir.Value) -> None:
+    b = ctx.builder
+    etype = storage_type(tile.element_type)
+    row_start = b.add(tile.out_offset, b.mul(row, i64(tile.plan.n)))
+    with ctx.loop(tile.col1, name="zero.j", start=tile.col0) as col:
+        pointer = b.gep(tile.out, [b.add(row_start, col)], inbounds=True, source_etype=etype)
+        b.store(constant(tile.element_type, 0), pointer)
+
+
+def _emit_row(ctx: KernelContext, tile: _Tile, row: ir.Value, finish: Finish) -> None:
+    """C[row, columns] = sum over k, ascending, of A[row, k] * B[k, columns], by axpys
+    over B's rows (vectorized along the columns, contiguous unless B is transposed).
+    K ≥ 1; `finish(column, sum, pointer)` stores each finished sum (through the
+    epilogue, if any) to `pointer`."""
+    plan, element_type = tile.plan, tile.element_type
+    b = ctx.builder
+    etype = storage_type(element_type)
+    zero = constant(element_type, 0)
+
+    def at(base: ir.Value, offset: ir.Value, linear: ir.Value) -> ir.Value:
+        return b.gep(base, [b.add(offset, linear)], inbounds=True, source_etype=etype)
+
+    def lhs(k: ir.Value) -> ir.Value:
+        linear = (b.add(b.mul(k, i64(plan.lda)), row) if plan.transpose_a
+                  else b.add(b.mul(row, i64(plan.lda)), k))
+        return b.load(at(tile.lhs, tile.lhs_offset, linear), typ=etype)
+
+    def rhs(k: ir.Value, col: ir.Value) -> ir.Value:
+        linear = (b.add(b.mul(col, i64(plan.ldb)), k) if plan.transpose_b
+                  else b.add(b.mul(k, i64(plan.ldb)), col))
+        return b.load(at(tile.rhs, tile.rhs_offset, linear), typ=etype)
+
+    row_start = b.add(tile.out_offset, b.mul(row, i64(plan.n)))
+
+    def out(col: ir.Value) -> ir.Value:
+        return b.gep(tile.out, [b.add(row_start, col)], inbounds=True, source_etype=etype)
+
+    with ctx.loop(tile.col1, name="zero.j", start=tile.col0) as col:
+        b.store(zero, out(col))
+    # All k but the last in passes of _K_UNROLL (then single ones); the last k is peeled,
+    # so that its pass hands each finished sum to `finish` in a register.
+    body = plan.k - 1
+    passes = body // _K_UNROLL
+    for start, stop, step in ((0, passes, _K_UNROLL), (passes * _K_UNROLL, body, 1)):
+        if stop <= start:
+            continue
+        with ctx.loop(stop, name=f"k{step}", start=start) as outer:
+            k0 = b.mul(outer, i64(step)) if step > 1 else outer
+            ks = [b.add(k0, i64(u)) for u in range(step)]
+            coefficients = [lhs(k) for k in ks]
+            with ctx.loop(tile.col1, name=f"axpy{step}.j", start=tile.col0) as col:
+                accumulator = b.load(out(col), typ=etype)
+                for k, a in zip(ks, coefficients):
+                    accumulator = b.fadd(accumulator, b.fmul(a, rhs(k, col)))
+                b.store(accumulator, out(col))
+    last = i64(plan.k - 1)
+    coefficient = lhs(last)
+    with ctx.loop(tile.col1, name="last.j", start=tile.col0) as col:
+        total = b.fadd(b.load(out(col), typ=etype), b.fmul(coefficient, rhs(last, col)))
+        finish(col, total, out(col))

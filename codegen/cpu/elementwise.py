@@ -242,6 +242,9 @@ def emit_compare(ctx: KernelContext, inst: Instruction, index: Index) -> ir.Valu
     direction = inst.attributes["direction"]
     element_type = _type_of(inst)
     b = ctx.builder
+    if is_float(element_type) and inst.attributes.get("type") == "TOTALORDER":
+        x, y = _total_order_key(b, x), _total_order_key(b, y)
+        return b.icmp_signed(_INTEGER_DIRECTIONS[direction], x, y)
     if is_float(element_type):
         if direction == "NE":  # true for NaN, as XLA and IEEE's !=
             return b.fcmp_unordered("!=", x, y)
@@ -250,6 +253,16 @@ def emit_compare(ctx: KernelContext, inst: Instruction, index: Index) -> ir.Valu
     if is_signed(element_type):
         return b.icmp_signed(op, x, y)
     return b.icmp_unsigned(op, x, y)
+
+
+def _total_order_key(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """A signed integer ordered as XLA's TOTALORDER orders the float `x` (-NaN < -inf <
+    ... < -0.0 < +0.0 < ... < +NaN): its bits, negatives with all but the sign flipped."""
+    width = {"half": 16, "float": 32, "double": 64}[str(x.type)]
+    integer = ir.IntType(width)
+    bits = b.bitcast(x, integer)
+    flipped = b.xor(bits, ir.Constant(integer, (1 << (width - 1)) - 1))
+    return b.select(b.icmp_signed("<", bits, ir.Constant(integer, 0)), flipped, bits)
 
 
 @register("select")
@@ -280,6 +293,10 @@ def emit_convert(ctx: KernelContext, inst: Instruction, index: Index) -> ir.Valu
 
 def convert(ctx: KernelContext, x: ir.Value, source: str, target: str) -> ir.Value:
     b = ctx.builder
+    # bf16 values are f32s in registers; `KernelContext.value` rounds a bf16 result (an
+    # f64 source thus rounds twice, through f32).
+    source = "f32" if source == "bf16" else source
+    target = "f32" if target == "bf16" else target
     typ = value_type(target)
     if source == target:
         return x

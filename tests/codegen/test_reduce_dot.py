@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from codegen_helpers import as_args, build, check
+from codegen_helpers import as_args, build, check, naive_assignment
+from tolerances import assert_close
 
+from tfxla_lite.codegen import cpu
+from tfxla_lite.codegen.cpu import dot as dot_codegen
+from tfxla_lite.hlo.evaluator import evaluate
 from tfxla_lite.hlo.ir import Computation, Instruction
 from tfxla_lite.hlo.shape import Shape
 
@@ -82,8 +86,12 @@ def _dot(c: Computation, lhs: Instruction, rhs: Instruction, lb: tuple[int, ...]
                     lhs_contracting_dims=lc, rhs_contracting_dims=rc)
 
 
+@pytest.mark.parametrize("strategy", ["library", "emitted"])
 @pytest.mark.parametrize("element_type", ["f32", "f64", "s32", "f16"])
-def test_dot_layouts(element_type: str) -> None:
+def test_dot_layouts(element_type: str, strategy: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each layout by both strategies of GEMM-shaped dots (dot.choose_strategy picks
+    per shape; forced here), and by the element generator for s32 and f16."""
+    monkeypatch.setattr(dot_codegen, "choose_strategy", lambda plan: strategy)
     a = Shape(element_type, (5, 7))
     b = Shape(element_type, (7, 3))
     at = Shape(element_type, (7, 5))
@@ -110,9 +118,15 @@ def test_dot_layouts(element_type: str) -> None:
         ]
 
     args = as_args(shapes, seed=11, low=-3, high=3, edges=False)
-    executable = check(build("dot", shapes, body), args, "dot", fused=False)
-    if element_type in ("f32", "f64"):
-        assert f"cblas_{'s' if element_type == 'f32' else 'd'}gemm" in executable.llvm_ir
+    module = build("dot", shapes, body)
+    expected = evaluate(module, *args)
+    # No compile cache: the HLO is the same for both strategies.
+    executable = cpu.compile(module, naive_assignment(module), cache=False)
+    for n, (actual, wanted) in enumerate(zip(executable(*args), expected, strict=True)):
+        assert_close(actual, wanted, "dot", context=f"output {n}")
+    library = element_type in ("f32", "f64") and strategy == "library"
+    gemm = f"cblas_{'s' if element_type == 'f32' else 'd'}gemm"
+    assert (gemm in executable.llvm_ir) == library
 
 
 def test_dot_zero_contracting() -> None:
@@ -133,7 +147,7 @@ def test_dot_strided_fallback() -> None:
 
 
 def test_dot_then_elementwise_pipeline() -> None:
-    """dot as its own kernel (BLAS), its consumer a fusion: the pipeline's shape."""
+    """A dense layer through the pipeline: the dot and its bias-relu epilogue."""
     a = Shape("f32", (8, 16))
     b = Shape("f32", (16, 4))
     bias = Shape("f32", (4,))
@@ -148,7 +162,8 @@ def test_dot_then_elementwise_pipeline() -> None:
 
     executable = check(build("dense", [a, b, bias], body), as_args([a, b, bias], edges=False),
                        "dot")
-    assert executable.kernel_count == 2
+    assert executable.kernel_count == 1  # the dot with its epilogue: one kOutput kernel
+    assert "kind=kOutput" in executable.optimized_hlo_text
 
 
 @pytest.mark.parametrize(("kind", "element_type"), [

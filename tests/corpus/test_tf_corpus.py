@@ -41,13 +41,9 @@ CASE_NAMES = [case.name for case in CASES]
 EXPECTED_UNSUPPORTED: dict[str, set[str]] = {}
 
 # Known CPU-backend gaps: a fragment of the backend's error, and why it happens.
-CODEGEN_GAPS: dict[str, str] = {
-    "tuple in the entry computation":
-        "TF wraps a single result as get-tuple-element(tuple(x)); no pass folds that yet "
-        "and the backend emits no tuple inside the entry computation",
-    "multi-output fusion": "variadic reduce (argmax) fuses into a multi-output fusion",
-    "variadic reduce": "variadic reduce (argmax) returns a tuple",
-}
+# Tuples in the entry, variadic reduces (argmax) and multi-output fusions have
+# landed: none is left.
+CODEGEN_GAPS: dict[str, str] = {}
 
 
 @dataclass(frozen=True)

@@ -27,11 +27,13 @@ from tfxla_lite.passes.base import Pass
 
 
 def test_registry_and_parsing() -> None:
-    assert DEFAULT_PIPELINE == ("simplify,constant-folding,cse,simplify,dce,fuse,dce,"
-                                "add-output-copies")
+    assert DEFAULT_PIPELINE == ("call-inliner,simplify,constant-folding,cse,simplify,dce,"
+                                "fuse-rows,fuse,output-fusion,multi-output-fusion,dce,"
+                                "add-output-copies,schedule")
     assert [p.name for p in parse_pipeline(DEFAULT_PIPELINE)] == [
-        "simplify", "constant-folding", "cse", "simplify", "dce", "fuse", "dce",
-        "add-output-copies"]
+        "call-inliner", "simplify", "constant-folding", "cse", "simplify", "dce",
+        "fuse-rows", "fuse", "output-fusion", "multi-output-fusion", "dce",
+        "add-output-copies", "schedule"]
     assert {"simplify", "constant-folding", "cse"} <= set(PASSES)
     assert [p.name for p in parse_pipeline(" fuse , ")] == ["fuse"]
     assert parse_pipeline("") == []

@@ -21,10 +21,15 @@ Semantics follow XLA's CPU backend where NumPy differs:
 - `erf` evaluates `math.erf` in float64, then rounds to the operand's dtype.
 - `reduce` folds the init value in once (XLA's order differs for floats: compare
   with a tolerance). add/multiply/maximum/minimum/and/or computations take a NumPy
-  fast path; any other `to_apply` computation is run element by element.
+  fast path; any other `to_apply` computation is run element by element, as are sums
+  and products of f16/bf16 (each step rounds to the 2-byte type, as in codegen).
 - `pad`, `reverse`, `dynamic-slice`, `dynamic-update-slice` and `gather` follow XLA:
   negative edge padding removes elements; dynamic start indices (and gather's)
   are clamped so that the whole slice lies inside the operand.
+- `scatter` combines each update element into the operand element its index and
+  window offset name, in row-major order of the updates (repeated indices combine
+  repeatedly); an update whose window does not lie wholly inside the operand is
+  skipped, never clamped.
 - `reduce-window` folds each window's real elements (never padding or base-dilation
   holes) in row-major order, starting from the init value; add/max/... take a
   NumPy fast path that pads with the reducer's identity.
@@ -185,8 +190,11 @@ def _shift(opcode: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     if opcode == "shift-left":
         return np.where(out_of_range, 0, np.left_shift(a, amount)).astype(a.dtype)
     if opcode == "shift-right-arithmetic":
-        fill = np.where(a < 0, -1, 0) if a.dtype.kind == "i" else 0
-        return np.where(out_of_range, fill, np.right_shift(a, amount)).astype(a.dtype)
+        # On the bit pattern, as XLA's `ashr`: an unsigned value's top bit fills too.
+        signed = a.view(np.dtype(f"i{a.dtype.itemsize}"))
+        shifted = np.right_shift(signed, amount.view(signed.dtype))
+        fill = np.where(signed < 0, -1, 0).astype(signed.dtype)
+        return np.where(out_of_range, fill, shifted).astype(signed.dtype).view(a.dtype)
     unsigned = np.dtype(f"u{a.dtype.itemsize}")
     logical = np.right_shift(a.view(unsigned), amount.view(unsigned)).view(a.dtype)
     return np.where(out_of_range, 0, logical).astype(a.dtype)
@@ -239,9 +247,19 @@ _COMPARISONS = {"EQ": np.equal, "NE": np.not_equal, "LT": np.less, "LE": np.less
 @_reference("compare")
 def _compare(inst: Instruction, operands: Sequence[Any]) -> np.ndarray:
     a, b = operands
+    if inst.attributes.get("type") == "TOTALORDER" and a.dtype.kind == "f":
+        a, b = _total_order_key(a), _total_order_key(b)
     compute = _compute_dtype(a.dtype)
     return _result(_COMPARISONS[inst.attributes["direction"]](a.astype(compute),
                                                                b.astype(compute)), inst.shape)
+
+
+def _total_order_key(x: np.ndarray) -> np.ndarray:
+    """Signed integers ordered as XLA's TOTALORDER orders floats: -NaN < -inf < ... <
+    -0.0 < +0.0 < ... < inf < +NaN (the bits, negatives with all but the sign flipped)."""
+    bits = np.ascontiguousarray(x).view(np.dtype(f"i{x.dtype.itemsize}"))
+    magnitude = np.array(np.iinfo(bits.dtype).max, dtype=bits.dtype)
+    return np.where(bits < 0, bits ^ magnitude, bits)
 
 
 @_reference("select")
@@ -429,6 +447,66 @@ def _gather(inst: Instruction, operands: Sequence[Any]) -> np.ndarray:
     return _result(out, inst.shape)
 
 
+def _scatter_targets(inst: Instruction, operand_dims: tuple[int, ...], indices: np.ndarray,
+                     update_dims: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """For every update element, in row-major order: the operand's linear position it
+    combines into, and whether its whole window lies inside the operand (XLA skips the
+    update windows that do not, and never clamps them)."""
+    attrs = inst.attributes
+    window_dims = tuple(attrs["update_window_dims"])
+    inserted = set(attrs["inserted_window_dims"])
+    vector_dim = int(attrs["index_vector_dim"])
+    rank = len(operand_dims)
+    if vector_dim == indices.ndim:
+        indices = indices[..., None]
+    indices = np.moveaxis(indices, vector_dim, -1).astype(np.int64)
+    window_operand_dims = [d for d in range(rank) if d not in inserted]
+    window_sizes = [1] * rank
+    for d, u in zip(window_operand_dims, window_dims, strict=True):
+        window_sizes[d] = update_dims[u]
+    count = int(np.prod(update_dims, dtype=np.int64))
+    grid = np.indices(update_dims, dtype=np.int64).reshape(len(update_dims), count)
+    scatter_dims = [d for d in range(len(update_dims)) if d not in window_dims]
+    vectors = indices[tuple(grid[d] for d in scatter_dims)].reshape(-1, indices.shape[-1])
+    vectors = np.broadcast_to(vectors, (count, indices.shape[-1]))
+    position = np.zeros((rank, count), dtype=np.int64)
+    valid = np.ones(count, dtype=bool)
+    for k, d in enumerate(attrs["scatter_dims_to_operand_dims"]):
+        position[d] = vectors[:, k]
+    for d in range(rank):
+        valid &= (position[d] >= 0) & (position[d] <= operand_dims[d] - window_sizes[d])
+    for d, u in zip(window_operand_dims, window_dims, strict=True):
+        position[d] += grid[u]
+    strides = [int(np.prod(operand_dims[d + 1:], dtype=np.int64)) for d in range(rank)]
+    linear = np.zeros(count, dtype=np.int64)
+    for d in range(rank):
+        linear += np.where(valid, position[d], 0) * strides[d]
+    return linear, valid
+
+
+@_reference("scatter")
+def _scatter(inst: Instruction, operands: Sequence[Any]) -> np.ndarray:
+    x, indices, updates = operands
+    linear, valid = _scatter_targets(inst, x.shape, indices, updates.shape)
+    combiner = inst.called_computations[0]
+    out = np.array(x, copy=True).reshape(-1)
+    targets, values = linear[valid], updates.reshape(-1)[valid]
+    root = combiner.root
+    ufunc = _fast_reducer(combiner)
+    half = _is_half(x.dtype)
+    if root is not None and root.opcode == "parameter" and root.parameter_number == 1:
+        # Assignment: the last update of each repeated target wins.
+        _, last = np.unique(targets[::-1], return_index=True)
+        kept = targets.size - 1 - last
+        out[targets[kept]] = values[kept]
+    elif ufunc is not None and not half:
+        ufunc.at(out, targets, values)  # in order, repeated targets included
+    else:  # any other combiner, and 2-byte floats (rounded after every combination)
+        for target, value in zip(targets, values):
+            out[target] = evaluate_computation(combiner, [out[target], value])
+    return _result(out.reshape(x.shape), inst.shape)
+
+
 # -- control flow ----------------------------------------------------------------------
 
 @_reference("while")
@@ -471,13 +549,25 @@ def _fast_reducer(computation: Computation) -> np.ufunc | None:
     return ufunc
 
 
+def _is_half(dtype: np.dtype) -> bool:
+    return dtype.kind == "f" and dtype.itemsize == 2 or dtype.name == "bfloat16"
+
+
+def _rounds_per_step(computation: Computation, dtype: np.dtype) -> bool:
+    """Whether folding with `computation` must round after every step: a sum or product
+    of 2-byte floats (the fast path would accumulate in f32 and round once)."""
+    root = computation.root
+    return _is_half(dtype) and root is not None and root.opcode in ("add", "multiply")
+
+
 @_reference("reduce")
 def _reduce(inst: Instruction, operands: Sequence[Any]) -> Any:
     n = len(operands) // 2
     inputs, inits = list(operands[:n]), list(operands[n:])
     axes = tuple(sorted(inst.dimensions))
     computation = inst.called_computations[0]
-    ufunc = _fast_reducer(computation) if n == 1 else None
+    ufunc = _fast_reducer(computation) if n == 1 and not _rounds_per_step(
+        computation, inputs[0].dtype) else None
     if ufunc is not None:
         (x,), (init,) = inputs, inits
         compute = _compute_dtype(x.dtype)
@@ -556,7 +646,8 @@ def _reduce_window(inst: Instruction, operands: Sequence[Any]) -> Any:
     rank = inputs[0].ndim
     out_dims = linear.shape[:rank]
     window_elements = int(np.prod(linear.shape[rank:], dtype=np.int64))
-    ufunc = _fast_reducer(computation) if n == 1 else None
+    ufunc = _fast_reducer(computation) if n == 1 and not _rounds_per_step(
+        computation, inputs[0].dtype) else None
     if ufunc is not None and ufunc in _IDENTITIES:
         (x,), (init,) = inputs, inits
         compute = _compute_dtype(x.dtype)

@@ -11,7 +11,8 @@ their computation; use lists match operand lists both ways; parameters are
 numbered 0..n-1; called computations belong to the module; shapes are what the
 opcode's shape rule infers (or, for ops whose shape is given, consistent with
 their operands); reducers (of reduce and reduce-window), while conditions and
-bodies, and conditional branches take and return what their caller passes;
+bodies, conditional branches and scatter combiners take and return what their
+caller passes;
 fusions call a fusion computation of their own whose parameters and root match
 them.
 """
@@ -25,7 +26,7 @@ from tfxla_lite.hlo.opcodes import OPCODES, ShapeError, infer_shape
 from tfxla_lite.hlo.printer import instruction_to_text
 from tfxla_lite.hlo.shape import Shape
 
-FUSION_KINDS = ("kLoop", "kInput", "kOutput")
+FUSION_KINDS = ("kLoop", "kInput", "kOutput", "kCustom")  # kCustom: row fusions
 # Opcodes whose shape rule cannot infer a result: checked by `_check_given_shape`.
 _GIVEN_SHAPES = frozenset({"parameter", "iota", "broadcast", "reshape", "bitcast", "fusion",
                            "call", "conditional"})
@@ -151,6 +152,8 @@ def _verify_shape(inst: Instruction) -> None:
         raise _fail(inst, f"shape {inst.shape} differs from inferred {expected}")
     if inst.opcode in ("reduce", "reduce-window"):
         _verify_reducer(inst)
+    elif inst.opcode == "scatter":
+        _verify_scatter(inst)
     elif inst.opcode == "while":
         _verify_while(inst)
 
@@ -209,6 +212,17 @@ def _verify_reducer(inst: Instruction) -> None:
                           f"as {scalars + scalars}")
 
 
+def _verify_scatter(inst: Instruction) -> None:
+    if len(inst.called_computations) != 1:
+        raise _fail(inst, "scatter calls exactly one to_apply computation")
+    combiner = inst.called_computations[0]
+    scalar = Shape(inst.shape.element_type, ())
+    if [p.shape for p in combiner.parameters] != [scalar, scalar] or \
+            combiner.root is None or combiner.root.shape != scalar:
+        raise _fail(inst, f"to_apply %{combiner.name} does not map (operand element, update "
+                          f"element) to {scalar}")
+
+
 def _verify_while(inst: Instruction) -> None:
     if len(inst.called_computations) != 2:
         raise _fail(inst, "while calls a condition and a body")
@@ -246,9 +260,13 @@ def _verify_fusion(inst: Instruction) -> None:
     fused = inst.called_computations[0]
     if not fused.is_fusion_computation:
         raise _fail(inst, f"calls %{fused.name}, which is not a fusion computation")
-    if kind == "kInput" and (fused.root is None or fused.root.opcode != "reduce"):
+    # A multi-output fusion ends in a tuple; a kInput one has a reduce among its elements.
+    roots = [] if fused.root is None else \
+        list(fused.root.operands) if fused.root.opcode == "tuple" else [fused.root]
+    if kind == "kInput" and not any(r.opcode == "reduce" for r in roots):
         raise _fail(inst, "a kInput fusion ends in a reduce")
     for nested in fused.instructions:
-        if nested.opcode in ("fusion", "call", "tuple", "get-tuple-element") and \
-                nested is not fused.root:
+        # Tuples inside a kernel (a variadic reduce's result, its elements) are values
+        # of the kernel; only calls of other computations are not.
+        if nested.opcode in ("fusion", "call") and nested is not fused.root:
             raise _fail(nested, f"{nested.opcode} inside fusion computation %{fused.name}")

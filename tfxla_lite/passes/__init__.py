@@ -1,9 +1,11 @@
 """HLO-to-HLO passes, the pipeline that orders them, and buffer assignment.
 
 Sits between the IR (`tfxla_lite.hlo`) and the backends (`tfxla_lite.codegen`):
-`optimize(module)` runs the default pipeline in place (simplification,
-constant folding, CSE, DCE, fusion, output copies), then
-`assign_buffers(module)` plans the memory codegen and the runtime use.
+`optimize(module)` runs the default pipeline in place (call inlining,
+simplification, constant folding, CSE, DCE, fusion, multi-output fusion, output
+copies, memory scheduling), then
+`assign_buffers(module)` plans the memory codegen and the runtime use (packing
+temporaries with `heap_simulator.py`).
 Imports `tfxla_lite.hlo` and NumPy only.
 """
 

@@ -3,10 +3,19 @@
 The last step of `tfxla_lite.passes` and the plan codegen and the runtime execute:
 parameters live in the caller's input buffers, the entry root's elements in the
 output buffers, constants in the executable, and every other value in one temp
-arena whose size the runtime allocates per call. Temps whose live ranges do not
-overlap share space, placed as XLA's heap simulator does (`heap_simulator.h`,
-GlobalDecreasingSizeBestFitHeap): biggest buffers first, each into the smallest
-free gap that fits, offsets aligned to 64 bytes.
+arena whose size the runtime allocates per call. Values whose live ranges do not
+overlap share space, placed by `heap_simulator.py` as XLA places them: a temp that
+fits in an output buffer and overlaps nothing in it in time lives there (XLA's
+reuse of live-out allocations); the rest are packed by XLA's global
+decreasing-size best-fit heap, offsets aligned to 64 bytes, the arena ending where
+its last buffer ends.
+
+Buffers belong to *values* (XLA's logical buffers): an array-shaped instruction
+defines one, a tuple-shaped one (a multi-output fusion, a variadic reduce) one per
+leaf, named by its shape index (`%fusion{1}`). `tuple` and `get-tuple-element`
+define none: they forward their operands' values, so a get-tuple-element of a
+fusion's leaf reads that leaf's slice, with no copy, and a value's last use is the
+last instruction that reads it through any of its names.
 
 A live range runs over the positions of the entry's instruction order, from the
 defining instruction through its last use, inclusive at both ends. Two temps may
@@ -14,13 +23,17 @@ share bytes only when one's range ends strictly before the other's begins, with
 one exception, in-place reuse (XLA's `CanShareOperandBufferWithUser` for
 elementwise users): a temp may take the buffer of an operand when
 
-- both are temps (never a parameter, a constant or an output),
-- the operand has the same shape and element type and dies at this instruction
-  (this is its last use), and
+- the operand is a temp (never a parameter, a constant or an output) and the
+  instruction a temp or an output (the group then lives in that output's buffer),
+- the operand has the same dimensions and element width (not necessarily the same
+  element type) and dies at this instruction (this is its last use), and
 - the instruction reads the operand only elementwise at its own output index: it
   is an elementwise op, or a kLoop fusion in which every path from that parameter
-  to the root goes through elementwise ops of the root's dimensions (no broadcast,
-  transpose, reverse, slice, pad or gather of it).
+  to the root (to the root tuple, for a multi-output fusion, whose leaves share one
+  index space) goes through elementwise ops of the root's dimensions (no
+  broadcast, transpose, reverse, slice, pad or gather of it), or a row fusion
+  (softmax, layer norm) whose paths may also end at its row reduces, which the row
+  kernel finishes before it stores the row.
 
 Each element is then read before it is overwritten, by the same loop iteration,
 so the kernel is correct with its output aliasing that input; codegen sees the
@@ -35,9 +48,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tfxla_lite.hlo.ir import HloModule, Instruction
+from tfxla_lite.hlo.ir import Computation, HloModule, Instruction
 from tfxla_lite.hlo.opcodes import is_elementwise
 from tfxla_lite.hlo.shape import Shape
+from tfxla_lite.passes.heap_simulator import (
+    BufferInterval,
+    FixedBuffer,
+    global_decreasing_size_best_fit,
+    host_in_fixed_buffers,
+)
+from tfxla_lite.passes.row_fusion import plan_row_fusion
 
 ALIGNMENT = 64
 
@@ -53,21 +73,30 @@ class BufferSlice:
 @dataclass
 class BufferAssignment:
     slices: dict[str, BufferSlice]  # keyed by entry instruction name
-    temp_bytes: int  # arena size (multiple of 64)
+    temp_bytes: int  # arena size: the end of its last buffer (offsets are 64-aligned)
     temp_bytes_without_reuse: int  # what each temp in its own buffer would take
     # For dumps: each value's [definition, last use] positions in the entry order
     # and its shape, in that order.
     live_ranges: dict[str, tuple[int, int]] = field(default_factory=dict)
     shapes: dict[str, Shape] = field(default_factory=dict)
-    # In-place reuse: instruction name -> the name of the operand whose buffer it writes.
+    # In-place reuse: value name -> the name of the operand value whose buffer it writes.
     in_place: dict[str, str] = field(default_factory=dict)
+    # Names that define no value of their own (get-tuple-element, a tuple other than
+    # the root, leaf by leaf) -> the value they forward, e.g. `gte` -> `fusion{1}`.
+    aliases: dict[str, str] = field(default_factory=dict)
 
-    def slice_of(self, instruction: Instruction | str) -> BufferSlice:
+    def slice_of(self, instruction: Instruction | str, index: tuple[int, ...] = ()
+                 ) -> BufferSlice:
+        """The slice of an array-shaped instruction, or of leaf `index` of a tuple-shaped
+        one (a multi-output fusion's `(1,)`); forwarding names resolve to their value."""
         name = instruction if isinstance(instruction, str) else instruction.name
+        name = leaf_name(name, index)
+        name = self.aliases.get(name, name)
         try:
             return self.slices[name]
         except KeyError:
-            raise KeyError(f"no buffer assigned to %{name} (tuples have none)") from None
+            raise KeyError(f"no buffer assigned to %{name} (a tuple has one per leaf; "
+                           "pass its shape index)") from None
 
     def to_text(self) -> str:
         """A readable dump in the spirit of XLA's `*-buffer-assignment.txt`."""
@@ -106,41 +135,76 @@ def _align(size: int) -> int:
     return (size + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
 
 
-def _last_use(inst: Instruction, position: dict[int, int]) -> int:
-    """The last position that reads `inst`, following tuples that merely forward it."""
-    last = position[id(inst)]
-    for user in inst.users:
-        if user.opcode in ("tuple", "get-tuple-element"):
-            last = max(last, _last_use(user, position))
-        else:
-            last = max(last, position[id(user)])
-    return last
+@dataclass(frozen=True, eq=False)
+class Value:
+    """One array an entry instruction defines: the whole result of an array-shaped
+    instruction, or one leaf (at `index`, XLA's ShapeIndex) of a tuple-shaped one, such
+    as a multi-output fusion or a variadic reduce. Tuples and get-tuple-elements define
+    no value: they name values defined elsewhere."""
+
+    instruction: Instruction
+    index: tuple[int, ...]
+    shape: Shape
+
+    @property
+    def name(self) -> str:
+        return leaf_name(self.instruction.name, self.index)
 
 
-def _best_fit(size: int, busy: list[tuple[int, int]]) -> int:
-    """The lowest-waste aligned offset where `size` bytes avoid every busy [begin, end)."""
-    best_offset, best_waste = None, None
-    cursor = 0
-    for begin, end in sorted(busy):
-        if begin - cursor >= size:
-            waste = begin - cursor - size
-            if best_waste is None or waste < best_waste:
-                best_offset, best_waste = cursor, waste
-        cursor = max(cursor, _align(end))
-    return cursor if best_offset is None else best_offset
+def leaf_name(name: str, index: tuple[int, ...]) -> str:
+    """XLA's spelling of the leaf of `%name` at `index`: `name` or `name{1}`, `name{0,2}`."""
+    return name if not index else name + "{" + ",".join(map(str, index)) + "}"
 
 
-def reads_only_elementwise(inst: Instruction, operand_number: int) -> bool:
-    """Whether `inst` reads operand `operand_number` only at its own output index,
-    through elementwise ops (so its output may overwrite that operand in place)."""
+def leaves(shape: Shape, prefix: tuple[int, ...] = ()) -> list[tuple[tuple[int, ...], Shape]]:
+    """The array leaves of `shape` with their shape indices, in flat (depth-first) order."""
+    if not shape.is_tuple:
+        return [(prefix, shape)]
+    assert shape.tuple_shapes is not None
+    return [leaf for n, element in enumerate(shape.tuple_shapes)
+            for leaf in leaves(element, (*prefix, n))]
+
+
+def entry_values(computation: Computation) -> dict[tuple[int, tuple[int, ...]], Value]:
+    """The value at each (id(instruction), shape index) leaf of `computation`.
+
+    `tuple` and `get-tuple-element` forward their operands' values (no copy); every
+    other instruction defines one value per leaf.
+    """
+    value_at: dict[tuple[int, tuple[int, ...]], Value] = {}
+    for inst in computation.instructions:
+        for index, shape in leaves(inst.shape):
+            if inst.opcode == "tuple":
+                value = value_at[(id(inst.operand(index[0])), index[1:])]
+            elif inst.opcode == "get-tuple-element":
+                value = value_at[(id(inst.operand(0)), (inst.attributes["index"], *index))]
+            else:
+                value = Value(inst, index, shape)
+            value_at[(id(inst), index)] = value
+    return value_at
+
+
+def reads_only_elementwise(inst: Instruction, operand_number: int,
+                           index: tuple[int, ...] = ()) -> bool:
+    """Whether `inst` reads operand `operand_number` only at the output index of its
+    leaf `index` (every other leaf of a loop fusion shares that index space), through
+    elementwise ops, so that leaf may overwrite that operand in place."""
     operand = inst.operand(operand_number)
-    if operand.shape != inst.shape:
+    leaf = dict(leaves(inst.shape)).get(index)
+    # The same dimensions and element width (a compare or a convert may change the
+    # type): each element's bytes are read, then written, by the same iteration.
+    if operand.shape.is_tuple or leaf is None or leaf.dims != operand.shape.dims \
+            or leaf.byte_size != operand.shape.byte_size:
         return False
     if inst.opcode != "fusion":
-        return is_elementwise(inst.opcode)
-    if inst.attributes.get("kind") != "kLoop":
+        return not index and is_elementwise(inst.opcode)
+    # A row fusion (`row_fusion.py`) runs every reduce of a row before it stores that
+    # row, one row per thread: a reduce of the operand ends the walk, as the root does.
+    row_plan = plan_row_fusion(inst)
+    if inst.attributes.get("kind") != "kLoop" and row_plan is None:
         return False
     fused = inst.fused_computation
+    root = fused.root
     stack, seen = [fused.parameter(operand_number)], set()
     while stack:
         node = stack.pop()
@@ -148,91 +212,162 @@ def reads_only_elementwise(inst: Instruction, operand_number: int) -> bool:
             continue
         seen.add(id(node))
         for user in node.users:
-            if not is_elementwise(user.opcode) or user.shape.dims != inst.shape.dims:
+            if user is root and user.opcode == "tuple":
+                continue  # a multi-output fusion's leaves: each stored at the same index
+            if row_plan is not None and any(user is r for r in row_plan.reduces):
+                continue
+            if not is_elementwise(user.opcode) or user.shape.dims != operand.shape.dims:
                 return False
             stack.append(user)
     return True
 
 
-def _in_place_operand(inst: Instruction, temps: set[int], position: dict[int, int]
-                      ) -> Instruction | None:
-    """The operand whose buffer temp `inst` may take over (module docstring), if any."""
+def _in_place_donor(value: Value, temps: set[int], last_use: dict[int, int],
+                    value_at: dict[tuple[int, tuple[int, ...]], Value],
+                    position: dict[int, int], taken: set[int]) -> Value | None:
+    """The operand value whose buffer temp `value` may take over (module docstring)."""
+    inst = value.instruction
     for n, operand in enumerate(inst.operands):
-        if id(operand) in temps and _last_use(operand, position) == position[id(inst)] \
-                and reads_only_elementwise(inst, n):
-            return operand
+        if operand.shape.is_tuple:
+            continue
+        donor = value_at[(id(operand), ())]
+        if id(donor) in temps and id(donor) not in taken \
+                and last_use[id(donor)] == position[id(inst)] \
+                and reads_only_elementwise(inst, n, value.index):
+            return donor
     return None
 
 
 def assign_buffers(module: HloModule, in_place: bool = True) -> BufferAssignment:
-    """Assign a slice to every entry instruction except tuples; `in_place` allows
-    elementwise kernels to write into a dying operand's buffer."""
+    """Assign a slice to every value of the entry (one per leaf of a tuple-shaped
+    instruction); `in_place` allows elementwise kernels to write into a dying operand's
+    buffer."""
     entry = module.entry
     if entry is None or entry.root is None:
         raise ValueError(f"module {module.name} has no entry root")
     root = entry.root
     position = {id(inst): n for n, inst in enumerate(entry.instructions)}
+    value_at = entry_values(entry)
+    for inst in entry.instructions:
+        if inst.opcode in ("parameter", "constant") and inst.shape.is_tuple:
+            raise NotImplementedError(f"tuple-shaped entry {inst.opcode} %{inst.name}")
+
+    # The root's leaves, in flat order, are the outputs; a value that appears twice is
+    # the output of its first position (codegen copies it to the others).
     outputs: dict[int, int] = {}
-    for index, inst in enumerate(root.operands if root.opcode == "tuple" else (root,)):
-        outputs.setdefault(id(inst), index)
+    root_values = [value_at[(id(root), index)] for index, _ in leaves(root.shape)]
+    for number, value in enumerate(root_values):
+        outputs.setdefault(id(value), number)
+
+    # A value's last use: the last instruction that reads it, through any name.
+    last_use: dict[int, int] = {}
+    values: list[Value] = []
+    for inst in entry.instructions:
+        for index, _ in leaves(inst.shape):
+            value = value_at[(id(inst), index)]
+            if value.instruction is inst:
+                values.append(value)
+                last_use[id(value)] = position[id(inst)]
+        if inst.opcode in ("tuple", "get-tuple-element"):
+            continue
+        for operand in inst.operands:
+            for index, _ in leaves(operand.shape):
+                read = value_at[(id(operand), index)]
+                last_use[id(read)] = max(last_use[id(read)], position[id(inst)])
 
     slices: dict[str, BufferSlice] = {}
     live_ranges: dict[str, tuple[int, int]] = {}
     shapes: dict[str, Shape] = {}
-    temps: list[Instruction] = []
-    for inst in entry.instructions:
-        if inst.opcode == "tuple":
-            continue
-        size = inst.shape.byte_size
+    temps: list[Value] = []
+    for value in values:
+        inst = value.instruction
+        size = value.shape.byte_size
         start = position[id(inst)]
         # Outputs, parameters and constants outlive the computation.
-        end = len(entry.instructions) if (id(inst) in outputs or inst.opcode in (
-            "parameter", "constant")) else _last_use(inst, position)
-        live_ranges[inst.name] = (start, end)
-        shapes[inst.name] = inst.shape
+        end = len(entry.instructions) if (id(value) in outputs or inst.opcode in (
+            "parameter", "constant")) else last_use[id(value)]
+        live_ranges[value.name] = (start, end)
+        shapes[value.name] = value.shape
         if inst.opcode == "parameter":
-            slices[inst.name] = BufferSlice("parameter", inst.parameter_number, 0, size)
+            slices[value.name] = BufferSlice("parameter", inst.parameter_number, 0, size)
         elif inst.opcode == "constant":
-            slices[inst.name] = BufferSlice("constant", 0, 0, size)
-        elif id(inst) in outputs:
-            slices[inst.name] = BufferSlice("output", outputs[id(inst)], 0, size)
+            slices[value.name] = BufferSlice("constant", 0, 0, size)
+        elif id(value) in outputs:
+            slices[value.name] = BufferSlice("output", outputs[id(value)], 0, size)
         else:
-            temps.append(inst)
+            temps.append(value)
 
-    # In-place groups: each temp joins the group of the operand it overwrites.
-    group_of: dict[int, list[Instruction]] = {}
+    # In-place groups: each temp joins the group of the operand it overwrites; an
+    # output may overwrite a dying temp too, and its group then lives in that output.
+    group_of: dict[int, list[Value]] = {}
     reused: dict[str, str] = {}
     temp_ids = {id(t) for t in temps}
-    for inst in temps:
-        donor = _in_place_operand(inst, temp_ids, position) if in_place else None
-        if donor is not None and inst.shape.byte_size:
-            group_of[id(inst)] = group_of[id(donor)]
-            group_of[id(inst)].append(inst)
-            reused[inst.name] = donor.name
+    taken: set[int] = set()
+    for value in values:
+        if id(value) not in temp_ids and slices[value.name].kind != "output":
+            continue  # parameters and constants (outputs too, without output copies)
+        donor = _in_place_donor(value, temp_ids, last_use, value_at, position, taken) \
+            if in_place and value.shape.byte_size else None
+        if donor is not None:
+            taken.add(id(donor))
+            group_of[id(value)] = group_of[id(donor)]
+            group_of[id(value)].append(value)
+            reused[value.name] = donor.name
         else:
-            group_of[id(inst)] = [inst]
+            group_of[id(value)] = [value]
     groups = list({id(g[0]): g for g in group_of.values()}.values())
-
-    # Global decreasing-size best-fit over the groups; ties go to the earlier
-    # definition so that the plan is deterministic.
-    placed: list[tuple[int, int, int, int]] = []  # (start, end, offset, aligned size)
     temp_bytes_without_reuse = sum(_align(t.shape.byte_size) for t in temps)
-    for group in sorted(groups, key=lambda g: (-g[0].shape.byte_size, position[id(g[0])])):
-        size = group[0].shape.byte_size
-        start = min(live_ranges[m.name][0] for m in group)
-        end = max(live_ranges[m.name][1] for m in group)
-        if size == 0:
-            for member in group:
-                slices[member.name] = BufferSlice("temp", 0, 0, 0)
-            continue
-        aligned = _align(size)
-        busy = [(offset, offset + length) for s, e, offset, length in placed
-                if not (e < start or end < s)]
-        offset = _best_fit(aligned, busy)
-        placed.append((start, end, offset, aligned))
+    temp_bytes = _place_groups(groups, outputs, live_ranges, slices)
+
+    # Names that forward a value (get-tuple-element, and tuples other than the root)
+    # share its slice.
+    aliases: dict[str, str] = {}
+    for inst in entry.instructions:
+        if inst.opcode in ("tuple", "get-tuple-element") and inst is not root:
+            for index, _ in leaves(inst.shape):
+                aliases[leaf_name(inst.name, index)] = value_at[(id(inst), index)].name
+    ordered = {v.name: slices[v.name] for v in values}
+    return BufferAssignment(ordered, temp_bytes, temp_bytes_without_reuse,
+                            live_ranges, shapes, reused, aliases)
+
+
+def _place_groups(groups: list[list[Value]], outputs: dict[int, int],
+                  live_ranges: dict[str, tuple[int, int]],
+                  slices: dict[str, BufferSlice]) -> int:
+    """Give every member of `groups` its slice (`heap_simulator.py`); return the arena size.
+
+    A group with an output in it lives in that output's buffer. Other groups move into
+    an output buffer they fit in and whose contents they never overlap in time (XLA
+    reuses live-out allocations so); the rest are packed into the temp arena by XLA's
+    global decreasing-size best-fit heap.
+    """
+    fixed: dict[int, FixedBuffer] = {}
+    for group in groups:
         for member in group:
-            slices[member.name] = BufferSlice("temp", 0, offset, size)
-    temp_bytes = max((offset + length for _, _, offset, length in placed), default=0)
-    ordered = {inst.name: slices[inst.name] for inst in entry.instructions if inst.name in slices}
-    return BufferAssignment(ordered, _align(temp_bytes), temp_bytes_without_reuse,
-                            live_ranges, shapes, reused)
+            if id(member) in outputs:
+                number = outputs[id(member)]
+                start = min(live_ranges[m.name][0] for m in group)
+                fixed[number] = FixedBuffer(str(number), member.shape.byte_size,
+                                            [(start, live_ranges[member.name][1])])
+                for other in group:
+                    slices[other.name] = BufferSlice("output", number, 0,
+                                                     other.shape.byte_size)
+    intervals: dict[str, list[Value]] = {}
+    for group in groups:
+        if not any(id(m) in outputs for m in group):
+            intervals[group[0].name] = group
+    spans = [BufferInterval(name, group[0].shape.byte_size,
+                            min(live_ranges[m.name][0] for m in group),
+                            max(live_ranges[m.name][1] for m in group))
+             for name, group in intervals.items()]
+    hosted = host_in_fixed_buffers(spans, [fixed[n] for n in sorted(fixed)])
+    for name, number in hosted.items():
+        for member in intervals[name]:
+            slices[member.name] = BufferSlice("output", int(number), 0,
+                                              member.shape.byte_size)
+    heap = global_decreasing_size_best_fit([s for s in spans if s.name not in hosted],
+                                           ALIGNMENT)
+    for name, chunk in heap.chunks.items():
+        for member in intervals[name]:
+            slices[member.name] = BufferSlice("temp", 0, chunk.offset, chunk.size)
+    return heap.heap_size

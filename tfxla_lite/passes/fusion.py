@@ -5,20 +5,41 @@ runtime allocates. It follows XLA's `instruction_fusion.cc` and
 `cpu_instruction_fusion.cc`, producer into consumer:
 
 - kLoop: a fusion rooted at an elementwise op, broadcast, reshape, bitcast,
-  transpose, reverse, pad, dynamic-slice or gather, with producers of those kinds
-  and scalar constants fused in; it computes every output element independently.
-- kInput: a fusion rooted at a single-input reduce, with the same producers
-  fused into its input, so `reduce_sum(x + y*z)` reads x, y, z once and writes
-  only the sum.
+  transpose, reverse, pad, slice, concatenate, iota, dynamic-slice or gather, with
+  producers of those kinds and scalar constants fused in; it computes every output
+  element independently (a slice of a concatenate reads each element from the
+  operand that holds it, so neither is ever stored).
+- kInput: a fusion rooted at a reduce, with the same producers fused into its
+  inputs, so `reduce_sum(x + y*z)` reads x, y, z once and writes only the sum. A
+  variadic reduce (argmax's values and `iota` indices) is a root too: its indices
+  are computed where the reducer reads them, never stored; the fusion's result is
+  then the reduce's tuple.
 
-Dots, slices, concatenates, iotas, reduce-windows, dynamic-update-slices,
-tuples and multi-output reduces stay top-level, as do ops with nothing to fuse
-with (codegen treats each as a fusion of one). A cheap producer with users
-outside a fusion is duplicated into it; an expensive one (`opcodes.is_expensive`)
-is fused only when the fusion holds every user, so expensive work is never
-done twice. Every fused producer is cloned and the original stays until no user
-needs it, so fusion cannot create a cycle: a fusion reads only values its
-members read, which precede it.
+Dots, dynamic-update-slices and tuples stay top-level (dots may still take their
+epilogue: `output_fusion.py`), as do ops with nothing to fuse with (codegen treats
+each as a fusion of one). Reduce-windows stay top-level too: fused producers would
+be recomputed once per overlapping window (`element_reuse` prices that, should
+they become fusion roots).
+
+Whether a producer joins its consumer's fusion is the cost model's call
+(`should_fuse`), with XLA's rules first (`instruction_fusion.cc`):
+
+- Dots and reductions are never fused into a consumer, so never duplicated.
+- An expensive producer (`opcodes.is_expensive`: transcendentals, divide, power)
+  joins only when the fusion holds every user (it would otherwise be computed
+  twice) and when no member between it and the root reads each of its elements
+  several times (a broadcast that expands, a gather, a reduce-window whose windows
+  overlap: `element_reuse`).
+- Any other producer joins when the bytes fusion saves outweigh the recomputation:
+  fusing saves writing the producer's buffer and reading it back (only the read
+  when users outside keep the buffer, and the kernel launch too when they do not),
+  and costs its arithmetic once more for every extra evaluation of each element.
+  Data movement (broadcast, reshape, transpose, ...) costs no arithmetic and a
+  one-element producer is loop-invariant, so those always join.
+
+Every fused producer is cloned and the original stays until no user needs it,
+so fusion cannot create a cycle: a fusion reads only values its members read,
+which precede it.
 """
 
 from __future__ import annotations
@@ -31,11 +52,12 @@ from tfxla_lite.hlo.opcodes import is_elementwise, is_expensive
 from tfxla_lite.passes.base import Pass
 
 # Ops that compute each output element from a few operand elements at indices known
-# from the output index (and, for dynamic-slice and gather, from index operands).
+# from the output index (and, for dynamic-slice and gather, from index operands), or
+# from the index alone (iota); XLA's kLoop list (`cpu_instruction_fusion.cc`).
 # reduce-window loops over a window per element and stays a kernel of its own;
 # dynamic-update-slice reads its whole operand and stays top-level too.
 LOOP_FUSIBLE = frozenset({"broadcast", "reshape", "bitcast", "transpose", "reverse", "pad",
-                          "dynamic-slice", "gather"})
+                          "slice", "concatenate", "iota", "dynamic-slice", "gather"})
 
 
 def _is_loop_fusible(inst: Instruction) -> bool:
@@ -47,7 +69,7 @@ def _is_loop_fusible(inst: Instruction) -> bool:
 def can_be_fusion_root(inst: Instruction) -> bool:
     """Whether a fusion may end in `inst` (its result is the fusion's result)."""
     if inst.opcode == "reduce":
-        return len(inst.operands) == 2 and not inst.shape.is_tuple
+        return True  # single-input, or variadic (its fusion's result is the tuple)
     return _is_loop_fusible(inst)
 
 
@@ -58,22 +80,79 @@ def can_fuse_producer(producer: Instruction) -> bool:
     return _is_loop_fusible(producer)
 
 
+# The cost model's units: arithmetic per element and bytes, weighed by the machine's
+# balance (a core does several vector flops in the time DRAM delivers a byte), and
+# the fixed cost of a kernel of its own (a call, a loop, maybe a parallel region).
+FLOPS_PER_BYTE = 4.0
+KERNEL_FLOPS = 1 << 14
+EXPENSIVE_FLOPS = 20.0  # a transcendental or a division, per element
+
+
+def element_reuse(consumer: Instruction, operand_number: int) -> float:
+    """How many times computing `consumer` once reads each element of that operand.
+
+    1 for elementwise ops and permutations; the expansion of a broadcast or a gather
+    (output elements per operand element); for a reduce-window, the windows that
+    overlap each element (window size over stride, per dimension).
+    """
+    operand = consumer.operand(operand_number)
+    expansion = consumer.shape.num_elements / max(1, operand.shape.num_elements) \
+        if not consumer.shape.is_tuple else 1.0
+    if consumer.opcode == "reduce-window" and operand_number == 0:
+        reuse = 1.0
+        for dim in consumer.attributes["window"].dimensions:
+            reuse *= max(1.0, dim.size / max(1, dim.stride))
+        return reuse
+    if consumer.opcode in ("broadcast", "gather") or is_elementwise(consumer.opcode):
+        return max(1.0, expansion)  # elementwise: clamp's scalar bounds
+    return 1.0
+
+
+def _flops_per_element(inst: Instruction) -> float:
+    if is_expensive(inst.opcode):
+        return EXPENSIVE_FLOPS
+    return 1.0 if is_elementwise(inst.opcode) else 0.0  # data movement: index arithmetic
+
+
+def should_fuse(producer: Instruction, evaluations: float, exclusive: bool) -> bool:
+    """Whether to clone `producer` into a fusion that evaluates each of its elements
+    `evaluations` times; `exclusive`: no user outside the fusion needs its buffer."""
+    if is_expensive(producer.opcode):
+        return exclusive and evaluations <= 1  # XLA: never duplicate expensive work
+    if producer.shape.num_elements <= 1:
+        return True  # loop-invariant: LLVM hoists it out of the kernel's loops
+    elements = producer.shape.num_elements
+    flops = _flops_per_element(producer)
+    recomputed = (evaluations - 1 if exclusive else evaluations) * elements * flops
+    saved = (2 if exclusive else 1) * producer.shape.byte_size * FLOPS_PER_BYTE
+    if exclusive:
+        saved += KERNEL_FLOPS
+    return recomputed <= saved
+
+
 def _grow_group(root: Instruction, needed: set[int]) -> list[Instruction]:
     """`root` and the producers fused into it, consumers before producers.
 
     `needed` holds the instructions some kernel formed earlier reads from outside.
+    Each member's evaluations per element are its consumer's times the consumer's
+    `element_reuse`, taken along the path that reached it first; reads of one value at
+    one index by several members are computed once (codegen memoizes them).
     """
     members = [root]
     member_ids = {id(root)}
+    evaluations = {id(root): 1.0}
     for member in members:  # grows while iterating: a worklist
-        for producer in member.operands:
+        for number, producer in enumerate(member.operands):
             if id(producer) in member_ids or not can_fuse_producer(producer):
                 continue
-            if is_expensive(producer.opcode) and (id(producer) in needed or not all(
-                    _is_exclusive(user, root, member_ids) for user in producer.users)):
-                continue  # would duplicate expensive work; maybe a later member covers it
+            times = evaluations[id(member)] * element_reuse(member, number)
+            exclusive = id(producer) not in needed and all(
+                _is_exclusive(user, root, member_ids) for user in producer.users)
+            if not should_fuse(producer, times, exclusive):
+                continue  # maybe a later member makes it exclusive
             members.append(producer)
             member_ids.add(id(producer))
+            evaluations[id(producer)] = times
     return members
 
 
@@ -204,3 +283,7 @@ def _fusion_targets(module: HloModule) -> list[Computation]:
             stack.extend(c for inst in comp.instructions if inst.opcode == "call"
                          for c in inst.called_computations)
     return targets
+
+
+# The public name (output fusion and row fusion walk the same computations).
+fusion_targets = _fusion_targets

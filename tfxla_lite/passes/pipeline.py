@@ -11,13 +11,19 @@ from __future__ import annotations
 from tfxla_lite.hlo.ir import HloModule
 from tfxla_lite.hlo.verifier import VerificationError, verify
 from tfxla_lite.passes.base import Pass
+from tfxla_lite.passes.call_inliner import CallInliner
 from tfxla_lite.passes.constant_folding import ConstantFolding
 from tfxla_lite.passes.cse import CommonSubexpressionElimination
 from tfxla_lite.passes.dce import DeadCodeElimination
 from tfxla_lite.passes.fusion import Fusion
+from tfxla_lite.passes.multi_output_fusion import MultiOutputFusion
 from tfxla_lite.passes.output_copies import AddOutputCopies
+from tfxla_lite.passes.output_fusion import OutputFusion
+from tfxla_lite.passes.row_fusion import RowFusion
+from tfxla_lite.passes.scheduler import MemoryScheduler
 from tfxla_lite.passes.simplify import AlgebraicSimplifier
 
+# call-inliner: every pass below, and codegen, works on one straight-line computation.
 # simplify: drop the identities lowering leaves (same-shape reshapes, x * 1, transposes
 #      that undo each other), fold arithmetic on broadcast scalar constants.
 # constant-folding: evaluate what depends on constants only (small results).
@@ -26,15 +32,29 @@ from tfxla_lite.passes.simplify import AlgebraicSimplifier
 # simplify: CSE makes operands identical (x - x, select(p, a, a)); clean those up.
 # dce: what the rewrites left unused; dropping it first keeps fusion from building
 #      kernels nobody reads.
+# fuse-rows: row reductions (softmax, layer norm) with the work between and after them
+#      as one kernel that runs every stage on a row while it is in the cache; before
+#      fuse, which would cut the chain at every reduce.
 # fuse: one kernel per fusible group (kLoop, kInput around reductions).
+# output-fusion: a dot and its elementwise epilogue (bias, scale, activation) as one
+#      kOutput kernel; after fuse, which gathered each epilogue into a kLoop fusion.
+# multi-output-fusion: kernels that read the same array (sibling reductions, loops),
+#      or a producer and the reduction that reads it, as one kernel with a tuple result;
+#      after the fusions that decide each kernel's root.
 # dce: fusion leaves the computations of cloned producers' old users behind.
-# add-output-copies: last, so every output has its own buffer for buffer assignment.
-DEFAULT_PIPELINE = "simplify,constant-folding,cse,simplify,dce,fuse,dce,add-output-copies"
+# add-output-copies: so every output has its own buffer for buffer assignment.
+# schedule: last, the instruction order (live ranges, kernel order) with the smallest
+#      temp arena, as XLA schedules just before buffer assignment.
+DEFAULT_PIPELINE = (
+    "call-inliner,simplify,constant-folding,cse,simplify,dce,fuse-rows,fuse,output-fusion,"
+    "multi-output-fusion,dce,"
+    "add-output-copies,schedule")
 
 PASSES: dict[str, type[Pass]] = {
     cls.name: cls for cls in (AlgebraicSimplifier, ConstantFolding,
                               CommonSubexpressionElimination, DeadCodeElimination, Fusion,
-                              AddOutputCopies)
+                              OutputFusion, AddOutputCopies, RowFusion, MemoryScheduler,
+                              MultiOutputFusion, CallInliner)
 }
 
 

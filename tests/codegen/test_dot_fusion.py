@@ -1,0 +1,290 @@
+"""Dot kernels by units, with kOutput epilogues: every strategy, layout and epilogue
+against the HLO evaluator, kernel counts, and results that do not depend on threads.
+
+Tolerance for dot reassociation: the evaluator (NumPy's matmul) and the kernel sum
+the K products in different orders (OpenBLAS's blocking, or the emitted row loop's
+ascending order). Each is within K·u·(|A|·|B|) of the exact sum (u the unit
+roundoff), so they differ by at most 2·K·u·(|A|·|B|); an epilogue whose slope is at
+most L scales that by L (L ≤ 2 for the epilogues here: bias, relu, tanh, logistic,
+gelu pieces, scale by 0.5) and adds a few ulps of its own. `_assert_dot_close`
+checks exactly that, with |A|·|B| computed by the evaluator on |A| and |B|.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+from codegen_helpers import build
+from tolerances import assert_close
+
+from tfxla_lite.codegen import compile_module
+from tfxla_lite.codegen.cpu import dot as dot_codegen
+from tfxla_lite.hlo.evaluator import evaluate
+from tfxla_lite.hlo.ir import Computation, HloModule, Instruction
+from tfxla_lite.hlo.shape import Shape
+
+Epilogue = Callable[[Computation, Instruction, list[Instruction]], Instruction]
+
+
+def _broadcast_scalar(c: Computation, value: float, like: Instruction) -> Instruction:
+    return c.create("broadcast", [c.add_constant(value, like.shape.element_type)],
+                    shape=like.shape, dimensions=())
+
+
+def _bias(c: Computation, product: Instruction, extra: list[Instruction]) -> Instruction:
+    last = product.shape.rank - 1
+    return c.create("add", [product, c.create("broadcast", [extra[0]], shape=product.shape,
+                                              dimensions=(last,))])
+
+
+def _bias_relu(c: Computation, product: Instruction, extra: list[Instruction]) -> Instruction:
+    return c.create("maximum", [_bias(c, product, extra), _broadcast_scalar(c, 0.0, product)])
+
+
+def _bias_tanh(c: Computation, product: Instruction, extra: list[Instruction]) -> Instruction:
+    return c.create("tanh", [_bias(c, product, extra)])
+
+
+def _scaled_logistic(c: Computation, product: Instruction, extra: list[Instruction]
+                     ) -> Instruction:
+    scaled = c.create("multiply", [product, _broadcast_scalar(c, 0.5, product)])
+    return c.create("logistic", [scaled])
+
+
+def _gelu(c: Computation, product: Instruction, extra: list[Instruction]) -> Instruction:
+    # 0.5·x·(1 + erf(x/√2)): reads the product three times at one index.
+    half = c.create("multiply", [product, _broadcast_scalar(c, 0.5, product)])
+    scaled = c.create("multiply", [product, _broadcast_scalar(c, 1 / math.sqrt(2), product)])
+    one_plus = c.create("add", [_broadcast_scalar(c, 1.0, product), c.create("erf", [scaled])])
+    return c.create("multiply", [half, one_plus])
+
+
+def _residual(c: Computation, product: Instruction, extra: list[Instruction]) -> Instruction:
+    return c.create("add", [product, extra[1]])
+
+
+EPILOGUES: dict[str, Epilogue] = {"bias_relu": _bias_relu, "bias_tanh": _bias_tanh,
+                                  "scaled_logistic": _scaled_logistic, "gelu": _gelu,
+                                  "residual": _residual}
+
+
+def _dense(lhs: Shape, rhs: Shape, dims: dict[str, tuple[int, ...]], epilogue: str | None
+           ) -> tuple[HloModule, HloModule]:
+    """(the dot with `epilogue`, the dot alone): the second gives |A|·|B| for the bound."""
+    def product(c: Computation, ps: list[Instruction]) -> Instruction:
+        return c.create("dot", ps[:2], **dims)
+
+    plain = build("dot", [lhs, rhs], lambda c, ps: [product(c, ps)])
+    out = plain.entry.root.operand(0).shape
+    bias = Shape(out.element_type, (out.dims[-1],))
+    with_epilogue = build("dense", [lhs, rhs, bias, out], lambda c, ps: [
+        EPILOGUES[epilogue](c, product(c, ps), ps[2:]) if epilogue else product(c, ps)])
+    return with_epilogue, plain
+
+
+def _arguments(module: HloModule, seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.uniform(-1, 1, p.shape.dims).astype(p.shape.numpy_dtype)
+            for p in module.entry.parameters]
+
+
+def _assert_dot_close(actual: np.ndarray, expected: np.ndarray, magnitude: np.ndarray,
+                      k: int) -> None:
+    """|actual - expected| ≤ 2·L·K·u·(|A|·|B|) + 8 ulp(|expected|), L = 2 (see above)."""
+    assert actual.shape == expected.shape and actual.dtype == expected.dtype
+    unit_roundoff = np.finfo(actual.dtype).eps / 2
+    bound = 2 * 2 * max(k, 1) * unit_roundoff * magnitude + 8 * np.spacing(
+        np.abs(expected).astype(actual.dtype))
+    error = np.abs(actual.astype(np.float64) - expected.astype(np.float64))
+    worst = np.unravel_index(np.argmax(error - bound), error.shape) if error.size else ()
+    assert (error <= bound).all(), (f"at {worst}: {actual[worst]} vs {expected[worst]}, "
+                                    f"bound {bound[worst]}")
+
+
+def _check(lhs: Shape, rhs: Shape, dims: dict[str, tuple[int, ...]], epilogue: str | None,
+           threads: int | None = None, seed: int = 0) -> tuple[list[np.ndarray], object]:
+    module, plain = _dense(lhs, rhs, dims, epilogue)
+    args = _arguments(module, seed)
+    expected = evaluate(module, *args)[0]
+    magnitude = evaluate(plain, *[np.abs(a) for a in args[:2]])[0].astype(np.float64)
+    executable = compile_module(module, threads=threads, cache=False)
+    (actual,) = executable(*args)
+    k = math.prod(lhs.dims[d] for d in dims.get("lhs_contracting_dims", ()))
+    _assert_dot_close(actual, expected, magnitude, k)
+    return [actual], executable
+
+
+MATMUL = {"lhs_contracting_dims": (1,), "rhs_contracting_dims": (0,)}
+
+# (lhs, rhs, dimension numbers): plain, transposed either side, batched with the batch
+# dimension in the middle of the rhs, a vector times a matrix, sizes that leave
+# partial tiles (and several units: more than MIN_UNIT_FLOPS).
+LAYOUTS = {
+    "small": ((5, 7), (7, 3), MATMUL),
+    "lhs_t": ((33, 20), (33, 40), {"lhs_contracting_dims": (0,), "rhs_contracting_dims": (0,)}),
+    "rhs_t": ((20, 33), (40, 33), {"lhs_contracting_dims": (1,), "rhs_contracting_dims": (1,)}),
+    "batched": ((3, 9, 17), (17, 3, 11), {"lhs_batch_dims": (0,), "rhs_batch_dims": (1,),
+                                          "lhs_contracting_dims": (2,),
+                                          "rhs_contracting_dims": (0,)}),
+    "vector_matrix": ((1, 300), (300, 70), MATMUL),
+    "tiles": ((300, 200), (200, 270), MATMUL),
+}
+
+
+@pytest.fixture(params=["library", "emitted"])
+def strategy(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setattr(dot_codegen, "choose_strategy", lambda plan: request.param)
+    return request.param
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("epilogue", [None, "bias_relu", "gelu"])
+def test_dot_strategies_and_layouts(strategy: str, layout: str, epilogue: str | None) -> None:
+    lhs, rhs, dims = LAYOUTS[layout]
+    _, executable = _check(Shape("f32", lhs), Shape("f32", rhs), dims, epilogue)
+    assert executable.kernel_count == 1  # the epilogue runs inside the dot's kernel
+    assert ("kOutput" in executable.optimized_hlo_text) == (epilogue is not None)
+    assert ("gemm" in executable.llvm_ir) == (strategy == "library")
+
+
+@pytest.mark.parametrize("epilogue", list(EPILOGUES))
+@pytest.mark.parametrize("element_type", ["f32", "f64"])
+def test_epilogues(epilogue: str, element_type: str) -> None:
+    for layout in ("small", "tiles", "vector_matrix"):
+        lhs, rhs, dims = LAYOUTS[layout]
+        _check(Shape(element_type, lhs), Shape(element_type, rhs), dims, epilogue)
+
+
+def test_integer_dot_epilogue_in_registers() -> None:
+    """No GEMM for s32: the element generator computes the product, the epilogue inline."""
+    lhs, rhs, out = Shape("s32", (6, 5)), Shape("s32", (5, 4)), Shape("s32", (6, 4))
+    module = build("int", [lhs, rhs, out], lambda c, ps: [c.create("maximum", [
+        c.create("dot", ps[:2], **MATMUL), ps[2]])])
+    rng = np.random.default_rng(3)
+    args = [rng.integers(-9, 10, s.dims).astype(np.int32) for s in (lhs, rhs, out)]
+    expected = evaluate(module, *args)[0]
+    executable = compile_module(module, cache=False)
+    np.testing.assert_array_equal(executable(*args)[0], expected)
+    assert executable.kernel_count == 1 and "gemm" not in executable.llvm_ir
+    assert "kOutput" in executable.optimized_hlo_text
+
+
+def test_zero_contracting_runs_the_epilogue() -> None:
+    module, _ = _dense(Shape("f32", (3, 0)), Shape("f32", (0, 4)), MATMUL, "bias_tanh")
+    args = _arguments(module, 1)
+    (actual,) = compile_module(module, cache=False)(*args)
+    assert_close(actual, np.tanh(np.broadcast_to(args[2], (3, 4))), "tanh")
+
+
+def test_nan_in_a_row_reaches_only_that_row() -> None:
+    module, _ = _dense(Shape("f32", (300, 200)), Shape("f32", (200, 270)), MATMUL, "bias_relu")
+    args = _arguments(module, 2)
+    args[0][7, 11] = np.nan
+    (actual,) = compile_module(module, cache=False)(*args)
+    assert np.isnan(actual[7]).all()
+    assert not np.isnan(np.delete(actual, 7, axis=0)).any()
+
+
+def test_schedule_is_fixed_by_shape() -> None:
+    plan = dot_codegen.GemmPlan(m=64, n=512, k=784, transpose_a=False, lda=784,
+                                transpose_b=False, ldb=512, batch_sizes=(),
+                                lhs_batch_strides=(), rhs_batch_strides=())
+    sched = dot_codegen.schedule(plan)
+    assert sched.strategy == "library"
+    # Splitting the columns in 8 would re-pack A's 64 rows 7 more times: 12% of the flops.
+    assert (sched.block_m, sched.block_n, sched.units) == (64, 128, 4)
+    assert 2 * sched.block_m * 64 * plan.k >= dot_codegen.MIN_UNIT_FLOPS
+    assert dot_codegen.packing_overhead(64, 512, 1, 8) > dot_codegen.PACKING_BUDGET
+    square = dot_codegen.schedule(dot_codegen.GemmPlan(2048, 2048, 2048, False, 2048, False,
+                                                       2048, (), (), ()))
+    assert square.units == dot_codegen.MAX_UNITS and square.block_m == square.block_n == 512
+    batched = dot_codegen.schedule(dot_codegen.GemmPlan(64, 64, 32, False, 32, False, 64,
+                                                        (32,), (2048,), (2048,)))
+    # 262144 flops per GEMM: 16 whole batch elements per unit
+    assert (batched.batch_per_unit, batched.units, batched.tiles) == (16, 2, 1)
+    vector = dot_codegen.schedule(dot_codegen.GemmPlan(1, 512, 784, False, 784, False, 512,
+                                                       (), (), ()))
+    assert vector.strategy == "emitted" and vector.units == 1
+
+
+@pytest.mark.parametrize("strategy_name", ["library", "emitted"])
+def test_results_do_not_depend_on_the_thread_count(strategy_name: str,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(dot_codegen, "choose_strategy", lambda plan: strategy_name)
+    lhs, rhs, dims = Shape("f32", (300, 512)), Shape("f32", (512, 400)), MATMUL
+    results = []
+    for threads in (1, 2, 3):
+        (actual,), executable = _check(lhs, rhs, dims, "gelu", threads=threads, seed=5)
+        assert "GOMP_parallel" in executable.llvm_ir or threads == 1
+        results.append(actual)
+    for other in results[1:]:
+        np.testing.assert_array_equal(other, results[0])
+
+
+def test_golden_llvm_of_a_dense_kernel() -> None:
+    """The kOutput kernel: per unit one GEMM call, then the epilogue over the tile's rows,
+    in the same range function; the launcher runs units on the team."""
+    import re
+
+    _, executable = _check(Shape("f32", (300, 200)), Shape("f32", (200, 270)), MATMUL,
+                           "bias_relu", threads=2)
+    patterns = [
+        r'^define void @"entry"',
+        r'call void @"kernel.dot_maximum_fusion.launch"\(ptr %"output.0", ptr %"param.0", '
+        r'ptr %"param.1", ptr %"param.2"\)',
+        r'^define internal void @"kernel.dot_maximum_fusion"\(ptr captures\(none\) noalias '
+        r'%"output", .* i64 %"begin", i64 %"end"\)',
+        r'^unit.header:',
+        r'call void @"scipy_cblas_sgemm64_"\(i32 101, i32 111, i32 111, i64 %"[.\w]+", '
+        r'i64 %"[.\w]+", i64 200, float 0x3ff0000000000000, ptr %"[.\w]+", i64 200, '
+        r'ptr %"[.\w]+", i64 270, float +0x0, ptr %"[.\w]+", i64 270\)',
+        r'^epilogue.j.header:',
+        r'call float @"llvm.maximum.f32"',
+        r'^define internal void @"kernel.dot_maximum_fusion.launch"',
+        r'call void @"GOMP_parallel"\(.*@"kernel.dot_maximum_fusion.task", .*i32 2, i32 0\)',
+    ]
+    lines = executable.llvm_ir.splitlines()
+    at = 0
+    for pattern in patterns:
+        at = next((n + 1 for n in range(at, len(lines)) if re.search(pattern, lines[n])), -1)
+        assert at > 0, f"not found in order: {pattern}"
+
+
+@pytest.mark.parametrize("strategy_name", ["library", "emitted"])
+def test_random_dot_layouts_property(strategy_name: str, monkeypatch: pytest.MonkeyPatch
+                                     ) -> None:
+    """Random sizes, transposes, batch dimensions and epilogues, by each strategy."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    monkeypatch.setattr(dot_codegen, "choose_strategy", lambda plan: strategy_name)
+
+    @settings(max_examples=12, deadline=None, derandomize=True)
+    @given(st.integers(1, 40), st.integers(0, 40), st.integers(1, 40), st.booleans(),
+           st.booleans(), st.integers(0, 2), st.sampled_from([None, *EPILOGUES]))
+    def check_one(m: int, k: int, n: int, lhs_t: bool, rhs_t: bool, batch: int,
+                  epilogue: str | None) -> None:
+        prefix = tuple(range(2, 2 + batch))
+        lhs = prefix + ((k, m) if lhs_t else (m, k))
+        rhs = prefix + ((n, k) if rhs_t else (k, n))
+        dims = {"lhs_batch_dims": tuple(range(batch)), "rhs_batch_dims": tuple(range(batch)),
+                "lhs_contracting_dims": (batch if lhs_t else batch + 1,),
+                "rhs_contracting_dims": (batch + 1 if rhs_t else batch,)}
+        _check(Shape("f32", lhs), Shape("f32", rhs), dims, epilogue, seed=m * 41 + n)
+
+    check_one()
+
+
+def test_golden_llvm_of_an_emitted_vector_matrix_kernel() -> None:
+    """M = 1: emitted row loops, no library call; the last k's pass applies the epilogue
+    to each sum before its only store, so no separate epilogue pass reads it back."""
+    _, executable = _check(Shape("f32", (1, 300)), Shape("f32", (300, 70)), MATMUL,
+                           "bias_relu")
+    text = executable.llvm_ir
+    assert "gemm" not in text and "epilogue.j" not in text
+    last = text.index("last.j.body:")
+    assert text.index("axpy4.j.body:") < last
+    assert "llvm.maximum.f32" in text[last:text.index("last.j.exit", last)]
