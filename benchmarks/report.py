@@ -65,6 +65,11 @@ def goals(document: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
+def _probes(document: dict[str, Any]) -> str:
+    rates = [r["probe_gbps"] for r in document["workloads"] if r.get("probe_gbps")]
+    return f" ({min(rates):.1f} to {max(rates):.1f} GB/s)" if rates else ""
+
+
 def markdown(document: dict[str, Any]) -> str:
     peaks, m = document["peaks"], document["machine"]
     load = document["load_average"]
@@ -73,7 +78,9 @@ def markdown(document: dict[str, Any]) -> str:
         f"{m['llvm']}; load average {load['before'][0]:.2f} before, {load['after'][0]:.2f} "
         f"after ({document['mode']} run, {document['seconds']:.0f} s). Peaks measured in "
         f"the same run: {peaks['bandwidth_gbps']:.1f} GB/s (NumPy copy/add), "
-        f"{peaks['matmul_gflops']:.0f} GFLOP/s (tf.matmul {peaks['matmul_n']}³).",
+        f"{peaks['matmul_gflops']:.0f} GFLOP/s (tf.matmul {peaks['matmul_n']}³); "
+        f"memory-bound workloads against a NumPy copy (128 MiB arrays) timed in their own "
+        f"bursts{_probes(document)}.",
         "",
         "| workload | tf.function ms | XLA ms | tfxla-lite ms | vs XLA | vs tf.function "
         "| tfxla-lite rate | % of peak | first call XLA / lite ms | start cold / warm ms "

@@ -7,36 +7,65 @@ to the CPU backend (`tfxla_lite.codegen.cpu`). Imports no TensorFlow.
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from tfxla_lite.codegen.executable import Executable
 from tfxla_lite.hlo.ir import HloModule
 
 
 def compile_module(module: HloModule, pipeline: str | None = None,
                    verify: bool = False, threads: int | None = None,
-                   cache: bool | None = None) -> Executable:
+                   cache: bool | None = None, donate: Collection[int] = ()) -> Executable:
     """Optimize `module` in place, assign its buffers and compile it for this CPU.
 
     `pipeline` is handed to `tfxla_lite.passes.optimize` (None: its default
     pipeline); `verify` runs the HLO verifier on the input and after every pass;
     `threads` is how many threads big kernels use (None: every CPU; 1: serial);
     `cache` turns the compile caches on or off (None: as `TFXLA_LITE_CACHE` says,
-    both by default; see `tfxla_lite.codegen.cache`): a module whose optimized HLO,
-    buffer assignment and thread count were compiled before, in this process or in
-    an earlier one, reuses that machine code without any LLVM work.
+    both by default; see `tfxla_lite.codegen.cache`). A module whose lowered text was
+    compiled before with the same options, in this process or an earlier one, runs no
+    pass and no LLVM (its optimized form and machine code are reused; `module` is then
+    left as it was); one whose optimized HLO, buffer assignment and thread count were,
+    runs the passes but no LLVM. `donate` names the parameters whose buffers outputs
+    may take over (`Executable.donations`).
     """
+    from tfxla_lite.codegen import cache as caches_
     from tfxla_lite.codegen import cpu
+    from tfxla_lite.codegen.cpu.compiler import ENTRY_NAME
+    from tfxla_lite.codegen.cpu.parallel import effective_threads
     from tfxla_lite.hlo.verifier import verify as verify_module
     from tfxla_lite.passes import DEFAULT_PIPELINE, assign_buffers, optimize
 
     hlo_text = module.to_text()
     if verify:
         verify_module(module)
-    optimize(module, DEFAULT_PIPELINE if pipeline is None else pipeline, verify=verify)
+    pipeline = DEFAULT_PIPELINE if pipeline is None else pipeline
+    team = effective_threads(threads)
+    policy = caches_.policy(cache)
+    key = caches_.optimized_key(hlo_text, caches_.constants_digest(module), pipeline, donate,
+                                team)
+    # With `verify` the verifier is asked to check every pass: run them.
+    found = caches_.optimized_lookup(key, policy) if not verify else None
+    if found is not None:
+        code = caches_.kernel_lookup(found.kernel_fingerprint(team),
+                                     found.kernel_signature(ENTRY_NAME), policy)
+        if code is not None:
+            return caches_.cached_executable(found, code, hlo_text)
+    caches_.count("pipeline_runs")
+    optimize(module, pipeline, verify=verify)
     optimized_hlo_text = module.to_text()
     assignment = assign_buffers(module)
-    return cpu.compile(module, assignment, hlo_text=hlo_text,
-                       optimized_hlo_text=optimized_hlo_text, threads=threads,
-                       cache=cache)
+    executable = cpu.compile(module, assignment, hlo_text=hlo_text,
+                             optimized_hlo_text=optimized_hlo_text, threads=team,
+                             cache=cache, donate=donate)
+    if policy.memory or policy.disk:
+        caches_.optimized_store(key, caches_.OptimizedModule(
+            optimized_hlo_text, executable.assignment_text, executable.temp_bytes,
+            int(assignment.temp_bytes_without_reuse), tuple(executable.donations),
+            caches_.constants_digest(module),
+            tuple((s.element_type, s.dims) for s in executable.parameter_shapes),
+            tuple((s.element_type, s.dims) for s in executable.output_shapes)), policy)
+    return executable
 
 
 __all__ = ["Executable", "compile_module"]

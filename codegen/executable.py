@@ -9,7 +9,9 @@ THE ABI. Each executable exports one native function, at `entry_address`:
 - `params[i]` points to parameter i's dense row-major buffer (`parameter_shapes[i]`),
   `outputs[j]` to output j's buffer (`output_shapes[j]`), allocated by the caller.
   Buffers need only be aligned to their element size, and outputs must not overlap
-  parameters or each other.
+  parameters or each other, except that for each (j, i) in `donations` outputs[j]
+  may be params[i] itself, when the caller no longer needs that input (TF's input
+  forwarding; `codegen/cpu/donation.py` says when it is safe).
 - `temp` points to a scratch arena of at least `temp_bytes` bytes, 64-byte aligned;
   it may be NULL when `temp_bytes` is 0. Its contents need not be preserved.
 - `entry` is reentrant: several threads may call it at once with different buffers
@@ -22,6 +24,7 @@ THE ABI. Each executable exports one native function, at `entry_address`:
 from __future__ import annotations
 
 import ctypes
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +35,7 @@ from tfxla_lite.hlo.shape import Shape
 
 ENTRY_SIGNATURE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
 TEMP_ALIGNMENT = 64
+_IDLE_ARENAS = 4  # per executable, kept between calls
 
 
 @dataclass(eq=False)
@@ -54,7 +58,13 @@ class Executable:
     # Where the machine code came from: "llvm" (compiled for this executable), or a
     # compile cache hit, "memory" or "disk" (codegen/cache.py).
     compiled_from: str = "llvm"
+    # (output j, parameter i): outputs[j] may be params[i]'s own buffer (see the ABI).
+    donations: tuple[tuple[int, int], ...] = ()
     _entry: Any = field(init=False, repr=False)
+    # Idle temp arenas, reused by later calls (a fresh large array is a fresh mapping
+    # whose pages fault in on every call); a call takes one or makes one.
+    _arenas: list[np.ndarray] = field(default_factory=list, init=False, repr=False)
+    _arenas_lock: Any = field(default_factory=threading.Lock, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._entry = ENTRY_SIGNATURE(self.entry_address)
@@ -77,15 +87,27 @@ class Executable:
         outputs = [np.empty(shape.dims, dtype=shape.numpy_dtype) for shape in self.output_shapes]
         params = (ctypes.c_void_p * max(1, len(inputs)))(*[a.ctypes.data for a in inputs])
         results = (ctypes.c_void_p * max(1, len(outputs)))(*[o.ctypes.data for o in outputs])
-        temp, temp_pointer = self._temp_arena()
-        # ctypes releases the GIL for the call: threads run executables in parallel.
-        self._entry(ctypes.addressof(params), ctypes.addressof(results), temp_pointer)
-        del temp, inputs
+        temp, temp_pointer = self._take_arena()
+        try:
+            # ctypes releases the GIL for the call: threads run executables in parallel.
+            self._entry(ctypes.addressof(params), ctypes.addressof(results), temp_pointer)
+        finally:
+            self._give_arena(temp)
+        del inputs
         return outputs
 
-    def _temp_arena(self) -> tuple[np.ndarray | None, int | None]:
+    def _take_arena(self) -> tuple[np.ndarray | None, int | None]:
         if self.temp_bytes == 0:
             return None, None
-        raw = np.empty(self.temp_bytes + TEMP_ALIGNMENT, dtype=np.uint8)
+        with self._arenas_lock:
+            raw = self._arenas.pop() if self._arenas else None
+        if raw is None:
+            raw = np.empty(self.temp_bytes + TEMP_ALIGNMENT, dtype=np.uint8)
         start = -raw.ctypes.data % TEMP_ALIGNMENT
         return raw, raw.ctypes.data + start
+
+    def _give_arena(self, raw: np.ndarray | None) -> None:
+        if raw is not None:
+            with self._arenas_lock:
+                if len(self._arenas) < _IDLE_ARENAS:
+                    self._arenas.append(raw)

@@ -12,8 +12,9 @@ The approximations (max errors measured against float64 and bounded in
 `tests/codegen/test_math_accuracy.py`; the table is in `docs/accuracy.md`):
 
 - `exp`: Cody-Waite reduction x = n*ln2 + r, |r| <= ln2/2, Cephes' degree-7
-  polynomial for e^r, and 2^n applied as two exponent-field factors so that
-  results round correctly into the denormal range and overflow to inf.
+  polynomial for e^r, and 2^n applied with one rounding, so that results round
+  correctly into the denormal range and overflow to inf: `llvm.ldexp` (one
+  `vscalefps`) on AVX-512 hosts, two exponent-field factors elsewhere.
 - `log`: Cephes' `logf`: the mantissa in [sqrt(1/2), sqrt(2)), a degree-9
   polynomial for log(1+m), the exponent times ln2 in two parts; denormals are
   scaled by 2^23 first.
@@ -24,9 +25,11 @@ The approximations (max errors measured against float64 and bounded in
   -t/(t + 2) with t = e^(-2|x|) - 1; the sign copied back.
 - `logistic`: e/(1 + e) or 1/(1 + e) with e = exp(-|x|) by the sign of x, so that
   neither side overflows and tiny results keep their precision.
-- `erf`: an odd polynomial (degree 13) on |x| < 0.921875; beyond, 1 - exp(q(|x|))
-  with q a degree-9 fit of log(erfc) on [0.921875, 4]; erf is ±1 from 3.92 on.
-  Both fits are near-minimax (Lawson-weighted least squares on float64 references).
+- `erf`: an odd polynomial (degree 11) on |x| < 0.921875; beyond, 1 - 2^q(|x|)
+  with q a degree-8 fit of log2(erfc) on [0.921875, 4] and 2^q from its integer part
+  (exponent field) and a degree-5 polynomial of its fraction (q is in [-26, -2.3]:
+  no clamping or special values, about half the work of `exp`); erf is ±1 from 3.92
+  on. The fits are near-minimax (Lawson-weighted least squares on float64 references).
 
 Special values are exact: NaN gives NaN, ±inf and ±0 give what C99 says
 (tanh(-0) = -0, erf(-0) = -0, expm1(-0) = -0, log(0) = -inf, log(x < 0) = NaN).
@@ -37,8 +40,10 @@ the LLVM intrinsics and libm.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 
+import llvmlite.binding as llvm
 import numpy as np
 from llvmlite import ir
 
@@ -111,16 +116,32 @@ def _reduce(ctx: KernelContext, x: ir.Value) -> tuple[ir.Value, ir.Value]:
 def exp(ctx: KernelContext, x: ir.Value) -> ir.Value:
     b = ctx.builder
     nan = _is_nan(ctx, x)
-    clamped = _clamp(ctx, b.select(nan, _c(0.0), x), _EXP_LOW, _EXP_HIGH)
+    # maxnum maps NaN to the bound, so the clamped value is a number; the last select
+    # restores the NaN.
+    clamped = _clamp(ctx, x, _EXP_LOW, _EXP_HIGH)
     n, r = _reduce(ctx, clamped)
     p = _fma(ctx, _horner(ctx, r, _EXP_P), b.fmul(r, r), r)
-    y = b.fadd(p, _c(1.0))
-    # 2^n as two factors, each a normal float for n in [-150, 129]: the first product
-    # is exact, the second rounds once (into the denormals, or to inf).
-    ni = b.fptosi(n, I32)
-    half = b.ashr(ni, _i(1))
-    y = b.fmul(b.fmul(y, _pow2(ctx, half)), _pow2(ctx, b.sub(ni, half)))
+    y = _scale(ctx, b.fadd(p, _c(1.0)), b.fptosi(n, I32))
     return b.select(nan, x, y)
+
+
+@functools.cache
+def _has_scalef() -> bool:
+    """Whether the host has AVX-512F, where LLVM lowers `llvm.ldexp` on vectors to one
+    `vscalefps` (elsewhere it calls libm's ldexpf per element)."""
+    return "+avx512f" in llvm.get_host_cpu_features().flatten().split(",")
+
+
+def _scale(ctx: KernelContext, y: ir.Value, n: ir.Value) -> ir.Value:
+    """y * 2^n rounded once (into the denormals, or to inf), for an i32 n in [-150, 129]
+    and y in [1/2, 2]."""
+    b = ctx.builder
+    if _has_scalef():
+        return ctx.call_intrinsic("ldexp", [y, n], [y.type, n.type])
+    # 2^n as two factors, each a normal float: the first product is exact, the second
+    # rounds once.
+    half = b.ashr(n, _i(1))
+    return b.fmul(b.fmul(y, _pow2(ctx, half)), _pow2(ctx, b.sub(n, half)))
 
 
 # e^r - 1 = r + r^2 * (1/2! + r/3! + ... + r^7/9!), Taylor, for |r| <= ln2 (0.1 ulp).
@@ -219,16 +240,27 @@ def logistic(ctx: KernelContext, x: ir.Value) -> ir.Value:
     return b.fdiv(b.select(negative, e, _c(1.0)), b.fadd(e, _c(1.0)))
 
 
-# erf(x)/x = P(x^2) on [0, 0.921875]: relative error 4e-10 in float64.
-_ERF_SMALL = (1.128379225730896, -0.37612634897232056, 0.11283695697784424,
-              -0.026859400793910027, 0.00520103657618165, -0.0008142744190990925,
-              8.370243449462578e-05)
-# log(erfc(x)) = Q(x - 0.921875) on [0.921875, 4]: absolute error 8e-9 in float64.
+# erf(x)/x = P(x^2) on [0, 0.921875]: relative error 1.6e-8 in float64.
+_ERF_SMALL = (1.1283791065216064, -0.37612494826316833, 0.1128181740641594,
+              -0.026766644790768623, 0.004993212874978781, -0.0005990993231534958)
+# log2(erfc(x)) = Q(x - 0.921875) on [0.921875, 4]: absolute error 1.7e-8 in float64.
 _ERF_SPLIT = 0.921875
-_ERFC_LOG = (-1.6485618352890015, -2.5080130100250244, -0.8329819440841675,
-             -0.044855184853076935, 0.010916316881775856, -0.0022166201379150152,
-             0.00034377421252429485, -3.58725810656324e-05, 1.9928284018533304e-06,
-             -2.7342835551280587e-08)
+_ERFC_LOG2 = (-2.3783721923828125, -3.6182973384857178, -1.201744556427002,
+              -0.06469634175300598, 0.015724752098321915, -0.0031768460758030415,
+              0.0004849900142289698, -4.838261884287931e-05, 2.3119107481761603e-06)
+# 2^r on [-1/2, 1/2]: absolute error 7.6e-8 in float64 (about one float32 ulp of erfc,
+# a quarter of one of erf, which is at least 0.8 where it is used).
+_EXP2_P = (1.0000001192092896, 0.6931472420692444, 0.2402210682630539, 0.05550297349691391,
+           0.009676036424934864, 0.0013409999664872885)
+
+
+def _exp2_normal(ctx: KernelContext, q: ir.Value) -> ir.Value:
+    """2^q for a q whose result is a normal float (|q| < 126), no special values: the
+    integer part exactly in the exponent field, the fraction by a polynomial."""
+    b = ctx.builder
+    n = ctx.call_intrinsic("roundeven", [q])
+    r = b.fsub(q, n)  # exact
+    return b.fmul(_horner(ctx, r, _EXP2_P), _pow2(ctx, b.fptosi(n, I32)))
 
 
 def erf(ctx: KernelContext, x: ir.Value) -> ir.Value:
@@ -237,7 +269,9 @@ def erf(ctx: KernelContext, x: ir.Value) -> ir.Value:
     # erfc(4) = 1.5e-8 < 2^-25: erf rounds to 1 from 3.92 on; minnum maps NaN to 4.
     a = ctx.call_intrinsic("minnum", [a, _c(4.0)])
     small = b.fmul(x, _horner(ctx, b.fmul(x, x), _ERF_SMALL))  # keeps -0.0
-    erfc = exp(ctx, _horner(ctx, b.fsub(a, _c(_ERF_SPLIT)), _ERFC_LOG))
+    # log2(erfc) lies in [-26, -2.3] here, so 2^q needs no range reduction beyond
+    # its integer part and no care for overflow, denormals or NaN: cheaper than `exp`.
+    erfc = _exp2_normal(ctx, _horner(ctx, b.fsub(a, _c(_ERF_SPLIT)), _ERFC_LOG2))
     large = ctx.call_intrinsic("copysign", [b.fsub(_c(1.0), erfc), x])
     y = b.select(b.fcmp_ordered("<", a, _c(_ERF_SPLIT)), small, large)
     return b.select(_is_nan(ctx, x), x, y)

@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 from llvmlite import ir
 
+from tfxla_lite.codegen.cpu import variadic_reduce
 from tfxla_lite.codegen.cpu.emitter import (
     Index,
     KernelContext,
@@ -63,7 +64,8 @@ def _lanes(inst: Instruction) -> int:
 
 @register("reduce")
 def emit_reduce(ctx: KernelContext, inst: Instruction, index: Index) -> ir.Value:
-    _check_reduce(inst)
+    if len(inst.operands) != 2 or inst.shape.is_tuple:
+        return variadic_reduce.emit_variadic_reduce(ctx, inst, index)  # a struct of results
     operand, init = inst.operands
     b = ctx.builder
     kept = index.get_multi(b)
@@ -135,6 +137,14 @@ def fold_range(ctx: KernelContext, inst: Instruction, start: ir.Value, length: i
         linear = b.add(start, position, flags=["nuw", "nsw"])
         return ctx.value(operand, Index(dims, linear=linear))
 
+    return fold_elements(ctx, inst, element_at, length)
+
+
+def fold_elements(ctx: KernelContext, inst: Instruction,
+                  element_at: Callable[[ir.Value], ir.Value], length: int) -> ir.Value:
+    """The fold by reduce `inst`'s reducer of `element_at(0 .. length-1)`, length >= 1,
+    with no init value: in interleaved lanes (`fold_row`) where they apply."""
+    b = ctx.builder
     lanes = _lanes(inst)
     if lanes and length >= 2 * lanes:
         return fold_row(ctx, inst, element_at, length, lanes)

@@ -131,3 +131,16 @@ def test_loop_is_vectorized_without_calls(opcode: str) -> None:
     # Every float operation in the kernel is on vectors (the tail is masked or scalar
     # only where the trip count is not a multiple of the width; 4096 is).
     assert not re.search(r"call float @llvm\.", optimized), optimized
+
+
+def test_exp_without_avx512_scaling(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hosts without AVX-512 scale by two exponent-field factors instead of `llvm.ldexp`:
+    the same bound, and no call left in the loop."""
+    from tfxla_lite.codegen.cpu import math as vector_math
+
+    monkeypatch.setattr(vector_math, "_has_scalef", lambda: False)
+    monkeypatch.setenv("TFXLA_LITE_CACHE", "0")  # the kernel cache would hand back ldexp
+    error, where = max_ulp_error("exponential", sweep(CASES["exponential"][1]))
+    assert error <= CASES["exponential"][2], f"{error} ulp at x={where!r}"
+    optimized = _compile("exponential", Shape("f32", (4096,))).llvm_ir_optimized
+    assert "ldexp" not in optimized

@@ -279,6 +279,7 @@ def test_c_register_rejects_invalid_specs(op_library) -> None:
             None,
             None,
             None,
+            None,  # no forwarding
         )
 
     assert c_register(9999, 2) == -1  # no such DataType

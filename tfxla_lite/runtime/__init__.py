@@ -16,6 +16,8 @@ from typing import Any
 _EXPORTS = {
     "BuildError": "build",
     "build_op_library": "build",
+    "ArenaStats": "loader",
+    "arena_stats": "loader",
     "COMPILE_OP_TYPE": "loader",
     "OP_TYPE": "loader",
     "Refusal": "loader",
@@ -23,6 +25,7 @@ _EXPORTS = {
     "SpecializationRequest": "loader",
     "compiled_for": "loader",
     "dynamic_stats": "loader",
+    "forwarded_outputs": "loader",
     "register_dynamic": "loader",
     "OpLibrary": "loader",
     "launch": "loader",

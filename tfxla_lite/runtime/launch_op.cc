@@ -9,10 +9,13 @@
 // Executable ABI (emitted by the codegen backends):
 //   void entry(void** params, void** outputs, void* temp);   // C convention
 //   params[i]  -> input i, dense row-major
-//   outputs[j] -> output j, preallocated here with its registered shape
+//   outputs[j] -> output j, preallocated here with its registered shape, or an
+//                 input TF no longer needs, forwarded, where the executable allows it
 //   temp       -> an arena of temp_bytes bytes (NULL when temp_bytes == 0)
 // Every non-empty buffer is 64-byte aligned; entry must be reentrant, since TF
-// may run several launch nodes, or one node from several threads, at once.
+// may run several launch nodes, or one node from several threads, at once. Each
+// node keeps its temp arenas from launch to launch (ArenaPool): no page faults and
+// no allocator round trip per call.
 //
 // Dynamic clusters (unknown dimensions, docs/architecture.md "Unknown dimensions"):
 // a key registered with tfxla_lite_register_dynamic has no executable of its own
@@ -26,7 +29,9 @@
 // The callback takes the GIL itself (ctypes); TF runs kernels with the GIL
 // released, and no lock of ours is held across the call.
 
+#include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -60,7 +65,7 @@ using ::tensorflow::TensorShape;
 
 // Bumped when the extern "C" signatures or the entry ABI change, so that the
 // Python loader can refuse a stale library.
-constexpr int kAbiVersion = 2;
+constexpr int kAbiVersion = 3;
 constexpr uintptr_t kAlignment = 64;
 
 using EntryFunction = void (*)(void** params, void** outputs, void* temp);
@@ -79,6 +84,9 @@ struct Executable {
   // specialization of a dynamic cluster embeds its value-keyed inputs as
   // constants and does not take them.
   std::optional<std::vector<int>> param_inputs;
+  // forward_from[j]: the param whose buffer output j may take over when TF no longer
+  // needs that input (codegen/cpu/donation.py), or -1; empty: none.
+  std::vector<int> forward_from;
 };
 
 // What a compile callback returns (kept in sync with loader.py).
@@ -186,6 +194,93 @@ absl::Status AllocateAligned(OpKernelContext* ctx, int64_t bytes, Tensor* holder
 }
 
 char* DataOf(const Tensor& tensor) { return const_cast<char*>(tensor.tensor_data().data()); }
+
+// Temp arenas allocated and reused, over all launch nodes (tfxla_lite_arena_stats).
+std::atomic<int64_t> arenas_allocated{0};
+std::atomic<int64_t> arenas_reused{0};
+// Outputs written in an input's own buffer (TF's input forwarding).
+std::atomic<int64_t> outputs_forwarded{0};
+
+struct Arena {
+  char* data = nullptr;  // 64-byte aligned
+  int64_t capacity = 0;
+};
+
+// The temp arenas of one launch node, reused from launch to launch. A fresh arena per
+// launch is a fresh allocation, whose pages fault in again on every call when it is
+// large (the allocator maps and unmaps it); an idle arena is already resident. A
+// launch takes the smallest idle arena that fits, or allocates one, and gives it back
+// when the entry returns, so concurrent launches of one node never share an arena.
+// At most kMaxIdle arenas stay allocated between launches (the largest).
+class ArenaPool {
+ public:
+  static constexpr size_t kMaxIdle = 4;
+
+  ArenaPool() = default;
+  ArenaPool(const ArenaPool&) = delete;
+  ArenaPool& operator=(const ArenaPool&) = delete;
+  ~ArenaPool() {
+    for (Arena& arena : idle_) std::free(arena.data);
+  }
+
+  // An arena of at least `bytes` bytes; data is nullptr when the allocation failed.
+  Arena Take(int64_t bytes) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      int best = -1;
+      for (int i = 0; i < static_cast<int>(idle_.size()); ++i) {
+        if (idle_[i].capacity >= bytes &&
+            (best < 0 || idle_[i].capacity < idle_[best].capacity)) {
+          best = i;
+        }
+      }
+      if (best >= 0) {
+        Arena arena = idle_[best];
+        idle_.erase(idle_.begin() + best);
+        arenas_reused.fetch_add(1, std::memory_order_relaxed);
+        return arena;
+      }
+    }
+    const int64_t capacity =
+        (bytes + static_cast<int64_t>(kAlignment) - 1) / kAlignment * kAlignment;
+    Arena arena{static_cast<char*>(std::aligned_alloc(kAlignment, capacity)), capacity};
+    if (arena.data != nullptr) arenas_allocated.fetch_add(1, std::memory_order_relaxed);
+    return arena;
+  }
+
+  void Give(Arena arena) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    idle_.push_back(arena);
+    if (idle_.size() > kMaxIdle) {
+      auto smallest = idle_.begin();
+      for (auto it = idle_.begin(); it != idle_.end(); ++it) {
+        if (it->capacity < smallest->capacity) smallest = it;
+      }
+      std::free(smallest->data);
+      idle_.erase(smallest);
+    }
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<Arena> idle_;
+};
+
+// An arena taken from a pool for one launch; returned when it goes out of scope.
+class ArenaLease {
+ public:
+  ArenaLease(ArenaPool& pool, int64_t bytes) : pool_(pool), arena_(pool.Take(bytes)) {}
+  ArenaLease(const ArenaLease&) = delete;
+  ArenaLease& operator=(const ArenaLease&) = delete;
+  ~ArenaLease() {
+    if (arena_.data != nullptr) pool_.Give(arena_);
+  }
+  char* data() const { return arena_.data; }
+
+ private:
+  ArenaPool& pool_;
+  Arena arena_;
+};
 
 template <typename... Args>
 absl::Status InvalidFor(const std::string& key, const Args&... args) {
@@ -334,10 +429,12 @@ class LaunchOp : public OpKernel {
     holders.reserve(num_params + num_outputs);
 
     std::vector<void*> params(num_params);
+    std::vector<bool> copied(num_params, false);
     for (int p = 0; p < num_params; ++p) {
       const Tensor& input = ctx->input(selected.has_value() ? (*selected)[p] : p);
       params[p] = DataOf(input);
       if (input.NumElements() > 0 && !IsAligned(params[p])) {
+        copied[p] = true;
         // TF's allocator aligns to 64 bytes, but a zero-copy slice of another tensor
         // may not be; copy rather than hand the kernel a misaligned buffer.
         char* aligned = nullptr;
@@ -352,7 +449,20 @@ class LaunchOp : public OpKernel {
     std::vector<std::pair<int, char*>> copy_back;  // (output index, aligned buffer)
     for (int j = 0; j < num_outputs; ++j) {
       Tensor* output = nullptr;
-      OP_REQUIRES_OK(ctx, ctx->allocate_output(j, executable.outputs[j].shape, &output));
+      // An input TF no longer needs becomes the output when the executable allows it
+      // (the input's buffer, not an aligned copy of it).
+      const int from = j < static_cast<int>(executable.forward_from.size())
+                           ? executable.forward_from[j] : -1;
+      if (from >= 0 && from < num_params && !copied[from]) {
+        const int input_index = selected.has_value() ? (*selected)[from] : from;
+        int forwarded = -1;
+        OP_REQUIRES_OK(ctx, ctx->forward_input_or_allocate_output(
+                                absl::Span<const int>(&input_index, 1), j,
+                                executable.outputs[j].shape, &output, &forwarded));
+        if (forwarded >= 0) outputs_forwarded.fetch_add(1, std::memory_order_relaxed);
+      } else {
+        OP_REQUIRES_OK(ctx, ctx->allocate_output(j, executable.outputs[j].shape, &output));
+      }
       outputs[j] = DataOf(*output);
       if (output->NumElements() > 0 && !IsAligned(outputs[j])) {
         char* aligned = nullptr;
@@ -364,10 +474,15 @@ class LaunchOp : public OpKernel {
       }
     }
 
-    Tensor temp_holder;
+    std::optional<ArenaLease> arena;
     char* temp = nullptr;
     if (executable.temp_bytes > 0) {
-      OP_REQUIRES_OK(ctx, AllocateAligned(ctx, executable.temp_bytes, &temp_holder, &temp));
+      arena.emplace(arenas_, executable.temp_bytes);
+      temp = arena->data();
+      OP_REQUIRES(ctx, temp != nullptr,
+                  absl::ResourceExhaustedError(absl::StrCat(
+                      "TfxlaLiteLaunch '", key_, "': cannot allocate a temp arena of ",
+                      executable.temp_bytes, " bytes")));
     }
 
     executable.entry(params.data(), outputs.data(), temp);
@@ -436,6 +551,7 @@ class LaunchOp : public OpKernel {
   std::string key_;
   tensorflow::DataTypeVector output_dtypes_;
   std::vector<PartialTensorShape> output_shapes_;
+  ArenaPool arenas_;
 };
 
 // TfxlaLiteCompile: true when the cluster under `key` has an executable for these
@@ -565,11 +681,14 @@ REGISTER_KERNEL_BUILDER(Name("TfxlaLiteLaunch").Device(tensorflow::DEVICE_CPU),
 #define TFXLA_LITE_EXPORT extern "C" __attribute__((visibility("default")))
 
 // Returns 0 when `key` is new, 1 when it replaced an executable, -1 on bad arguments.
+// `forward_from[j]` (n_out entries, or NULL for none): the input whose buffer output j
+// may take over when TF no longer needs it, or -1.
 TFXLA_LITE_EXPORT int tfxla_lite_register(const char* key, void* fn, int64_t temp_bytes, int n_in,
                                           const int* in_dtypes, const int* in_ranks,
                                           const int64_t* in_dims_flat, int n_out,
                                           const int* out_dtypes, const int* out_ranks,
-                                          const int64_t* out_dims_flat) {
+                                          const int64_t* out_dims_flat,
+                                          const int* forward_from) {
   if (key == nullptr || fn == nullptr || temp_bytes < 0) return -1;
   try {
     auto executable = std::make_shared<tfxla_lite::Executable>();
@@ -579,6 +698,18 @@ TFXLA_LITE_EXPORT int tfxla_lite_register(const char* key, void* fn, int64_t tem
         !tfxla_lite::ReadSpecs(n_out, out_dtypes, out_ranks, out_dims_flat,
                                &executable->outputs)) {
       return -1;
+    }
+    if (forward_from != nullptr) {
+      for (int j = 0; j < n_out; ++j) {
+        const int from = forward_from[j];
+        if (from < -1 || from >= n_in) return -1;
+        // Same dtype and shape, or TF would refuse (and the kernel would not fit).
+        if (from >= 0 && (executable->inputs[from].dtype != executable->outputs[j].dtype ||
+                          executable->inputs[from].shape != executable->outputs[j].shape)) {
+          return -1;
+        }
+        executable->forward_from.push_back(from);
+      }
     }
     return tfxla_lite::Registry::Get().Put(key, std::move(executable)) ? 1 : 0;
   } catch (...) {
@@ -675,3 +806,14 @@ TFXLA_LITE_EXPORT int64_t tfxla_lite_registry_size() {
 }
 
 TFXLA_LITE_EXPORT int tfxla_lite_abi_version() { return tfxla_lite::kAbiVersion; }
+
+// Temp arenas the launch nodes of this process allocated, and launches that reused one.
+TFXLA_LITE_EXPORT void tfxla_lite_arena_stats(int64_t* allocated, int64_t* reused) {
+  if (allocated != nullptr) *allocated = tfxla_lite::arenas_allocated.load();
+  if (reused != nullptr) *reused = tfxla_lite::arenas_reused.load();
+}
+
+// Outputs that took over an input's buffer, over all launches of this process.
+TFXLA_LITE_EXPORT int64_t tfxla_lite_forwarded_outputs() {
+  return tfxla_lite::outputs_forwarded.load();
+}

@@ -30,7 +30,7 @@ from tfxla_lite.runtime import build
 OP_TYPE = "TfxlaLiteLaunch"
 COMPILE_OP_TYPE = "TfxlaLiteCompile"
 # Must match kAbiVersion in launch_op.cc.
-ABI_VERSION = 2
+ABI_VERSION = 3
 
 # Compile callback outcomes; must match CompileOutcome in launch_op.cc.
 COMPILED, REFUSED, FAILED, REFUSE_ALL = 0, 1, 2, 3
@@ -95,6 +95,7 @@ def _declare_c_functions(cdll: ctypes.CDLL) -> None:
         int_p,
         int_p,
         int64_p,
+        int_p,
     ]
     cdll.tfxla_lite_register.restype = ctypes.c_int
     cdll.tfxla_lite_unregister.argtypes = [ctypes.c_char_p]
@@ -118,6 +119,10 @@ def _declare_c_functions(cdll: ctypes.CDLL) -> None:
         ctypes.c_char_p, int64_p, int64_p, int_p,
     ]
     cdll.tfxla_lite_dynamic_stats.restype = ctypes.c_int
+    cdll.tfxla_lite_arena_stats.argtypes = [int64_p, int64_p]
+    cdll.tfxla_lite_arena_stats.restype = None
+    cdll.tfxla_lite_forwarded_outputs.argtypes = []
+    cdll.tfxla_lite_forwarded_outputs.restype = ctypes.c_int64
 
 
 def as_tf_dtype(dtype: Any) -> tf.DType:
@@ -158,6 +163,7 @@ def register_executable(
     input_specs: Sequence[TensorSpecLike],
     output_specs: Sequence[TensorSpecLike],
     owner: Any = None,
+    donations: Sequence[tuple[int, int]] = (),
 ) -> None:
     """Makes `key` launchable: `launch(..., key)` will call `entry_address`.
 
@@ -165,7 +171,9 @@ def register_executable(
     llvmlite's `get_function_address`); `owner` is any object that keeps its code
     alive (the executable, its JIT engine) and is held until `unregister(key)`.
     Specs are (dtype, static shape) pairs, in argument order. Registering a key
-    again replaces the executable.
+    again replaces the executable. `donations` lists (output j, input i) pairs whose
+    output the code may write over the input's own buffer (`Executable.donations`):
+    the op then forwards input i to output j whenever TF no longer needs it.
     """
     if not key:
         raise ValueError("register_executable: the key must be a non-empty string")
@@ -175,6 +183,12 @@ def register_executable(
         raise ValueError(f"register_executable({key!r}): temp_bytes {temp_bytes} < 0")
     n_in, in_dtypes, in_ranks, in_dims = _flatten_specs(input_specs, "input")
     n_out, out_dtypes, out_ranks, out_dims = _flatten_specs(output_specs, "output")
+    forward = [-1] * n_out
+    for j, i in donations:
+        if not (0 <= j < n_out and 0 <= i < n_in) or forward[j] != -1:
+            raise ValueError(f"register_executable({key!r}): bad donation {(j, i)}")
+        forward[j] = i
+    forward_from = (ctypes.c_int * max(1, n_out))(*forward)
     cdll = load_library().cdll
     with _owners_lock:
         status = cdll.tfxla_lite_register(
@@ -189,6 +203,7 @@ def register_executable(
             out_dtypes,
             out_ranks,
             out_dims,
+            forward_from,
         )
         if status < 0:
             raise ValueError(f"register_executable({key!r}): the op library rejected the specs")
@@ -206,6 +221,26 @@ def unregister(key: str) -> bool:
         removed = bool(cdll.tfxla_lite_unregister(key.encode()))
         _owners.pop(key, None)
     return removed
+
+
+@dataclass(frozen=True)
+class ArenaStats:
+    """Temp arenas the launch nodes of this process allocated, and launches that reused
+    an idle one (each node keeps its arenas from launch to launch)."""
+
+    allocated: int
+    reused: int
+
+
+def arena_stats() -> ArenaStats:
+    allocated, reused = ctypes.c_int64(0), ctypes.c_int64(0)
+    load_library().cdll.tfxla_lite_arena_stats(ctypes.byref(allocated), ctypes.byref(reused))
+    return ArenaStats(allocated.value, reused.value)
+
+
+def forwarded_outputs() -> int:
+    """Outputs launches of this process wrote in an input's own buffer."""
+    return int(load_library().cdll.tfxla_lite_forwarded_outputs())
 
 
 def registry_size() -> int:

@@ -1,0 +1,314 @@
+"""CPU code for row fusions (`passes/row_fusion.py`): every stage of a row, row by row.
+
+A row fusion holds reductions over the rows of an array S (the trailing dimensions)
+and their consumers, e.g. softmax: max, then the sum of exp(x - max), then
+exp(x - max) / sum. Its range function computes rows [begin, end), and for each row
+runs one *stage* per reduce, in order, then the root:
+
+- a reduce's stage folds the row and binds the row's result as a scalar, with every
+  per-row value that depends only on bound results (mean = sum / n, rsqrt(variance +
+  eps)), so later stages read registers. A computed operand is first stored into a
+  row buffer by a plain loop (which LLVM vectorizes whole, exponentials included);
+  a row in memory (that buffer, or the input's own row) is folded in vector
+  registers (`fold_contiguous`) when the reducer is a float add, multiply, max or
+  min, else in interleaved scalar lanes (`reduction.fold_elements`);
+- the root's stage stores the row's output (the whole row, or one value per row).
+
+The row is read from memory once; later stages find it in L1 or L2. An expensive
+wide value that several stages need (softmax's exponentials) is computed once: its
+first stage stores it into a row buffer that later stages load. Row buffers live on
+the stack while they fit `ROW_SCRATCH_BYTES`; beyond that, values are recomputed and
+folded in place. Each row is computed whole by one thread with the same code, and
+the order of every fold depends on the row width alone, so results do not depend on
+the thread count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from llvmlite import ir
+
+from tfxla_lite.codegen.cpu import reduction
+from tfxla_lite.codegen.cpu.emitter import Index, KernelContext, i64, value_type
+from tfxla_lite.hlo.ir import Instruction
+from tfxla_lite.hlo.opcodes import is_expensive
+from tfxla_lite.passes.row_fusion import RowPlan, plan_row_fusion
+
+# Stack bytes per thread for row buffers of values shared between stages.
+ROW_SCRATCH_BYTES = 64 << 10
+
+
+def is_row_fusion(inst: Instruction) -> bool:
+    return plan_row_fusion(inst) is not None
+
+
+def row_count(inst: Instruction) -> int:
+    """The rows a row fusion's range function splits between threads."""
+    plan = plan_row_fusion(inst)
+    assert plan is not None
+    return plan.spec.rows
+
+
+def _reach(plan: RowPlan, target: Instruction, stop: set[int]) -> list[Instruction]:
+    """Instructions computed for `target` (itself included), not looking past the plan's
+    reduces (bound per row) or the instructions in `stop` (loaded from row buffers)."""
+    reduce_ids = {id(r) for r in plan.reduces}
+    seen: set[int] = set()
+    order: list[Instruction] = []
+    stack = [target]
+    while stack:
+        inst = stack.pop()
+        if id(inst) in seen:
+            continue
+        seen.add(id(inst))
+        order.append(inst)
+        if (id(inst) in reduce_ids and inst is not target) or id(inst) in stop:
+            continue
+        stack.extend(inst.operands)
+    return order
+
+
+def _stages(plan: RowPlan) -> list[Instruction]:
+    """The row's stages: its reduces, then a wide root (a per-row root is bound by then)."""
+    wide_root = plan.classes[id(plan.root)] == "wide"
+    return [*plan.reduces] + ([plan.root] if wide_root else [])
+
+
+def _shared_values(plan: RowPlan, instructions: list[Instruction]) -> dict[int, int]:
+    """Wide, expensive values that several stages need: id → the stage that computes them.
+
+    Consumers are decided first, so that a value needed later only through a shared
+    consumer (which later stages load) is not shared itself.
+    """
+    stages = _stages(plan)
+    chosen: dict[int, int] = {}
+    for inst in reversed(instructions):
+        if plan.classes.get(id(inst)) != "wide" or not is_expensive(inst.opcode):
+            continue
+        users = [number for number, stage in enumerate(stages)
+                 if inst in _reach(plan, stage, {k for k, f in chosen.items() if f < number})]
+        if len(users) > 1:
+            chosen[id(inst)] = users[0]
+    return chosen
+
+
+def emit_row_kernel(ctx: KernelContext, inst: Instruction, output: ir.Value,
+                    begin: ir.Value, end: ir.Value) -> None:
+    """Store rows [begin, end) of row fusion `inst` into `output`."""
+    plan = plan_row_fusion(inst)
+    assert plan is not None
+    b = ctx.builder
+    spec = plan.spec
+    width = spec.width
+    computation = inst.fused_computation
+    by_id = {id(i): i for i in computation.instructions}
+    stages = _stages(plan)
+    shared = _shared_values(plan, computation.instructions)
+    # A reduce whose operand is computed gets it stored into a row buffer by a plain
+    # loop (which LLVM vectorizes whole) and folds the buffer: folding the computation
+    # itself in interleaved lanes leaves the SLP vectorizer with narrow vectors.
+    computed = {s.operand(0).shape.element_type for s in stages if s.opcode == "reduce"
+                and s.operand(0).opcode != "parameter" and id(s.operand(0)) not in shared}
+    element_bytes = {key: by_id[key].shape.byte_size // max(1, by_id[key].shape.num_elements)
+                     for key in shared}
+    scratch_bytes = width * (sum(element_bytes.values()) + 8 * len(computed))
+    if scratch_bytes > ROW_SCRATCH_BYTES:
+        shared, computed = {}, set()
+    buffers = {key: ctx.alloca(value_type(by_id[key].shape.element_type), name="row.scratch",
+                               count=width) for key in shared}
+    stage_buffers = {element: ctx.alloca(value_type(element), name="row.stage", count=width)
+                     for element in sorted(computed)}
+    row_values = [i for i in computation.instructions
+                  if plan.classes.get(id(i)) == "row" and i.opcode != "reduce"]
+
+    with ctx.loop(end, name="row", start=begin) as row:
+        kept = Index(spec.kept_dims, linear=row).get_multi(b)
+        row_axes = [v for v, size in zip(kept, spec.kept_dims) if size != 1]
+        base = b.mul(row, i64(width), flags=["nuw", "nsw"])
+        bound: list[int] = []
+
+        def row_index(value: Instruction) -> Index:
+            axes = iter(row_axes)
+            multi = [i64(0) if size == 1 else next(axes) for size in value.shape.dims]
+            return Index(value.shape.dims, multi, row)
+
+        def wide_index(column: ir.Value) -> Index:
+            if len(spec.row_dims) == 1:
+                columns = [column]
+            else:
+                columns = Index(spec.row_dims, linear=column).get_multi(b)
+            linear = b.add(base, column, flags=["nuw", "nsw"])
+            return Index(spec.dims, kept + columns, linear)
+
+        def element(target: Instruction, number: int, column: ir.Value) -> ir.Value:
+            """`target` at (row, column) in stage `number`, storing and loading row buffers."""
+            index = wide_index(column)
+            loaded = [key for key, first in shared.items() if first < number]
+            for key in loaded:
+                element_type = value_type(by_id[key].shape.element_type)
+                slot = b.gep(buffers[key], [column], inbounds=True, source_etype=element_type)
+                ctx.scalars[key] = b.load(slot, typ=element_type)
+            for key, first in shared.items():
+                if first == number:
+                    element_type = value_type(by_id[key].shape.element_type)
+                    slot = b.gep(buffers[key], [column], inbounds=True, source_etype=element_type)
+                    b.store(ctx.value(by_id[key], index), slot)
+            value = ctx.value(target, index)
+            for key in loaded:
+                del ctx.scalars[key]
+            return value
+
+        def bind_row_values() -> None:
+            """Bind each per-row value whose dependent operands are all bound."""
+            for value in row_values:
+                if id(value) in bound:
+                    continue
+                if all(id(o) in ctx.scalars for o in value.operands if plan.is_dependent(o)):
+                    ctx.scalars[id(value)] = ctx.value(value, row_index(value))
+                    bound.append(id(value))
+
+        for number, stage in enumerate(stages):
+            if stage.opcode == "reduce":
+                operand, init = stage.operands
+                result = ctx.value(init, Index.scalar())
+                if width:
+                    folded = _fold_stage(ctx, stage, number, width, base, element, shared,
+                                         buffers, stage_buffers)
+                    result = ctx.apply_computation(stage.called_computations[0],
+                                                   [result, folded])
+                ctx.scalars[id(stage)] = result
+                bound.append(id(stage))
+                bind_row_values()
+            else:
+                with ctx.loop(width, name="column") as column:
+                    ctx.store(element(stage, number, column), output, stage.shape,
+                              wide_index(column))
+        if plan.root.opcode == "reduce" or plan.classes[id(plan.root)] == "row":
+            root = plan.root
+            ctx.store(ctx.scalars[id(root)], output, root.shape, row_index(root))
+        for key in bound:
+            del ctx.scalars[key]
+
+
+def _fold_stage(ctx: KernelContext, stage: Instruction, number: int, width: int,
+                base: ir.Value, element: Callable[[Instruction, int, ir.Value], ir.Value],
+                shared: dict[int, int], buffers: dict[int, ir.Value],
+                stage_buffers: dict[str, ir.Value]) -> ir.Value:
+    """The fold of one row of reduce `stage`'s operand (no init), read from a row buffer
+    that an earlier stage, or a loop emitted here, filled, or from the input's own row;
+    else computed element by element inside the fold."""
+    b = ctx.builder
+    operand = stage.operand(0)
+    element_type = value_type(operand.shape.element_type)
+    row = None
+    if id(operand) in shared and shared[id(operand)] < number:
+        row = buffers[id(operand)]
+    elif operand.opcode == "parameter":
+        row = b.gep(ctx.buffers[id(operand)], [base], inbounds=True, source_etype=element_type)
+    elif id(operand) in shared or stage_buffers:
+        if id(operand) in shared:
+            row = buffers[id(operand)]
+        else:
+            row = stage_buffers[operand.shape.element_type]
+        with ctx.loop(width, name="stage") as column:
+            value = element(operand, number, column)
+            if id(operand) not in shared:  # a shared value is stored by `element` itself
+                b.store(value, b.gep(row, [column], inbounds=True, source_etype=element_type))
+    if row is None:
+        return reduction.fold_elements(ctx, stage, lambda column: element(operand, number,
+                                                                          column), width)
+    opcode = vector_reducer(stage)
+    if opcode is not None and width >= 2 * _VECTOR_LANES[stage.shape.element_type]:
+        return fold_contiguous(ctx, stage, opcode, row, width)
+    return reduction.fold_elements(
+        ctx, stage, lambda column: b.load(b.gep(row, [column], inbounds=True,
+                                                source_etype=element_type), typ=element_type),
+        width)
+
+
+# Float reducers folded in vector registers when a row lies contiguous in memory.
+_VECTOR_REDUCERS = frozenset({"add", "multiply", "maximum", "minimum"})
+_VECTOR_LANES = {"f32": 16, "f64": 8}
+_VECTOR_ACCUMULATORS = 4  # independent chains, so that one op's latency hides the next
+
+
+def vector_reducer(reduce: Instruction) -> str | None:
+    """The opcode of `reduce`'s reducer when it is a plain float add, multiply, max or min."""
+    root = reduce.called_computations[0].root
+    if root is None or root.opcode not in _VECTOR_REDUCERS or \
+            reduce.shape.element_type not in _VECTOR_LANES:
+        return None
+    if sorted(o.opcode for o in root.operands) != ["parameter", "parameter"] or \
+            root.operand(0) is root.operand(1):
+        return None
+    return root.opcode
+
+
+def fold_contiguous(ctx: KernelContext, reduce: Instruction, opcode: str, row: ir.Value,
+                    width: int) -> ir.Value:
+    """The fold of `width` contiguous elements at `row` by `opcode`, without the init.
+
+    Element e goes to lane e % L of accumulator (e // L) % A while whole groups of
+    A*L elements last; the accumulators then combine in a fixed tree, their lanes by
+    halves, and the remaining elements fold in last, in order. The order depends on
+    `width` alone, never on the thread count.
+    """
+    b = ctx.builder
+    element_type = reduce.shape.element_type
+    scalar = value_type(element_type)
+    lanes = _VECTOR_LANES[element_type]
+    accumulators = _VECTOR_ACCUMULATORS if width >= 2 * _VECTOR_ACCUMULATORS * lanes else 1
+    group = accumulators * lanes
+    vector = ir.VectorType(scalar, lanes)
+    scalar_bytes = 8 if element_type == "f64" else 4
+
+    def combine(x: ir.Value, y: ir.Value) -> ir.Value:
+        if opcode == "add":
+            return b.fadd(x, y)
+        if opcode == "multiply":
+            return b.fmul(x, y)
+        typ = x.type
+        suffix = (f"v{typ.count}" if isinstance(typ, ir.VectorType) else "") + \
+            {"f32": "f32", "f64": "f64"}[element_type]
+        name = f"llvm.{opcode}.{suffix}"
+        function = ctx.module.globals.get(name)
+        if function is None:
+            function = ir.Function(ctx.module, ir.FunctionType(typ, [typ, typ]), name=name)
+        return b.call(function, [x, y])
+
+    def load_vector(position: ir.Value) -> ir.Value:
+        pointer = b.gep(row, [position], inbounds=True, source_etype=scalar)
+        return b.load(pointer, typ=vector, align=scalar_bytes)
+
+    slots = [ctx.alloca(vector, name=f"vector.accumulator{n}") for n in range(accumulators)]
+    for n, slot in enumerate(slots):
+        b.store(load_vector(i64(n * lanes)), slot)
+    groups = width // group
+    with ctx.loop(groups, name="vector.group", start=1) as number:
+        start = b.mul(number, i64(group), flags=["nuw", "nsw"])
+        for n, slot in enumerate(slots):
+            position = b.add(start, i64(n * lanes), flags=["nuw", "nsw"])
+            b.store(combine(b.load(slot), load_vector(position)), slot)
+    values = [b.load(slot) for slot in slots]
+    while len(values) > 1:
+        values = [combine(values[n], values[n + 1]) for n in range(0, len(values), 2)]
+    (value,) = values
+    count = lanes
+    while count > 1:
+        half = count // 2
+        low = b.shuffle_vector(value, value, ir.Constant(ir.VectorType(ir.IntType(32), half),
+                                                          list(range(half))))
+        high = b.shuffle_vector(value, value, ir.Constant(ir.VectorType(ir.IntType(32), half),
+                                                           list(range(half, count))))
+        value = combine(low, high)
+        count = half
+    result = ctx.alloca(scalar, name="vector.fold")
+    b.store(b.extract_element(value, i64(0)), result)
+    with ctx.loop(width, name="vector.tail", start=groups * group) as position:
+        pointer = b.gep(row, [position], inbounds=True, source_etype=scalar)
+        b.store(combine(b.load(result), b.load(pointer, typ=scalar)), result)
+    return b.load(result)
+
+__all__ = ["ROW_SCRATCH_BYTES", "emit_row_kernel", "is_row_fusion", "row_count"]
+

@@ -1,0 +1,272 @@
+"""Row fusion: reductions over the rows of one array and their consumers, as one kernel.
+
+Softmax (max → exp-sum → divide) and layer norm (mean → variance → normalize) are
+chains of row reductions whose results are broadcast back along the rows they
+reduced. The plain `fuse` pass cuts such a chain after every reduce (a reduce is a
+kernel's root), so each stage reads the whole array again from memory, and the
+expensive exponentials of softmax are written to a temp buffer and read back. This
+pass, which runs before `fuse`, puts the whole chain into one `fusion` of kind
+`kCustom` (a *row fusion*); the CPU backend (`codegen/cpu/row_kernel.py`) runs it
+one row at a time, every stage over the same row while it is in the cache, rows in
+parallel.
+
+A group is valid when its reduces all reduce the same trailing dimensions of
+operands of one shape S (the *rows*: the kept leading dimensions), and every member
+that depends on one of those reduces (a *dependent* member) keeps row r's values at
+row r:
+
+- *wide* dependent members have shape S and are elementwise ops or reduces' operands;
+- *row* dependent members have S's kept dimensions (size-1 dimensions aside): the
+  reduces themselves, elementwise ops, reshapes that only add or drop size-1
+  dimensions, and broadcasts that map them onto S's kept dimensions in order.
+
+Everything else in the group (independent members: broadcasts of parameters, scalar
+constants, elementwise work on inputs) is computed at whatever index a consumer asks
+for, as in a kLoop fusion. As in `fuse`, a cheap producer with users outside the
+group is cloned into it; an expensive one, and every reduce, joins only when the group
+holds all its users, so no work is done twice. Rows wider than `max_row_bytes` are
+left to `fuse`: the point is that a row stays in the cache between stages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from math import prod
+from typing import ClassVar
+
+from tfxla_lite.hlo.ir import Computation, HloModule, Instruction
+from tfxla_lite.hlo.opcodes import is_elementwise, is_expensive
+from tfxla_lite.passes.base import Pass
+
+# The fusion pass's group materialization and exclusivity test serve as they are.
+from tfxla_lite.passes.fusion import _is_exclusive, _materialize, can_fuse_producer
+
+ROW_FUSION_KIND = "kCustom"
+
+
+@dataclass(frozen=True)
+class RowSpec:
+    """Rows of an array of `dims`: the first `kept` dimensions index rows, the rest a row."""
+
+    dims: tuple[int, ...]
+    kept: int
+
+    @property
+    def kept_dims(self) -> tuple[int, ...]:
+        return self.dims[:self.kept]
+
+    @property
+    def row_dims(self) -> tuple[int, ...]:
+        return self.dims[self.kept:]
+
+    @property
+    def rows(self) -> int:
+        return prod(self.kept_dims)
+
+    @property
+    def width(self) -> int:
+        return prod(self.row_dims)
+
+
+def row_spec(reduce: Instruction) -> RowSpec | None:
+    """The rows a single-input `reduce` folds, when it reduces trailing dimensions only."""
+    if reduce.opcode != "reduce" or len(reduce.operands) != 2 or reduce.shape.is_tuple:
+        return None
+    dims = reduce.operand(0).shape.dims
+    reduced = sorted(reduce.dimensions)
+    if not reduced or reduced != list(range(len(dims) - len(reduced), len(dims))):
+        return None
+    return RowSpec(dims, len(dims) - len(reduced))
+
+
+@dataclass
+class RowPlan:
+    """A valid row group: its rows, its reduces in order, each dependent member's class."""
+
+    spec: RowSpec
+    root: Instruction
+    reduces: list[Instruction]
+    classes: dict[int, str] = field(default_factory=dict)  # id → "wide" or "row"
+
+    def is_dependent(self, inst: Instruction) -> bool:
+        return id(inst) in self.classes
+
+
+def _non_unit(dims: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(d for d in dims if d != 1)
+
+
+def _shape_class(dims: tuple[int, ...], spec: RowSpec) -> str | None:
+    if dims == spec.dims:
+        return "wide"
+    if _non_unit(dims) == _non_unit(spec.kept_dims):
+        return "row"
+    return None
+
+
+def _row_axes(dims: tuple[int, ...], cls: str, spec: RowSpec) -> list[int]:
+    """The axes of a value of class `cls` that index rows (in the order of S's kept ones)."""
+    if cls == "wide":
+        return [d for d in range(spec.kept) if spec.dims[d] != 1]
+    return [d for d, size in enumerate(dims) if size != 1]
+
+
+def plan_rows(root: Instruction, members: list[Instruction]) -> RowPlan | None:
+    """The plan of a row group (`members` in topological order, `root` among them), or
+    None when the group is not one (see the module docstring)."""
+    spec: RowSpec | None = None
+    reduces: list[Instruction] = []
+    classes: dict[int, str] = {}
+    for inst in members:
+        dependent = [o for o in inst.operands if id(o) in classes]
+        if inst.opcode == "reduce":
+            this = row_spec(inst)
+            if this is None or (spec is not None and this != spec) or id(inst.operand(1)) \
+                    in classes:
+                return None
+            spec = this
+            reduces.append(inst)
+            classes[id(inst)] = "row"
+            continue
+        if not dependent:
+            continue
+        assert spec is not None  # a dependent member follows a reduce
+        cls = _shape_class(inst.shape.dims, spec)
+        if cls is None:
+            return None
+        if is_elementwise(inst.opcode):
+            if any(o.shape.dims != inst.shape.dims and o.shape.rank for o in dependent):
+                return None
+        elif inst.opcode == "broadcast":
+            operand = inst.operand(0)
+            if classes[id(operand)] != "row":
+                return None
+            mapped = [inst.dimensions[i] for i, size in enumerate(operand.shape.dims)
+                      if size != 1]
+            if mapped != _row_axes(inst.shape.dims, cls, spec):
+                return None
+        elif inst.opcode in ("reshape", "bitcast"):
+            if classes[id(inst.operand(0))] != cls:
+                return None
+            if cls == "wide" and inst.operand(0).shape.dims != inst.shape.dims:
+                return None
+        else:
+            return None
+        classes[id(inst)] = cls
+    if spec is None or id(root) not in classes:
+        return None
+    if root.opcode == "reduce" and len(reduces) < 2:
+        return None  # one reduce and its producers: a kInput fusion
+    return RowPlan(spec, root, reduces, classes)
+
+
+def plan_row_fusion(fusion: Instruction) -> RowPlan | None:
+    """The plan of a row fusion instruction (None for any other instruction)."""
+    if fusion.opcode != "fusion" or fusion.attributes.get("kind") != ROW_FUSION_KIND:
+        return None
+    computation = fusion.fused_computation
+    assert computation.root is not None
+    members = [i for i in computation.instructions if i.opcode != "parameter"]
+    return plan_rows(computation.root, members)
+
+
+def _grow_row_group(root: Instruction, needed: set[int], max_row_bytes: int
+                    ) -> list[Instruction] | None:
+    """`root` and the producers a row group around it holds, or None when it is no group."""
+    if root.shape.is_tuple or not (is_elementwise(root.opcode) or root.opcode == "reduce"):
+        return None
+    spec = row_spec(root) if root.opcode == "reduce" else None
+    members = [root]
+    member_ids = {id(root)}
+    grown = True
+    while grown:  # again until nothing joins: a producer may turn exclusive later
+        grown = False
+        for member in members:  # grows while iterating: a worklist
+            for producer in member.operands:
+                if id(producer) in member_ids:
+                    continue
+                exclusive = id(producer) not in needed and all(
+                    _is_exclusive(user, root, member_ids) for user in producer.users)
+                if producer.opcode == "reduce":
+                    this = row_spec(producer)
+                    if this is None or (spec is not None and this != spec) or not exclusive:
+                        continue
+                    operand = producer.operand(0).shape
+                    element_bytes = operand.byte_size // max(1, operand.num_elements)
+                    if this.width < 2 or this.width * element_bytes > max_row_bytes:
+                        continue
+                    spec = this
+                elif not can_fuse_producer(producer):
+                    continue
+                elif is_expensive(producer.opcode) and not exclusive:
+                    continue
+                members.append(producer)
+                member_ids.add(id(producer))
+                grown = True
+    if spec is None:
+        return None
+    position = {id(inst): n for n, inst in enumerate(root.parent.instructions)}
+    ordered = sorted(members, key=lambda inst: position[id(inst)])
+    if plan_rows(root, ordered) is None:
+        return None
+    return members
+
+
+def fuse_rows(computation: Computation, max_row_bytes: int) -> int:
+    """Form the row fusions of `computation` in place; how many were formed."""
+    needed: set[int] = {id(computation.root)}
+    groups: list[list[Instruction]] = []
+    for inst in reversed(computation.instructions):
+        if inst.users and id(inst) not in needed:
+            continue  # every user cloned it into its group
+        members = _grow_row_group(inst, needed, max_row_bytes) or [inst]
+        member_ids = {id(m) for m in members}
+        for member in members:
+            needed.update(id(o) for o in member.operands if id(o) not in member_ids)
+        if len(members) > 1:
+            groups.append(members)
+    touched: set[int] = set()
+    for members in groups:
+        fusion = _materialize(computation, members)
+        fusion.attributes["kind"] = ROW_FUSION_KIND
+        touched.update(id(m) for m in members)
+    for inst in reversed(computation.instructions):
+        if id(inst) in touched and not inst.users and inst is not computation.root:
+            computation.remove(inst)
+    computation.sort()
+    return len(groups)
+
+
+@dataclass(frozen=True)
+class RowFusion(Pass):
+    """Needs: a module that verifies, not yet fused.
+
+    Guarantees: every valid row group (module docstring) of the entry and the
+    computations it calls is one `fusion` of kind kCustom whose computation
+    `plan_row_fusion` accepts; the rest is unchanged (`fuse` still runs after).
+    """
+
+    name: ClassVar[str] = "fuse-rows"
+    # Rows wider than this (bytes of one reduce operand's row) stay out: a stage would
+    # no longer find the row in L2 where the stage before left it.
+    max_row_bytes: int = 256 << 10
+
+    def run(self, module: HloModule) -> bool:
+        formed = 0
+        for computation in _targets(module):
+            formed += fuse_rows(computation, self.max_row_bytes)
+        return formed > 0
+
+
+def _targets(module: HloModule) -> list[Computation]:
+    """The entry and the computations `call`ed from it (not reducers, not fusions)."""
+    if module.entry is None:
+        return []
+    targets, stack = [], [module.entry]
+    while stack:
+        computation = stack.pop()
+        if all(computation is not t for t in targets):
+            targets.append(computation)
+            stack.extend(c for inst in computation.instructions if inst.opcode == "call"
+                         for c in inst.called_computations)
+    return targets
