@@ -215,25 +215,35 @@ def _new_kernel(module: ir.Module, pool: ConstantPool, inst: Instruction, name: 
                 ) -> tuple[KernelContext, ir.Value, list[ir.Value]]:
     """A function `void name(out, in..., *extra)` and a context whose buffers are its
     pointer arguments."""
-    extra = extra or []
-    signature = ir.FunctionType(VOID, [PTR] * (1 + len(inst.operands)) + extra)
-    function = ir.Function(module, signature, name=name)
-    function.linkage = "internal"
-    function.attributes.add("nounwind")
-    output, *inputs = function.args[:1 + len(inst.operands)]
+    ctx, (output,), inputs = new_kernel_function(module, pool, inst, name, 1, extra or [])
     output.name = "output"
-    for arg in inputs:
-        arg.name = "input"
-        arg.attributes.add("captures(none)")  # LLVM infers readonly itself
     output.attributes.add("captures(none)")
     if noalias_output:
         output.attributes.add("noalias")
+    return ctx, output, inputs
+
+
+def new_kernel_function(module: ir.Module, pool: ConstantPool, inst: Instruction, name: str,
+                        output_count: int, extra: list[ir.Type]
+                        ) -> tuple[KernelContext, list[ir.Value], list[ir.Value]]:
+    """A function `void name(out..., in..., *extra)` with `output_count` outputs (left for
+    the caller to name and mark) and one input per operand of `inst`, and a context
+    whose buffers are those inputs; its outputs and inputs."""
+    count = output_count + len(inst.operands)
+    signature = ir.FunctionType(VOID, [PTR] * count + extra)
+    function = ir.Function(module, signature, name=name)
+    function.linkage = "internal"
+    function.attributes.add("nounwind")
+    outputs, inputs = list(function.args[:output_count]), list(function.args[output_count:count])
+    for arg in inputs:
+        arg.name = "input"
+        arg.attributes.add("captures(none)")  # LLVM infers readonly itself
     if inst.opcode == "fusion":
         params = inst.fused_computation.parameters
         buffers = {id(p): arg for p, arg in zip(params, inputs)}
     else:
         buffers = {id(o): arg for o, arg in zip(inst.operands, inputs)}
-    return KernelContext(function, pool, buffers), output, list(inputs)
+    return KernelContext(function, pool, buffers), outputs, inputs
 
 
 def _emit_range_function(module: ir.Module, pool: ConstantPool, inst: Instruction,

@@ -28,6 +28,7 @@ from tfxla_lite.codegen.cpu.emitter import (
     register_kernel,
     value_type,
 )
+from tfxla_lite.hlo.attributes import ScatterDimensions
 from tfxla_lite.hlo.ir import Instruction
 
 
@@ -157,27 +158,19 @@ def emit_scatter(ctx: KernelContext, inst: Instruction, index: Index) -> ir.Valu
     output elements are independent (a parallel loop may split them) and repeated indices
     combine in a fixed order."""
     operand, indices, updates = inst.operands
-    attrs = inst.attributes
     b = ctx.builder
-    window_dims = tuple(attrs["update_window_dims"])
-    inserted = set(attrs["inserted_window_dims"])
-    vector_dim = int(attrs["index_vector_dim"])
     rank = operand.shape.rank
-    window_operand_dims = [d for d in range(rank) if d not in inserted]
-    window_sizes = [1] * rank
-    for d, u in zip(window_operand_dims, window_dims):
-        window_sizes[d] = updates.shape.dims[u]
-    scatter_dims = [d for d in range(updates.shape.rank) if d not in window_dims]
+    numbers = ScatterDimensions.of(inst.attributes, rank, updates.shape.dims)
     out_multi = index.get_multi(b)
     accumulator = ctx.alloca(value_type(inst.shape.element_type), name="scatter.accumulator")
     b.store(ctx.value(operand, index), accumulator)
-    with ctx.loop_nest(tuple(updates.shape.dims[d] for d in scatter_dims),
+    with ctx.loop_nest(tuple(updates.shape.dims[d] for d in numbers.scatter_dims),
                        name="scatter") as scatter_multi:
         starts: list[ir.Value] = [i64(0)] * rank
-        for k, d in enumerate(attrs["scatter_dims_to_operand_dims"]):
+        for k, d in enumerate(numbers.to_operand):
             position = list(scatter_multi)
-            if vector_dim < indices.shape.rank:
-                position.insert(vector_dim, i64(k))
+            if numbers.index_vector_dim < indices.shape.rank:
+                position.insert(numbers.index_vector_dim, i64(k))
             raw = ctx.value(indices, Index(indices.shape.dims, position))
             starts[d] = _to_i64(ctx, raw, indices.shape.element_type)
         # The whole window must lie inside the operand (else XLA skips the update), and
@@ -185,7 +178,7 @@ def emit_scatter(ctx: KernelContext, inst: Instruction, index: Index) -> ir.Valu
         inside: ir.Value = ir.Constant(ir.IntType(1), 1)
         offsets = []
         for d in range(rank):
-            start, size = starts[d], window_sizes[d]
+            start, size = starts[d], numbers.window_sizes[d]
             offset = b.sub(out_multi[d], start)
             for check in (b.icmp_signed(">=", start, i64(0)),
                           b.icmp_signed("<=", start, i64(operand.shape.dims[d] - size)),
@@ -195,9 +188,9 @@ def emit_scatter(ctx: KernelContext, inst: Instruction, index: Index) -> ir.Valu
             offsets.append(offset)
         with b.if_then(inside), ctx.scope():
             update_multi: list[ir.Value] = [i64(0)] * updates.shape.rank
-            for j, d in enumerate(scatter_dims):
+            for j, d in enumerate(numbers.scatter_dims):
                 update_multi[d] = scatter_multi[j]
-            for d, u in zip(window_operand_dims, window_dims):
+            for d, u in zip(numbers.window_operand_dims, numbers.window_dims):
                 update_multi[u] = offsets[d]
             x = ctx.value(updates, Index(updates.shape.dims, update_multi))
             combined = ctx.apply_computation(inst.called_computations[0],
@@ -213,35 +206,27 @@ def emit_scatter_kernel(ctx: KernelContext, inst: Instruction, output: ir.Value)
     indices combine in that order). O(output + updates), where the element generator
     above reads every update once per output element."""
     operand, indices, updates = inst.operands
-    attrs = inst.attributes
     b = ctx.builder
     shape = inst.shape
-    window_dims = tuple(attrs["update_window_dims"])
-    inserted = set(attrs["inserted_window_dims"])
-    vector_dim = int(attrs["index_vector_dim"])
     rank = shape.rank
-    window_operand_dims = [d for d in range(rank) if d not in inserted]
-    window_sizes = [1] * rank
-    for d, u in zip(window_operand_dims, window_dims):
-        window_sizes[d] = updates.shape.dims[u]
-    scatter_dims = [d for d in range(updates.shape.rank) if d not in window_dims]
+    numbers = ScatterDimensions.of(inst.attributes, rank, updates.shape.dims)
     with ctx.loop(shape.num_elements, name="copy") as linear:
         index = Index(shape.dims, linear=linear)
         ctx.store(ctx.value(operand, index), output, shape, index)
     with ctx.loop_nest(updates.shape.dims, name="update") as update_multi:
         inside: ir.Value = ir.Constant(ir.IntType(1), 1)
         position: list[ir.Value] = [i64(0)] * rank
-        for k, d in enumerate(attrs["scatter_dims_to_operand_dims"]):
-            at = [update_multi[j] for j in scatter_dims]
-            if vector_dim < indices.shape.rank:
-                at.insert(vector_dim, i64(k))
+        for k, d in enumerate(numbers.to_operand):
+            at = [update_multi[j] for j in numbers.scatter_dims]
+            if numbers.index_vector_dim < indices.shape.rank:
+                at.insert(numbers.index_vector_dim, i64(k))
             raw = ctx.value(indices, Index(indices.shape.dims, at))
             start = _to_i64(ctx, raw, indices.shape.element_type)
             inside = b.and_(inside, b.icmp_signed(">=", start, i64(0)))
             inside = b.and_(inside, b.icmp_signed(
-                "<=", start, i64(shape.dims[d] - window_sizes[d])))
+                "<=", start, i64(shape.dims[d] - numbers.window_sizes[d])))
             position[d] = start
-        for d, u in zip(window_operand_dims, window_dims):
+        for d, u in zip(numbers.window_operand_dims, numbers.window_dims):
             position[d] = b.add(position[d], update_multi[u], flags=["nsw"])
         with b.if_then(inside), ctx.scope():
             target = Index(shape.dims, position)

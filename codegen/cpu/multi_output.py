@@ -40,18 +40,18 @@ from tfxla_lite.codegen.cpu.compiler import (
     Partition,
     _is_flat,
     _kernel_name,
+    new_kernel_function,
 )
 from tfxla_lite.codegen.cpu.emitter import (
     I64,
     PTR,
-    VOID,
     ConstantPool,
     Index,
     KernelContext,
     i64,
     value_type,
 )
-from tfxla_lite.hlo.ir import Instruction
+from tfxla_lite.hlo.ir import Instruction, user_edges
 from tfxla_lite.hlo.opcodes import is_elementwise
 from tfxla_lite.hlo.shape import Shape
 
@@ -152,27 +152,13 @@ def _new_function(module: ir.Module, pool: ConstantPool, inst: Instruction, name
                   noalias: list[bool], extra: list[ir.Type]
                   ) -> tuple[KernelContext, list[ir.Value]]:
     """`void name(out..., in..., *extra)` and a context reading the inputs; the outputs."""
-    count = len(noalias)
-    signature = ir.FunctionType(VOID, [PTR] * (count + len(inst.operands)) + extra)
-    function = ir.Function(module, signature, name=name)
-    function.linkage = "internal"
-    function.attributes.add("nounwind")
-    outputs = list(function.args[:count])
-    inputs = list(function.args[count:count + len(inst.operands)])
+    ctx, outputs, _ = new_kernel_function(module, pool, inst, name, len(noalias), extra)
     for n, (arg, flag) in enumerate(zip(outputs, noalias)):
         arg.name = f"output{n}"
         arg.attributes.add("captures(none)")
         if flag:
             arg.attributes.add("noalias")
-    for arg in inputs:
-        arg.name = "input"
-        arg.attributes.add("captures(none)")
-    if inst.opcode == "fusion":
-        params = inst.fused_computation.parameters
-        buffers = {id(p): arg for p, arg in zip(params, inputs)}
-    else:
-        buffers = {id(o): arg for o, arg in zip(inst.operands, inputs)}
-    return KernelContext(function, pool, buffers), outputs
+    return ctx, outputs
 
 
 def emit_kernel(module: ir.Module, pool: ConstantPool, inst: Instruction,
@@ -294,25 +280,19 @@ def _emit_rows(ctx: KernelContext, leaves: list[Leaf], outputs: list[ir.Value],
 def _read_in_its_row(producer: Instruction) -> bool:
     """Whether the kernel's reduces read `producer` only at its own index, through
     elementwise ops (so a row's reduce reads only that row of it)."""
-    stack, seen = [producer], set()
-    while stack:
-        node = stack.pop()
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        for user in node.users:
-            if user.opcode == "tuple" and user.parent is not None and user is user.parent.root:
-                continue
-            if user.opcode == "reduce":
-                inputs, _ = variadic_reduce.reduce_inputs(user)
-                if any(node is x for x in inputs) and all(node is not i for i in
-                                                          user.operands[len(inputs):]):
-                    continue
-                return False
-            if not is_elementwise(user.opcode) or user.shape.dims != producer.shape.dims:
-                return False
-            stack.append(user)
-    return True
+    def ends_walk(node: Instruction, user: Instruction) -> bool:
+        if user.opcode == "tuple" and user.parent is not None and user is user.parent.root:
+            return True
+        if user.opcode != "reduce":
+            return False
+        # A reduce of it as an input reads its row; as an init value, anywhere: the walk
+        # goes on to that reduce, which is not elementwise, and so fails.
+        inputs, _ = variadic_reduce.reduce_inputs(user)
+        return any(node is x for x in inputs) and all(node is not i for i in
+                                                      user.operands[len(inputs):])
+
+    return all(is_elementwise(user.opcode) and user.shape.dims == producer.shape.dims
+               for _, user in user_edges([producer], ends_walk))
 
 
 def _emit_column(ctx: KernelContext, leaves: list[Leaf], outputs: list[ir.Value],

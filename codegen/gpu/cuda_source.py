@@ -53,31 +53,33 @@ def is_float(element_type: str) -> bool:
     return element_type in FLOAT_TYPES
 
 
+# The half types are stored as themselves and computed in float: (to float, to storage).
+_HALF_CONVERSIONS = {"f16": ("__half2float", "__float2half_rn"),
+                     "bf16": ("__bfloat162float", "__float2bfloat16_rn")}
+
+
+def _from_storage(element_type: str, value: str) -> str:
+    """A stored value converted to the compute type."""
+    if element_type not in _HALF_CONVERSIONS:
+        return value
+    return f"{_HALF_CONVERSIONS[element_type][0]}({value})"
+
+
 def load(element_type: str, pointer: str, index: str) -> str:
     """Read element `index` of `pointer` into the compute type."""
-    if element_type == "f16":
-        return f"__half2float({pointer}[{index}])"
-    if element_type == "bf16":
-        return f"__bfloat162float({pointer}[{index}])"
-    return f"{pointer}[{index}]"
+    return _from_storage(element_type, f"{pointer}[{index}]")
 
 
 def to_storage(element_type: str, value: str) -> str:
     """A compute-type value converted for a store."""
-    if element_type == "f16":
-        return f"__float2half_rn({value})"
-    if element_type == "bf16":
-        return f"__float2bfloat16_rn({value})"
-    return value
+    if element_type not in _HALF_CONVERSIONS:
+        return value
+    return f"{_HALF_CONVERSIONS[element_type][1]}({value})"
 
 
 def round_half(element_type: str, value: str) -> str:
     """A float-computed f16/bf16 result rounded to its own precision (identity otherwise)."""
-    if element_type == "f16":
-        return f"__half2float(__float2half_rn({value}))"
-    if element_type == "bf16":
-        return f"__bfloat162float(__float2bfloat16_rn({value}))"
-    return value
+    return _from_storage(element_type, to_storage(element_type, value))
 
 
 def literal(element_type: str, value: object) -> str:

@@ -23,6 +23,7 @@ from tfxla_lite.codegen.gpu.elemental import (
     convert,
     register,
 )
+from tfxla_lite.hlo.attributes import ScatterDimensions
 from tfxla_lite.hlo.ir import Instruction
 
 
@@ -323,35 +324,27 @@ def emit_scatter(ctx: KernelContext, inst: Instruction, index: Index) -> str:
     row-major order of the scatter indices (as the CPU backend): output elements are
     independent, so no atomics, and repeated indices combine in a fixed order."""
     operand, indices, updates = inst.operands
-    attrs = inst.attributes
-    window_dims = tuple(attrs["update_window_dims"])
-    inserted = set(attrs["inserted_window_dims"])
-    vector_dim = int(attrs["index_vector_dim"])
     rank = operand.shape.rank
-    window_operand_dims = [d for d in range(rank) if d not in inserted]
-    window_sizes = [1] * rank
-    for d, u in zip(window_operand_dims, window_dims):
-        window_sizes[d] = updates.shape.dims[u]
-    scatter_dims = [d for d in range(updates.shape.rank) if d not in window_dims]
+    numbers = ScatterDimensions.of(inst.attributes, rank, updates.shape.dims)
     out_multi = index.get_multi(ctx)
     w = ctx.writer
     accumulator = w.fresh("acc")
     w.line(f"{compute_type(inst.shape.element_type)} {accumulator} = "
            f"{ctx.value(operand, index)};")
-    loops = _loop_nest(ctx, tuple(updates.shape.dims[d] for d in scatter_dims), "s")
+    loops = _loop_nest(ctx, tuple(updates.shape.dims[d] for d in numbers.scatter_dims), "s")
     with ctx.scope():
         starts = ["0"] * rank
-        for k, d in enumerate(attrs["scatter_dims_to_operand_dims"]):
+        for k, d in enumerate(numbers.to_operand):
             position = list(loops)
-            if vector_dim < indices.shape.rank:
-                position.insert(vector_dim, str(k))
+            if numbers.index_vector_dim < indices.shape.rank:
+                position.insert(numbers.index_vector_dim, str(k))
             raw = ctx.value(indices, Index(indices.shape.dims, position))
             starts[d] = ctx.bind(f"(long long){raw}", "long long", "start")
         # The whole window must lie inside the operand (else XLA skips the update), and
         # this output element inside the window.
         checks, offsets = [], []
         for d in range(rank):
-            start, size = starts[d], window_sizes[d]
+            start, size = starts[d], numbers.window_sizes[d]
             offset = ctx.bind(f"(long long){out_multi[d]} - {start}", "long long", "offset")
             checks += [f"{start} >= 0", f"{start} <= {operand.shape.dims[d] - size}",
                        f"{offset} >= 0", f"{offset} < {size}"]
@@ -359,9 +352,9 @@ def emit_scatter(ctx: KernelContext, inst: Instruction, index: Index) -> str:
         w.open(f"if ({' && '.join(checks)})")
         with ctx.scope():
             update_multi = ["0"] * updates.shape.rank
-            for j, d in enumerate(scatter_dims):
+            for j, d in enumerate(numbers.scatter_dims):
                 update_multi[d] = loops[j]
-            for d, u in zip(window_operand_dims, window_dims):
+            for d, u in zip(numbers.window_operand_dims, numbers.window_dims):
                 update_multi[u] = offsets[d]
             x = ctx.value(updates, Index(updates.shape.dims, update_multi))
             w.line(f"{accumulator} = {ctx.apply(inst.called_computations[0], [accumulator, x])};")

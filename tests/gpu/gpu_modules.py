@@ -16,7 +16,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hlo"))
 
-from hlo_builders import reduce_sum_x_plus_y_times_z  # noqa: E402
+from hlo_builders import argmax_reducer, reduce_sum_x_plus_y_times_z  # noqa: E402
 
 from tfxla_lite.hlo.attributes import PaddingConfig, Window  # noqa: E402
 from tfxla_lite.hlo.ir import Computation, HloModule, Instruction  # noqa: E402
@@ -287,16 +287,7 @@ def argmax(dims: tuple[int, ...], axis: int, element_type: str = "f32") -> HloMo
     """TF's ArgMax as XLA lowers it: a variadic reduce over (values, iota) whose reducer
     keeps the larger value and, on ties, the smaller index."""
     module, comp = new_module(f"argmax_{'x'.join(map(str, dims))}_axis{axis}_{element_type}")
-    scalar, index = Shape(element_type), Shape("s32")
-    reducer = module.new_computation("argmax_reducer")
-    lhs_value, lhs_index = reducer.add_parameter(0, scalar), reducer.add_parameter(1, index)
-    rhs_value, rhs_index = reducer.add_parameter(2, scalar), reducer.add_parameter(3, index)
-    keep = reducer.create("compare", [lhs_value, rhs_value], direction="GE")
-    tie = reducer.create("compare", [lhs_value, rhs_value], direction="EQ")
-    value = reducer.create("select", [keep, lhs_value, rhs_value])
-    chosen = reducer.create("select", [tie, reducer.create("minimum", [lhs_index, rhs_index]),
-                                       reducer.create("select", [keep, lhs_index, rhs_index])])
-    reducer.root = reducer.create("tuple", [value, chosen])
+    reducer = argmax_reducer(module, element_type, "argmax_reducer")
     x = comp.add_parameter(0, Shape(element_type, dims))
     positions = comp.create("iota", shape=Shape("s32", dims), iota_dimension=axis)
     reduced = comp.create("reduce", [x, positions, comp.add_constant(float("-inf"), element_type),

@@ -1,4 +1,4 @@
-"""Small builders of HLO modules by hand, shared by tests/hlo and tests/passes."""
+"""Small builders of HLO modules by hand, shared by tests/hlo, tests/passes and tests/gpu."""
 
 from __future__ import annotations
 
@@ -34,6 +34,24 @@ def reduce_sum_x_plus_y_times_z(shape: Shape | None = None) -> HloModule:
     total = comp.create("add", [x, comp.create("multiply", [y, z])])
     comp.root = reduce(comp, total, tuple(range(shape.rank)))
     return module
+
+
+def argmax_reducer(module: HloModule, element_type: str, name: str) -> Computation:
+    """TF's ArgMax reducer over (value, s32 index) pairs, as XLA lowers it: keeps the
+    larger value and, on ties, the smaller index."""
+    reducer = module.new_computation(name)
+    scalar, index = Shape(element_type, ()), Shape("s32", ())
+    lhs_value = reducer.add_parameter(0, scalar, "lhs_value")
+    lhs_index = reducer.add_parameter(1, index, "lhs_index")
+    rhs_value = reducer.add_parameter(2, scalar, "rhs_value")
+    rhs_index = reducer.add_parameter(3, index, "rhs_index")
+    keep = reducer.create("compare", [lhs_value, rhs_value], direction="GE")
+    tie = reducer.create("compare", [lhs_value, rhs_value], direction="EQ")
+    value = reducer.create("select", [keep, lhs_value, rhs_value])
+    chosen = reducer.create("select", [tie, reducer.create("minimum", [lhs_index, rhs_index]),
+                                       reducer.create("select", [keep, lhs_index, rhs_index])])
+    reducer.root = reducer.create("tuple", [value, chosen])
+    return reducer
 
 
 def check_lines(text: str, *patterns: str) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hlo_builders import new_module, parameters
+from hlo_builders import argmax_reducer, new_module, parameters
 
 from tfxla_lite.hlo.attributes import PaddingConfig, Window, WindowDimension, parse_window
 from tfxla_lite.hlo.evaluator import evaluate
@@ -253,18 +253,7 @@ def argmax_module(dims: tuple[int, int], element_type: str = "f32") -> HloModule
     """TF's ArgMax lowering: reduce of (values, iota) with a 4-parameter comparator."""
     module, comp = new_module("argmax")
     (x,) = parameters(comp, Shape(element_type, dims))
-    scalar, index = Shape(element_type, ()), Shape("s32", ())
-    minmax = module.new_computation("minmax")
-    lv = minmax.add_parameter(0, scalar, "lhs_value")
-    li = minmax.add_parameter(1, index, "lhs_index")
-    rv = minmax.add_parameter(2, scalar, "rhs_value")
-    ri = minmax.add_parameter(3, index, "rhs_index")
-    ge = minmax.create("compare", [lv, rv], direction="GE")
-    eq = minmax.create("compare", [lv, rv], direction="EQ")
-    value = minmax.create("select", [ge, lv, rv])
-    chosen = minmax.create("select", [eq, minmax.create("minimum", [li, ri]),
-                                      minmax.create("select", [ge, li, ri])])
-    minmax.root = minmax.create("tuple", [value, chosen])
+    minmax = argmax_reducer(module, element_type, "minmax")
     iota = comp.create("iota", shape=Shape("s32", dims), iota_dimension=1)
     low = -np.inf if element_type.startswith("f") else np.iinfo(np.dtype("int32")).min
     result = comp.create("reduce", [x, iota, comp.add_constant(low, element_type),

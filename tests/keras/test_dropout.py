@@ -12,52 +12,9 @@ with `jit_compile=False`.
 
 from __future__ import annotations
 
-import keras
 import numpy as np
 import tensorflow as tf
-
-import tfxla_lite as tl
-from tfxla_lite import coverage
-
-
-def _transformer(dropout: float, jit_compile: bool) -> keras.Model:
-    tokens = keras.Input((16,), dtype="int32")
-    x = keras.layers.Embedding(50, 32)(tokens)
-    attention = keras.layers.MultiHeadAttention(2, 16, dropout=dropout)(x, x)
-    x = keras.layers.LayerNormalization()(x + keras.layers.Dropout(dropout)(attention))
-    hidden = keras.layers.Dense(64, activation=keras.activations.gelu)(x)
-    hidden = keras.layers.Dropout(dropout)(keras.layers.Dense(32)(hidden))
-    x = keras.layers.LayerNormalization()(x + hidden)
-    logits = keras.layers.Dense(5)(keras.layers.GlobalAveragePooling1D()(x))
-    model = keras.Model(tokens, logits)
-    model.compile(optimizer=keras.optimizers.Adam(1e-3), jit_compile=jit_compile,
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    return model
-
-
-class _BatchLosses(keras.callbacks.Callback):
-    def __init__(self) -> None:
-        super().__init__()
-        self.losses: list[float] = []
-
-    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        self.losses.append(float(logs["loss"]))
-
-
-def _train(compiled: bool, jit_compile: bool, x: np.ndarray, y: np.ndarray
-           ) -> tuple[list[float], list[np.ndarray], coverage.FunctionCoverage]:
-    keras.utils.set_random_seed(0)
-    model = _transformer(0.1, jit_compile)
-    losses = _BatchLosses()
-    if compiled:
-        tl.enable()
-    try:
-        with coverage.record() as recorded:
-            model.fit(x, y, epochs=2, batch_size=32, shuffle=False, verbose=0,
-                      callbacks=[losses])
-    finally:
-        tl.disable()
-    return losses.losses, [w.numpy() for w in model.weights], coverage.total(recorded)
+from keras_helpers import tokens, train, transformer
 
 
 def test_xla_draws_other_stateless_random_bits_than_tf() -> None:
@@ -74,11 +31,11 @@ def test_xla_draws_other_stateless_random_bits_than_tf() -> None:
 
 
 def test_transformer_with_dropout_matches_tf_step_for_step() -> None:
-    rng = np.random.default_rng(1)
-    x = rng.integers(0, 50, (96, 16)).astype(np.int32)
-    y = rng.integers(0, 5, 96)
-    plain_losses, plain_weights, _ = _train(False, False, x, y)
-    losses, weights, share = _train(True, True, x, y)
+    x, y = tokens()
+    plain_losses, plain_weights, _ = train(transformer(0.1, jit_compile=False), x, y,
+                                           compiled=False, epochs=2, batch_size=32)
+    losses, weights, share = train(transformer(0.1, jit_compile=True), x, y, compiled=True,
+                                   epochs=2, batch_size=32)
     # Everything but the random ops and some shape plumbing runs compiled, the
     # embedding lookup and its gradient (GatherV2, UnsortedSegmentSum) included.
     assert share.op_share > 0.95 and share.flop_share > 0.99, share

@@ -13,41 +13,17 @@ from typing import Any
 import keras
 import numpy as np
 import pytest
+from keras_helpers import tokens, train, transformer
 
 import tfxla_lite as tl
 from tfxla_lite import coverage
 
 
-class _BatchLosses(keras.callbacks.Callback):
-    def __init__(self) -> None:
-        super().__init__()
-        self.losses: list[float] = []
-
-    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        self.losses.append(float(logs["loss"]))
-
-
-def _train(build: Callable[[], keras.Model], x: Any, y: Any, compiled: bool, epochs: int,
-           batch_size: int) -> tuple[list[float], list[np.ndarray], coverage.FunctionCoverage]:
-    keras.utils.set_random_seed(0)
-    model = build()
-    losses = _BatchLosses()
-    if compiled:
-        tl.enable()
-    try:
-        with coverage.record() as recorded:
-            model.fit(x, y, epochs=epochs, batch_size=batch_size, shuffle=False, verbose=0,
-                      callbacks=[losses])
-    finally:
-        tl.disable()
-    return losses.losses, [w.numpy() for w in model.weights], coverage.total(recorded)
-
-
 def _compare(name: str, build: Callable[[], keras.Model], x: Any, y: Any, epochs: int,
              batch_size: int, loss_rtol: float, weight_atol: float
              ) -> coverage.FunctionCoverage:
-    plain_losses, plain_weights, _ = _train(build, x, y, False, epochs, batch_size)
-    losses, weights, share = _train(build, x, y, True, epochs, batch_size)
+    plain_losses, plain_weights, _ = train(build, x, y, False, epochs, batch_size)
+    losses, weights, share = train(build, x, y, True, epochs, batch_size)
     print(f"\n{name}: {share.ops_compiled} of {share.ops_compiled + share.ops_left} compute "
           f"ops compiled ({share.op_share:.1%}), FLOPs {share.flop_share:.1%}; "
           f"left: {dict(list(share.left_out.items())[:8])}")
@@ -76,32 +52,9 @@ def test_mlp_adam_ragged_last_batch() -> None:
     assert share.op_share > 0.8 and share.flop_share > 0.95
 
 
-def _transformer(dropout: float) -> Callable[[], keras.Model]:
-    def build() -> keras.Model:
-        tokens = keras.Input((16,), dtype="int32")
-        x = keras.layers.Embedding(50, 32)(tokens)
-        attention = keras.layers.MultiHeadAttention(2, 16, dropout=dropout)(x, x)
-        x = keras.layers.LayerNormalization()(x + keras.layers.Dropout(dropout)(attention))
-        hidden = keras.layers.Dense(64, activation=keras.activations.gelu)(x)
-        hidden = keras.layers.Dropout(dropout)(keras.layers.Dense(32)(hidden))
-        x = keras.layers.LayerNormalization()(x + hidden)
-        logits = keras.layers.Dense(5)(keras.layers.GlobalAveragePooling1D()(x))
-        model = keras.Model(tokens, logits)
-        model.compile(optimizer=keras.optimizers.Adam(1e-3), jit_compile=True,
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-        return model
-
-    return build
-
-
-def _tokens() -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(1)
-    return rng.integers(0, 50, (96, 16)).astype(np.int32), rng.integers(0, 5, 96)
-
-
 def test_transformer_block_matches_tf() -> None:
-    x, y = _tokens()
-    share = _compare("Transformer block, dropout 0", _transformer(0.0), x, y, epochs=2,
+    x, y = tokens()
+    share = _compare("Transformer block, dropout 0", transformer(0.0), x, y, epochs=2,
                      batch_size=40, loss_rtol=1e-4, weight_atol=2e-4)
     assert share.op_share > 0.5
 
@@ -112,8 +65,8 @@ def test_transformer_block_with_dropout_trains() -> None:
     # ops give other numbers for the same seed; so losses differ from the first step.
     # test_dropout.py compares step for step with plain TF without XLA (they match);
     # here, check that training runs, stays finite and learns.
-    x, y = _tokens()
-    losses, weights, share = _train(_transformer(0.1), x, y, True, epochs=4, batch_size=32)
+    x, y = tokens()
+    losses, weights, share = train(transformer(0.1), x, y, True, epochs=4, batch_size=32)
     print(f"\nTransformer block, dropout 0.1: {share.op_share:.1%} of ops, "
           f"{share.flop_share:.1%} of FLOPs compiled")
     assert np.all(np.isfinite(losses)) and all(np.isfinite(w).all() for w in weights)

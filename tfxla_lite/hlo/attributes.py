@@ -1,16 +1,22 @@
-"""Structured attribute values of HLO instructions: padding configs and windows.
+"""Structured attribute values of HLO instructions: padding configs, windows and
+scatter dimension numbers.
 
 `pad` carries a `PaddingConfig` (XLA text `padding=1_0x0_2_1`), `reduce-window` a
 `Window` (`window={size=1x6 stride=1x2 pad=0_0x5_0 lhs_dilate=1x2 rhs_dilate=1x1}`).
 Both are frozen dataclasses whose `str()` is XLA's spelling, so the printer writes
 them as any other attribute and `parse_padding` / `parse_window` read them back
-(`parser.py`). Meanings follow `xla/xla_data.proto` (PaddingConfig, Window).
+(`parser.py`). A scatter's dimension numbers stay plain attributes in the IR;
+`ScatterDimensions` resolves them against its shapes for the evaluator and the
+backends. Meanings follow `xla/xla_data.proto` (PaddingConfig, Window,
+ScatterDimensionNumbers).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -131,3 +137,35 @@ def parse_window(text: str) -> Window:
         for size, stride, (lo, hi), rhs, lhs in zip(
             ints("size", 1), ints("stride", 1), lows_highs, ints("rhs_dilate", 1),
             ints("lhs_dilate", 1), strict=True)))
+
+
+@dataclass(frozen=True)
+class ScatterDimensions:
+    """A scatter's dimension numbers (`xla_data.proto` ScatterDimensionNumbers, without
+    batching dims) resolved against its operand's rank and its updates' dimensions: what
+    the evaluator and every backend's scatter need to map an update element to the
+    operand element it combines into."""
+
+    index_vector_dim: int
+    to_operand: tuple[int, ...]  # scatter_dims_to_operand_dims: one per index-vector entry
+    window_dims: tuple[int, ...]  # update_window_dims: the updates' dims inside one window
+    scatter_dims: tuple[int, ...]  # the updates' other dims: which window (which indices)
+    window_operand_dims: tuple[int, ...]  # the operand dims `window_dims` walk, in order
+    window_sizes: tuple[int, ...]  # per operand dim, the window's extent (1 where inserted)
+
+    @staticmethod
+    def of(attributes: Mapping[str, Any], operand_rank: int,
+           update_dims: tuple[int, ...]) -> ScatterDimensions:
+        window_dims = tuple(attributes["update_window_dims"])
+        inserted = set(attributes["inserted_window_dims"])
+        window_operand_dims = tuple(d for d in range(operand_rank) if d not in inserted)
+        window_sizes = [1] * operand_rank
+        for d, u in zip(window_operand_dims, window_dims, strict=True):
+            window_sizes[d] = update_dims[u]
+        return ScatterDimensions(
+            index_vector_dim=int(attributes["index_vector_dim"]),
+            to_operand=tuple(attributes["scatter_dims_to_operand_dims"]),
+            window_dims=window_dims,
+            scatter_dims=tuple(d for d in range(len(update_dims)) if d not in window_dims),
+            window_operand_dims=window_operand_dims,
+            window_sizes=tuple(window_sizes))

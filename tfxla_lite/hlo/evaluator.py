@@ -49,6 +49,7 @@ from typing import Any
 
 import numpy as np
 
+from tfxla_lite.hlo.attributes import ScatterDimensions
 from tfxla_lite.hlo.ir import Computation, HloModule, Instruction
 from tfxla_lite.hlo.opcodes import OPCODES
 from tfxla_lite.hlo.shape import FLOAT_TYPES, SIGNED_TYPES, UNSIGNED_TYPES, Shape
@@ -452,30 +453,23 @@ def _scatter_targets(inst: Instruction, operand_dims: tuple[int, ...], indices: 
     """For every update element, in row-major order: the operand's linear position it
     combines into, and whether its whole window lies inside the operand (XLA skips the
     update windows that do not, and never clamps them)."""
-    attrs = inst.attributes
-    window_dims = tuple(attrs["update_window_dims"])
-    inserted = set(attrs["inserted_window_dims"])
-    vector_dim = int(attrs["index_vector_dim"])
     rank = len(operand_dims)
+    numbers = ScatterDimensions.of(inst.attributes, rank, update_dims)
+    vector_dim = numbers.index_vector_dim
     if vector_dim == indices.ndim:
         indices = indices[..., None]
     indices = np.moveaxis(indices, vector_dim, -1).astype(np.int64)
-    window_operand_dims = [d for d in range(rank) if d not in inserted]
-    window_sizes = [1] * rank
-    for d, u in zip(window_operand_dims, window_dims, strict=True):
-        window_sizes[d] = update_dims[u]
     count = int(np.prod(update_dims, dtype=np.int64))
     grid = np.indices(update_dims, dtype=np.int64).reshape(len(update_dims), count)
-    scatter_dims = [d for d in range(len(update_dims)) if d not in window_dims]
-    vectors = indices[tuple(grid[d] for d in scatter_dims)].reshape(-1, indices.shape[-1])
+    vectors = indices[tuple(grid[d] for d in numbers.scatter_dims)].reshape(-1, indices.shape[-1])
     vectors = np.broadcast_to(vectors, (count, indices.shape[-1]))
     position = np.zeros((rank, count), dtype=np.int64)
     valid = np.ones(count, dtype=bool)
-    for k, d in enumerate(attrs["scatter_dims_to_operand_dims"]):
+    for k, d in enumerate(numbers.to_operand):
         position[d] = vectors[:, k]
     for d in range(rank):
-        valid &= (position[d] >= 0) & (position[d] <= operand_dims[d] - window_sizes[d])
-    for d, u in zip(window_operand_dims, window_dims, strict=True):
+        valid &= (position[d] >= 0) & (position[d] <= operand_dims[d] - numbers.window_sizes[d])
+    for d, u in zip(numbers.window_operand_dims, numbers.window_dims, strict=True):
         position[d] += grid[u]
     strides = [int(np.prod(operand_dims[d + 1:], dtype=np.int64)) for d in range(rank)]
     linear = np.zeros(count, dtype=np.int64)

@@ -11,7 +11,7 @@ computation stay in a topological order (operands before users).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -331,3 +331,24 @@ class HloModule:
 
     def __str__(self) -> str:
         return self.to_text()
+
+
+def user_edges(starts: Iterable[Instruction],
+               stop: Callable[[Instruction, Instruction], bool] | None = None
+               ) -> Iterator[tuple[Instruction, Instruction]]:
+    """Every `(node, user)` edge reachable from `starts` through users, each node's
+    users visited once; an edge for which `stop(node, user)` holds is neither yielded
+    nor followed. Checks of how a fused value is read (only elementwise, only at its own
+    index, up to the reduces or the root) are `all(...)` over these edges."""
+    stack = list(starts)
+    seen: set[int] = set()
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        for user in node.users:
+            if stop is not None and stop(node, user):
+                continue
+            yield node, user
+            stack.append(user)

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tfxla_lite.hlo.ir import Computation, HloModule, Instruction
+from tfxla_lite.hlo.ir import Computation, HloModule, Instruction, user_edges
 from tfxla_lite.hlo.opcodes import is_elementwise
 from tfxla_lite.hlo.shape import Shape
 from tfxla_lite.passes.heap_simulator import (
@@ -205,21 +205,14 @@ def reads_only_elementwise(inst: Instruction, operand_number: int,
         return False
     fused = inst.fused_computation
     root = fused.root
-    stack, seen = [fused.parameter(operand_number)], set()
-    while stack:
-        node = stack.pop()
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        for user in node.users:
-            if user is root and user.opcode == "tuple":
-                continue  # a multi-output fusion's leaves: each stored at the same index
-            if row_plan is not None and any(user is r for r in row_plan.reduces):
-                continue
-            if not is_elementwise(user.opcode) or user.shape.dims != operand.shape.dims:
-                return False
-            stack.append(user)
-    return True
+
+    def ends_walk(_: Instruction, user: Instruction) -> bool:
+        if user is root and user.opcode == "tuple":
+            return True  # a multi-output fusion's leaves: each stored at the same index
+        return row_plan is not None and any(user is r for r in row_plan.reduces)
+
+    return all(is_elementwise(user.opcode) and user.shape.dims == operand.shape.dims
+               for _, user in user_edges([fused.parameter(operand_number)], ends_walk))
 
 
 def _in_place_donor(value: Value, temps: set[int], last_use: dict[int, int],

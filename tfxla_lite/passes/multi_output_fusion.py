@@ -48,7 +48,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import ClassVar
 
-from tfxla_lite.hlo.ir import Computation, HloModule, Instruction
+from tfxla_lite.hlo.ir import Computation, HloModule, Instruction, user_edges
 from tfxla_lite.hlo.opcodes import is_elementwise
 from tfxla_lite.hlo.shape import Shape
 from tfxla_lite.passes.base import Pass
@@ -409,23 +409,17 @@ def _reads_elementwise(consumer: Instruction, producer: Instruction,
         return _kernel_of(consumer.operand(0)) is producer and \
             _kernel_of(consumer.operand(1)) is not producer
     fused = consumer.fused_computation
-    stack = [fused.parameter(n) for n, o in enumerate(consumer.operands)
-             if _kernel_of(o) is producer]
-    seen: set[int] = set()
-    while stack:
-        node = stack.pop()
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        for user in node.users:
-            if user.opcode == "reduce" and user.operand(0) is node and user.operand(1) is not node:
-                continue
-            if user.opcode == "tuple" and user is fused.root:
-                continue
-            if not is_elementwise(user.opcode) or user.shape.dims != dims:
-                return False
-            stack.append(user)
-    return True
+
+    def stop(node: Instruction, user: Instruction) -> bool:
+        # The reduces that read it, and the root tuple that stores it, end a path.
+        return ((user.opcode == "reduce" and user.operand(0) is node
+                 and user.operand(1) is not node)
+                or (user.opcode == "tuple" and user is fused.root))
+
+    starts = [fused.parameter(n) for n, o in enumerate(consumer.operands)
+              if _kernel_of(o) is producer]
+    return all(is_elementwise(user.opcode) and user.shape.dims == dims
+               for _, user in user_edges(starts, stop))
 
 
 def _body(kernel: Instruction) -> tuple[list[Instruction], list[Instruction], list[Instruction]]:

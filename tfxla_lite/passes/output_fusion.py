@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from tfxla_lite.hlo.ir import Computation, HloModule, Instruction
+from tfxla_lite.hlo.ir import Computation, HloModule, Instruction, user_edges
 from tfxla_lite.hlo.opcodes import is_elementwise
 from tfxla_lite.passes.base import Pass
 from tfxla_lite.passes.fusion import fusion_targets
@@ -46,18 +46,9 @@ def epilogue_reads_elementwise(consumer: Instruction, dot: Instruction) -> bool:
     if consumer.attributes.get("kind") != "kLoop":
         return False
     fused = consumer.fused_computation
-    stack = [fused.parameter(n) for n, o in enumerate(consumer.operands) if o is dot]
-    seen: set[int] = set()
-    while stack:
-        node = stack.pop()
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        for user in node.users:
-            if not is_elementwise(user.opcode) or user.shape.dims != dims:
-                return False
-            stack.append(user)
-    return True
+    starts = [fused.parameter(n) for n, o in enumerate(consumer.operands) if o is dot]
+    return all(is_elementwise(user.opcode) and user.shape.dims == dims
+               for _, user in user_edges(starts))
 
 
 def output_fusion_consumer(dot: Instruction) -> Instruction | None:
