@@ -21,6 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfxla_lite import dump
+from tfxla_lite.collector import collector_paused
 from tfxla_lite.compiler import CompilationError, Program, build_program
 from tfxla_lite.flags import get_options
 from tfxla_lite.options import Options
@@ -147,6 +148,10 @@ class Function:
 
     def _compile(self, args: tuple, kwargs: dict) -> Program:
         """Trace this signature and build its program, applying the fallback policies."""
+        with collector_paused():
+            return self._compile_unpaused(args, kwargs)
+
+    def _compile_unpaused(self, args: tuple, kwargs: dict) -> Program:
         concrete = self._tracer.get_concrete_function(*args, **kwargs)
         try:
             program = self._build(concrete, self.jit_compile, self.options, args, kwargs)
@@ -172,7 +177,7 @@ class Function:
                kwargs: dict) -> Program:
         try:
             program = build_program(concrete, jit_compile, options, dynamic=True)
-            if not program.report.compiled_clusters:
+            if not program.has_launches:
                 # Nothing to launch: run the trace as it is rather than a re-import of it.
                 program.run, program.concrete_run = self._tracer, concrete
             else:

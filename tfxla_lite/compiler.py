@@ -9,10 +9,15 @@ in a new `tf.function` that re-binds arguments, captures and variable writes.
 With `dynamic=True`, shapes need only known ranks: a cluster with unknown
 dimensions is planned here and compiled by the launch op at run time, once per
 concrete input signature (`tfxla_lite/dynamic.py`).
+
+The functions of While and If ops (loop bodies and conditions, branches) go through
+the same steps first, each as a graph of its own (`_compile_bodies`,
+`tfxla_lite/control_flow.py`); the op stays in TF and calls the rewritten function.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import time
@@ -23,15 +28,16 @@ from typing import Any
 
 import tensorflow as tf
 
-from tfxla_lite import dump
+from tfxla_lite import control_flow, dump
 from tfxla_lite import dynamic as dynamic_clusters
 from tfxla_lite.autojit import original_tf_function
 from tfxla_lite.clustering.cluster import form_clusters
 from tfxla_lite.clustering.lower import lower_cluster
 from tfxla_lite.clustering.mark import PLUMBING_OPS, MarkOptions, format_source, mark
 from tfxla_lite.codegen import compile_module
+from tfxla_lite.codegen.cache import CachedExecutable
 from tfxla_lite.hlo import HloModule
-from tfxla_lite.inline import inline_function_calls
+from tfxla_lite.inline import inline_function_calls, is_compiled_function
 from tfxla_lite.options import Options
 from tfxla_lite.report import ClusteringReport, ClusterReport, FallbackNode
 from tfxla_lite.rewrite import (
@@ -76,7 +82,11 @@ class CompiledClusterArtifacts:
 
 @dataclass
 class Program:
-    """One input signature's compiled form: a tf.function over the rewritten graph."""
+    """One input signature's compiled form: a tf.function over the rewritten graph.
+
+    Also the compiled form of one loop body or branch (`BodyProgram.program`), which has
+    no `concrete_function` or `run` of its own.
+    """
 
     concrete_function: Any
     report: ClusteringReport
@@ -90,6 +100,33 @@ class Program:
     # The graph that was marked and rewritten: the trace's, or its copy with function
     # calls inlined.
     graph: Any = None
+    # The compiled functions of its While and If ops (tfxla_lite/control_flow.py).
+    bodies: list[BodyProgram] = field(default_factory=list)
+    # What the rewrite needs: the compiled clusters, the control-flow attributes to
+    # re-point ((node, attr) -> function name) and the functions they name.
+    compiled: list[CompiledCluster] = field(default_factory=list)
+    renames: dict[tuple[str, str], str] = field(default_factory=dict)
+    functions: list[Any] = field(default_factory=list)
+
+    @property
+    def has_launches(self) -> bool:
+        """Whether the rewrite changes anything: a launch op here or in a body."""
+        return bool(self.compiled) or bool(self.renames)
+
+    def all_artifacts(self) -> list[Any]:
+        """Every compiled cluster and dynamic specialization, bodies included, in order."""
+        compiled: list[Any] = list(self.clusters)
+        for dynamic_cluster in self.dynamic_clusters:
+            compiled.extend(dynamic_cluster.specializations)
+        for body in self.bodies:
+            compiled.extend(body.program.all_artifacts())
+        return compiled
+
+    def all_dynamic_clusters(self) -> list[dynamic_clusters.DynamicCluster]:
+        found = list(self.dynamic_clusters)
+        for body in self.bodies:
+            found.extend(body.program.all_dynamic_clusters())
+        return found
 
     def compiler_ir(self, stage: str) -> str:
         texts = {
@@ -101,12 +138,21 @@ class Program:
         }
         if stage not in texts:
             raise ValueError(f"unknown stage {stage!r}; stages are {', '.join(texts)}")
-        compiled = list(self.clusters)
-        for dynamic_cluster in self.dynamic_clusters:
-            compiled.extend(dynamic_cluster.specializations)
+        compiled = self.all_artifacts()
         if not compiled:
             return ""
         return "\n".join(texts[stage](c) for c in compiled)
+
+
+@dataclass
+class BodyProgram:
+    """One function of a While or If op (a loop body or condition, a branch), compiled:
+    `function` is the rewritten ConcreteFunction the op now calls, None when nothing in
+    it compiled (the op keeps calling the original)."""
+
+    call: control_flow.BodyCall
+    program: Program
+    function: Any = None
 
 
 def _tensor_spec(tensor: tf.Tensor) -> tuple[tf.DType, tuple[int, ...]]:
@@ -131,7 +177,32 @@ def build_program(concrete_function: Any, jit_compile: bool | None, options: Opt
     if max_specializations is None:
         max_specializations = getattr(options, "max_shape_specializations",
                                       DEFAULT_MAX_SPECIALIZATIONS)
+    settings = _Settings(jit_compile, options, dynamic, max_specializations)
+    program = _compile_graph(graph, function_name, settings)
+    program.concrete_function = concrete_function
+    program.run = _rewritten_function(concrete_function, program)
+    return program
+
+
+@dataclass(frozen=True)
+class _Settings:
+    """What every graph of one build (the trace, its loop bodies) is compiled with."""
+
+    jit_compile: bool | None
+    options: Options
+    dynamic: bool
+    max_specializations: int | None
+
+
+def _compile_graph(graph: tf.Graph, function_name: str, settings: _Settings,
+                   library: dict[str, Any] | None = None) -> Program:
+    """Mark, cluster and compile `graph` and, first, the bodies of its control-flow ops;
+    a Program without `run` (the caller rewrites and imports). `library`: the trace's
+    FunctionDefs by name, for a body (default: `graph`'s own)."""
+    jit_compile, options, dynamic = settings.jit_compile, settings.options, settings.dynamic
     report = ClusteringReport(function_name, jit_compile)
+    # Bodies first: in must-compile mode a body that cannot compile is the error.
+    bodies, renames, functions = _compile_bodies(graph, function_name, settings, library)
     decisions = mark(graph, MarkOptions(dynamic_shapes=dynamic,
                                         allowlist=options.ops_to_cluster))
     min_size = 1 if jit_compile else options.min_cluster_size
@@ -144,14 +215,18 @@ def build_program(concrete_function: Any, jit_compile: bool | None, options: Opt
         if op.name in clustered:
             continue
         reason = decision.reason if not decision.compilable else "cluster too small"
+        if op.type in control_flow.CONTROL_FLOW_OPS:
+            reason = control_flow.CONTROL_FLOW_REASON
         source = decision.source or format_source(op)
         report.fallbacks.append(FallbackNode(op.name, op.type, reason or "", source))
 
     if jit_compile:
         # Plumbing stays in TF by design; so does a Const shared by several clusters
-        # (each embeds its value), which is compilable but in no cluster.
+        # (each embeds its value), which is compilable but in no cluster; so do
+        # control-flow ops, whose bodies compiled above.
         offending = [f for f in report.fallbacks
-                     if f.op_type not in PLUMBING_OPS and not decisions[f.op_name].compilable]
+                     if f.op_type not in PLUMBING_OPS and not decisions[f.op_name].compilable
+                     and f.op_type not in control_flow.CONTROL_FLOW_OPS]
         if offending:
             raise CompilationError(_must_compile_message(function_name, offending),
                                    offending)
@@ -165,7 +240,7 @@ def build_program(concrete_function: Any, jit_compile: bool | None, options: Opt
             if dynamic and not dynamic_clusters.is_static(graph, cluster):
                 key = f"{function_name}/{cluster.name}/{next(_executable_ids)}"
                 dynamic_cluster = _plan_dynamic(graph, cluster, key, jit_compile, options,
-                                                max_specializations)
+                                                settings.max_specializations)
                 dynamic_cluster.on_compiled = _dump_specialization(options, function_name)
                 compiled.append(_dynamic_compiled_cluster(cluster, dynamic_cluster,
                                                           fallback=not jit_compile))
@@ -178,7 +253,8 @@ def build_program(concrete_function: Any, jit_compile: bool | None, options: Opt
             started = time.perf_counter()
             module = lower_cluster(graph, cluster)
             executable = compile_module(module, pipeline=options.effective_pipeline,
-                                        verify=options.verify)
+                                        verify=options.verify,
+                                        donate=_forwardable(graph, cluster.inputs))
             dump.dump_cluster(options, function_name, cluster.name, executable.hlo_text, executable,
                               time.perf_counter() - started)
         except Exception as error:  # noqa: BLE001 - any failure means: leave it to TF
@@ -200,7 +276,7 @@ def build_program(concrete_function: Any, jit_compile: bool | None, options: Opt
         outputs = [graph.get_tensor_by_name(t) for t in cluster.outputs]
         register_executable(key, executable.entry_address, executable.temp_bytes,
                             [_tensor_spec(t) for t in inputs], [_tensor_spec(t) for t in outputs],
-                            owner=executable)
+                            owner=executable, donations=executable.donations)
         compiled.append(CompiledCluster(
             name=cluster.name, op_names=tuple(cluster.op_names), inputs=tuple(cluster.inputs),
             outputs=tuple(cluster.outputs), control_inputs=tuple(cluster.control_inputs), key=key,
@@ -212,16 +288,121 @@ def build_program(concrete_function: Any, jit_compile: bool | None, options: Opt
         report.clusters.append(ClusterReport(
             cluster.name, ops, len(cluster.inputs), len(cluster.outputs), True,
             kernel_count=executable.kernel_count, temp_bytes=executable.temp_bytes,
-            temp_bytes_without_reuse=executable.assignment.temp_bytes_without_reuse))
+            temp_bytes_without_reuse=_temp_bytes_without_reuse(executable)))
         logger.info("tfxla-lite: compiled %s of %s: %d ops, %d kernels", cluster.name,
                     function_name, len(ops), executable.kernel_count)
 
     dump.dump_trace(options, graph, report)
-    program = Program(concrete_function, report, artifacts, dynamic_clusters=planned,
-                      graph=graph)
-    program.run = _rewritten_function(concrete_function, compiled, generalize=bool(planned),
-                                      graph=graph)
-    return program
+    # The bodies' clusters and fallbacks are part of this function's report, their names
+    # prefixed with the body's function name.
+    for body in bodies:
+        _merge_body_report(report, body)
+    return Program(None, report, artifacts, dynamic_clusters=planned, graph=graph,
+                   bodies=bodies, compiled=compiled, renames=renames, functions=functions)
+
+
+def _temp_bytes_without_reuse(executable: Any) -> int:
+    """From the cached figure when the executable came from the optimized-module cache,
+    whose buffer assignment is rebuilt only on demand (codegen/cache.py)."""
+    if isinstance(executable, CachedExecutable):
+        return executable.temp_bytes_without_reuse
+    return executable.assignment.temp_bytes_without_reuse
+
+
+def _compile_bodies(graph: tf.Graph, function_name: str, settings: _Settings,
+                    library: dict[str, Any] | None
+                    ) -> tuple[list[BodyProgram], dict[tuple[str, str], str], list[Any]]:
+    """Compile the functions of `graph`'s While and If ops (tfxla_lite/control_flow.py).
+
+    Returns the body programs, the function attributes to re-point ((node, attr) → the
+    rewritten function's name) and the rewritten ConcreteFunctions to add to the graph
+    the rewritten GraphDef is imported into. In auto mode a body that fails to compile
+    stays as it was.
+    """
+    if not any(op.type in control_flow.CONTROL_FLOW_OPS for op in graph.get_operations()):
+        return [], {}, []
+    if library is None:  # as the rewrite exports it (add_shapes also marks library nodes)
+        library = {f.signature.name: f
+                   for f in graph.as_graph_def(add_shapes=True).library.function}
+    calls = control_flow.body_calls(graph, library)
+    bodies: list[BodyProgram] = []
+    renames: dict[tuple[str, str], str] = {}
+    functions: list[Any] = []
+    done: dict[tuple[Any, ...], BodyProgram] = {}
+    shape_lists: set[tuple[str, int]] = set()  # While outputs that accumulate shapes
+    for call in calls:
+        if is_compiled_function(call.function, library):
+            continue  # tfxla-lite's own output, in a graph that calls a compiled function
+        call = control_flow.with_shape_lists(call, shape_lists)  # noqa: PLW2901
+        # Constants and shapes of the arguments shape the compiled body: share it only
+        # between calls with the very same arguments (one function named twice).
+        signature = (call.function, tuple(str(s) for s in call.shapes),
+                     tuple(t.name for t in call.arguments))
+        if signature in done:
+            body = done[signature]
+        else:
+            try:
+                body_graph = control_flow.function_graph(library, call)
+                body_graph = inline_function_calls(body_graph) or body_graph
+                program = _compile_graph(body_graph, call.function, settings, library)
+                rewritten = (_rewritten_body(program, library) if program.has_launches
+                             else None)
+            except CompilationError:
+                raise
+            except Exception as error:  # noqa: BLE001 - auto mode: the body runs as it is
+                if settings.jit_compile:
+                    raise CompilationError(
+                        f"tfxla-lite could not compile {call.function} ({call.attr} of "
+                        f"{call.node}) in {function_name}: {type(error).__name__}: "
+                        f"{error}") from error
+                logger.warning("tfxla-lite: %s of %s in %s stays as it is: %s: %s", call.attr,
+                               call.node, function_name, type(error).__name__, error)
+                logger.debug("%s", traceback.format_exc())
+                continue
+            body = BodyProgram(call, program, rewritten)
+            done[signature] = body
+            bodies.append(body)
+            shape_lists |= control_flow.shape_lists(call, program.graph)
+        if body.function is not None:
+            renames[(call.node, call.attr)] = body.function.function_def.signature.name
+            if body.function not in functions:
+                functions.append(body.function)
+    return bodies, renames, functions
+
+
+def _rewritten_body(program: Program, library: dict[str, Any]) -> Any:
+    """The ConcreteFunction that replaces a body: its graph with launch ops."""
+    graph = program.graph
+    graph_def = rewrite_graph_def(graph.as_graph_def(add_shapes=True), program.compiled)
+    control_flow.rename_functions(graph_def, program.renames)
+    output_names = [rewritten_tensor_name(t.name, program.compiled) for t in graph.outputs]
+    control_names = [op.name for op in graph.control_outputs]
+    fallbacks = [f for c in program.compiled for f in (c.fallback or ())]
+    return control_flow.rewritten_body(graph, graph_def, output_names, control_names,
+                                       [*program.functions, *fallbacks], library)
+
+
+def _merge_body_report(report: ClusteringReport, body: BodyProgram) -> None:
+    prefix = f"{body.call.function}/"
+    for cluster in body.program.report.clusters:
+        report.clusters.append(dataclasses.replace(
+            cluster, name=prefix + cluster.name,
+            ops=tuple((prefix + name, op_type) for name, op_type in cluster.ops)))
+    for node in body.program.report.fallbacks:
+        report.fallbacks.append(dataclasses.replace(node, op_name=prefix + node.op_name))
+
+
+# Producers of cluster inputs that something besides the launch still holds (the
+# caller's arguments, variables' buffers, constants): TF never forwards those.
+_HELD_INPUTS = frozenset({"Placeholder", "ReadVariableOp", "Const", "VarHandleOp"})
+
+
+def _forwardable(graph: tf.Graph, inputs: list[str] | tuple[str, ...]) -> list[int]:
+    """The cluster inputs TF may forward to an output when the launch is their last
+    reader: intermediates of TF ops (codegen/cpu/donation.py compiles in-place variants
+    for them, which costs compile time, so arguments and variables are left out)."""
+    return [n for n, name in enumerate(inputs)
+            if graph.get_tensor_by_name(name).op.type not in _HELD_INPUTS]
 
 
 def _plan_dynamic(graph: tf.Graph, cluster: Any, key: str, jit_compile: bool | None,
@@ -269,13 +450,14 @@ def _must_compile_message(function_name: str, offending: list[FallbackNode]) -> 
     return "\n".join(lines)
 
 
-def _rewritten_function(concrete_function: Any, clusters: list[CompiledCluster],
-                        generalize: bool = False, graph: tf.Graph | None = None) -> Callable:
+def _rewritten_function(concrete_function: Any, program: Program) -> Callable:
     """A tf.function that runs the rewritten graph; called like the original function.
-    `generalize`: its dynamic clusters take any shape, so retrace with unknown dims.
-    `graph`: the graph the clusters are of, when not the trace's own (inlined calls)."""
-    graph = graph if graph is not None else concrete_function.graph
+    Its dynamic clusters take any shape, so it retraces with unknown dims; `program.graph`
+    is the graph the clusters are of (the trace's, or its copy with calls inlined)."""
+    graph = program.graph
+    clusters = program.compiled
     graph_def = rewrite_graph_def(graph.as_graph_def(add_shapes=True), clusters)
+    control_flow.rename_functions(graph_def, program.renames)
     placeholder_names = [t.op.name for t in concrete_function.inputs]
     captured = list(concrete_function.captured_inputs)
     num_arguments = len(concrete_function.inputs) - len(captured)
@@ -293,10 +475,13 @@ def _rewritten_function(concrete_function: Any, clusters: list[CompiledCluster],
                                  f"function has {num_arguments}")
         captures = [func_graph.capture(c) for c in captured]
         add_branch_functions(func_graph, clusters)
+        for function in program.functions:  # the rewritten loop bodies and branches
+            function.add_to_graph(func_graph)
         results = iter(import_rewritten(graph_def, placeholder_names, arguments + captures,
                                         output_names, control_names))
         values = [next(results) if isinstance(t, tf.Tensor) else t for t in flat]
         return tf.nest.pack_sequence_as(structured, values, expand_composites=True)
 
     # TF's own tf.function: with tfxla-lite enabled, tf.function is ours.
+    generalize = bool(program.all_dynamic_clusters())
     return original_tf_function()(rewritten, autograph=False, reduce_retracing=generalize)

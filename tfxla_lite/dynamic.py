@@ -40,6 +40,7 @@ from tfxla_lite.clustering.lower import lower_cluster
 from tfxla_lite.clustering.mark import shape_determined
 from tfxla_lite.clustering.registry import OP_RULES, constant_value, known_dims
 from tfxla_lite.codegen import compile_module
+from tfxla_lite.collector import collector_paused
 from tfxla_lite.hlo import HloModule
 from tfxla_lite.runtime import loader
 
@@ -123,7 +124,8 @@ class DynamicCluster:
                         "run in TensorFlow from now on", self.key, len(self._results))
                 return loader.Refusal(for_all_new=True)
             try:
-                result = self.compile(request)
+                with collector_paused():
+                    result = self.compile(request)
             except Exception as error:
                 if self.must_compile:
                     raise

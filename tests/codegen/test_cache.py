@@ -221,3 +221,202 @@ def test_runtime_build_and_codegen_share_one_cache_root(kernel_dir: Path) -> Non
     assert cache.disk_path("x").parent.parent == cache_dir.cache_root()
     source = (Path(cache_dir.__file__).parent / "runtime" / "build.py").read_text()
     assert "from tfxla_lite.cache_dir import cache_root" in source
+
+
+# -- optimized modules: a warm compile runs no pass ------------------------------------
+
+def _optimized_entries(root: Path) -> list[Path]:
+    return sorted((root / "optimized").glob("*" + cache.OPTIMIZED_SUFFIX))
+
+
+def _cold_then_warm(kernel_dir: Path, **options) -> tuple:
+    cold = compile_module(_module(), **options)
+    cache.clear_memory()
+    before = cache.stats()
+    warm = compile_module(_module(), **options)
+    return cold, warm, before, cache.stats()
+
+
+def test_warm_compile_from_disk_runs_no_pass_and_no_llvm(kernel_dir: Path) -> None:
+    cold, warm, before, after = _cold_then_warm(kernel_dir)
+    assert isinstance(warm, cache.CachedExecutable) and warm.compiled_from == "disk"
+    assert after.pipeline_runs == before.pipeline_runs
+    assert after.llvm_compilations == before.llvm_compilations
+    assert after.optimized_disk_hits == before.optimized_disk_hits + 1
+    for name in ("hlo_text", "optimized_hlo_text", "assignment_text", "temp_bytes",
+                 "kernel_count", "llvm_ir_optimized", "donations"):
+        assert getattr(warm, name) == getattr(cold, name), name
+    assert [str(s) for s in warm.parameter_shapes] == [str(s) for s in cold.parameter_shapes]
+    assert [str(s) for s in warm.output_shapes] == [str(s) for s in cold.output_shapes]
+    np.testing.assert_array_equal(warm(*_inputs())[0], cold(*_inputs())[0])
+    # The module and assignment are rebuilt on demand, the same as the cold compile's.
+    assert "_module" in warm.__dict__ and warm.__dict__["_module"] is None
+    assert warm.module.to_text() == cold.module.to_text()
+    assert warm.assignment.to_text() == cold.assignment.to_text()
+    assert warm.temp_bytes_without_reuse == cold.assignment.temp_bytes_without_reuse
+
+
+def test_warm_compile_in_the_process_runs_no_pass(kernel_dir: Path) -> None:
+    compile_module(_module())
+    before = cache.stats()
+    second = compile_module(_module())
+    after = cache.stats()
+    assert second.compiled_from == "memory"
+    assert after.pipeline_runs == before.pipeline_runs
+    assert after.optimized_memory_hits == before.optimized_memory_hits + 1
+
+
+@pytest.mark.parametrize("change", [{"pipeline": "dce"}, {"threads": 1}, {"donate": [0]}],
+                         ids=["pipeline", "threads", "donate"])
+def test_compile_options_are_part_of_the_optimized_key(kernel_dir: Path, change: dict) -> None:
+    compile_module(_module())
+    before = cache.stats()
+    compile_module(_module(), **change)
+    assert cache.stats().pipeline_runs == before.pipeline_runs + 1
+
+
+def test_another_lowered_module_is_another_entry(kernel_dir: Path) -> None:
+    compile_module(_module())
+    before = cache.stats()
+    other = compile_module(parse_module(HLO.replace("tanh(x)", "exponential(x)")))
+    assert cache.stats().pipeline_runs == before.pipeline_runs + 1
+    x, y = _inputs()
+    np.testing.assert_allclose(other(x, y)[0], np.sum(np.exp(x) * y, axis=1), rtol=1e-5)
+
+
+def test_verify_runs_every_pass_even_when_cached(kernel_dir: Path) -> None:
+    compile_module(_module())
+    cache.clear_memory()
+    before = cache.stats()
+    compile_module(_module(), verify=True)
+    assert cache.stats().pipeline_runs == before.pipeline_runs + 1
+
+
+def _edit_payload(edit):
+    def damage(data: bytes) -> bytes:
+        import hashlib
+        import zlib
+        line, payload = data.split(b"\n", 1)
+        manifest = json.loads(line)
+        fields = json.loads(zlib.decompress(payload))
+        edit(fields)
+        payload = zlib.compress(json.dumps(fields).encode())
+        manifest.update(size=len(payload), sha256=hashlib.sha256(payload).hexdigest())
+        return json.dumps(manifest).encode() + b"\n" + payload
+    return damage
+
+
+def _flip_payload_byte(data: bytes) -> bytes:
+    start = data.index(b"\n") + 10
+    return data[:start] + bytes([data[start] ^ 0xFF]) + data[start + 1:]
+
+
+@pytest.mark.parametrize("damage", [
+    _flip_payload_byte,
+    lambda data: data[:len(data) // 2],
+    lambda data: data + b"\0",
+    lambda data: b"",
+    lambda data: b"not json\n" + data,
+    _foreign("compiler_sources", "0" * 16),       # the passes changed since
+    _foreign("codegen_sources", "0" * 16),
+    _foreign("tfxla_lite", "0.0.0"),
+    _foreign("key", "0" * 64),
+    _edit_payload(lambda fields: fields.pop("temp_bytes")),  # checksummed, but malformed
+    _edit_payload(lambda fields: fields.update(extra=1)),
+], ids=["flipped", "truncated", "trailing", "empty", "garbage", "passes-edited",
+        "codegen-edited", "version", "key", "missing-field", "extra-field"])
+def test_damaged_or_stale_optimized_entry_is_recompiled_and_rewritten(kernel_dir: Path,
+                                                                       damage) -> None:
+    root = kernel_dir.parent
+    compile_module(_module())
+    (entry,) = _optimized_entries(root)
+    entry.write_bytes(damage(entry.read_bytes()))
+    cache.clear_memory()
+    before = cache.stats()
+    executable = compile_module(_module())
+    after = cache.stats()
+    assert not isinstance(executable, cache.CachedExecutable)
+    assert after.optimized_disk_rejected == before.optimized_disk_rejected + 1
+    assert after.pipeline_runs == before.pipeline_runs + 1
+    np.testing.assert_allclose(executable(*_inputs())[0], _expected(), rtol=1e-5, atol=1e-5)
+    cache.clear_memory()
+    again = cache.stats()
+    assert isinstance(compile_module(_module()), cache.CachedExecutable)
+    assert cache.stats().pipeline_runs == again.pipeline_runs
+
+
+def test_stored_texts_name_the_machine_code(kernel_dir: Path) -> None:
+    """The kernel key is derived from the stored texts, never stored beside them: an
+    entry whose assignment was edited finds no machine code and compiles afresh."""
+    root = kernel_dir.parent
+    compile_module(_module())
+    (entry,) = _optimized_entries(root)
+    entry.write_bytes(_edit_payload(
+        lambda fields: fields.update(assignment_text=fields["assignment_text"] + "x"))(
+            entry.read_bytes()))
+    cache.clear_memory()
+    before = cache.stats()
+    executable = compile_module(_module())
+    assert not isinstance(executable, cache.CachedExecutable)
+    assert cache.stats().pipeline_runs == before.pipeline_runs + 1
+    np.testing.assert_allclose(executable(*_inputs())[0], _expected(), rtol=1e-5, atol=1e-5)
+
+
+def test_rebuilt_assignment_must_match_the_stored_one(kernel_dir: Path) -> None:
+    import dataclasses
+
+    cold = compile_module(_module())
+    found = cache.OptimizedModule(
+        cold.optimized_hlo_text, cold.assignment_text + "y", cold.temp_bytes,
+        cold.assignment.temp_bytes_without_reuse, cold.donations,
+        cache.constants_digest(cold.module),
+        tuple((s.element_type, s.dims) for s in cold.parameter_shapes),
+        tuple((s.element_type, s.dims) for s in cold.output_shapes))
+    code = cache.CompiledCode(cold.engine, cold.entry_address, cold.kernel_count,
+                              cold.llvm_ir, cold.llvm_ir_optimized)
+    assert cache.cached_executable(dataclasses.replace(
+        found, assignment_text=cold.assignment_text), code, cold.hlo_text).module is not None
+    with pytest.raises(RuntimeError, match="buffer assignment"):
+        _ = cache.cached_executable(found, code, cold.hlo_text).module
+
+
+def _scaled_sine(constant: np.ndarray, metadata: str = "") -> HloModule:
+    """sin(x * c) with `c` a literal of 100 elements, more than the printer spells out."""
+    values = ", ".join(repr(float(v)) for v in constant)
+    module = parse_module(f"""HloModule scaled
+ENTRY main {{
+  x = f32[100] parameter(0)
+  c = f32[100] constant({{{values}}})
+  m = f32[100] multiply(x, c){metadata}
+  ROOT s = f32[100] sine(m)
+}}
+""")
+    assert "{...}" in module.to_text()  # the text alone does not show the values
+    return module
+
+
+def test_modules_differing_only_in_a_large_constant_do_not_share_code(kernel_dir: Path) -> None:
+    x = np.linspace(-1, 1, 100, dtype=np.float32)
+    for scale in (1.0, 2.0, 3.0):
+        constant = np.arange(100, dtype=np.float32) * scale
+        executable = compile_module(_scaled_sine(constant))
+        np.testing.assert_allclose(executable(x)[0], np.sin(x * constant), rtol=1e-5,
+                                   atol=1e-6)
+        cache.clear_memory()  # from disk too
+        again = compile_module(_scaled_sine(constant))
+        assert isinstance(again, cache.CachedExecutable)
+        np.testing.assert_allclose(again(x)[0], np.sin(x * constant), rtol=1e-5, atol=1e-6)
+
+
+def test_metadata_is_not_part_of_the_keys(kernel_dir: Path) -> None:
+    constant = np.arange(100, dtype=np.float32)
+    first = compile_module(_scaled_sine(constant, ', metadata={op_type="Mul" '
+                                                  'source_file="a.py" source_line=1}'))
+    before = cache.stats()
+    second = compile_module(_scaled_sine(constant, ', metadata={op_type="Mul" '
+                                                   'source_file="b.py" source_line=7}'))
+    after = cache.stats()
+    assert "b.py" in second.hlo_text and "a.py" in first.hlo_text
+    assert after.pipeline_runs == before.pipeline_runs
+    assert after.llvm_compilations == before.llvm_compilations
+    assert second.entry_address == first.entry_address
