@@ -435,7 +435,8 @@ def _compile_code(module: HloModule, assignment: Any, team: int,
 
             kernel = multi_output.emit_kernel(llvm_module, pool, inst, noalias, team)
         else:
-            kernel = emit_kernel(llvm_module, pool, inst, noalias[0], team, donated.get(id(inst)))
+            in_place = donated.get(id(inst), _reused_operand(assignment, inst))
+            kernel = emit_kernel(llvm_module, pool, inst, noalias[0], team, in_place)
         kernel_count += 1
         builder.call(kernel, [pointer_of(inst, index) for index in indices]
                      + [pointer_of(o) for o in inst.operands])
@@ -468,6 +469,21 @@ def _compile_code(module: HloModule, assignment: Any, team: int,
 def _leaf_slice(assignment: Any, inst: Instruction, index: tuple[int, ...]) -> Any:
     """The slice of `inst`'s leaf at shape `index` (the whole value for `()`)."""
     return assignment.slice_of(inst, index) if index else assignment.slice_of(inst)
+
+
+def _reused_operand(assignment: Any, inst: Instruction) -> int | None:
+    """The operand whose very buffer the plan has `inst` write (in-place reuse of a dying
+    operand, buffer_assignment.py), so its kernel reads it through the output pointer
+    and vectorizes without runtime alias checks; None when there is none."""
+    out = assignment.slice_of(inst)
+    for number, operand in enumerate(inst.operands):
+        if operand.shape.is_tuple:
+            continue
+        source = assignment.slice_of(operand)
+        if (source.kind, source.index, source.offset) == (out.kind, out.index, out.offset) \
+                and out.kind == "temp":
+            return number
+    return None
 
 
 def _buffer_pointer(builder: ir.IRBuilder, pool: ConstantPool, assignment: Any,
