@@ -12,7 +12,14 @@ runs one *stage* per reduce, in order, then the root:
   a row in memory (that buffer, or the input's own row) is folded in vector
   registers (`fold_contiguous`) when the reducer is a float add, multiply, max or
   min, else in interleaved scalar lanes (`reduction.fold_elements`);
-- the root's stage stores the row's output (the whole row, or one value per row).
+- the root's stage stores the row's output (the whole row, or one value per row). A
+  float divide by a per-row value (softmax's x / sum) divides once per row and
+  multiplies each element by the reciprocal while that is a normal number (within
+  2 ulp of the quotient, as oneDNN's softmax), else keeps the exact quotients.
+
+Float max and min folds compare and select (one `vmaxps` a vector, with a NaN mask
+beside it) and fold the row again with the exact, NaN-propagating `llvm.maximum` /
+`llvm.minimum` only when a NaN or a zero (whose sign the select may get wrong) was seen.
 
 The row is read from memory once; later stages find it in L1 or L2. An expensive
 wide value that several stages need (softmax's exponentials) is computed once: its
@@ -168,6 +175,28 @@ def emit_row_kernel(ctx: KernelContext, inst: Instruction, output: ir.Value,
                     ctx.scalars[id(value)] = ctx.value(value, row_index(value))
                     bound.append(id(value))
 
+        def store_quotients(root: Instruction, number: int, inverse: ir.Value | None) -> None:
+            with ctx.loop(width, name="column") as column:
+                if inverse is None:
+                    value = element(root, number, column)
+                else:
+                    value = b.fmul(element(root.operand(0), number, column), inverse)
+                ctx.store(value, output, root.shape, wide_index(column))
+
+        def store_wide_root(root: Instruction, number: int) -> None:
+            """Store the row of a wide root. x / d for a per-row d is one division per
+            row, then x * (1/d) while 1/d is a normal number (`_reciprocal`)."""
+            divisor = row_divisor(root, ctx.scalars) if width else None
+            if divisor is None:
+                store_quotients(root, number, None)
+                return
+            in_range, inverse = _reciprocal(ctx, root, ctx.value(divisor, wide_index(i64(0))))
+            with b.if_else(in_range) as (reciprocal, exact):
+                with reciprocal:
+                    store_quotients(root, number, inverse)
+                with exact:
+                    store_quotients(root, number, None)
+
         for number, stage in enumerate(stages):
             if stage.opcode == "reduce":
                 operand, init = stage.operands
@@ -181,9 +210,7 @@ def emit_row_kernel(ctx: KernelContext, inst: Instruction, output: ir.Value,
                 bound.append(id(stage))
                 bind_row_values()
             else:
-                with ctx.loop(width, name="column") as column:
-                    ctx.store(element(stage, number, column), output, stage.shape,
-                              wide_index(column))
+                store_wide_root(stage, number)
         if plan.root.opcode == "reduce" or plan.classes[id(plan.root)] == "row":
             root = plan.root
             ctx.store(ctx.scalars[id(root)], output, root.shape, row_index(root))
@@ -225,6 +252,35 @@ def _fold_stage(ctx: KernelContext, stage: Instruction, number: int, width: int,
         ctx, stage, lambda column: b.load(b.gep(row, [column], inbounds=True,
                                                 source_etype=element_type), typ=element_type),
         width)
+
+
+def row_divisor(root: Instruction, scalars: dict[int, ir.Value]) -> Instruction | None:
+    """The divisor of a float `divide` root when it is a per-row value already bound
+    (softmax's broadcast row sum), else None."""
+    if root.opcode != "divide" or root.shape.element_type not in _RECIPROCAL_RANGE:
+        return None
+    divisor = root.operand(1)
+    if divisor.opcode != "broadcast" or id(divisor.operand(0)) not in scalars:
+        return None
+    return divisor
+
+
+# |d| in [2^-e, 2^e]: 1/d is a normal number, rounded with relative error 2^-24 (f32).
+_RECIPROCAL_RANGE = {"f32": 126, "f64": 1022}
+
+
+def _reciprocal(ctx: KernelContext, root: Instruction, d: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """(whether to multiply by the reciprocal, 1/d) for the divide root's per-row d.
+
+    x * rn(1/d) is within 2 ulp of rn(x / d) (the tolerance tfxla-lite's tests keep
+    for divide; oneDNN's softmax divides the same way) while 1/d is a normal number;
+    d zero, tiny, huge, inf or NaN keeps the exact quotients."""
+    b = ctx.builder
+    exponent = _RECIPROCAL_RANGE[root.shape.element_type]
+    magnitude = ctx.call_intrinsic("fabs", [d])
+    in_range = b.and_(b.fcmp_ordered(">=", magnitude, ir.Constant(d.type, 2.0 ** -exponent)),
+                      b.fcmp_ordered("<=", magnitude, ir.Constant(d.type, 2.0 ** exponent)))
+    return in_range, b.fdiv(ir.Constant(d.type, 1.0), d)
 
 
 # Float reducers folded in vector registers when a row lies contiguous in memory.
@@ -281,16 +337,56 @@ def fold_contiguous(ctx: KernelContext, reduce: Instruction, opcode: str, row: i
         pointer = b.gep(row, [position], inbounds=True, source_etype=scalar)
         return b.load(pointer, typ=vector, align=scalar_bytes)
 
-    slots = [ctx.alloca(vector, name=f"vector.accumulator{n}") for n in range(accumulators)]
-    for n, slot in enumerate(slots):
-        b.store(load_vector(i64(n * lanes)), slot)
     groups = width // group
-    with ctx.loop(groups, name="vector.group", start=1) as number:
-        start = b.mul(number, i64(group), flags=["nuw", "nsw"])
+    zeros = ir.Constant(vector, [0.0] * lanes)
+
+    def fold_groups(fast: bool) -> list[ir.Value]:
+        """The accumulators after the whole groups; with `fast` (max and min), one
+        compare-select per vector (x86's vmaxps/vminps: a NaN or the second of two zeros
+        wins for one step) and then a last value: whether a NaN or a zero was seen,
+        which makes the caller fold again exactly."""
+        slots = [ctx.alloca(vector, name=f"vector.accumulator{n}") for n in range(accumulators)]
+        mask = ir.VectorType(ir.IntType(1), lanes)
+        nans = [ctx.alloca(mask, name=f"vector.nan{n}") for n in range(accumulators)]
         for n, slot in enumerate(slots):
-            position = b.add(start, i64(n * lanes), flags=["nuw", "nsw"])
-            b.store(combine(b.load(slot), load_vector(position)), slot)
-    values = [b.load(slot) for slot in slots]
+            first = load_vector(i64(n * lanes))
+            b.store(first, slot)
+            b.store(b.fcmp_unordered("uno", first, first), nans[n])
+        with ctx.loop(groups, name="vector.group", start=1) as number:
+            start = b.mul(number, i64(group), flags=["nuw", "nsw"])
+            for n, slot in enumerate(slots):
+                position = b.add(start, i64(n * lanes), flags=["nuw", "nsw"])
+                x, accumulator = load_vector(position), b.load(slot)
+                if not fast:
+                    b.store(combine(accumulator, x), slot)
+                    continue
+                wins = b.fcmp_ordered(">" if opcode == "maximum" else "<", accumulator, x)
+                b.store(b.select(wins, accumulator, x), slot)
+                b.store(b.or_(b.load(nans[n]), b.fcmp_unordered("uno", x, x)), nans[n])
+        values = [b.load(slot) for slot in slots]
+        if fast:
+            seen = [b.or_(b.load(nan), b.fcmp_ordered("==", value, zeros))
+                    for nan, value in zip(nans, values)]
+            while len(seen) > 1:
+                seen = [b.or_(seen[n], seen[n + 1]) for n in range(0, len(seen), 2)]
+            values.append(b.icmp_unsigned("!=", b.bitcast(seen[0], ir.IntType(lanes)),
+                                          ir.Constant(ir.IntType(lanes), 0)))
+        return values
+
+    if opcode in ("maximum", "minimum"):
+        # llvm.maximum (NaN-propagating, -0 below +0) costs about five instructions a
+        # vector on x86; the fast fold costs three and is redone exactly for the rows
+        # where it may differ (a NaN, or a zero whose sign it may have wrong).
+        *values, redo = fold_groups(fast=True)
+        chosen = [ctx.alloca(vector, name=f"vector.chosen{n}") for n in range(accumulators)]
+        for value, slot in zip(values, chosen):
+            b.store(value, slot)
+        with b.if_then(redo, likely=False):
+            for value, slot in zip(fold_groups(fast=False), chosen):
+                b.store(value, slot)
+        values = [b.load(slot) for slot in chosen]
+    else:
+        values = fold_groups(fast=False)
     while len(values) > 1:
         values = [combine(values[n], values[n + 1]) for n in range(0, len(values), 2)]
     (value,) = values

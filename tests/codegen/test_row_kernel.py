@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from codegen_helpers import as_args, build, check
@@ -96,6 +98,43 @@ def test_softmax_over_two_trailing_dimensions() -> None:
     module = build("softmax", [shape], lambda comp, p: softmax(comp, p[0], count=2))
     executable = check(module, as_args([shape], edges=False), "Softmax")
     assert _row_fusions(executable) == 1
+
+
+def _normalize(comp: Computation, x: Instruction) -> Instruction:
+    """x / sum(x) along the rows: a divide root by a per-row value."""
+    total = _reduce(comp, x, (x.shape.rank - 1,), "add", 0.0)
+    return comp.create("divide", [x, _back(comp, total, x.shape)])
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
+def test_division_by_a_row_value_multiplies_by_its_reciprocal(dtype: str) -> None:
+    # One division per row, x * (1/d) while 1/d is a normal number (within 2 ulp of
+    # x / d); rows whose d is zero, denormal, huge, inf or NaN keep the exact quotients.
+    shape = Shape(dtype, (9, 64))
+    module = build("normalize", [shape], lambda comp, p: _normalize(comp, p[0]))
+    (x,) = as_args([shape], seed=5, edges=False)
+    x = np.abs(x) + 0.5
+    # Integers times a power of two: every summation order gives the same d.
+    steps = np.arange(1, 65, dtype=x.dtype)
+    x[1] = steps * np.finfo(x.dtype).tiny * x.dtype.type(2.0 ** -20)  # d denormal
+    x[2] = steps * x.dtype.type(2.0 ** (np.finfo(x.dtype).maxexp - 13))  # d > 2^(emax-2)
+    x[3] = 0.0  # d = 0: NaN (0/0)
+    x[4, 0] = np.inf  # d = inf: inf/inf = NaN, the rest 0
+    x[5, 7] = np.nan
+    x[6] = np.finfo(x.dtype).max / 8  # d overflows to inf
+    x[7] *= -1.0
+    executable = check(module, [x], "divide")
+    assert executable.kernel_count == 1 and _row_fusions(executable) == 1
+    expected = np.asarray(evaluate(module, x)).reshape(shape.dims)
+    actual = executable(x)[0]
+    for row in (1, 2, 3, 4, 5, 6):  # the exact path: bit for bit
+        np.testing.assert_array_equal(actual[row], expected[row])
+    # The loop over columns multiplies; the one division per row is a scalar one.
+    vector_divisions = [line for line in executable.llvm_ir_optimized.splitlines()
+                        if " fdiv <" in line]
+    reciprocals = [line for line in executable.llvm_ir_optimized.splitlines()
+                   if re.search(r"fdiv (float|double) 1\.0", line)]
+    assert reciprocals and len(vector_divisions) <= 4 * 2  # the exact loop's, unrolled
 
 
 @pytest.mark.parametrize("dims", [(4, 8), (64, 128), (33, 1024), (2, 3, 100)])
@@ -195,6 +234,39 @@ def test_each_reducer_over_rows_of_each_width(kind: str, init: float, dtype: str
     args = as_args([shape], edges=dtype != "s32" and kind != "multiply", low=low, high=high)
     executable = check(build(f"row_{kind}", [shape], body), args, "reduce")
     assert _row_fusions(executable) == 1
+
+
+@pytest.mark.parametrize("kind", ["maximum", "minimum"])
+@pytest.mark.parametrize("dtype, width", [("f32", 200), ("f64", 100)])
+def test_fast_max_and_min_keep_nan_and_the_sign_of_zero(kind: str, dtype: str,
+                                                         width: int) -> None:
+    # The vector max/min folds with one compare-select and folds again exactly where a
+    # NaN or a zero was seen: the result is llvm.maximum's (NaN, -0 below +0). 1/fold
+    # shows the sign of a zero.
+    shape = Shape(dtype, (5, width))
+    sign = 1.0 if kind == "maximum" else -1.0
+
+    def body(comp: Computation, p: list[Instruction]) -> Instruction:
+        init = float("-inf") if kind == "maximum" else float("inf")
+        folded = _reduce(comp, p[0], (1,), kind, init)
+        return comp.create("divide", [p[1], _back(comp, folded, shape)])
+
+    dtype_np = np.float32 if dtype == "f32" else np.float64
+    x = -sign * np.random.default_rng(7).uniform(1.0, 2.0, shape.dims).astype(dtype_np)
+    x[0, 3], x[0, width - 50] = 0.0 * sign, -0.0 * sign  # both zeros: +0 wins max
+    x[1, 3], x[1, width - 50] = -0.0 * sign, -0.0 * sign  # only -0 (max) or +0 (min)
+    x[2, 37] = np.nan
+    x[4, width - 1] = 5.0 * sign  # in the scalar tail
+    ones = np.ones(shape.dims, dtype_np)
+    executable = compile_module(build(f"row_{kind}", [shape, shape], body))
+    assert _row_fusions(executable) == 1
+    actual = executable(x, ones)[0]
+    fold = {"maximum": np.max, "minimum": np.min}[kind](x, axis=1)
+    fold[0] = 0.0 * sign
+    fold[1] = -0.0 * sign
+    with np.errstate(divide="ignore"):
+        expected = np.broadcast_to((1.0 / fold)[:, None], shape.dims).astype(dtype_np)
+    np.testing.assert_array_equal(actual, expected)
 
 
 @pytest.mark.parametrize("dims", [(1, 7, 33), (5, 1, 40), (1, 64)])
