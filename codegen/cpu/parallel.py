@@ -50,14 +50,19 @@ def default_threads() -> int:
 def openmp_available() -> bool:
     """Load libgomp into the process and bind its entry points into the JIT.
 
-    Unless the user chose otherwise, libgomp's idle threads sleep rather than spin
-    (`OMP_WAIT_POLICY=passive`, read once when libgomp loads): a thread spinning at
-    the end of a parallel region holds a core that a late team member, TF's own
-    threads or OpenBLAS's need, and on a busy machine that costs a whole time slice
-    per kernel. Waking a sleeping team costs microseconds, small beside the work
-    `PARALLEL_MIN_WORK` asks for.
+    Unless the user chose otherwise (`OMP_WAIT_POLICY`, `GOMP_SPINCOUNT`, read once
+    when libgomp loads), libgomp's idle threads spin briefly, `GOMP_SPINCOUNT=20000`
+    (tens of microseconds), then sleep. The kernels of one executable run back to back,
+    so a short spin catches the next kernel's region without a futex wake-up, while a
+    team idle between launches goes to sleep quickly and leaves the cores to TF's own
+    threads. Measured on 2 cores, same runs interleaved: the Transformer training step
+    went from 0.83-0.87x TF's XLA with sleeping threads (`OMP_WAIT_POLICY=passive`) to
+    0.99-1.16x; spinning without limit (`active`) helped it as much but cost the
+    softmax workload a quarter of its speed. (A full benchmark run afterwards had the
+    step at 0.84x: on that machine the noise is as large as the effect.)
     """
-    os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+    if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
+        os.environ["GOMP_SPINCOUNT"] = "20000"
     for name in _LIBGOMP:
         try:
             library = ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)
