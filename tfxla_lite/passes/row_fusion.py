@@ -39,7 +39,12 @@ from tfxla_lite.hlo.opcodes import is_elementwise, is_expensive
 from tfxla_lite.passes.base import Pass
 
 # The fusion pass's group materialization and exclusivity test serve as they are.
-from tfxla_lite.passes.fusion import _is_exclusive, _materialize, can_fuse_producer
+from tfxla_lite.passes.fusion import (
+    _is_exclusive,
+    _materialize,
+    can_fuse_producer,
+    fusion_targets,
+)
 
 ROW_FUSION_KIND = "kCustom"
 
@@ -253,20 +258,7 @@ class RowFusion(Pass):
 
     def run(self, module: HloModule) -> bool:
         formed = 0
-        for computation in _targets(module):
+        for computation in fusion_targets(module):
             formed += fuse_rows(computation, self.max_row_bytes)
         return formed > 0
 
-
-def _targets(module: HloModule) -> list[Computation]:
-    """The entry and the computations `call`ed from it (not reducers, not fusions)."""
-    if module.entry is None:
-        return []
-    targets, stack = [], [module.entry]
-    while stack:
-        computation = stack.pop()
-        if all(computation is not t for t in targets):
-            targets.append(computation)
-            stack.extend(c for inst in computation.instructions if inst.opcode == "call"
-                         for c in inst.called_computations)
-    return targets
