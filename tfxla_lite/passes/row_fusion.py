@@ -261,4 +261,3 @@ class RowFusion(Pass):
         for computation in fusion_targets(module):
             formed += fuse_rows(computation, self.max_row_bytes)
         return formed > 0
-
