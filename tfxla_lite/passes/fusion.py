@@ -44,6 +44,7 @@ which precede it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -225,14 +226,27 @@ def _materialize(computation: Computation, members: list[Instruction]) -> Instru
 
 def fuse_computation(computation: Computation) -> int:
     """Fuse `computation` in place; the number of fusion instructions created."""
-    # Consumers first: when an instruction is reached, every user has decided
-    # whether it still reads the instruction from outside a fusion.
+    return fuse_groups(computation, lambda inst, needed: _grow_group(inst, needed)
+                       if can_be_fusion_root(inst) else None)
+
+
+def fuse_groups(computation: Computation,
+                grow: Callable[[Instruction, set[int]], list[Instruction] | None],
+                kind: str | None = None) -> int:
+    """Form fusions in `computation` in place; the number created.
+
+    Consumers first: when an instruction is reached, every user has decided whether it
+    still reads the instruction from outside a fusion (`needed`, ids). `grow(root,
+    needed)` gives the group rooted at `root` (root first) or None; each group of more
+    than one instruction becomes a fusion (of `kind`, when given, else kLoop/kInput by
+    its root), and the originals no top-level instruction reads any more are dropped.
+    """
     needed: set[int] = {id(computation.root)}
     groups: list[list[Instruction]] = []
     for inst in reversed(computation.instructions):
         if inst.users and id(inst) not in needed:
             continue  # every user fused a clone of it
-        members = _grow_group(inst, needed) if can_be_fusion_root(inst) else [inst]
+        members = grow(inst, needed) or [inst]
         member_ids = {id(m) for m in members}
         for member in members:
             needed.update(id(o) for o in member.operands if id(o) not in member_ids)
@@ -241,7 +255,9 @@ def fuse_computation(computation: Computation) -> int:
 
     touched: set[int] = set()
     for members in groups:
-        _materialize(computation, members)
+        fusion = _materialize(computation, members)
+        if kind is not None:
+            fusion.attributes["kind"] = kind
         touched.update(id(m) for m in members)
     # Drop the originals no top-level instruction reads any more, users first.
     for inst in reversed(computation.instructions):

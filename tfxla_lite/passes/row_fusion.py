@@ -41,8 +41,8 @@ from tfxla_lite.passes.base import Pass
 # The fusion pass's group materialization and exclusivity test serve as they are.
 from tfxla_lite.passes.fusion import (
     _is_exclusive,
-    _materialize,
     can_fuse_producer,
+    fuse_groups,
     fusion_targets,
 )
 
@@ -219,27 +219,9 @@ def _grow_row_group(root: Instruction, needed: set[int], max_row_bytes: int
 
 def fuse_rows(computation: Computation, max_row_bytes: int) -> int:
     """Form the row fusions of `computation` in place; how many were formed."""
-    needed: set[int] = {id(computation.root)}
-    groups: list[list[Instruction]] = []
-    for inst in reversed(computation.instructions):
-        if inst.users and id(inst) not in needed:
-            continue  # every user cloned it into its group
-        members = _grow_row_group(inst, needed, max_row_bytes) or [inst]
-        member_ids = {id(m) for m in members}
-        for member in members:
-            needed.update(id(o) for o in member.operands if id(o) not in member_ids)
-        if len(members) > 1:
-            groups.append(members)
-    touched: set[int] = set()
-    for members in groups:
-        fusion = _materialize(computation, members)
-        fusion.attributes["kind"] = ROW_FUSION_KIND
-        touched.update(id(m) for m in members)
-    for inst in reversed(computation.instructions):
-        if id(inst) in touched and not inst.users and inst is not computation.root:
-            computation.remove(inst)
-    computation.sort()
-    return len(groups)
+    return fuse_groups(computation,
+                       lambda inst, needed: _grow_row_group(inst, needed, max_row_bytes),
+                       kind=ROW_FUSION_KIND)
 
 
 @dataclass(frozen=True)
