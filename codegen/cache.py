@@ -327,23 +327,30 @@ def disk_store(fingerprint_: str, shapes: dict[str, Any], code: CompiledCode) ->
                               "sha256": hashlib.sha256(body).hexdigest()}
                              for name, body in sections]}
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(json.dumps(manifest, sort_keys=True).encode() + b"\n")
-                for _, body in sections:
-                    handle.write(body)
-            os.chmod(temporary, 0o644)  # mkstemp's file is private; the cache is not
-            os.replace(temporary, path)
-        finally:
-            if os.path.exists(temporary):
-                os.unlink(temporary)
+        _write_entry(path, manifest, [body for _, body in sections])
     except OSError as error:
         logger.debug("tfxla-lite: could not write kernel cache entry %s: %s", path, error)
         return
     count("disk_writes")
     _prune(path.parent)
+
+
+def _write_entry(path: Path, manifest: dict, bodies: list[bytes]) -> None:
+    """Write a cache entry (its manifest as one JSON line, then `bodies`) atomically: into
+    a temporary file beside it, renamed over `path`, so a reader never sees half an
+    entry. Raises OSError."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(json.dumps(manifest, sort_keys=True).encode() + b"\n")
+            for body in bodies:
+                handle.write(body)
+        os.chmod(temporary, 0o644)  # mkstemp's file is private; the cache is not
+        os.replace(temporary, path)
+    finally:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
 
 
 def _discard(path: Path) -> None:
@@ -541,16 +548,7 @@ def optimized_store(key: str, module: OptimizedModule, caches: CachePolicy) -> N
     manifest = {**_optimized_environment(), "key": key, "size": len(payload),
                 "sha256": hashlib.sha256(payload).hexdigest()}
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(json.dumps(manifest, sort_keys=True).encode() + b"\n" + payload)
-            os.chmod(temporary, 0o644)
-            os.replace(temporary, path)
-        finally:
-            if os.path.exists(temporary):
-                os.unlink(temporary)
+        _write_entry(path, manifest, [payload])
     except OSError as error:
         logger.debug("tfxla-lite: could not write optimized-module entry %s: %s", path, error)
         return
