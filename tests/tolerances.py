@@ -41,7 +41,7 @@ _ACCUMULATING = Tolerance(ulps=4, atol=1e-5, rtol=1e-5, signed_zero=True)
 TOLERANCES: dict[str, Tolerance] = {
     # transcendental element-wise ops: TF (Eigen) and codegen use polynomial approximations
     **{op: _TRANSCENDENTAL for op in (
-        "Exp", "Expm1", "Log", "Log1p", "Tanh", "Sigmoid", "Erf", "Pow", "Sin", "Cos",
+        "Exp", "Expm1", "Log", "Log1p", "Sigmoid", "Pow", "Sin", "Cos",
         "Elu", "Tan", "Atan", "Atan2", "exponential", "exponential-minus-one", "log",
         "log-plus-one", "tanh", "logistic", "erf", "power", "sine", "cosine", "tan", "atan2",
         "cbrt")},
@@ -49,6 +49,13 @@ TOLERANCES: dict[str, Tolerance] = {
     # TF's kernel rounds x² before exp(-x²): 8 ulp off at |x| = 3, 65 at 8.8; ours is
     # within 8 ulp of exact (test_training_ops.test_erfc_f32_accuracy).
     "Erfc": Tolerance(ulps=16, atol=1e-7),
+    # TF's erf (Eigen's rational) is up to 6 ulp from exact over test_math_accuracy's
+    # sweep, ours up to 3: their sum (an `erf` op against the evaluator keeps 4).
+    "Erf": Tolerance(ulps=9, atol=1e-7),
+    # TF's tanh (Eigen's rational, clamped) is up to 6 ulp from exact over
+    # test_math_accuracy's sweep (at x = ±6.22; 1.8% of it beyond 2 ulp), ours up to 2:
+    # their sum (a `tanh` op against the evaluator keeps 4).
+    "Tanh": Tolerance(ulps=8, atol=1e-7),
     "Sqrt": Tolerance(ulps=2), "Rsqrt": Tolerance(ulps=2), "sqrt": Tolerance(ulps=2),
     "rsqrt": Tolerance(ulps=2), "Reciprocal": Tolerance(ulps=2), "RealDiv": Tolerance(ulps=2),
     "Div": Tolerance(ulps=2), "divide": Tolerance(ulps=2),
