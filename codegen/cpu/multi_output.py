@@ -315,6 +315,11 @@ def _emit_column(ctx: KernelContext, leaves: list[Leaf], outputs: list[ir.Value]
     with ctx.loop_nest(out_dims, name="init", restrict=out_restrict) as multi:
         index = Index(out_dims, multi)
         for leaf, output in reduced_pairs:
+            if reduction.widened_op(leaf.producer):
+                # A 2-byte sum or product folds whole here, in f32 (`reduction.Accumulation`):
+                # its 2-byte output cannot carry f32 partial results through the walk.
+                ctx.store(ctx.value(leaf.producer, index), output, leaf.shape, index)
+                continue
             _, inits = variadic_reduce.reduce_inputs(leaf.producer)
             init = inits[leaf.field or 0]
             ctx.store(ctx.value(init, Index.scalar()), output, leaf.shape, index)
@@ -322,6 +327,8 @@ def _emit_column(ctx: KernelContext, leaves: list[Leaf], outputs: list[ir.Value]
         at = Index(input_dims, multi)
         out_index = Index(out_dims, [v for d, v in enumerate(multi) if d not in reduced])
         for reduce in reduces:
+            if reduction.widened_op(reduce):
+                continue  # folded in the init loop
             inputs, _ = variadic_reduce.reduce_inputs(reduce)
             shapes = variadic_reduce.result_shapes(reduce)
             targets = [targets_of.get((id(reduce), n)) for n in range(len(shapes))]

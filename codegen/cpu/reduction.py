@@ -10,6 +10,15 @@ streams stay contiguous and the innermost loop vectorizes without reassociating.
 Column reductions fold each output element's inputs in row-major order from the init
 value; float rows of at least 2*lanes elements fold in interleaved partial results
 (see `_reduce_row`), as XLA's vectorized reductions do.
+
+A sum or product of 2-byte floats (an f16 or bf16 reduce whose reducer is `add` or
+`multiply` of its two parameters) accumulates in f32 and rounds once at the end
+(`Accumulation`): folded in f16, 4096 ones sum to 2048 in row-major order, and any other
+order (lanes, XLA's tree of windows) still loses about one bit per doubling of the row.
+TF's lowering of Sum and Prod already converts to f32 around the reduce (tf2xla's
+SumAccumulationType); this covers the HLO that reaches the backend some other way, and
+is the extra precision XLA's `--xla_allow_excess_precision` (on by default) allows. The
+NumPy evaluator computes such reduces the same way.
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ from tfxla_lite.codegen.cpu.emitter import (
     Restriction,
     i64,
     register,
+    round_bf16,
     value_type,
 )
 from tfxla_lite.hlo.ir import Instruction
@@ -59,7 +69,58 @@ def _lanes(inst: Instruction) -> int:
     if root is not None and root.opcode in _ORDER_FREE and all(
             o.opcode == "parameter" for o in root.operands):
         return 0
-    return _LANES.get(inst.shape.element_type, 0)
+    return _LANES.get("f32" if widened_op(inst) else inst.shape.element_type, 0)
+
+
+_HALF_TYPES = ("f16", "bf16")
+_WIDENED_OPS = ("add", "multiply")
+
+
+def widened_op(inst: Instruction) -> str | None:
+    """"add" or "multiply" when `inst` is a one-input f16/bf16 reduce whose reducer is
+    that op of its two parameters (such a reduce accumulates in f32), else None."""
+    if inst.shape.is_tuple or len(inst.operands) != 2 or \
+            inst.shape.element_type not in _HALF_TYPES:
+        return None
+    reducer = inst.called_computations[0]
+    root = reducer.root
+    if root is None or root.opcode not in _WIDENED_OPS or len(reducer.instructions) != 3:
+        return None
+    if any(o.opcode != "parameter" for o in root.operands) or root.operand(0) is root.operand(1):
+        return None
+    return root.opcode
+
+
+class Accumulation:
+    """How reduce `inst` folds: through its reducer in its own type, or (`widened_op`) in
+    f32, each element widened on the way in and the result rounded once on the way out."""
+
+    def __init__(self, ctx: KernelContext, inst: Instruction) -> None:
+        self.ctx = ctx
+        self.reducer = inst.called_computations[0]
+        self.source_type = inst.shape.element_type
+        self.op = widened_op(inst)
+        self.element_type = "f32" if self.op else self.source_type
+
+    def widen(self, x: ir.Value) -> ir.Value:
+        # bf16 values already sit in f32 registers (emitter.value_type).
+        if self.op and self.source_type == "f16":
+            return self.ctx.builder.fpext(x, value_type("f32"))
+        return x
+
+    def combine(self, accumulated: ir.Value, x: ir.Value) -> ir.Value:
+        if self.op == "add":
+            return self.ctx.builder.fadd(accumulated, x)
+        if self.op == "multiply":
+            return self.ctx.builder.fmul(accumulated, x)
+        return self.ctx.apply_computation(self.reducer, [accumulated, x])
+
+    def narrow(self, x: ir.Value) -> ir.Value:
+        if not self.op:
+            return x
+        if self.source_type == "f16":
+            return self.ctx.builder.fptrunc(x, value_type("f16"))
+        return round_bf16(self.ctx.builder, x)
 
 
 @register("reduce")
@@ -71,8 +132,9 @@ def emit_reduce(ctx: KernelContext, inst: Instruction, index: Index) -> ir.Value
     kept = index.get_multi(b)
     reduced = sorted(set(inst.dimensions))
     reduced_dims = tuple(operand.shape.dims[d] for d in reduced)
-    accumulator = ctx.alloca(value_type(inst.shape.element_type), name="accumulator")
-    b.store(ctx.value(init, Index.scalar()), accumulator)
+    fold = Accumulation(ctx, inst)
+    accumulator = ctx.alloca(value_type(fold.element_type), name="accumulator")
+    b.store(fold.widen(ctx.value(init, Index.scalar())), accumulator)
     lanes = _lanes(inst)
     innermost_reduced = bool(reduced) and reduced[-1] == operand.shape.rank - 1
     if lanes and innermost_reduced and reduced_dims[-1] >= 2 * lanes:
@@ -81,16 +143,13 @@ def emit_reduce(ctx: KernelContext, inst: Instruction, index: Index) -> ir.Value
             def element_at(position: ir.Value, outer: list[ir.Value] = outer) -> ir.Value:
                 return ctx.value(operand, _full_index(inst, kept, [*outer, position]))
 
-            row = fold_row(ctx, inst, element_at, reduced_dims[-1], lanes)
-            current = b.load(accumulator)
-            b.store(ctx.apply_computation(inst.called_computations[0], [current, row]),
-                    accumulator)
-        return b.load(accumulator)
+            row = _fold_lanes(fold, element_at, reduced_dims[-1], lanes)
+            b.store(fold.combine(b.load(accumulator), row), accumulator)
+        return fold.narrow(b.load(accumulator))
     with ctx.loop_nest(reduced_dims, name="reduce") as reduced_index:
-        x = ctx.value(operand, _full_index(inst, kept, reduced_index))
-        current = b.load(accumulator)
-        b.store(ctx.apply_computation(inst.called_computations[0], [current, x]), accumulator)
-    return b.load(accumulator)
+        x = fold.widen(ctx.value(operand, _full_index(inst, kept, reduced_index)))
+        b.store(fold.combine(b.load(accumulator), x), accumulator)
+    return fold.narrow(b.load(accumulator))
 
 
 def fold_row(ctx: KernelContext, inst: Instruction, element_at: Callable[[ir.Value], ir.Value],
@@ -101,28 +160,39 @@ def fold_row(ctx: KernelContext, inst: Instruction, element_at: Callable[[ir.Val
     so no identity value is needed); the lanes then combine pairwise and the tail
     (length % lanes elements) folds in last. XLA's reducers are associative by
     contract, and its CPU backend reorders float reductions the same way; the
-    independent lanes let the SLP vectorizer use vector registers.
+    independent lanes let the SLP vectorizer use vector registers. A sum or product of
+    2-byte floats folds in f32 lanes and rounds once (`Accumulation`).
     """
+    fold = Accumulation(ctx, inst)
+    return fold.narrow(_fold_lanes(fold, element_at, length, lanes))
+
+
+def _fold_lanes(fold: Accumulation, element_at: Callable[[ir.Value], ir.Value], length: int,
+                lanes: int) -> ir.Value:
+    """`fold_row` before the final rounding: the result in `fold.element_type`."""
+    ctx = fold.ctx
     b = ctx.builder
-    reducer = inst.called_computations[0]
-    element = value_type(inst.shape.element_type)
+    element = value_type(fold.element_type)
+
+    def widened_at(position: ir.Value) -> ir.Value:
+        return fold.widen(element_at(position))
+
     slots = [ctx.alloca(element, name=f"lane{n}") for n in range(lanes)]
     for n, slot in enumerate(slots):
-        b.store(element_at(i64(n)), slot)
+        b.store(widened_at(i64(n)), slot)
     chunks = length // lanes
     with ctx.loop(chunks, name="chunk", start=1) as chunk:
         base = b.mul(chunk, i64(lanes), flags=["nuw", "nsw"])
-        values = [element_at(b.add(base, i64(n), flags=["nuw", "nsw"])) for n in range(lanes)]
+        values = [widened_at(b.add(base, i64(n), flags=["nuw", "nsw"])) for n in range(lanes)]
         for slot, value in zip(slots, values):
-            b.store(ctx.apply_computation(reducer, [b.load(slot), value]), slot)
+            b.store(fold.combine(b.load(slot), value), slot)
     partial = [b.load(slot) for slot in slots]
     while len(partial) > 1:
-        partial = [ctx.apply_computation(reducer, [partial[n], partial[n + 1]])
-                   for n in range(0, len(partial), 2)]
+        partial = [fold.combine(partial[n], partial[n + 1]) for n in range(0, len(partial), 2)]
     result = ctx.alloca(element, name="row")
     b.store(partial[0], result)
     with ctx.loop(length, name="tail", start=chunks * lanes) as position:
-        b.store(ctx.apply_computation(reducer, [b.load(result), element_at(position)]), result)
+        b.store(fold.combine(b.load(result), widened_at(position)), result)
     return b.load(result)
 
 
@@ -143,18 +213,19 @@ def fold_range(ctx: KernelContext, inst: Instruction, start: ir.Value, length: i
 def fold_elements(ctx: KernelContext, inst: Instruction,
                   element_at: Callable[[ir.Value], ir.Value], length: int) -> ir.Value:
     """The fold by reduce `inst`'s reducer of `element_at(0 .. length-1)`, length >= 1,
-    with no init value: in interleaved lanes (`fold_row`) where they apply."""
+    with no init value: in interleaved lanes (`fold_row`) where they apply; a sum or
+    product of 2-byte floats in f32, rounded once (`Accumulation`)."""
     b = ctx.builder
     lanes = _lanes(inst)
     if lanes and length >= 2 * lanes:
         return fold_row(ctx, inst, element_at, length, lanes)
-    accumulator = ctx.alloca(value_type(inst.shape.element_type), name="partial")
-    b.store(element_at(i64(0)), accumulator)
+    fold = Accumulation(ctx, inst)
+    accumulator = ctx.alloca(value_type(fold.element_type), name="partial")
+    b.store(fold.widen(element_at(i64(0))), accumulator)
     with ctx.loop(length, name="fold", start=1) as position:
-        combined = ctx.apply_computation(inst.called_computations[0],
-                                         [b.load(accumulator), element_at(position)])
+        combined = fold.combine(b.load(accumulator), fold.widen(element_at(position)))
         b.store(combined, accumulator)
-    return b.load(accumulator)
+    return fold.narrow(b.load(accumulator))
 
 
 def is_row_reduction(inst: Instruction) -> bool:
@@ -194,6 +265,9 @@ def emit_reduction_kernel(ctx: KernelContext, root: Instruction, output: ir.Valu
     output_restrict = None
     if restrict is not None:
         output_restrict = (kept.index(restrict[0]), restrict[1], restrict[2])
+    if widened_op(root):
+        _emit_widened_columns(ctx, root, output, output_restrict)
+        return
     with ctx.loop_nest(shape.dims, name="init", restrict=output_restrict) as multi:
         ctx.store(ctx.value(init, Index.scalar()), output, shape, Index(shape.dims, multi))
     with ctx.loop_nest(operand.shape.dims, name="i", restrict=restrict) as multi:
@@ -202,3 +276,56 @@ def emit_reduction_kernel(ctx: KernelContext, root: Instruction, output: ir.Valu
         current = ctx.load(output, shape, out_index)
         combined = ctx.apply_computation(root.called_computations[0], [current, x])
         ctx.store(combined, output, shape, out_index)
+
+
+# Outputs a widened column reduction folds at once (one vector of f32 accumulators).
+_COLUMN_BLOCK = 16
+
+
+def _emit_widened_columns(ctx: KernelContext, root: Instruction, output: ir.Value,
+                          restrict: Restriction | None) -> None:
+    """A column reduction that is a 2-byte sum or product (`widened_op`), into `output`.
+
+    The output buffer holds 2-byte floats, which cannot carry f32 partial results, so
+    the row-major walk of `emit_reduction_kernel` does not apply. Instead blocks of
+    `_COLUMN_BLOCK` neighbouring outputs (along the innermost kept dimension) fold
+    their inputs in as many f32 accumulators, walking the reduced dimensions once per
+    block: each step reads neighbouring inputs, as the row-major walk does. The outputs
+    left over after the last whole block fold one at a time (`emit_reduce`).
+    `restrict` applies to the output's dimensions.
+    """
+    b = ctx.builder
+    operand, init = root.operands
+    shape = root.shape
+    dims = shape.dims
+    last = len(dims) - 1
+    fold = Accumulation(ctx, root)
+    reduced = sorted(set(root.dimensions))
+    reduced_dims = tuple(operand.shape.dims[d] for d in reduced)
+    begin, end = i64(0), i64(dims[last])
+    outer_restrict = restrict
+    if restrict is not None and restrict[0] == last:
+        begin, end, outer_restrict = restrict[1], restrict[2], None
+    start = fold.widen(ctx.value(init, Index.scalar()))
+    slots = [ctx.alloca(value_type(fold.element_type), name=f"column{n}")
+             for n in range(_COLUMN_BLOCK)]
+    with ctx.loop_nest(dims[:-1], name="o", restrict=outer_restrict) as outer:
+        blocks = b.udiv(b.sub(end, begin), i64(_COLUMN_BLOCK))
+        with ctx.loop(blocks, name="block") as block:
+            base = b.add(begin, b.mul(block, i64(_COLUMN_BLOCK), flags=["nuw", "nsw"]),
+                         flags=["nuw", "nsw"])
+            columns = [b.add(base, i64(n), flags=["nuw", "nsw"]) for n in range(_COLUMN_BLOCK)]
+            for slot in slots:
+                b.store(start, slot)
+            with ctx.loop_nest(reduced_dims, name="r") as reduced_index:
+                for slot, column in zip(slots, columns):
+                    x = ctx.value(operand, _full_index(root, [*outer, column], reduced_index))
+                    b.store(fold.combine(b.load(slot), fold.widen(x)), slot)
+            for slot, column in zip(slots, columns):
+                ctx.store(fold.narrow(b.load(slot)), output, shape,
+                          Index(dims, [*outer, column]))
+        tail = b.add(begin, b.mul(blocks, i64(_COLUMN_BLOCK), flags=["nuw", "nsw"]),
+                     flags=["nuw", "nsw"])
+        with ctx.loop(end, name="tail", start=tail) as column:
+            index = Index(dims, [*outer, column])
+            ctx.store(ctx.value(root, index), output, shape, index)

@@ -21,8 +21,11 @@ Semantics follow XLA's CPU backend where NumPy differs:
 - `erf` evaluates `math.erf` in float64, then rounds to the operand's dtype.
 - `reduce` folds the init value in once (XLA's order differs for floats: compare
   with a tolerance). add/multiply/maximum/minimum/and/or computations take a NumPy
-  fast path; any other `to_apply` computation is run element by element, as are sums
-  and products of f16/bf16 (each step rounds to the 2-byte type, as in codegen).
+  fast path; any other `to_apply` computation is run element by element. Sums and
+  products of f16/bf16 accumulate in f32 and round once, as codegen does (the extra
+  precision XLA's `--xla_allow_excess_precision` allows; folded in the 2-byte type the
+  result would depend on the order: 4096 f16 ones sum to 2048 in row-major order).
+  `reduce-window` of f16/bf16 sums and products rounds after every step (TF's scans).
 - `pad`, `reverse`, `dynamic-slice`, `dynamic-update-slice` and `gather` follow XLA:
   negative edge padding removes elements; dynamic start indices (and gather's)
   are clamped so that the whole slice lies inside the operand.
@@ -560,11 +563,11 @@ def _reduce(inst: Instruction, operands: Sequence[Any]) -> Any:
     inputs, inits = list(operands[:n]), list(operands[n:])
     axes = tuple(sorted(inst.dimensions))
     computation = inst.called_computations[0]
-    ufunc = _fast_reducer(computation) if n == 1 and not _rounds_per_step(
-        computation, inputs[0].dtype) else None
+    ufunc = _fast_reducer(computation) if n == 1 else None
     if ufunc is not None:
         (x,), (init,) = inputs, inits
-        compute = _compute_dtype(x.dtype)
+        # 2-byte float sums and products accumulate in f32 (see the module docstring).
+        compute = np.dtype(np.float32) if _is_half(x.dtype) else _compute_dtype(x.dtype)
         value = ufunc.reduce(x.astype(compute), axis=axes, dtype=compute,
                              initial=init.astype(compute)[()])
         return _result(value, inst.shape)
