@@ -24,6 +24,33 @@ NOT_SUPPORTED: dict[str, str] = {
     "If, While, StatelessIf, StatelessWhile": "control flow is not clustered yet",
 }
 
+# Where TF's kernels and XLA disagree: (TF ops, TF's CPU kernel, TF's XLA, tfxla-lite),
+# measured with TF 2.21 (tests/clustering/test_semantics_vs_tf.py and
+# test_half_float_sums_tf.py check the rows that follow XLA).
+SEMANTICS: tuple[tuple[str, str, str, str], ...] = (
+    ("GatherV2, Gather, GatherNd: an index out of range", "raises InvalidArgumentError",
+     "clamps the index into the operand", "as XLA"),
+    ("ScatterNd, TensorScatterUpdate/Add/Max/Min: an index out of range",
+     "raises InvalidArgumentError", "drops that update", "as XLA"),
+    ("UnsortedSegmentSum/Prod/Max/Min: a segment id >= num_segments",
+     "raises InvalidArgumentError (drops negative ids)", "drops that row", "as XLA"),
+    ("SparseSoftmaxCrossEntropyWithLogits: a label out of range",
+     "raises InvalidArgumentError", "NaN loss for that row", "as XLA"),
+    ("Div, FloorDiv, TruncateDiv, FloorMod, TruncateMod: an integer divided by zero",
+     "raises (InvalidArgumentError; InternalError for the Truncate ones)",
+     "x / 0 = -1, x % 0 = x", "as XLA"),
+    ("Mean of integers over an empty axis", "0", "-1 (0 / 0)", "as XLA"),
+    ("Cast of NaN, ±inf or an out-of-range float to an integer", "INT_MIN (x86)",
+     "saturates at the integer's bounds; NaN gives 0", "as XLA"),
+    ("Sign(-0.0)", "0.0", "-0.0", "as XLA"),
+    ("Sum, Mean, Prod of float16", "accumulate in float16: a column of 4096 ones sums to "
+     "2048, a mean can overflow to inf", "accumulate in float32, round once", "as XLA"),
+    ("Max, Min reductions over a NaN", "NaN", "can drop it: reduce_max([1, NaN, 3]) is 3",
+     "as TF (NaN)"),
+    ("Cumsum, Cumprod of float16/bfloat16", "accumulate in the 2-byte type",
+     "accumulate in float32", "as TF"),
+)
+
 _ORDER = ("bool", "int32", "int64", "float16", "bfloat16", "float32", "float64")
 
 
@@ -49,8 +76,9 @@ def supported_ops_markdown() -> str:
         "them and on static shapes, which is folded). The dtypes bound the op's inputs and",
         "outputs other than its constant inputs. float16 and bfloat16 compute element-wise",
         "in their own type (every result rounded to it); Sum, Prod, Mean, softmax sums and",
-        "dots accumulate in float32 and round once, as TF and XLA do; Cumsum, Cumprod and",
-        "the segment reductions accumulate in the 2-byte type, as TF's CPU kernels do.",
+        "dots accumulate in float32 and round once, as TF's XLA does (TF's own float16",
+        "reductions accumulate in float16); Cumsum, Cumprod and the segment reductions",
+        "accumulate in the 2-byte type, as TF's CPU kernels do.",
         "",
         f"{len(OP_RULES)} op types.",
         "",
@@ -63,6 +91,19 @@ def supported_ops_markdown() -> str:
                      f"{rule.note} |".replace("  ", " "))
     lines += ["", "## Not supported", "", "| TF ops | why |", "| --- | --- |"]
     lines += [f"| {ops} | {why} |" for ops, why in NOT_SUPPORTED.items()]
+    lines += [
+        "", "## Semantics that differ from TF", "",
+        "A compiled op computes what TF's XLA computes. Where that differs from TF's own",
+        "kernels, tfxla-lite follows XLA, in auto-clustering as in must-compile mode: TF's",
+        "auto-clustering (`TF_XLA_FLAGS=--tf_xla_auto_jit=2`) compiles these ops too and",
+        "gives XLA's values, so a program that TF's kernels would stop with an error runs",
+        "on with a clamped index or a made-up quotient. Keep an op in TF where the error",
+        "matters: leave it out of `--ops_to_cluster`, or validate the indices before it.",
+        "",
+        "| TF ops and inputs | TF's CPU kernel | TF's XLA | tfxla-lite |",
+        "| --- | --- | --- | --- |",
+    ]
+    lines += [f"| {' | '.join(row)} |" for row in SEMANTICS]
     return "\n".join(lines) + "\n"
 
 
