@@ -148,7 +148,7 @@ class Function:
 
     def _compile(self, args: tuple, kwargs: dict) -> Program:
         """Trace this signature and build its program, applying the fallback policies."""
-        with collector_paused():
+        with collector_paused(self.options.pause_collector):
             return self._compile_unpaused(args, kwargs)
 
     def _compile_unpaused(self, args: tuple, kwargs: dict) -> Program:

@@ -2,7 +2,8 @@
 
 Used around the compile of a signature (`api.Function._compile`: trace, clustering,
 compile, re-trace) and of a dynamic cluster's specialization (`dynamic.DynamicCluster`),
-the two places where a first call spends its time in Python.
+the two places where a first call spends its time in Python. The `pause_collector`
+option (`--pause_collector=false`) turns the pause off.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from collections.abc import Iterator
 
 
 @contextlib.contextmanager
-def collector_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector off while a signature compiles, back on after.
+def collector_paused(enabled: bool = True) -> Iterator[None]:
+    """Python's cyclic garbage collector off while a signature compiles, back on after;
+    nothing when `enabled` is False (the `pause_collector` option).
 
     A compile (TF's trace and autograph's conversion, clustering, lowering, the re-trace)
     allocates hundreds of thousands of short-lived objects beside TF's heap of about
@@ -26,7 +28,7 @@ def collector_paused() -> Iterator[None]:
     alone when the collector is already off (the caller's choice, or an enclosing
     compile: a `tl.function` traced inside another).
     """
-    if not gc.isenabled():
+    if not enabled or not gc.isenabled():
         yield
         return
     gc.disable()

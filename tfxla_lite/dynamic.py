@@ -98,6 +98,7 @@ class DynamicCluster:
     template: tf.compat.v1.GraphDef
     pipeline: str | None = None
     verify: bool = False
+    pause_collector: bool = True  # the option of that name: GC off while a shape compiles
     max_specializations: int | None = 10  # None: no limit (must-compile mode)
     must_compile: bool = False
     specializations: list[SpecializationArtifacts] = field(default_factory=list)
@@ -124,7 +125,7 @@ class DynamicCluster:
                         "run in TensorFlow from now on", self.key, len(self._results))
                 return loader.Refusal(for_all_new=True)
             try:
-                with collector_paused():
+                with collector_paused(self.pause_collector):
                     result = self.compile(request)
             except Exception as error:
                 if self.must_compile:

@@ -99,6 +99,8 @@ FLAGS: dict[str, Flag] = {flag.name: flag for flag in (
          "instead of falling back to auto-clustering with a warning"),
     Flag("log_level", "LEVEL", lambda text: _text(text).lower(),
          "level of the 'tfxla_lite' logger: debug, info, warning or error"),
+    Flag("pause_collector", "", _boolean,
+         "pause Python's garbage collector while a signature compiles (default true)"),
 )}
 
 

@@ -44,6 +44,10 @@ class Options:
     clustering decision, and report.html (`tfxla_lite.dump`); "-" prints the HLO to
     stdout. `dump_hlo_as_text`: HLO as text, the default and only format; alone, it
     prints the HLO to stdout, as XLA's `--xla_dump_hlo_as_text` does.
+    `pause_collector` (default True): Python's cyclic garbage collector is off,
+    process-wide, while a signature or a dynamic cluster's shape compiles
+    (`tfxla_lite.collector`); False leaves it running, for programs whose other
+    threads must not see it paused, at the cost of slower first calls.
     """
 
     min_cluster_size: int = 4
@@ -58,6 +62,7 @@ class Options:
     disable_passes: tuple[str, ...] = ()
     strict_jit_compile: bool = False
     log_level: str | None = None
+    pause_collector: bool = True
 
     def __post_init__(self) -> None:
         _check_int("min_cluster_size", self.min_cluster_size, minimum=1)
@@ -69,7 +74,8 @@ class Options:
         _check_int("auto_jit", self.auto_jit, minimum=-1)
         if self.auto_jit > 2:
             raise OptionsError(f"auto_jit must be -1, 0, 1 or 2, got {self.auto_jit}")
-        for name in ("verify", "clustering_debug", "dump_hlo_as_text", "strict_jit_compile"):
+        for name in ("verify", "clustering_debug", "dump_hlo_as_text", "strict_jit_compile",
+                     "pause_collector"):
             if not isinstance(getattr(self, name), bool):
                 raise OptionsError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.ops_to_cluster is not None:

@@ -24,6 +24,7 @@ from tfxla_lite.passes import DEFAULT_PIPELINE, PASSES
     ("--verify=true", {"verify": True}),
     ("--strict_jit_compile=false", {"strict_jit_compile": False}),
     ("--log_level=INFO", {"log_level": "info"}),
+    ("--pause_collector=false", {"pause_collector": False}),
     ("", {}),
     ("  --verify   --auto_jit=1 ", {"verify": True, "auto_jit": 1}),
     ("--auto_jit=1 --auto_jit=2", {"auto_jit": 2}),  # the last one wins
