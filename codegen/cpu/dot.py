@@ -206,9 +206,13 @@ def plan_gemm(inst: Instruction) -> GemmPlan | None:
 # and its columns of B again, so tm × tn tiles pack K·M·(tn − 1) + K·N·(tm − 1) more
 # elements than one call, each worth about PACKING_FLOPS flops (OpenBLAS 0.3, one
 # thread, znver4: 4×4 tiles of a 512³ product cost 10% of its CPU time, 2×2 about 4%).
-# More units balance the team better when the machine is busy; fewer pack less.
+# More units balance the team better when the machine is busy; fewer pack less. Below
+# MIN_SPLIT_UNITS the budget does not apply: a K-heavy product with a small output
+# (a weight gradient, 128×128 over K = 512: 6.6% more packing for 2 units) would
+# otherwise be one unit, run by one thread while the others idle.
 MIN_UNIT_FLOPS = 1 << 22
 MAX_UNITS = 16
+MIN_SPLIT_UNITS = 2
 PACKING_FLOPS = 17.0
 PACKING_BUDGET = 0.06
 TILE_ALIGN = 16  # tile bounds at multiples of 16 elements: whole cache lines for f32
@@ -287,8 +291,10 @@ def schedule(plan: GemmPlan) -> DotSchedule:
         else:
             break
         tiles = -(-m // candidate[0]), -(-n // candidate[1])
-        if (2 * candidate[0] * candidate[1] * plan.k < MIN_UNIT_FLOPS
-                or packing_overhead(m, n, *tiles) > PACKING_BUDGET):
+        if 2 * candidate[0] * candidate[1] * plan.k < MIN_UNIT_FLOPS:
+            break
+        split_enough = batch * -(-m // block_m) * -(-n // block_n) >= MIN_SPLIT_UNITS
+        if split_enough and packing_overhead(m, n, *tiles) > PACKING_BUDGET:
             break
         block_m, block_n = candidate
     tiles_m, tiles_n = -(-m // block_m), -(-n // block_n)

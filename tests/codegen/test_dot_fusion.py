@@ -198,6 +198,12 @@ def test_schedule_is_fixed_by_shape() -> None:
     assert (sched.block_m, sched.block_n, sched.units) == (64, 128, 4)
     assert 2 * sched.block_m * 64 * plan.k >= dot_codegen.MIN_UNIT_FLOPS
     assert dot_codegen.packing_overhead(64, 512, 1, 8) > dot_codegen.PACKING_BUDGET
+    # A weight gradient, 128×128 over K = 512: two units although the split re-packs
+    # more than the budget, since one unit would leave the team's other threads idle.
+    gradient = dot_codegen.schedule(dot_codegen.GemmPlan(128, 128, 512, True, 128, False, 128,
+                                                         (), (), ()))
+    assert (gradient.units, gradient.block_m, gradient.block_n) == (2, 64, 128)
+    assert dot_codegen.packing_overhead(128, 128, 2, 1) > dot_codegen.PACKING_BUDGET
     square = dot_codegen.schedule(dot_codegen.GemmPlan(2048, 2048, 2048, False, 2048, False,
                                                        2048, (), (), ()))
     assert square.units == dot_codegen.MAX_UNITS and square.block_m == square.block_n == 512

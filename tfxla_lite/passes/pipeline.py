@@ -15,6 +15,7 @@ from tfxla_lite.passes.call_inliner import CallInliner
 from tfxla_lite.passes.constant_folding import ConstantFolding
 from tfxla_lite.passes.cse import CommonSubexpressionElimination
 from tfxla_lite.passes.dce import DeadCodeElimination
+from tfxla_lite.passes.dot_folding import DotFolding
 from tfxla_lite.passes.fusion import Fusion
 from tfxla_lite.passes.multi_output_fusion import MultiOutputFusion
 from tfxla_lite.passes.output_copies import AddOutputCopies
@@ -29,7 +30,12 @@ from tfxla_lite.passes.simplify import AlgebraicSimplifier
 # constant-folding: evaluate what depends on constants only (small results).
 # cse: lowering repeats work (each TF op lowers on its own) and folding makes equal
 #      constants; one instruction per value.
-# simplify: CSE makes operands identical (x - x, select(p, a, a)); clean those up.
+# dot-folding: the broadcasts, batch sums, reshapes and transposes TF puts around
+#      dots read as the dots' own dimension numbers (one GEMM instead of a batch of
+#      small ones, no copy kernel), before fusion gathers them into kernels; after
+#      cse, which merges the broadcasts of one weight.
+# simplify: CSE makes operands identical (x - x, select(p, a, a)); clean those up,
+#      and the reshape pairs dot-folding leaves.
 # dce: what the rewrites left unused; dropping it first keeps fusion from building
 #      kernels nobody reads.
 # fuse-rows: row reductions (softmax, layer norm) with the work between and after them
@@ -46,15 +52,15 @@ from tfxla_lite.passes.simplify import AlgebraicSimplifier
 # schedule: last, the instruction order (live ranges, kernel order) with the smallest
 #      temp arena, as XLA schedules just before buffer assignment.
 DEFAULT_PIPELINE = (
-    "call-inliner,simplify,constant-folding,cse,simplify,dce,fuse-rows,fuse,output-fusion,"
-    "multi-output-fusion,dce,"
+    "call-inliner,simplify,constant-folding,cse,dot-folding,simplify,dce,fuse-rows,fuse,"
+    "output-fusion,multi-output-fusion,dce,"
     "add-output-copies,schedule")
 
 PASSES: dict[str, type[Pass]] = {
     cls.name: cls for cls in (AlgebraicSimplifier, ConstantFolding,
                               CommonSubexpressionElimination, DeadCodeElimination, Fusion,
                               OutputFusion, AddOutputCopies, RowFusion, MemoryScheduler,
-                              MultiOutputFusion, CallInliner)
+                              MultiOutputFusion, CallInliner, DotFolding)
 }
 
 

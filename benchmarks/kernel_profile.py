@@ -1,0 +1,248 @@
+"""Per-kernel time of tfxla-lite's compiled executables: where a step's time goes.
+
+Run: .venv/bin/python -m benchmarks.kernel_profile WORKLOAD [--iterations N] [--top K]
+     (WORKLOAD: a name of `benchmarks/workloads.py`, e.g. mlp_train_b128)
+
+Inside `profiling()`, every kernel call that `entry` makes is bracketed by the CPU's
+cycle counter (`llvm.readcyclecounter`, the TSC on x86: constant rate), and each
+kernel's total and minimum cycles per call are kept in a global array of its
+executable. The minimum is the kernel's cost when nothing else ran on the machine
+(useful on a busy machine); the mean includes waits for a preempted team thread.
+Kernels are labelled by their entry instruction, kind and shape, dots by their GEMM
+plan and schedule (`codegen/cpu/dot.py`), fusions by the opcodes they hold. The
+compile caches are bypassed (a cached executable would carry no counters). The CLI
+times the same step under TF's XLA, interleaved, for reference.
+
+Nothing of this changes the compiler: `profiling()` wraps the kernel emitters and the
+CPU backend's `compile` for its duration only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import ctypes
+import functools
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from llvmlite import ir
+
+from tfxla_lite.codegen import cpu
+from tfxla_lite.codegen.cpu import compiler, multi_output
+from tfxla_lite.codegen.cpu import dot as dot_codegen
+from tfxla_lite.codegen.cpu import engine as cpu_engine
+from tfxla_lite.hlo.ir import Instruction
+
+_COUNTERS = "kernel_profile.counters"
+_SLOTS = 4096  # [total cycles of kernel i, then minimum cycles of kernel i] per executable
+_I64 = ir.IntType(64)
+
+
+@dataclass(frozen=True)
+class KernelTime:
+    label: str
+    is_dot: bool
+    total_seconds: float
+    min_seconds: float
+
+
+@dataclass
+class Profile:
+    """The executables compiled inside `profiling()`, each with its kernels' labels."""
+
+    executables: list[tuple[Any, list[str], list[bool]]] = field(default_factory=list)
+    _baseline: list[np.ndarray] = field(default_factory=list)
+
+    def reset(self) -> None:
+        """Start counting totals from now (minimums keep their lowest value)."""
+        self._baseline = [self._counters(ex)[:_SLOTS // 2].copy()
+                          for ex, _, _ in self.executables]
+
+    def kernels(self, calls: int) -> list[KernelTime]:
+        """Each kernel's mean over `calls` calls since `reset()`, and its minimum."""
+        hertz = cycles_per_second()
+        rows = []
+        for n, (executable, labels, dots) in enumerate(self.executables):
+            counters = self._counters(executable)
+            base = self._baseline[n] if n < len(self._baseline) else 0
+            totals = (counters[:_SLOTS // 2] - base)[:len(labels)]
+            minimums = counters[_SLOTS // 2:_SLOTS // 2 + len(labels)]
+            for label, is_dot, total, minimum in zip(labels, dots, totals, minimums):
+                rows.append(KernelTime(label, is_dot, total / calls / hertz, minimum / hertz))
+        return rows
+
+    @staticmethod
+    def _counters(executable: Any) -> np.ndarray:
+        address = executable.engine.get_global_value_address(_COUNTERS)
+        return np.ctypeslib.as_array((ctypes.c_int64 * _SLOTS).from_address(address))
+
+
+def describe(inst: Instruction) -> tuple[str, bool]:
+    """A kernel's label and whether it is a GEMM-shaped dot."""
+    kind = inst.attributes.get("kind", "") if inst.opcode == "fusion" else ""
+    head = f"{inst.name} {inst.opcode}{'/' + kind if kind else ''} {inst.shape}"
+    dot = dot_codegen.kernel_dot(inst)
+    plan = dot_codegen.plan_gemm(dot) if dot is not None else None
+    if plan is not None:
+        sched = dot_codegen.schedule(plan)
+        batch = f" batch {plan.batch_sizes}" if plan.batch_sizes else ""
+        return (f"{head}: GEMM {plan.m}x{plan.n}x{plan.k}{batch}"
+                f"{' A^T' if plan.transpose_a else ''}{' B^T' if plan.transpose_b else ''}, "
+                f"{sched.strategy}, {sched.units} x {sched.block_m}x{sched.block_n}"), True
+    if inst.opcode == "fusion":
+        opcodes = collections.Counter(i.opcode for i in inst.fused_computation.instructions
+                                      if i.opcode != "parameter")
+        return f"{head}: {', '.join(sorted(opcodes))}", dot is not None
+    return head, inst.opcode == "dot"
+
+
+def _timed(emit: Callable[..., ir.Function], labels: list[tuple[str, bool]]
+           ) -> Callable[..., ir.Function]:
+    """`emit`, with the kernel it returns wrapped in a function that counts its cycles."""
+
+    @functools.wraps(emit)
+    def timed(module: ir.Module, pool: Any, inst: Instruction, *args: Any, **kwargs: Any
+              ) -> ir.Function:
+        kernel = emit(module, pool, inst, *args, **kwargs)
+        counters = module.globals.get(_COUNTERS)
+        if counters is None:
+            counters = ir.GlobalVariable(module, ir.ArrayType(_I64, _SLOTS), _COUNTERS)
+            counters.initializer = ir.Constant(ir.ArrayType(_I64, _SLOTS), None)
+            labels.clear()
+        number = len(labels)
+        if number >= _SLOTS // 2:
+            raise ValueError(f"kernel_profile: more than {_SLOTS // 2} kernels in one module")
+        labels.append(describe(inst))
+        wrapper = ir.Function(module, kernel.function_type, name=kernel.name + ".profiled")
+        b = ir.IRBuilder(wrapper.append_basic_block("entry"))
+        clock = module.declare_intrinsic("llvm.readcyclecounter", fnty=ir.FunctionType(_I64, []))
+        start = b.call(clock, [])
+        b.call(kernel, list(wrapper.args))
+        cycles = b.sub(b.call(clock, []), start)
+
+        def slot(index: int) -> ir.Value:
+            return b.gep(counters, [_I64(0), _I64(index)], inbounds=True)
+
+        total = slot(number)
+        b.store(b.add(b.load(total), cycles), total)
+        minimum = slot(_SLOTS // 2 + number)
+        old = b.load(minimum)  # 0 until the first call: compare x - 1 unsigned
+        smaller = b.icmp_unsigned("<", b.sub(cycles, _I64(1)), b.sub(old, _I64(1)))
+        b.store(b.select(smaller, cycles, old), minimum)
+        b.ret_void()
+        return wrapper
+
+    return timed
+
+
+@contextlib.contextmanager
+def profiling() -> Iterator[Profile]:
+    """Executables compiled inside this block count their kernels' cycles."""
+    profile = Profile()
+    labels: list[tuple[str, bool]] = []
+    saved = (compiler.emit_kernel, multi_output.emit_kernel, cpu.compile,
+             os.environ.get("TFXLA_LITE_CACHE"))
+    original_compile = cpu.compile
+
+    def compile_executable(*args: Any, **kwargs: Any) -> Any:
+        labels.clear()
+        kwargs["cache"] = False
+        executable = original_compile(*args, **kwargs)
+        if labels:
+            profile.executables.append((executable, [text for text, _ in labels],
+                                        [is_dot for _, is_dot in labels]))
+        return executable
+
+    compiler.emit_kernel = _timed(compiler.emit_kernel, labels)
+    multi_output.emit_kernel = _timed(multi_output.emit_kernel, labels)
+    cpu.compile = compile_executable  # what `codegen.compile_module` calls
+    # No cache hit may skip the emitters (compile_module looks its caches up first).
+    os.environ["TFXLA_LITE_CACHE"] = "0"
+    try:
+        yield profile
+    finally:
+        compiler.emit_kernel, multi_output.emit_kernel, cpu.compile, cache = saved
+        if cache is None:
+            os.environ.pop("TFXLA_LITE_CACHE", None)
+        else:
+            os.environ["TFXLA_LITE_CACHE"] = cache
+
+
+@functools.cache
+def cycles_per_second() -> float:
+    """The cycle counter's rate, against `time.perf_counter` over 0.2 s."""
+    module = ir.Module(name="kernel_profile_clock")
+    function = ir.Function(module, ir.FunctionType(_I64, []), name="cycles")
+    b = ir.IRBuilder(function.append_basic_block("entry"))
+    b.ret(b.call(module.declare_intrinsic("llvm.readcyclecounter",
+                                          fnty=ir.FunctionType(_I64, [])), []))
+    engine, _ = cpu_engine.jit(cpu_engine.parse_and_verify(str(module)))
+    read = ctypes.CFUNCTYPE(ctypes.c_uint64)(engine.get_function_address("cycles"))
+    start, cycles = time.perf_counter(), read()
+    time.sleep(0.2)
+    rate = (read() - cycles) / (time.perf_counter() - start)
+    cycles_per_second.engine = engine  # type: ignore[attr-defined]  # keep the code alive
+    return rate
+
+
+def report(kernels: list[KernelTime], top: int) -> str:
+    total = sum(k.total_seconds for k in kernels)
+    dots = sum(k.total_seconds for k in kernels if k.is_dot)
+    floor = sum(k.min_seconds for k in kernels)
+    dot_floor = sum(k.min_seconds for k in kernels if k.is_dot)
+    lines = [f"kernels: {len(kernels)}; mean per step {total * 1e3:.3f} ms (dots "
+             f"{dots * 1e3:.3f}, other {(total - dots) * 1e3:.3f}); sum of per-kernel minimums "
+             f"{floor * 1e3:.3f} ms (dots {dot_floor * 1e3:.3f})",
+             f"{'mean us':>9} {'min us':>9}  kernel"]
+    for k in sorted(kernels, key=lambda k: -k.total_seconds)[:top]:
+        lines.append(f"{k.total_seconds * 1e6:9.1f} {k.min_seconds * 1e6:9.1f}  {k.label}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.kernel_profile",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("workload")
+    parser.add_argument("--iterations", type=int, default=200)
+    parser.add_argument("--top", type=int, default=30)
+    options = parser.parse_args(argv)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tensorflow as tf
+
+    import tfxla_lite as tl
+    from benchmarks.workloads import by_name
+
+    (workload,) = by_name([options.workload], quick=False)
+    fn, args = workload.make()
+    with profiling() as profile:
+        lite = tl.function(fn, jit_compile=True)
+        lite(*args)
+    xla = tf.function(fn, jit_compile=True)
+    for _ in range(3):
+        lite(*args), xla(*args)
+    profile.reset()
+    steps: dict[str, list[float]] = {"tfxla-lite": [], "TF XLA": []}
+    for _ in range(options.iterations):
+        for name, step in (("tfxla-lite", lite), ("TF XLA", xla)):
+            start = time.perf_counter()
+            step(*args)
+            steps[name].append(time.perf_counter() - start)
+    load = " ".join(open("/proc/loadavg").read().split()[:3])
+    print(f"{workload.name}, {options.iterations} steps each, interleaved; load {load}")
+    for name, seconds in steps.items():
+        print(f"  {name:>10}: step median {np.median(seconds) * 1e3:.3f} ms, "
+              f"min {min(seconds) * 1e3:.3f} ms")
+    calls = options.iterations  # each executable runs once per step
+    print(report(profile.kernels(calls), options.top))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
