@@ -124,18 +124,23 @@ def row_major_strides(dims: tuple[int, ...]) -> list[int]:
 class Index:
     """The index of one element of an array of `dims`: multi-dimensional, linear, or both.
 
-    The missing form is derived on demand and not cached, so that a form derived in a
-    branch never leaks to code the branch does not dominate (LLVM's GVN merges the
-    repeats). A reshape keeps the linear form: row-major reshapes preserve it.
+    The missing form is derived on demand and kept only for the basic block it was
+    derived in, so that a form derived in a branch never leaks to code the branch does
+    not dominate, while the reads of one index in one block (every operand of a fused
+    expression) share it: recomputing it for each made a fused kernel's IR much longer
+    for LLVM to parse and clean up (GVN merged the repeats anyway). A reshape keeps the
+    linear form: row-major reshapes preserve it.
     """
 
-    __slots__ = ("dims", "linear", "multi")
+    __slots__ = ("dims", "linear", "multi", "_derived")
 
     def __init__(self, dims: tuple[int, ...], multi: list[ir.Value] | None = None,
                  linear: ir.Value | None = None) -> None:
         self.dims = tuple(dims)
         self.multi = multi
         self.linear = linear
+        # (block, form): the missing form, derived in that block.
+        self._derived: tuple[ir.Block, Any] | None = None
         if not self.dims and multi is None:
             self.multi = []
             if linear is None:
@@ -148,6 +153,8 @@ class Index:
     def get_multi(self, builder: ir.IRBuilder) -> list[ir.Value]:
         if self.multi is not None:
             return self.multi
+        if self._derived is not None and self._derived[0] is builder.block:
+            return list(self._derived[1])  # a copy: callers may edit theirs
         assert self.linear is not None
         multi = []
         strides = row_major_strides(self.dims)
@@ -161,11 +168,14 @@ class Index:
             if strides[d] != 1:
                 value = builder.udiv(value, i64(strides[d]))
             multi.append(value)
+        self._derived = (builder.block, list(multi))
         return multi
 
     def get_linear(self, builder: ir.IRBuilder) -> ir.Value:
         if self.linear is not None:
             return self.linear
+        if self._derived is not None and self._derived[0] is builder.block:
+            return self._derived[1]
         assert self.multi is not None
         linear: ir.Value = i64(0)
         for value, stride, size in zip(self.multi, row_major_strides(self.dims), self.dims):
@@ -174,6 +184,7 @@ class Index:
             term = value if stride == 1 else builder.mul(value, i64(stride), flags=["nuw", "nsw"])
             linear = term if isinstance(linear, ir.Constant) else builder.add(
                 linear, term, flags=["nuw", "nsw"])
+        self._derived = (builder.block, linear)
         return linear
 
 

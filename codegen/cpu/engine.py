@@ -6,19 +6,24 @@ for the host CPU (its features included, so AVX-512 hosts get wide vectors), and
 compiled by MCJIT. The JIT resolves libm (f64 `tanh`, `erf`, ...) and libc (`memcpy`)
 from the process; the GEMM routines come from the OpenBLAS that NumPy ships, and
 libgomp's entry points (`parallel.py`) from the system, loaded with ctypes and bound
-by name with `llvm.add_symbol`.
+by name with `llvm.add_symbol`. A big module is optimized in parts on several threads
+(`optimize_parts`, cut by `module_split.py`) and linked back before MCJIT.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import ctypes
 import ctypes.util
 import functools
 import glob
 import os
+from collections.abc import Collection
 from dataclasses import dataclass
+from typing import Any
 
 import llvmlite.binding as llvm
+from llvmlite.binding import ffi
 
 
 def target_machine() -> llvm.TargetMachine:
@@ -67,12 +72,95 @@ def optimize(module: llvm.ModuleRef, speed_level: int = 3) -> None:
     """
     machine = _optimizing_machine()
     module.triple, module.data_layout = _host()
+    builder = llvm.create_pass_builder(machine, _tuning_options(speed_level))
+    builder.getModulePassManager().run(module, builder)
+
+
+# Modules with less IR text than this are optimized whole, on the calling thread: the
+# parts' own setup (contexts, pass builders, the bitcode round trip) would cost more
+# than a second thread saves. Above it, one part per CPU this process may use, at most
+# MAX_OPTIMIZER_THREADS.
+PARALLEL_IR_BYTES = 32 * 1024
+MAX_OPTIMIZER_THREADS = 4
+
+
+def optimizer_threads() -> int:
+    """How many threads may optimize the parts of one module: one per CPU this process
+    may use, at most MAX_OPTIMIZER_THREADS."""
+    from tfxla_lite.codegen.cpu import parallel  # as bind_runtime does: engine stays light
+
+    return max(1, min(MAX_OPTIMIZER_THREADS, parallel.default_threads()))
+
+
+def optimize_parts(texts: list[str], internal: Collection[str] = (),
+                   speed_level: int = 3) -> llvm.ModuleRef:
+    """Parse, verify and optimize each of `texts` (the parts of one module,
+    `module_split.py`) as `optimize` does, on one thread per part, and link the
+    results into one module of the global context, where the functions named in
+    `internal` (made external only for calls between parts) get internal linkage
+    again and are dropped when no call is left (a task whose launch LLVM proved dead
+    in `entry`'s part), so the result has the functions the whole module would.
+
+    llvmlite serializes every call into LLVM behind one process-wide lock, which keeps
+    its threads from ever running LLVM at once. LLVM itself allows it for modules in
+    different contexts, each with its own target machine and pass builder, as its
+    parallel code generators do: each part gets those, all made under the lock on this
+    thread, and only the pass pipeline's run is called without the lock (ctypes
+    releases the GIL for it); this thread runs the first part's.
+    """
+    if len(texts) == 1:
+        module = parse_and_verify(texts[0])
+        optimize(module, speed_level)
+        return module
+    triple, data_layout = _host()
+    contexts = [llvm.create_context() for _ in texts]
+    jobs: list[tuple[Any, llvm.ModuleRef, Any]] = []
+    try:
+        for text, context in zip(texts, contexts):
+            module = llvm.parse_assembly(text, context=context)
+            jobs.append((None, module, None))
+            module.verify()
+            module.triple, module.data_layout = triple, data_layout
+            builder = llvm.create_pass_builder(target_machine(), _tuning_options(speed_level))
+            jobs[-1] = (builder.getModulePassManager(), module, builder)
+        # The C function without llvmlite's lock (an llvmlite that wraps it otherwise
+        # keeps its lock: correct, one part at a time).
+        locked = ffi.lib.LLVMPY_RunNewModulePassManager
+        run = getattr(locked, "_cfn", locked)
+        with concurrent.futures.ThreadPoolExecutor(len(jobs) - 1) as pool:
+            started = [pool.submit(run, *job) for job in jobs[1:]]
+            run(*jobs[0])
+            for future in started:
+                future.result()
+        bitcode = [module.as_bitcode() for _, module, _ in jobs]
+    finally:
+        for manager, module, builder in jobs:
+            for ref in (manager, builder, module):
+                if ref is not None:
+                    ref.close()
+        for context in contexts:
+            context.close()
+    linked = llvm.parse_bitcode(bitcode[0])
+    for code in bitcode[1:]:
+        linked.link_in(llvm.parse_bitcode(code))
+    names = set(internal)
+    for function in linked.functions:
+        if function.name in names and not function.is_declaration:
+            function.linkage = "internal"
+    if names:
+        manager = llvm.create_new_module_pass_manager()
+        manager.add_global_dead_code_eliminate_pass()
+        builder = llvm.create_pass_builder(_optimizing_machine(), _tuning_options(speed_level))
+        manager.run(linked, builder)
+    return linked
+
+
+def _tuning_options(speed_level: int) -> llvm.PipelineTuningOptions:
     options = llvm.create_pipeline_tuning_options(speed_level=speed_level)
     options.loop_vectorization = True
     options.slp_vectorization = True
     options.loop_unrolling = False
-    builder = llvm.create_pass_builder(machine, options)
-    builder.getModulePassManager().run(module, builder)
+    return options
 
 
 def jit(module: llvm.ModuleRef) -> tuple[llvm.ExecutionEngine, bytes]:

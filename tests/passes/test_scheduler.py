@@ -15,7 +15,7 @@ from tfxla_lite.hlo.printer import module_to_text
 from tfxla_lite.hlo.shape import Shape
 from tfxla_lite.hlo.verifier import verify
 from tfxla_lite.passes import assign_buffers, optimize
-from tfxla_lite.passes.scheduler import SCHEDULERS, MemoryScheduler, is_topological
+from tfxla_lite.passes.scheduler import SCHEDULERS, MemoryScheduler, is_topological, schedule
 
 F32 = Shape("f32", (256,))  # 1 KiB
 
@@ -51,6 +51,19 @@ def test_a_value_computed_early_moves_next_to_its_reader() -> None:
     assert after.temp_bytes == 1024
     assert after.live_ranges["exponential"] == (4, 5)
     assert not MemoryScheduler().run(module)  # a fixed point
+
+
+def test_schedule_returns_the_plan_of_the_order_it_keeps() -> None:
+    # Multi-output fusion weighs merges by this plan instead of assigning buffers again.
+    for ordered in (False, True):
+        module = _early_exponential()
+        if ordered:  # already best: kept, and its plan still returned
+            module.entry.instructions[:] = SCHEDULERS["dfs"](module.entry)
+        plan = schedule(module)
+        assert plan is not None and plan.temp_bytes == 1024
+        again = assign_buffers(module)
+        assert plan.to_text() == again.to_text()
+        assert plan.live_ranges == again.live_ranges
 
 
 def test_candidates_are_topological_permutations() -> None:

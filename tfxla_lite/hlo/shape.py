@@ -8,6 +8,7 @@ default (row-major, printed `{rank-1,...,0}`): this project never changes them.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -101,17 +102,19 @@ class Shape:
         self._require_array()
         return len(self.dims)
 
-    @property
+    # Cached: buffer assignment and the scheduler ask for sizes thousands of times per
+    # compile (np.prod costs microseconds a call).
+    @cached_property
     def num_elements(self) -> int:
         self._require_array()
-        return int(np.prod(self.dims, dtype=np.int64))
+        return math.prod(self.dims)
 
     @cached_property
     def numpy_dtype(self) -> np.dtype:
         self._require_array()
         return _NUMPY_DTYPES[self.element_type]
 
-    @property
+    @cached_property
     def byte_size(self) -> int:
         """Bytes of a dense row-major buffer; a tuple counts its elements' buffers."""
         if self.tuple_shapes is not None:

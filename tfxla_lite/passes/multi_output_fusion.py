@@ -55,7 +55,7 @@ from tfxla_lite.passes.base import Pass
 from tfxla_lite.passes.buffer_assignment import BufferAssignment, assign_buffers, leaf_name, leaves
 from tfxla_lite.passes.fusion import can_be_fusion_root, fusion_targets
 from tfxla_lite.passes.output_copies import AddOutputCopies
-from tfxla_lite.passes.scheduler import MemoryScheduler
+from tfxla_lite.passes.scheduler import schedule
 
 # ('loop', dims) or ('reduce', input dims, reduced dims)
 Space = tuple
@@ -344,8 +344,10 @@ def plan_after(computation: Computation,
         merge(scratch.entry, clones[id(first)], clones[id(second)], producer_consumer)
     try:
         AddOutputCopies().run(scratch)
-        MemoryScheduler().run(scratch)
-        return _Plan(assign_buffers(scratch), len(scratch.entry.instructions))
+        assignment = schedule(scratch)  # the scheduler's own plan of the order it keeps
+        if assignment is None:
+            assignment = assign_buffers(scratch)
+        return _Plan(assignment, len(scratch.entry.instructions))
     except (NotImplementedError, ValueError, KeyError):
         return None
 

@@ -24,10 +24,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from tfxla_lite.hlo.ir import Computation, HloModule, Instruction
 from tfxla_lite.passes.base import Pass
+
+if TYPE_CHECKING:  # imported where used at run time, as `assign_buffers` is
+    from tfxla_lite.passes.buffer_assignment import BufferAssignment
 
 _FORWARDERS = ("tuple", "get-tuple-element")
 _NO_ARENA = ("parameter", "constant")
@@ -174,33 +177,42 @@ class MemoryScheduler(Pass):
     name: ClassVar[str] = "schedule"
 
     def run(self, module: HloModule) -> bool:
-        from tfxla_lite.passes.buffer_assignment import assign_buffers
-
         entry = module.entry
-        if entry is None or entry.root is None:
-            return False
-        current = list(entry.instructions)
+        before = list(entry.instructions) if entry is not None else []
+        schedule(module)
+        return entry is not None and entry.instructions != before
 
-        def arena(order: list[Instruction]) -> int:
-            entry.instructions[:] = order
-            try:
-                return assign_buffers(module).temp_bytes
-            finally:
-                entry.instructions[:] = current
 
+def schedule(module: HloModule) -> BufferAssignment | None:
+    """Put the entry in the order of the smallest temp arena (`MemoryScheduler`) and
+    return the buffer assignment of that order, which choosing it computed (callers that
+    plan memory need not assign buffers again); None, with the order left as it was,
+    when the entry has no root or buffer assignment cannot plan it."""
+    from tfxla_lite.passes.buffer_assignment import assign_buffers
+
+    entry = module.entry
+    if entry is None or entry.root is None:
+        return None
+    current = list(entry.instructions)
+
+    def plan(order: list[Instruction]) -> BufferAssignment:
+        entry.instructions[:] = order
         try:
-            best, best_bytes = current, arena(current)
-        except (NotImplementedError, ValueError, KeyError):
-            return False  # a plan buffer assignment cannot make: leave it to report
-        for make in SCHEDULERS.values():
-            order = make(entry)
-            assert len(order) == len(current) and is_topological(order), make.__name__
-            if order == best:
-                continue
-            size = arena(order)
-            if size < best_bytes:
-                best, best_bytes = order, size
-        if best is current:
-            return False
-        entry.instructions[:] = best
-        return True
+            return assign_buffers(module)
+        finally:
+            entry.instructions[:] = current
+
+    try:
+        best, best_plan = current, plan(current)
+    except (NotImplementedError, ValueError, KeyError):
+        return None  # a plan buffer assignment cannot make: leave it to report
+    for make in SCHEDULERS.values():
+        order = make(entry)
+        assert len(order) == len(current) and is_topological(order), make.__name__
+        if order == best:
+            continue
+        candidate = plan(order)
+        if candidate.temp_bytes < best_plan.temp_bytes:
+            best, best_plan = order, candidate
+    entry.instructions[:] = best
+    return best_plan

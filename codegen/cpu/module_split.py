@@ -1,0 +1,153 @@
+"""Split an emitted LLVM module into parts that LLVM can optimize on several threads.
+
+Sits between kernel emission (`compiler.py`, one `llvmlite.ir.Module` holding every
+kernel and `entry`) and `engine.optimize_parts`, which runs LLVM's pipeline on each
+part in its own LLVM context and thread, then links the parts into one module for
+the JIT. Optimizing one big module is the longest step of a cold compile (the
+Transformer training step's 0.8 MB of IR took 0.9 s of a 2.1 s first call), and a
+module is optimized function by function anyway, so cutting it between kernels
+changes little of the code LLVM produces.
+
+The cut follows the parallel kernels: a function whose address is taken (a kernel's
+task, handed to `GOMP_parallel`) is never inlined into its caller, so the task and
+every function it reaches form a unit that can be optimized apart without changing
+what LLVM makes of the module; `entry` and the rest (each kernel's launch code, the
+serial kernels, which LLVM inlines into `entry`) form one more unit. Cutting between
+any two functions instead would keep LLVM from inlining range functions into their
+tasks and launches into `entry`: the Transformer step then had 144 functions instead of
+60, and MCJIT took 20% longer to compile them. Units are packed into parts by size of IR
+text, largest first, each into the smallest part so far. A function one part
+defines and another calls loses its internal linkage there and is declared in the
+caller's part (in practice: a task that a launch in the `entry` unit passes to
+`GOMP_parallel`; `engine.optimize_parts` makes it internal again once the parts are
+linked); constants (internal globals) are copied into each part that reads them, since
+a declared constant could not be folded.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection
+from dataclasses import dataclass
+
+from llvmlite import ir
+
+# A global's name where IR text uses it: `@"quoted name"` or `@bare.name`.
+_GLOBAL_REFERENCE = re.compile(r'@(?:"((?:[^"\\]|\\.)*)"|([-a-zA-Z$._][-a-zA-Z$._0-9]*))')
+# The same, not called (no argument list follows): the function's address is taken.
+_ADDRESS_TAKEN = re.compile(
+    r'@(?:"((?:[^"\\]|\\.)*)"|([-a-zA-Z$._][-a-zA-Z$._0-9]*))(?![-a-zA-Z$._0-9(])')
+
+
+# A cut whose largest part holds more than this share of the IR is not made: the
+# threads would save less than a quarter of the optimization's time, and the parts'
+# own cost (contexts, the bitcode link, a thread's start) takes most of that (softmax:
+# one task holding 96% of the module, 50 ms slower in parts).
+MAX_LARGEST_SHARE = 0.75
+
+
+@dataclass(frozen=True)
+class SplitModule:
+    """A module's IR text whole (what `str(module)` gives) and cut into parts (one part,
+    the whole text, when it is not cut)."""
+
+    text: str
+    parts: list[str]
+    # Functions that were internal and are external in the parts, for the calls
+    # between parts; internal again once the parts are linked (`engine.optimize_parts`).
+    exported: frozenset[str] = frozenset()
+
+
+def split_module(module: ir.Module, entry_name: str, parts: int,
+                 min_bytes: int = 0) -> SplitModule:
+    """`module`'s text, and the same cut into at most `parts` modules. It is not cut
+    when `parts` < 2, when its text is shorter than `min_bytes`, when it has a single
+    unit, when one part would hold most of it (`MAX_LARGEST_SHARE`), or when one of
+    its global variables is not an internal constant (it would need one definition
+    and declarations)."""
+    functions = {f.name: f for f in module.functions if not f.is_declaration}
+    texts = {name: str(value) for name, value in module.globals.items()}
+    header = [f'; ModuleID = "{module.name}"', f'target triple = "{module.triple}"',
+              f'target datalayout = "{module.data_layout}"', ""]
+    types = [t.get_declaration() for t in module.get_identified_types().values()]
+    # Metadata (branch weights) as `llvmlite.ir.Module` prints it; unused nodes are harmless.
+    metadata = [f"!{key} = !{{ {', '.join(o.get_reference() for o in value.operands)} }}"
+                for key, value in module.namedmetadata.items()]
+    metadata += [str(node) for node in module.metadata]
+    whole = "\n".join(header + types + list(texts.values()) + metadata)
+    variables = [g for g in module.globals.values() if isinstance(g, ir.GlobalVariable)]
+    if parts < 2 or len(whole) < min_bytes or entry_name not in functions or any(
+            g.linkage not in ("internal", "private") for g in variables):
+        return SplitModule(whole, [whole])
+    references = {name: _names(_GLOBAL_REFERENCE, texts[name], module.globals)
+                  for name in functions}
+    taken = set().union(*(_names(_ADDRESS_TAKEN, texts[n], functions) for n in functions))
+    units = _units(entry_name, functions, references, taken - {entry_name})
+    if len(units) < 2:
+        return SplitModule(whole, [whole])
+    bins: list[list[str]] = [[] for _ in range(min(parts, len(units)))]
+    sizes = [0] * len(bins)
+    for unit in sorted(units, key=lambda u: -sum(len(texts[n]) for n in u)):
+        smallest = sizes.index(min(sizes))
+        bins[smallest] += unit
+        sizes[smallest] += sum(len(texts[n]) for n in unit)
+    if max(sizes) > MAX_LARGEST_SHARE * sum(sizes):
+        return SplitModule(whole, [whole])
+    owner = {name: number for number, names in enumerate(bins) for name in names}
+    exported = {name for caller, called in references.items() for name in called
+                if name in functions and owner[name] != owner[caller]}
+    body = header + types
+    return SplitModule(whole, [
+        "\n".join(body + _part_lines(module, set(names), texts, references, exported)
+                  + metadata) for names in bins], frozenset(exported))
+
+
+def _names(pattern: re.Pattern[str], text: str, known: Collection[str]) -> set[str]:
+    """The names among `known` that `pattern` finds in IR text `text`."""
+    return {quoted or bare for quoted, bare in pattern.findall(text)} & set(known)
+
+
+def _units(entry_name: str, functions: dict[str, ir.Function],
+           references: dict[str, set[str]], roots: set[str]) -> list[list[str]]:
+    """Every defined function in one unit: each root (a task) with the functions it
+    reaches that no earlier root reached, then `entry` with all the rest."""
+    owned: set[str] = set()
+    units = []
+    for root in (name for name in functions if name in roots):
+        if root in owned:
+            continue
+        unit = [root]
+        owned.add(root)
+        for name in unit:  # grows as it goes: a breadth-first walk
+            for called in sorted(references[name]):
+                if called in functions and called != entry_name and called not in owned:
+                    owned.add(called)
+                    unit.append(called)
+        units.append(unit)
+    units.append([entry_name] + [n for n in functions if n != entry_name and n not in owned])
+    return units
+
+
+def _part_lines(module: ir.Module, defined: set[str], texts: dict[str, str],
+                references: dict[str, set[str]], exported: set[str]) -> list[str]:
+    """The globals of a part defining `defined`: those functions (external when another
+    part calls them), declarations of the other functions they name, and copies of the
+    constants they read."""
+    needed = set().union(*(references[n] for n in defined))
+    scratch = ir.Module(name="declarations")
+    lines = []
+    for name, value in module.globals.items():
+        if isinstance(value, ir.Function) and not value.is_declaration:
+            if name in defined:
+                text = texts[name]
+                if name in exported:
+                    text = text.replace("define internal ", "define ", 1)
+                lines.append(text)
+            elif name in needed:
+                lines.append(str(ir.Function(scratch, value.ftype, name=name)))
+        elif name in needed:  # a declared function, a constant
+            lines.append(texts[name])
+    return lines
+
+
+__all__ = ["SplitModule", "split_module"]

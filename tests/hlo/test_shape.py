@@ -1,0 +1,30 @@
+"""`Shape`: sizes (cached on the frozen shape) and what caching must not change."""
+
+from __future__ import annotations
+
+import pytest
+
+from tfxla_lite.hlo.shape import Shape
+
+
+@pytest.mark.parametrize("dims, elements", [((), 1), ((0, 7), 0), ((2, 3, 4), 24),
+                                            ((1 << 20, 1 << 20, 1 << 24), 1 << 64)])
+def test_num_elements_and_byte_size(dims: tuple[int, ...], elements: int) -> None:
+    shape = Shape("f32", dims)
+    assert shape.num_elements == elements  # exact, beyond int64 too
+    assert shape.byte_size == 4 * elements
+    assert Shape("f16", dims).byte_size == 2 * elements
+
+
+def test_a_tuple_counts_its_leaves_and_has_no_element_count() -> None:
+    shape = Shape.tuple_of([Shape("f32", (2, 3)), Shape("s8", (5,))])
+    assert shape.byte_size == 29
+    with pytest.raises(ValueError, match="tuple shape"):
+        _ = shape.num_elements
+
+
+def test_cached_sizes_leave_equality_and_hashing_alone() -> None:
+    a, b = Shape("f32", (4, 5)), Shape("f32", (4, 5))
+    assert a.byte_size == 80
+    assert a == b and hash(a) == hash(b) and len({a, b}) == 1
+    assert str(a) == str(b)
