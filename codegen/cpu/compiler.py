@@ -26,9 +26,11 @@ from tfxla_lite.codegen.cpu import (  # noqa: F401
     data_movement,
     elementwise,
     engine,
+    module_split,
     parallel,
     reduction,
     row_kernel,
+    streaming,
 )
 from tfxla_lite.codegen.cpu.donation import output_donations
 from tfxla_lite.codegen.cpu.dot import emit_dot_kernel
@@ -112,6 +114,8 @@ class Partition:
 # them, fixed by the input size alone so that the result never depends on the
 # number of threads.
 _FLAT_ALIGN = 64
+# Partitions whose range functions can store their output with streaming stores.
+_STREAMED_KINDS = frozenset({"flat", "rows", "dimension"})
 _SPLIT_CHUNK = 1 << 16
 _SPLIT_MAX_CHUNKS = 64
 
@@ -145,7 +149,8 @@ def plan_partition(inst: Instruction) -> Partition:
 
 def emit_kernel(module: ir.Module, pool: ConstantPool, inst: Instruction,
                 noalias_output: bool, threads: int = 1,
-                in_place_operand: int | None = None) -> ir.Function:
+                in_place_operand: int | None = None, always_in_place: bool = False
+                ) -> ir.Function:
     """The kernel function of entry instruction `inst`: `void kernel(out, in0, in1, ...)`.
 
     The kernel is a launcher of its range function (see `parallel.py`; a dot's range
@@ -155,6 +160,10 @@ def emit_kernel(module: ir.Module, pool: ConstantPool, inst: Instruction,
     `donation.py`): the launcher compares the two pointers and runs a range function
     that reads operand n through the output pointer (same-index reads and writes of
     one pointer, which LLVM vectorizes without alias checks) or the `noalias` one.
+    `always_in_place`: the output is operand n's buffer on every call (buffer
+    assignment's own reuse of a dying temp), so only the in-place variant is emitted
+    (LLVM would fold the check once inlined into `entry`, but only after optimizing
+    the dead variant, and not at all when `entry` is optimized in another part).
     """
     for operand in inst.operands:
         if operand.shape.is_tuple:
@@ -178,7 +187,13 @@ def emit_kernel(module: ir.Module, pool: ConstantPool, inst: Instruction,
         ctx.builder.ret_void()
         return ctx.function
     partition = plan_partition(inst)
-    range_function = _emit_range_function(module, pool, inst, noalias_output, partition)
+    # Whole-line streaming stores for outputs beyond the last-level cache (streaming.py).
+    run = None if partition.kind == "flat" else (root.shape.dims or (1,))[-1]
+    stream = partition.kind in _STREAMED_KINDS and root.opcode != "reduce" and \
+        streaming.should_stream(inst, row_fusion=partition.kind == "rows", run_elements=run)
+    only_in_place = always_in_place and in_place_operand is not None
+    range_function = None if only_in_place else _emit_range_function(
+        module, pool, inst, noalias_output, partition, stream=stream)
     ctx, output, inputs = _new_kernel(module, pool, inst, _kernel_name(inst) + ".launch",
                                       noalias_output and in_place_operand is None)
     pointers = [output, *inputs]
@@ -189,8 +204,13 @@ def emit_kernel(module: ir.Module, pool: ConstantPool, inst: Instruction,
         pointers.append(partials)
     if partition.work < parallel.PARALLEL_MIN_WORK:
         threads = 1
-    if in_place_operand is not None:
-        in_place = _emit_range_function(module, pool, inst, False, partition, in_place_operand)
+    if range_function is None:
+        in_place = _emit_range_function(module, pool, inst, False, partition, in_place_operand,
+                                        stream=stream)
+        parallel.emit_launch(ctx, in_place, pointers, partition.total, threads, partition.align)
+    elif in_place_operand is not None:
+        in_place = _emit_range_function(module, pool, inst, False, partition, in_place_operand,
+                                        stream=stream)
         b = ctx.builder
         same = b.icmp_unsigned("==", b.ptrtoint(output, I64),
                                b.ptrtoint(inputs[in_place_operand], I64))
@@ -248,9 +268,11 @@ def new_kernel_function(module: ir.Module, pool: ConstantPool, inst: Instruction
 
 def _emit_range_function(module: ir.Module, pool: ConstantPool, inst: Instruction,
                          noalias_output: bool, partition: Partition,
-                         in_place_operand: int | None = None) -> ir.Function:
+                         in_place_operand: int | None = None, stream: bool = False
+                         ) -> ir.Function:
     """`void kernel(out, in..., [partials,] i64 begin, i64 end)`: units [begin, end) of
-    the partition; with `in_place_operand` n, operand n is read through `out`."""
+    the partition; with `in_place_operand` n, operand n is read through `out`; with
+    `stream`, a flat or row kernel stores its output with streaming stores."""
     root, _ = _kernel_body(inst)
     extra = ([PTR] if partition.kind == "split" else []) + [I64, I64]
     name = _kernel_name(inst) + (".in_place" if in_place_operand is not None else "")
@@ -270,20 +292,50 @@ def _emit_range_function(module: ir.Module, pool: ConstantPool, inst: Instructio
     elif shape.num_elements == 0:
         pass  # nothing to compute
     elif partition.kind == "rows":
-        row_kernel.emit_row_kernel(ctx, inst, output, begin, end)
+        row_kernel.emit_row_kernel(ctx, inst, output, begin, end, stream)
     elif root.opcode == "reduce":
         reduction.emit_reduction_kernel(ctx, root, output, restrict)
+    elif partition.kind == "flat" and stream:
+        streaming.emit_streamed_range(ctx, output, shape, begin, end, streaming.fill_inline(
+            ctx, shape, lambda linear: ctx.value(root, Index(shape.dims, linear=linear))))
     elif partition.kind == "flat":
         # Pure elementwise: one flat loop, the simplest shape for the vectorizer.
         with ctx.loop(end, name="i", start=begin) as linear:
             index = Index(shape.dims, linear=linear)
             ctx.store(ctx.value(root, index), output, shape, index)
+    elif stream:
+        _emit_streamed_rows(ctx, root, output, partition, begin, end)
     else:
         with ctx.loop_nest(shape.dims, name="i", restrict=restrict) as multi:
             index = Index(shape.dims, multi, Index(shape.dims, multi).get_linear(ctx.builder))
             ctx.store(ctx.value(root, index), output, shape, index)
+    if stream:
+        streaming.emit_fence(ctx)
     ctx.builder.ret_void()
     return ctx.function
+
+
+def _emit_streamed_rows(ctx: KernelContext, root: Instruction, output: ir.Value,
+                        partition: Partition, begin: ir.Value, end: ir.Value) -> None:
+    """A `dimension` kernel's part with streaming stores: a loop nest over the outer
+    dimensions, each innermost row (or, when the partition splits the last dimension,
+    its part of the row) one streamed range (`streaming.py`)."""
+    b = ctx.builder
+    dims = root.shape.dims
+    last = len(dims) - 1
+    outer = (partition.dim, begin, end) if partition.dim < last else None
+    first, stop = (begin, end) if partition.dim == last else (i64(0), i64(dims[last]))
+    with ctx.loop_nest(dims[:last], name="i", restrict=outer) as multi:
+        base = Index(dims, [*multi, i64(0)]).get_linear(b)
+
+        def compute(linear: ir.Value) -> ir.Value:
+            column = b.sub(linear, base, flags=["nuw", "nsw"])
+            return ctx.value(root, Index(dims, [*multi, column], linear))
+
+        streaming.emit_streamed_range(ctx, output, root.shape,
+                                      b.add(base, first, flags=["nuw", "nsw"]),
+                                      b.add(base, stop, flags=["nuw", "nsw"]),
+                                      streaming.fill_inline(ctx, root.shape, compute))
 
 
 def _emit_partials(ctx: KernelContext, root: Instruction, partials: ir.Value,
@@ -436,7 +488,8 @@ def _compile_code(module: HloModule, assignment: Any, team: int,
             kernel = multi_output.emit_kernel(llvm_module, pool, inst, noalias, team)
         else:
             in_place = donated.get(id(inst), _reused_operand(assignment, inst))
-            kernel = emit_kernel(llvm_module, pool, inst, noalias[0], team, in_place)
+            kernel = emit_kernel(llvm_module, pool, inst, noalias[0], team, in_place,
+                                 always_in_place=id(inst) not in donated)
         kernel_count += 1
         builder.call(kernel, [pointer_of(inst, index) for index in indices]
                      + [pointer_of(o) for o in inst.operands])
@@ -454,10 +507,12 @@ def _compile_code(module: HloModule, assignment: Any, team: int,
             builder.call(memcpy, [destination, pointer_of(inst), I64(size), ir.IntType(1)(0)])
     builder.ret_void()
 
-    text = str(llvm_module)
     engine.half_runtime()  # f16 code may call libgcc's conversions
-    llvm_ref = engine.parse_and_verify(text)
-    engine.optimize(llvm_ref)
+    # Big modules are optimized in parts, one thread each (module_split.py).
+    split = module_split.split_module(llvm_module, ENTRY_NAME, engine.optimizer_threads(),
+                                      engine.PARALLEL_IR_BYTES)
+    text = split.text
+    llvm_ref = engine.optimize_parts(split.parts, split.exported)
     optimized_text = str(llvm_ref)
     execution_engine, object_code = engine.jit(llvm_ref)
     address = execution_engine.get_function_address(ENTRY_NAME)

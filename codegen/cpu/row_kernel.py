@@ -36,8 +36,8 @@ from collections.abc import Callable
 
 from llvmlite import ir
 
-from tfxla_lite.codegen.cpu import reduction
-from tfxla_lite.codegen.cpu.emitter import Index, KernelContext, i64, value_type
+from tfxla_lite.codegen.cpu import reduction, streaming
+from tfxla_lite.codegen.cpu.emitter import Index, KernelContext, i64, storage_type, value_type
 from tfxla_lite.hlo.ir import Instruction
 from tfxla_lite.hlo.opcodes import is_expensive
 from tfxla_lite.passes.row_fusion import RowPlan, plan_row_fusion
@@ -101,8 +101,9 @@ def _shared_values(plan: RowPlan, instructions: list[Instruction]) -> dict[int, 
 
 
 def emit_row_kernel(ctx: KernelContext, inst: Instruction, output: ir.Value,
-                    begin: ir.Value, end: ir.Value) -> None:
-    """Store rows [begin, end) of row fusion `inst` into `output`."""
+                    begin: ir.Value, end: ir.Value, stream: bool = False) -> None:
+    """Store rows [begin, end) of row fusion `inst` into `output`; with `stream`, a wide
+    root's rows go out through streaming stores (`streaming.py`)."""
     plan = plan_row_fusion(inst)
     assert plan is not None
     b = ctx.builder
@@ -176,12 +177,21 @@ def emit_row_kernel(ctx: KernelContext, inst: Instruction, output: ir.Value,
                     bound.append(id(value))
 
         def store_quotients(root: Instruction, number: int, inverse: ir.Value | None) -> None:
-            with ctx.loop(width, name="column") as column:
+            def compute(column: ir.Value) -> ir.Value:
                 if inverse is None:
-                    value = element(root, number, column)
-                else:
-                    value = b.fmul(element(root.operand(0), number, column), inverse)
-                ctx.store(value, output, root.shape, wide_index(column))
+                    return element(root, number, column)
+                return b.fmul(element(root.operand(0), number, column), inverse)
+
+            if stream:
+                fill = streaming.fill_inline(
+                    ctx, root.shape, lambda linear: compute(b.sub(linear, base,
+                                                                  flags=["nuw", "nsw"])))
+                streaming.emit_streamed_range(
+                    ctx, output, root.shape, base, b.add(base, i64(width), flags=["nuw", "nsw"]),
+                    fill)
+                return
+            with ctx.loop(width, name="column") as column:
+                ctx.store(compute(column), output, root.shape, wide_index(column))
 
         def store_wide_root(root: Instruction, number: int) -> None:
             """Store the row of a wide root. x / d for a per-row d is one division per
@@ -231,9 +241,12 @@ def _fold_stage(ctx: KernelContext, stage: Instruction, number: int, width: int,
     row = None
     if id(operand) in shared and shared[id(operand)] < number:
         row = buffers[id(operand)]
-    elif operand.opcode == "parameter":
+    elif operand.opcode == "parameter" and \
+            storage_type(operand.shape.element_type) == element_type:
+        # (A bf16 row in memory is 16-bit words, not the f32 values it computes in: it
+        # is folded element by element, each loaded and widened.)
         row = b.gep(ctx.buffers[id(operand)], [base], inbounds=True, source_etype=element_type)
-    elif id(operand) in shared or stage_buffers:
+    elif id(operand) in shared or operand.shape.element_type in stage_buffers:
         if id(operand) in shared:
             row = buffers[id(operand)]
         else:
