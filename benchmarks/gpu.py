@@ -3,14 +3,19 @@
 Run on a machine with a CUDA GPU and CuPy (`pip install -e '.[gpu]'`, plus `jax[cuda12]`
 for the third column):
 
-    python benchmarks/gpu.py [--repeat 50] [--json benchmarks/results/gpu.json]
+    python benchmarks/gpu.py [--repeat 50] [--json gpu.json] [--markdown gpu.md]
 
-Each workload is built once as an HLO module (the same program for every contender),
-compiled by `tfxla_lite.codegen.gpu`, written the obvious way in CuPy (one kernel per
-operation, as eager TF or NumPy code runs), and with `jax.jit` when JAX sees a GPU.
-Times are medians of `--repeat` runs measured with CUDA events after warm-up, outputs are
-checked against each other first. Never run here: it was written on a machine without a
-GPU (docs/gpu.md).
+(`scripts/gpu_check.sh` runs it with the GPU tests and keeps the results.) Each workload
+is built once as an HLO module, compiled by `tfxla_lite.codegen.gpu`, written the
+obvious way in CuPy (one kernel per operation, as eager TF or NumPy code runs), and in
+`jax.numpy` under `jax.jit` when JAX sees a GPU (XLA:GPU gets the same computation,
+traced by JAX into its own HLO; f32 dots at "highest" precision, no TF32, as CuPy's
+cuBLAS calls). When TensorFlow sees a GPU too, a second table times the same functions
+in TF: `tfxla_lite.function` (the GPU launch node: EagerPyFunc, DLPack both ways),
+`tf.function` and `tf.function(jit_compile=True)` (TF's XLA:GPU). Device times are
+medians of `--repeat` runs by CUDA events after warm-up (JAX and TF: host clock around
+a call that waits for its result); every contender's outputs are checked against
+unfused CuPy first. Never run on hardware yet: written without a GPU (docs/gpu.md).
 """
 
 from __future__ import annotations
@@ -27,7 +32,10 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+try:
+    import tfxla_lite  # noqa: F401 - installed, or on PYTHONPATH (scripts/gpu_check.sh)
+except ImportError:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tfxla_lite.hlo.ir import Computation, HloModule, Instruction  # noqa: E402
 from tfxla_lite.hlo.shape import Shape  # noqa: E402
@@ -124,10 +132,34 @@ class Workload:
     # Unfused: one CuPy operation per HLO op; also traced by jax.jit with jax.numpy.
     array_fn: Callable[..., Any]
     bytes_moved: int  # the least memory traffic: inputs read once, outputs written once
+    tf_fn: Callable[..., Any] | None = None  # the same in TensorFlow ops
 
 
-def workloads() -> list[Workload]:
-    n, rows, width = 1 << 22, 4096, 1024
+def _tf_functions() -> dict[str, Callable[..., Any]]:
+    """The workloads in TF ops, built only where TF is imported."""
+    import tensorflow as tf
+
+    def layer_norm(x: Any) -> Any:
+        centered = x - tf.reduce_mean(x, axis=1, keepdims=True)
+        variance = tf.reduce_mean(centered * centered, axis=1, keepdims=True)
+        return centered * tf.math.rsqrt(variance + 1e-5)
+
+    def gelu(x: Any) -> Any:
+        return 0.5 * x * (1 + tf.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x * x * x)))
+
+    return {
+        "reduce_sum(x+y*z) 4M": lambda x, y, z: tf.reduce_sum(x + y * z),
+        "GELU 4M": gelu,
+        "softmax 4096x1024": lambda x: tf.nn.softmax(x, axis=1),
+        "layer norm 4096x1024": layer_norm,
+        "dense+bias+relu 2048^3": lambda x, w, b: tf.nn.relu(tf.matmul(x, w) + b),
+    }
+
+
+def workloads(small: bool = False) -> list[Workload]:
+    """The benchmark's workloads; `small` shrinks them for tests (the names keep the
+    full sizes)."""
+    n, rows, width, side = (1 << 22, 4096, 1024, 2048) if not small else (4096, 8, 128, 64)
 
     def softmax(xp: Any, x: Any) -> Any:
         e = xp.exp(x - x.max(axis=1, keepdims=True))
@@ -149,8 +181,8 @@ def workloads() -> list[Workload]:
                  8 * rows * width),
         Workload("layer norm 4096x1024", lambda: layer_norm_module(rows, width), layer_norm,
                  8 * rows * width),
-        Workload("dense+bias+relu 2048^3", lambda: dense_module(2048, 2048, 2048),
-                 lambda xp, x, w, b: xp.maximum(x @ w + b, 0), 4 * 3 * 2048 * 2048),
+        Workload("dense+bias+relu 2048^3", lambda: dense_module(side, side, side),
+                 lambda xp, x, w, b: xp.maximum(x @ w + b, 0), 4 * 3 * side * side),
     ]
 
 
@@ -204,18 +236,69 @@ def measure(cupy: Any, workload: Workload, rng: np.random.Generator, repeat: int
         import jax
         import jax.numpy as jnp
 
-        jitted = jax.jit(lambda *xs: workload.array_fn(jnp, *xs))
-        jax_inputs = [jnp.asarray(cupy.asnumpy(x)) for x in inputs]
-        jax_ms = time_host(lambda: jitted(*jax_inputs).block_until_ready(), repeat)
+        with jax.default_matmul_precision("highest"):
+            jitted = jax.jit(lambda *xs: workload.array_fn(jnp, *xs))
+            jax_inputs = [jnp.asarray(cupy.asnumpy(x)) for x in inputs]
+            np.testing.assert_allclose(np.asarray(jitted(*jax_inputs)), cupy.asnumpy(theirs),
+                                       rtol=2e-3, atol=2e-3, err_msg=f"{workload.name} (JAX)")
+            jax_ms = time_host(lambda: jitted(*jax_inputs).block_until_ready(), repeat)
     return {"workload": workload.name, "tfxla_lite_ms": fused,
             "kernels": executable.kernel_count, "cupy_unfused_ms": unfused, "jax_ms": jax_ms,
             "gb_per_s": workload.bytes_moved / (fused * 1e-3) / 1e9}
+
+
+def measure_tf(workload: Workload, rng: np.random.Generator, repeat: int) -> dict[str, Any]:
+    """One workload in TF on GPU:0: tfxla-lite's GPU launch, tf.function, TF's XLA."""
+    import tensorflow as tf
+
+    import tfxla_lite
+
+    tf.config.experimental.enable_tensor_float_32_execution(False)
+    shapes = [s.dims for s in workload.build().entry.parameters]  # type: ignore[union-attr]
+    with tf.device("/GPU:0"):
+        inputs = [tf.constant(rng.standard_normal(s).astype(np.float32)) for s in shapes]
+    contenders = {
+        "tfxla_lite_ms": tfxla_lite.function(workload.tf_fn, jit_compile=True),
+        "tf_function_ms": tf.function(workload.tf_fn),
+        "tf_xla_ms": tf.function(workload.tf_fn, jit_compile=True),
+    }
+    sync = getattr(tf.test.experimental, "sync_devices", None)
+
+    def call(function: Any) -> Any:
+        result = function(*inputs)
+        if sync is not None:
+            sync()
+        else:
+            result.numpy()
+        return result
+
+    reference = call(contenders["tf_function_ms"]).numpy()
+    row: dict[str, Any] = {"workload": workload.name}
+    for name, function in contenders.items():
+        np.testing.assert_allclose(call(function).numpy(), reference, rtol=2e-3, atol=2e-3,
+                                   err_msg=f"{workload.name} ({name})")
+        row[name] = time_host(lambda f=function: call(f), repeat)
+    compiled = contenders["tfxla_lite_ms"]
+    program = compiled._program(*compiled._canonical(tuple(inputs), {}))  # noqa: SLF001
+    launches = [c.gpu_launch for c in program.compiled if c.gpu_launch is not None]
+    row["gpu_launch_nodes"] = len(launches)
+    row["inputs_copied"] = sum(launch.copied_inputs for launch in launches)
+    return row
+
+
+def _tf_sees_a_gpu() -> bool:
+    try:
+        import tensorflow as tf
+    except Exception:  # noqa: BLE001 - no TF on this machine
+        return False
+    return bool(tf.config.list_logical_devices("GPU"))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=50)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--markdown", type=Path, default=None, help="write the tables here")
     args = parser.parse_args(argv)
     try:
         import cupy
@@ -231,21 +314,48 @@ def main(argv: list[str] | None = None) -> int:
     except Exception:  # noqa: BLE001 - JAX absent or without a GPU
         has_jax = False
     properties = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
-    print(f"# {properties['name'].decode()}: median ms of {args.repeat} runs\n")
-    print("| workload | tfxla-lite | kernels | unfused CuPy | JAX XLA:GPU | GB/s (tfxla-lite) |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: |")
-    results = []
+    device = properties["name"].decode()
+    lines: list[str] = []
+
+    def emit(line: str) -> None:
+        print(line, flush=True)
+        lines.append(line)
+
+    emit(f"# {device}: median ms of {args.repeat} runs (CuPy {cupy.__version__})\n")
+    emit("| workload | tfxla-lite | kernels | unfused CuPy | JAX XLA:GPU | GB/s (tfxla-lite) |")
+    emit("| --- | ---: | ---: | ---: | ---: | ---: |")
+    results: list[dict[str, Any]] = []
     rng = np.random.default_rng(0)
-    for workload in workloads():
+    chosen = workloads()
+    for workload in chosen:
         row = measure(cupy, workload, rng, args.repeat, has_jax)
-        row["device"] = properties["name"].decode()
+        row["device"] = device
         jax_text = f"{row['jax_ms']:.3f}" if row["jax_ms"] is not None else "-"
-        print(f"| {workload.name} | {row['tfxla_lite_ms']:.3f} | {row['kernels']} | "
-              f"{row['cupy_unfused_ms']:.3f} | {jax_text} | {row['gb_per_s']:.0f} |")
+        emit(f"| {workload.name} | {row['tfxla_lite_ms']:.3f} | {row['kernels']} | "
+             f"{row['cupy_unfused_ms']:.3f} | {jax_text} | {row['gb_per_s']:.0f} |")
         results.append(row)
+    if _tf_sees_a_gpu():
+        tf_functions = _tf_functions()
+        emit("\n## Through TensorFlow on GPU:0 (host clock per call, ms)\n")
+        emit("| workload | tfxla_lite.function | tf.function | TF XLA (jit_compile) | "
+             "launch nodes | inputs copied |")
+        emit("| --- | ---: | ---: | ---: | ---: | ---: |")
+        for workload in chosen:
+            workload.tf_fn = tf_functions[workload.name]
+            row = measure_tf(workload, rng, args.repeat)
+            row["device"] = device
+            emit(f"| {workload.name} | {row['tfxla_lite_ms']:.3f} | {row['tf_function_ms']:.3f}"
+                 f" | {row['tf_xla_ms']:.3f} | {row['gpu_launch_nodes']} | "
+                 f"{row['inputs_copied']} |")
+            results.append(row)
+    else:
+        emit("\n(TensorFlow sees no GPU here: the TF comparison was not run.)")
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(results, indent=2) + "\n")
+    if args.markdown is not None:
+        args.markdown.parent.mkdir(parents=True, exist_ok=True)
+        args.markdown.write_text("\n".join(lines) + "\n")
     return 0
 
 

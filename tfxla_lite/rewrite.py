@@ -12,6 +12,10 @@ A cluster with unknown dimensions that has a fallback (`CompiledCluster.fallback
 becomes `TfxlaLiteCompile` → `StatelessIf(compiled, launch, original ops)` instead;
 the If node takes the launch node's name, so consumers are re-pointed the same way
 (docs/architecture.md, "Unknown dimensions").
+
+A cluster compiled for a GPU (`CompiledCluster.gpu_launch`) becomes the nodes its
+`GpuLaunch` emits instead: EagerPyFunc → EnsureShape → IdentityN, the IdentityN taking
+the launch node's name (tfxla_lite/runtime/gpu_launch.py, docs/gpu.md).
 """
 
 from __future__ import annotations
@@ -43,6 +47,9 @@ class CompiledCluster:
     # TfxlaLiteCompile says the signature compiled, the original ops otherwise. They
     # must be added to the graph the rewritten GraphDef is imported into.
     fallback: tuple[Any, Any] | None = None
+    # A cluster compiled for a GPU (tfxla_lite/runtime/gpu_launch.py: `GpuLaunch`), whose
+    # nodes replace the TfxlaLiteLaunch node; `key` is then unused by the rewrite.
+    gpu_launch: Any = None
 
     @property
     def launch_name(self) -> str:
@@ -146,6 +153,9 @@ def rewrite_graph_def(graph_def: tf.compat.v1.GraphDef,
         output_types = [d.as_datatype_enum for d in cluster.output_dtypes]
         shapes = [tf.TensorShape(shape).as_proto() for shape in cluster.output_shapes]
         launch.attr["_output_shapes"].list.shape.extend(shapes)
+        if cluster.gpu_launch is not None:
+            cluster.gpu_launch.fill_nodes(result, launch)
+            continue
         if cluster.fallback is not None:
             _make_fallback_if(result, launch, cluster, inputs, input_types, output_types, shapes)
             continue

@@ -70,6 +70,12 @@ class FakeArray:
     def __setitem__(self, key: Any, value: Any) -> None:
         self.array[key] = value.array if isinstance(value, FakeArray) else value
 
+    def __dlpack__(self, stream: Any = None, **_: Any) -> Any:
+        return self.array.__dlpack__()  # host memory: nothing to order with a stream
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self.array.__dlpack_device__()
+
 
 @dataclass
 class Launch:
@@ -86,6 +92,7 @@ class Recorder:
 
 
 RECORDER = Recorder()
+ALLOCATION_ALIGNMENT = 256
 
 
 class RawModule:
@@ -124,6 +131,21 @@ class RawModule:
                                      [a.data.ptr for a in args])
 
         return launch
+
+
+def _aligned_zeros(shape: Any, dtype: Any) -> np.ndarray:
+    """Zeros starting at a multiple of 256 bytes, as CuPy's memory pool allocates (TF
+    also checks the alignment of CPU tensors it receives by DLPack)."""
+    dtype = np.dtype(dtype)
+    count = int(np.prod(shape, dtype=np.int64))
+    raw = np.zeros(count * dtype.itemsize + ALLOCATION_ALIGNMENT, np.uint8)
+    start = -raw.ctypes.data % ALLOCATION_ALIGNMENT
+    return raw[start:start + count * dtype.itemsize].view(dtype).reshape(shape)
+
+
+def _from_dlpack(value: Any) -> FakeArray:
+    """CuPy's `from_dlpack` over host memory: the producer's bytes, not a copy."""
+    return FakeArray(np.from_dlpack(value))
 
 
 def _asarray(value: Any) -> FakeArray:
@@ -165,12 +187,14 @@ def module(emulate: bool = False) -> types.ModuleType:
     fake.ascontiguousarray = lambda a: FakeArray(  # type: ignore[attr-defined]
         np.ascontiguousarray(_asarray(a).array))
     fake.empty = lambda shape, dtype=np.float32: FakeArray(  # type: ignore[attr-defined]
-        np.zeros(shape, dtype))
+        _aligned_zeros(shape, dtype))
     fake.ndarray = _ndarray  # type: ignore[attr-defined]
     fake.matmul = _matmul  # type: ignore[attr-defined]
     fake.asnumpy = lambda a: np.array(_asarray(a).array)  # type: ignore[attr-defined]
+    fake.from_dlpack = _from_dlpack  # type: ignore[attr-defined]
     cuda = types.ModuleType("cupy.cuda")
     cuda.Device = Device  # type: ignore[attr-defined]
+    cuda.runtime = types.SimpleNamespace(getDeviceCount=lambda: 1)  # type: ignore[attr-defined]
     cuda.get_cuda_path = lambda: None  # type: ignore[attr-defined]
     fake.cuda = cuda  # type: ignore[attr-defined]
     return fake

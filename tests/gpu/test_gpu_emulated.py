@@ -13,6 +13,7 @@ import sys
 
 import cuda_emulator
 import fake_cupy
+import gpu_corpus
 import pytest
 from gpu_checks import assert_matches, edge_arguments
 from gpu_modules import MODULES, NOT_RUN
@@ -90,3 +91,12 @@ def test_gpu_emulated_row_group_matches_the_evaluator(emulated: fake_cupy.Record
     executable = compile_module(softmax(rows, width), pipeline=pipeline)
     assert [t.plan.kind for t in executable.program.thunks] == ["row-group"]
     assert_matches(executable.run_numpy(*args), expected, "softmax as a row group")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(gpu_corpus.corpus()))
+def test_gpu_tf_corpus_emulated_matches_the_evaluator(emulated: fake_cupy.Recorder,
+                                                      name: str) -> None:
+    """The TF-printed corpus (both stages) computed by the emulator."""
+    gpu_corpus.check(name)
+

@@ -7,6 +7,10 @@ They were written without a GPU to run them: run `pytest tests/gpu` on a GPU mac
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+import gpu_corpus
 import numpy as np
 import pytest
 from gpu_checks import assert_matches, edge_arguments
@@ -18,6 +22,7 @@ from tfxla_lite.hlo.evaluator import evaluate
 
 EDGE_CASES = frozenset(name for name in MODULES if name.startswith("convert"))
 RUNNABLE = sorted(set(MODULES) - NOT_RUN)
+CORPUS = gpu_corpus.corpus()  # TF-printed HLO, stored: the GPU machines have no TF
 
 
 def _arguments(name: str) -> list[np.ndarray]:
@@ -81,17 +86,50 @@ def test_gpu_runs_on_tf_gpu_tensors_through_dlpack(cuda_device: object) -> None:
     tf = pytest.importorskip("tensorflow")
     if not tf.config.list_physical_devices("GPU"):
         pytest.skip("no GPU: TensorFlow sees no GPU device")
-    from tfxla_lite.runtime.gpu_launch import GpuCluster
+    from tfxla_lite.runtime.gpu_launch import run_on_tensors
 
     args = _arguments("softmax")
     expected = flatten(evaluate(MODULES["softmax"](), *args))
-    cluster = GpuCluster("softmax", MODULES["softmax"], lambda x: [tf.nn.softmax(x)])
+    executable = compile_module(MODULES["softmax"]())
     with tf.device("/GPU:0"):
-        outputs = cluster(tf.constant(args[0]))
-    assert cluster.refused is None
-    assert "GPU:0" in outputs[0].device
+        tensor = tf.constant(args[0])
+    outputs = run_on_tensors(executable, [tensor], cuda_device)
+    assert "GPU:0" in outputs[0].backing_device
     assert_matches([o.numpy() for o in outputs], expected, "softmax through DLPack")
-    # Tensors on the CPU run the TF fallback.
-    with tf.device("/CPU:0"):
-        outputs = cluster(tf.constant(args[0]))
-    assert_matches([o.numpy() for o in outputs], expected, "softmax in TF")
+
+
+@pytest.mark.parametrize("name", sorted(CORPUS))
+def test_gpu_tf_corpus_matches_the_evaluator(cuda_device: object, name: str) -> None:
+    gpu_corpus.check(name)
+
+
+@pytest.mark.slow
+def test_gpu_corpus_snapshot_is_what_tf_prints() -> None:
+    """No GPU needed: the stored corpus is what this TF prints (else rerun
+    `python tests/gpu/gpu_corpus.py`)."""
+    pytest.importorskip("tensorflow")
+    assert len(CORPUS) >= 40
+    assert gpu_corpus.printed() == CORPUS, "stale: run python tests/gpu/gpu_corpus.py"
+
+
+
+def test_gpu_benchmark_workloads_agree() -> None:
+    """No GPU needed: each workload of benchmarks/gpu.py (small sizes) computes the same
+    values as its HLO module (evaluator), its NumPy form and its TF form."""
+    tf = pytest.importorskip("tensorflow")
+    root = str(Path(__file__).resolve().parents[2])  # where the `benchmarks` package is
+    if root not in sys.path:
+        sys.path.append(root)
+    from benchmarks import gpu as benchmark
+
+    functions = benchmark._tf_functions()  # noqa: SLF001
+    rng = np.random.default_rng(3)
+    for workload in benchmark.workloads(small=True):
+        module = workload.build()
+        args = [rng.standard_normal(p.shape.dims).astype(np.float32)
+                for p in module.entry.parameters]
+        (expected,) = flatten(evaluate(module, *args))
+        np.testing.assert_allclose(workload.array_fn(np, *args), expected, rtol=1e-4,
+                                   atol=1e-4, err_msg=workload.name)
+        got = functions[workload.name](*[tf.constant(a) for a in args]).numpy()
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4, err_msg=workload.name)

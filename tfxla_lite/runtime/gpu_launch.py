@@ -1,28 +1,42 @@
-"""Running GPU executables on TF tensors: DLPack both ways, TF fallback. UNTESTED on a GPU.
+"""GPU clusters in a rewritten graph: placement, compile, launch node, DLPack both ways.
 
 The TF side of the GPU backend (`tfxla_lite.codegen.gpu`), outside the compiler core
-because it imports TensorFlow. It is written against the documented APIs
-(`tf.experimental.dlpack`, CuPy's DLPack support) but has never run on a GPU: no CUDA
-device was available when it was written. `docs/gpu.md` says so too.
+because it imports TensorFlow. The driver (`tfxla_lite/compiler.py`) asks
+`placed_gpu(cluster.device)` where TF will run a cluster; a cluster on a GPU compiles
+with `compile_cluster` and becomes a `GpuLaunch`, whose nodes the rewrite
+(`tfxla_lite/rewrite.py`) emits in place of `TfxlaLiteLaunch`:
 
-- `run_on_tensors(executable, *tensors)`: the tensors (on one GPU, where TF placed them)
-  become CuPy arrays without a copy (DLPack), the executable runs on that device, and its
-  CuPy outputs become TF tensors without a copy. TF and CuPy use different CUDA streams,
-  so the device is synchronized before (TF's writes are done) and after (ours are).
-- `GpuCluster`: a cluster's HLO compiled for the GPU on first use per device; a cluster
-  that does not compile (or inputs that are not all on one GPU) runs its TF fallback
-  instead, as TF's `build_xla_ops_pass` falls back from `_XlaCompile`; the reason is
-  logged once.
-- `gpu_call(cluster, inputs, output_dtypes)`: the same inside a `tf.function`, through
-  `tf.py_function` (which runs eagerly, on tensors placed as the graph placed them).
+    <launch>/gpu_call  EagerPyFunc on the cluster's GPU: TF hands it the input tensors
+                       where they are (on the GPU); it runs `GpuLaunch.__call__`
+    <launch>/shape_j   EnsureShape per output: the static shapes the consumers saw at
+                       trace time (EagerPyFunc's own outputs have unknown shapes)
+    <launch>           IdentityN of those: the name every consumer already points at
+
+`GpuLaunch.__call__` checks the inputs' count, dtypes and shapes
+(`tf.errors.InvalidArgumentError`), turns the TF tensors into CuPy arrays over the same
+memory (DLPack), runs the `GpuExecutable` and turns its CuPy outputs into TF tensors the
+same way. TF and CuPy use different CUDA streams, so the device is synchronized before
+(TF's writes are done) and after (ours are).
+
+A cluster on a GPU that does not compile (no CuPy, an unsupported op, NVRTC refusing the
+source) is left to TF, on the GPU where TF placed it; the clustering report says why
+(the driver's usual fallback). CPU clusters are untouched.
+
+`GpuBackend` is how this module meets devices: which GPUs TF has, where a tensor lives,
+and the `cupy` module the executable runs with. The default one is CuPy on CUDA; the
+tests install one that runs the same code on the CPU emulator of `tests/gpu`
+(`use_backend`), so that placement, the graph rewrite, the launch node and DLPack run
+end to end on machines without a GPU. On hardware this module has NEVER run: no CUDA
+device was available when it was written (docs/gpu.md, "What runs where").
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import tensorflow as tf
@@ -31,95 +45,251 @@ from tfxla_lite.hlo.ir import HloModule
 
 logger = logging.getLogger("tfxla_lite")
 
-_GPU_DEVICE = re.compile(r"device:GPU:(\d+)$", re.IGNORECASE)
+_GPU_DEVICE = re.compile(r"(?:^|/)device:GPU:(\d+|\*)$", re.IGNORECASE)
+_CPU_DEVICE = re.compile(r"(?:^|/)device:CPU:(\d+|\*)$", re.IGNORECASE)
+# DLPack device types (dlpack.h: kDLCPU, kDLCUDA).
+_DLPACK_CPU, _DLPACK_CUDA = 1, 2
+
+TensorSpecLike = tuple[Any, Sequence[int]]  # (tf.DType, static shape)
 
 
-def gpu_index(tensor: Any) -> int | None:
-    """The index of the GPU holding `tensor` (an eager tensor), or None when on a CPU."""
-    match = _GPU_DEVICE.search(getattr(tensor, "device", "") or "")
-    return int(match.group(1)) if match else None
+def gpu_index(device: str) -> int | None:
+    """The GPU index a device string names ('/device:GPU:1' → 1, '/GPU:*' → 0), or None
+    for any other device (and for '')."""
+    match = _GPU_DEVICE.search(device or "")
+    if match is None:
+        return None
+    return 0 if match.group(1) == "*" else int(match.group(1))
 
 
-def to_cupy(tensor: Any) -> Any:
-    """An eager TF tensor on a GPU as a CuPy array over the same memory."""
-    import cupy
+class GpuBackend:
+    """The GPUs of this process as TF and CuPy see them (CUDA through CuPy)."""
 
-    capsule = tf.experimental.dlpack.to_dlpack(tensor)
+    name = "cupy"
+
+    def tf_gpus(self) -> list[int]:
+        """The indices of TF's logical GPU devices."""
+        return sorted(i for d in tf.config.list_logical_devices("GPU")
+                      if (i := gpu_index(d.name)) is not None)
+
+    def tensor_gpu(self, tensor: Any) -> int | None:
+        """The GPU holding eager `tensor`, or None when it is elsewhere."""
+        return gpu_index(getattr(tensor, "backing_device", "") or tensor.device)
+
+    def cupy(self) -> Any:
+        from tfxla_lite.codegen.gpu.executable import _cupy
+
+        return _cupy()
+
+    def unavailable(self) -> str | None:
+        """Why GPU clusters cannot compile here, or None."""
+        try:
+            cupy = self.cupy()
+        except ImportError as error:
+            return str(error)
+        try:
+            count = int(cupy.cuda.runtime.getDeviceCount())
+        except Exception as error:  # noqa: BLE001 - no driver, no device
+            return f"CuPy finds no CUDA device ({type(error).__name__}: {error})"
+        return None if count else "CuPy finds no CUDA device"
+
+
+_backend: GpuBackend = GpuBackend()
+
+
+def backend() -> GpuBackend:
+    """The backend GPU clusters compile and run with (`use_backend` changes it)."""
+    return _backend
+
+
+@contextlib.contextmanager
+def use_backend(new: GpuBackend) -> Iterator[GpuBackend]:
+    """Compile and run GPU clusters with `new` inside the block (the tests' emulator)."""
+    global _backend
+    previous, _backend = _backend, new
     try:
-        return cupy.from_dlpack(capsule)
-    except TypeError:  # CuPy versions that take only objects with __dlpack__
+        yield new
+    finally:
+        _backend = previous
+
+
+def placed_gpu(device: str, gpu_backend: GpuBackend | None = None) -> int | None:
+    """The GPU TF runs a cluster of ops placed on `device` on, or None for a CPU.
+
+    '' (no explicit placement) is TF's default placement: the first GPU when TF has one.
+    A GPU TF does not have is soft-placed on the CPU by TF, so it is None too.
+    """
+    gpus = (gpu_backend or _backend).tf_gpus()
+    if not device:
+        return gpus[0] if gpus else None
+    if _CPU_DEVICE.search(device):
+        return None
+    index = gpu_index(device)
+    return index if index is not None and index in gpus else None
+
+
+def compile_cluster(module: HloModule, device: int, pipeline: str | None = None,
+                    verify: bool = False) -> Any:
+    """`module` compiled for GPU `device` (a `GpuExecutable`); raises, saying why, when it
+    cannot be (the driver then leaves the cluster to TF)."""
+    reason = _backend.unavailable()
+    if reason is not None:
+        raise RuntimeError(f"GPU:{device}: the GPU backend is unavailable: {reason}")
+    from tfxla_lite.codegen import gpu
+
+    try:
+        with _backend.cupy().cuda.Device(device):
+            return gpu.compile_module(module, pipeline=pipeline, verify=verify)
+    except Exception as error:
+        raise RuntimeError(f"GPU:{device}: {type(error).__name__}: {error}") from error
+
+
+# -- DLPack ---------------------------------------------------------------------------------
+
+class _Capsule:
+    """A DLPack capsule with the protocol's two methods, which `from_dlpack` functions
+    (CuPy's, NumPy's) take where a bare capsule is deprecated."""
+
+    def __init__(self, capsule: Any, device: tuple[int, int]) -> None:
+        self._capsule, self._device = capsule, device
+
+    def __dlpack__(self, stream: Any = None, **_: Any) -> Any:
+        return self._capsule  # the device is synchronized around the launch
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self._device
+
+
+def to_device_array(tensor: Any, device: int, cupy: Any) -> Any:
+    """An eager TF tensor as a CuPy array over the same memory (no copy)."""
+    capsule = tf.experimental.dlpack.to_dlpack(tensor)
+    on_gpu = gpu_index(getattr(tensor, "backing_device", "") or tensor.device) is not None
+    wrapped = _Capsule(capsule, (_DLPACK_CUDA, device) if on_gpu else (_DLPACK_CPU, 0))
+    try:
+        return cupy.from_dlpack(wrapped)
+    except TypeError:  # CuPy before the protocol took objects: the capsule itself
         return cupy.fromDlpack(capsule)
 
 
 def to_tensor(array: Any) -> Any:
-    """A CuPy array as a TF tensor over the same memory."""
+    """A CuPy array as a TF tensor over the same memory (no copy)."""
     return tf.experimental.dlpack.from_dlpack(array.__dlpack__())
 
 
-def run_on_tensors(executable: Any, *tensors: Any) -> list[Any]:
-    """Run a `GpuExecutable` on eager TF tensors held by its GPU; TF tensors out."""
-    import cupy
+def run_on_tensors(executable: Any, tensors: Sequence[Any], cupy: Any,
+                   on_device: Sequence[bool] | None = None) -> list[Any]:
+    """Run a `GpuExecutable` on eager TF tensors; TF tensors out (on its GPU).
 
+    Tensors on the executable's GPU (`on_device[i]`, default all) are handed over by
+    DLPack; any other is copied over (defensive: EagerPyFunc's GPU kernel declares no
+    host-memory input, so TF should deliver every input in device memory).
+    """
+    on_device = [True] * len(tensors) if on_device is None else on_device
     with cupy.cuda.Device(executable.device_id) as device:
         device.synchronize()  # TF's stream has finished writing the inputs
-        outputs = executable(*[to_cupy(t) for t in tensors])
+        arrays = [to_device_array(t, executable.device_id, cupy) if there
+                  else cupy.asarray(t.numpy()) for t, there in zip(tensors, on_device)]
+        outputs = executable(*arrays)
         device.synchronize()  # ours has finished writing the outputs
         return [to_tensor(o) for o in outputs]
 
 
-class GpuCluster:
-    """A compiled cluster for the GPU with a TF fallback (see the module docstring).
+# -- the launch -----------------------------------------------------------------------------
 
-    `build_module` returns a fresh `HloModule` of the cluster (compiling optimizes it in
-    place); `fallback` runs the cluster's TF ops on the same tensors.
-    """
+_live_lock = threading.Lock()
+# token -> the EagerFunc TF's py-function registry holds only weakly: launch nodes find
+# their function by token for as long as the process runs, like the executable registry
+# of the CPU launch op (tfxla_lite/runtime/loader.py).
+_live: dict[str, Any] = {}
 
-    def __init__(self, name: str, build_module: Callable[[], HloModule],
-                 fallback: Callable[..., Sequence[Any]]) -> None:
-        self.name = name
-        self.build_module = build_module
-        self.fallback = fallback
-        self._executables: dict[int, Any] = {}
-        self._refused: str | None = None
-        self._lock = threading.Lock()
+
+class LaunchArgumentError(tf.errors.InvalidArgumentError, ValueError):
+    """Tensors a GPU launch was not compiled for. Also a ValueError, which is what TF's
+    EagerPyFunc kernel turns into INVALID_ARGUMENT (any other exception is UNKNOWN)."""
+
+
+def _invalid(message: str) -> LaunchArgumentError:
+    return LaunchArgumentError(None, None, message)
+
+
+def _shape_text(dtype: tf.DType, shape: Sequence[int]) -> str:
+    return f"{dtype.name}[{','.join(str(d) for d in shape)}]"
+
+
+class GpuLaunch:
+    """One compiled GPU cluster of a rewritten graph (see the module docstring)."""
+
+    def __init__(self, key: str, executable: Any, device: int,
+                 input_specs: Sequence[TensorSpecLike],
+                 output_specs: Sequence[TensorSpecLike]) -> None:
+        from tensorflow.python.ops import script_ops
+
+        self.key = key
+        self.executable = executable
+        self.device = device
+        self.backend = _backend
+        self.input_specs = [(tf.as_dtype(d), tuple(int(n) for n in s)) for d, s in input_specs]
+        self.output_specs = [(tf.as_dtype(d), tuple(int(n) for n in s))
+                             for d, s in output_specs]
+        self.calls = 0
+        self.copied_inputs = 0  # inputs TF delivered off the GPU, copied onto it
+        function = script_ops.EagerFunc(self, [d for d, _ in self.output_specs], False)
+        self.token = script_ops._py_funcs.insert(function)
+        with _live_lock:
+            _live[self.token] = function
 
     @property
-    def refused(self) -> str | None:
-        """Why the cluster runs in TF, once it was refused."""
-        return self._refused
+    def device_name(self) -> str:
+        return f"/device:GPU:{self.device}"
 
-    def _executable(self, device: int) -> Any | None:
-        from tfxla_lite.codegen import gpu
-
-        with self._lock:
-            if self._refused is not None:
-                return None
-            if device not in self._executables:
-                try:
-                    import cupy
-
-                    with cupy.cuda.Device(device):
-                        self._executables[device] = gpu.compile_module(self.build_module())
-                except Exception as error:  # noqa: BLE001 - any failure falls back to TF
-                    self._refused = f"{type(error).__name__}: {error}"
-                    logger.warning("tfxla-lite: GPU cluster %s runs in TensorFlow: %s",
-                                   self.name, self._refused)
-                    return None
-            return self._executables[device]
+    def check_inputs(self, tensors: Sequence[Any]) -> None:
+        if len(tensors) != len(self.input_specs):
+            raise _invalid(f"tfxla-lite GPU launch {self.key}: {len(self.input_specs)} "
+                           f"inputs expected, got {len(tensors)}")
+        for i, (tensor, (dtype, shape)) in enumerate(zip(tensors, self.input_specs)):
+            if tensor.dtype != dtype or tuple(tensor.shape) != shape:
+                raise _invalid(f"tfxla-lite GPU launch {self.key}: input {i} is "
+                               f"{_shape_text(tensor.dtype, tensor.shape)}, compiled for "
+                               f"{_shape_text(dtype, shape)}")
 
     def __call__(self, *tensors: Any) -> list[Any]:
-        devices = {gpu_index(t) for t in tensors}
-        device = devices.pop() if len(devices) == 1 else None
-        executable = self._executable(device) if device is not None else None
-        if executable is None:
-            return list(self.fallback(*tensors))
-        return run_on_tensors(executable, *tensors)
+        """Run on eager tensors (what TF's EagerPyFunc kernel passes); TF tensors out."""
+        self.check_inputs(tensors)
+        on_device = [self.backend.tensor_gpu(t) == self.device for t in tensors]
+        self.copied_inputs += on_device.count(False)
+        outputs = run_on_tensors(self.executable, tensors, self.backend.cupy(), on_device)
+        self.calls += 1
+        for j, (output, (dtype, shape)) in enumerate(zip(outputs, self.output_specs)):
+            if output.dtype != dtype or tuple(output.shape) != shape:
+                raise tf.errors.InternalError(
+                    None, None, f"tfxla-lite GPU launch {self.key}: output {j} is "
+                    f"{_shape_text(output.dtype, output.shape)}, expected "
+                    f"{_shape_text(dtype, shape)}")
+        return outputs
 
+    def fill_nodes(self, graph_def: tf.compat.v1.GraphDef, node: Any) -> None:
+        """Turn `node` (named as the launch, with the cluster's data and control inputs)
+        into `<node>/gpu_call` → `<node>/shape_j` → IdentityN `<node>`, all on the GPU."""
+        call = graph_def.node.add()
+        call.name = f"{node.name}/gpu_call"
+        call.op = "EagerPyFunc"
+        call.device = self.device_name
+        call.input.extend(node.input)
+        call.attr["token"].s = self.token.encode()
+        call.attr["is_async"].b = False
+        call.attr["Tin"].list.type.extend(d.as_datatype_enum for d, _ in self.input_specs)
+        call.attr["Tout"].list.type.extend(d.as_datatype_enum for d, _ in self.output_specs)
+        del node.input[:]
+        for j, (dtype, shape) in enumerate(self.output_specs):
+            ensure = graph_def.node.add()
+            ensure.name = f"{node.name}/shape_{j}"
+            ensure.op = "EnsureShape"
+            ensure.device = self.device_name
+            ensure.input.append(f"{call.name}:{j}")
+            ensure.attr["T"].type = dtype.as_datatype_enum
+            ensure.attr["shape"].shape.CopyFrom(tf.TensorShape(shape).as_proto())
+            node.input.append(ensure.name)
+        node.op = "IdentityN"
+        node.device = self.device_name
+        node.attr["T"].list.type.extend(d.as_datatype_enum for d, _ in self.output_specs)
 
-def gpu_call(cluster: GpuCluster, inputs: Sequence[Any], output_dtypes: Sequence[Any]
-             ) -> list[Any]:
-    """Call `cluster` from inside a `tf.function` (`tf.py_function`: eager tensors,
-    placed where the graph's placer put the call)."""
-    results = tf.py_function(lambda *tensors: cluster(*tensors), list(inputs),
-                             list(output_dtypes))
-    return list(results) if isinstance(results, (list, tuple)) else [results]

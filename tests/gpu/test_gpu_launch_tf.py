@@ -1,0 +1,297 @@
+"""GPU placement in `tfxla_lite.function`, end to end with TF, on the CPU emulator.
+
+A cluster TF places on a GPU compiles with the GPU backend and runs through a launch
+node (EagerPyFunc → EnsureShape → IdentityN, `tfxla_lite/runtime/gpu_launch.py`) that
+hands TF's tensors to the `GpuExecutable` by DLPack. Here TF has no GPU (tensorflow-cpu):
+`EmulatedGpuBackend` says it has GPU:0, `fake_cupy` stands in for CuPy and the kernels
+run on `cuda_emulator`. Everything else is the code a GPU runs: placement, lowering, the
+GPU backend, the graph rewrite, the launch node, the argument and result order, the
+checks, DLPack, the fallback to TF. The last test needs a real GPU and skips without one.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import cuda_emulator
+import fake_cupy
+import numpy as np
+import pytest
+from tolerances import assert_close
+
+# The lent GPU machines have CuPy but no TensorFlow: everything here needs TF.
+tf = pytest.importorskip("tensorflow", reason="no TensorFlow: the TF entry is not tested")
+
+from emulated_backend import EmulatedGpuBackend  # noqa: E402
+
+import tfxla_lite as tl  # noqa: E402
+from tfxla_lite.codegen.gpu import executable as executable_module  # noqa: E402
+from tfxla_lite.runtime import gpu_launch  # noqa: E402
+
+needs_gxx = pytest.mark.skipif(cuda_emulator.find_compiler() is None, reason="no g++")
+
+
+@pytest.fixture
+def emulated_gpu(monkeypatch: pytest.MonkeyPatch) -> fake_cupy.Recorder:
+    """TF 'has' GPU:0; CuPy is the emulating stand-in. Yields the launch recorder."""
+    if tf.config.list_logical_devices("GPU"):
+        pytest.skip("TF has a real GPU, whose tensors the emulator cannot read: "
+                    "test_gpu_function_on_a_real_gpu runs instead")
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy.module(emulate=True))
+    monkeypatch.setattr(executable_module, "_modules", {})
+    recorder = fake_cupy.Recorder()
+    monkeypatch.setattr(fake_cupy, "RECORDER", recorder)
+    with gpu_launch.use_backend(EmulatedGpuBackend()):
+        yield recorder
+
+
+def _model(x: tf.Tensor, n: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, ...]:
+    """Three inputs and three outputs of different dtypes and shapes, so that any mix-up
+    of argument or result order shows."""
+    h = tf.nn.softmax(x * 2.0 + y, axis=-1)
+    count = tf.cast(tf.reduce_sum(tf.cast(h > 0.1, tf.int32), axis=1), tf.int32) + n
+    return h, count, tf.reduce_max(x, axis=0) - y
+
+
+def _arguments() -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    rng = np.random.default_rng(7)
+    return (tf.constant(rng.standard_normal((4, 8)).astype(np.float32)),
+            tf.constant(np.arange(4, dtype=np.int32)),
+            tf.constant(rng.standard_normal(8).astype(np.float32)))
+
+
+def _placed(device: str | None) -> tl.Function:
+    def placed(x: tf.Tensor, n: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, ...]:
+        if device is None:
+            return _model(x, n, y)
+        with tf.device(device):
+            return _model(x, n, y)
+
+    return tl.function(placed, jit_compile=True)
+
+
+def _ops(function: tl.Function, *args: tf.Tensor) -> list[tf.Operation]:
+    return function.get_concrete_function(*args).graph.get_operations()
+
+
+def _assert_matches_tf(outputs: tuple[tf.Tensor, ...], args: tuple[tf.Tensor, ...]) -> None:
+    expected = _model(*args)
+    assert len(outputs) == len(expected)
+    for got, wanted, op in zip(outputs, expected, ("Softmax", "Sum", "Max")):
+        assert got.dtype == wanted.dtype and got.shape == wanted.shape
+        assert_close(got.numpy(), wanted.numpy(), op)
+
+
+def test_gpu_placement_follows_tf() -> None:
+    two = EmulatedGpuBackend(gpus=(0, 1))
+    assert gpu_launch.placed_gpu("/job:localhost/replica:0/task:0/device:GPU:1", two) == 1
+    assert gpu_launch.placed_gpu("/device:GPU:0", two) == 0
+    assert gpu_launch.placed_gpu("/device:GPU:*", two) == 0
+    assert gpu_launch.placed_gpu("", two) == 0  # TF's default placement: the first GPU
+    assert gpu_launch.placed_gpu("/device:CPU:0", two) is None
+    assert gpu_launch.placed_gpu("/device:GPU:3", two) is None  # TF soft-places it
+    none = EmulatedGpuBackend(gpus=())
+    assert gpu_launch.placed_gpu("", none) is None
+    assert gpu_launch.placed_gpu("/device:GPU:0", none) is None
+    # This TF (tensorflow-cpu on the development machines) has no GPU: CPU as before.
+    if not tf.config.list_logical_devices("GPU"):
+        assert gpu_launch.placed_gpu("/device:GPU:0") is None
+        assert gpu_launch.placed_gpu("") is None
+
+
+@needs_gxx
+@pytest.mark.parametrize("device", ["/GPU:0", None])
+def test_gpu_cluster_runs_through_the_gpu_launch_node(emulated_gpu: fake_cupy.Recorder,
+                                                      device: str | None) -> None:
+    """Explicit `tf.device('/GPU:0')` and TF's default placement (TF has a GPU)."""
+    function = _placed(device)
+    args = _arguments()
+    outputs = function(*args)
+    _assert_matches_tf(outputs, args)
+
+    ops = _ops(function, *args)
+    report = function.explain(*args)
+    # Two clusters (softmax and count; max and subtract), one launch node each.
+    assert [c.compiled for c in report.clusters] == [True, True]
+    assert all(c.kernel_count >= 1 for c in report.clusters)
+    calls = [op for op in ops if op.type == "EagerPyFunc"]
+    assert len(calls) == 2 and all(c.device.endswith("device:GPU:0") for c in calls)
+    assert not [op for op in ops if op.type in ("TfxlaLiteLaunch", "Softmax", "Max")]
+    assert [o.shape.as_list() for o in function.get_concrete_function(*args).outputs] == [
+        [4, 8], [4], [8]]
+    assert emulated_gpu.launches  # the kernels ran (on the emulator)
+    launches = len(emulated_gpu.launches)
+    _assert_matches_tf(function(*args), args)  # the second call reuses the program
+    assert len(emulated_gpu.launches) == 2 * launches
+
+
+@needs_gxx
+def test_gpu_clusters_in_a_loop_body_and_around_variables(emulated_gpu: fake_cupy.Recorder
+                                                          ) -> None:
+    """GPU launches inside a While body (a function of its own), and between a variable
+    read and write (captures and control outputs re-bound around the launch)."""
+    x = tf.constant(np.linspace(-1, 1, 32, dtype=np.float32).reshape(4, 8))
+
+    @tl.function(min_cluster_size=1)
+    def loop(x: tf.Tensor) -> tf.Tensor:
+        def body(i: tf.Tensor, acc: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+            with tf.device("/GPU:0"):
+                return i + 1, tf.tanh(acc * 0.5 + x)
+
+        return tf.while_loop(lambda i, acc: i < 3, body, (tf.constant(0), x))[1]
+
+    expected = x
+    for _ in range(3):
+        expected = tf.tanh(expected * 0.5 + x)
+    assert_close(loop(x).numpy(), expected.numpy(), "Tanh")
+    report = loop.explain(x)
+    assert any(c.compiled and c.name.startswith("while_body") for c in report.clusters)
+
+    variable = tf.Variable(np.full((4, 8), 2.0, np.float32))
+
+    @tl.function(min_cluster_size=1)
+    def step(x: tf.Tensor) -> tf.Tensor:
+        with tf.device("/GPU:0"):
+            y = tf.nn.relu(variable * x + 1.0)
+            variable.assign(y * 0.5)
+            return tf.reduce_sum(y)
+
+    y = tf.nn.relu(2.0 * x + 1.0)
+    assert_close(step(x).numpy(), tf.reduce_sum(y).numpy(), "Sum")
+    assert_close(variable.numpy(), (y * 0.5).numpy(), "Mul")  # the write ran, once
+    assert [c.compiled for c in step.explain(x).clusters] == [True]
+    assert emulated_gpu.launches
+
+
+@needs_gxx
+def test_gpu_cpu_placement_is_unchanged(emulated_gpu: fake_cupy.Recorder) -> None:
+    function = _placed("/CPU:0")
+    args = _arguments()
+    _assert_matches_tf(function(*args), args)
+    types = [op.type for op in _ops(function, *args)]
+    assert "TfxlaLiteLaunch" in types and "EagerPyFunc" not in types
+    assert not emulated_gpu.launches
+
+
+def test_gpu_cluster_without_cupy_falls_back_to_tf_on_the_gpu(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """TF has a GPU, CuPy is missing: the cluster stays in TF, on the GPU, and the
+    report says why; in must-compile mode that is an error naming the cause."""
+    monkeypatch.setitem(sys.modules, "cupy", None)  # `import cupy` raises ImportError
+    with gpu_launch.use_backend(EmulatedGpuBackend()):
+        def placed(x: tf.Tensor, n: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, ...]:
+            with tf.device("/GPU:0"):
+                return _model(x, n, y)
+
+        function = tl.function(placed, min_cluster_size=1)
+        args = _arguments()
+        _assert_matches_tf(function(*args), args)
+        report = function.explain(*args)
+        assert report.clusters and not any(c.compiled for c in report.clusters)
+        assert all("needs CuPy" in c.error and "GPU:0" in c.error for c in report.clusters)
+        assert any("needs CuPy" in f.reason for f in report.fallbacks)
+        ops = _ops(function, *args)
+        softmax = [op for op in ops if op.type == "Softmax"]
+        assert softmax and softmax[0].device.endswith("device:GPU:0")
+        assert not [op for op in ops if op.type in ("EagerPyFunc", "TfxlaLiteLaunch")]
+
+        must = tl.function(placed, jit_compile=True)
+        with pytest.raises(tl.CompilationError, match="needs CuPy"):
+            must(*args)
+
+
+@needs_gxx
+def test_gpu_cluster_with_unknown_dimensions_stays_in_tf(emulated_gpu: fake_cupy.Recorder
+                                                         ) -> None:
+    @tl.function(min_cluster_size=1)
+    def unknown(x: tf.Tensor) -> tf.Tensor:
+        positive = tf.boolean_mask(x, x > 0.0)  # a dimension known only at run time
+        with tf.device("/GPU:0"):
+            return tf.nn.relu(positive * 2.0 - 1.0)
+
+    x = tf.constant(np.linspace(-1, 1, 24, dtype=np.float32).reshape(3, 8))
+    expected = tf.nn.relu(tf.boolean_mask(x, x > 0.0) * 2.0 - 1.0)
+    np.testing.assert_array_equal(unknown(x).numpy(), expected.numpy())
+    report = unknown.explain(x)
+    gpu = [c for c in report.clusters if "Relu" in dict(c.ops).values()]
+    assert gpu and not gpu[0].compiled and "GPU:0 clusters need static shapes" in gpu[0].error
+    # (`x > 0`, unplaced, is on the default GPU: its static cluster compiles there.)
+
+
+@needs_gxx
+def test_gpu_launch_node_checks_its_inputs(emulated_gpu: fake_cupy.Recorder) -> None:
+    """The launch node's function, called by TF with tensors the cluster was not
+    compiled for: InvalidArgumentError naming the input (never a wrong result)."""
+    function = _placed("/GPU:0")
+    args = _arguments()
+    expected = function(*args)
+    (call,) = [op for op in _ops(function, *args)
+               if op.type == "EagerPyFunc" and len(op.inputs) == 3]
+    token, out_types = call.get_attr("token"), call.get_attr("Tout")
+    by_name = {f"args_{i}": a for i, a in enumerate(args)}  # the rewritten trace's arguments
+    inputs = [by_name[t.op.name] for t in call.inputs]
+
+    def run(*tensors: tf.Tensor) -> list[tf.Tensor]:
+        from tensorflow.python.ops import gen_script_ops
+
+        @tf.function(autograph=False)
+        def graph() -> list[tf.Tensor]:
+            return gen_script_ops.eager_py_func(list(tensors), token, out_types)
+
+        return graph()
+
+    results = run(*inputs)  # the node's own function, called right
+    assert len(results) == 2
+    for got in results:
+        (wanted,) = [e for e in expected if e.dtype == got.dtype and e.shape == got.shape]
+        assert_close(got.numpy(), wanted.numpy(), "Softmax")
+    wrong_shape = tf.zeros([*inputs[0].shape, 2], inputs[0].dtype)
+    dims = ",".join(str(d) for d in wrong_shape.shape)
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=rf"input 0 is {inputs[0].dtype.name}\[{dims}\], compiled for"):
+        run(wrong_shape, *inputs[1:])
+    k = [t.dtype for t in inputs].index(tf.int32)
+    wrong_type = [tf.cast(t, tf.int64) if i == k else t for i, t in enumerate(inputs)]
+    with pytest.raises(tf.errors.InvalidArgumentError, match=rf"input {k} is int64\[4\]"):
+        run(*wrong_type)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="3 inputs expected, got 2"):
+        run(*inputs[:2])
+
+
+def test_gpu_dlpack_hands_over_memory_without_a_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """TF tensor → device array → TF tensor: the same bytes each way (host memory here,
+    the same code as on a GPU)."""
+    cupy = fake_cupy.module()
+    with tf.device("/CPU:0"):  # host memory, which NumPy (the stand-in) can read
+        tensor = tf.constant(np.arange(12, dtype=np.float32).reshape(3, 4))
+    array = gpu_launch.to_device_array(tensor, 0, cupy)
+    np.testing.assert_array_equal(array.array, tensor.numpy())
+    again = gpu_launch.to_device_array(tensor, 0, cupy)
+    assert again.array.ctypes.data == array.array.ctypes.data  # TF's buffer, not copies
+
+    result = cupy.empty((2, 5), np.int32)
+    result.array[...] = np.arange(10).reshape(2, 5)
+    back = gpu_launch.to_tensor(result)
+    assert back.dtype == tf.int32 and back.shape == (2, 5)
+    assert gpu_launch.to_device_array(back, 0, cupy).array.ctypes.data == \
+        result.array.ctypes.data
+    np.testing.assert_array_equal(back.numpy(), result.array)
+
+
+def test_gpu_function_on_a_real_gpu(cuda_device: object) -> None:
+    """On a GPU machine: the launch node receives the inputs on the GPU (no copies),
+    its outputs stay there, and the values match TF."""
+    if not tf.config.list_logical_devices("GPU"):
+        pytest.skip("no GPU: TensorFlow sees no GPU device (tensorflow-cpu, or no driver)")
+    function = _placed("/GPU:0")
+    with tf.device("/GPU:0"):
+        args = tuple(tf.identity(a) for a in _arguments())
+    outputs = function(*args)
+    assert all("GPU:0" in o.backing_device for o in outputs)
+    _assert_matches_tf(outputs, args)
+    compiled = function._program(*function._canonical(args, {})).compiled  # noqa: SLF001
+    (launch,) = [c.gpu_launch for c in compiled if c.gpu_launch is not None]
+    # Float tensors are handed over in place; only one TF holds in host memory (int32)
+    # may be copied, should TF pass it to the launch there.
+    in_host = sum("GPU" not in a.backing_device for a in args)
+    assert launch.calls == 1 and launch.copied_inputs <= in_host <= 1
