@@ -22,6 +22,8 @@ broadcast every operand to the op's static result shape (`ctx.broadcast_to`).
 
 from __future__ import annotations
 
+import functools
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -178,7 +180,27 @@ _FOLDABLE_DTYPES = frozenset({"int32", "int64", "bool"})
 
 def constant_value(tensor: tf.Tensor) -> np.ndarray | None:
     """The compile-time value of `tensor`: a Const's value (directly or through Identity
-    ops), or the folded value of a small integer computation of such values."""
+    ops), or the folded value of a small integer computation of such values.
+
+    Marking, `dynamic.is_static` and lowering ask again and again for the same tensors
+    (a fold lowers and evaluates HLO): answers are kept per graph, whose ops never
+    change once made, and handed out as copies.
+    """
+    try:
+        known = _CONSTANTS.setdefault(tensor.graph, {})
+    except TypeError:  # a graph without weak references: no memo
+        known = {}
+    if tensor.name not in known:
+        known[tensor.name] = _constant_value(tensor)
+    value = known[tensor.name]
+    return None if value is None else value.copy()
+
+
+_CONSTANTS: weakref.WeakKeyDictionary[Any, dict[str, np.ndarray | None]] = (
+    weakref.WeakKeyDictionary())
+
+
+def _constant_value(tensor: tf.Tensor) -> np.ndarray | None:
     from tensorflow.python.framework import tensor_util
 
     op = tensor.op
@@ -240,17 +262,41 @@ _LIBRARY_MARKERS = ("/tensorflow/", "/keras/", "/tf_keras/", "/tfxla_lite/", "<f
 
 
 def source_location(op: tf.Operation) -> tuple[str, int] | None:
-    """The user's frame that created `op`: the innermost one outside TF, Keras and us."""
+    """The user's frame that created `op`: the innermost one outside TF, Keras and us.
+
+    Marking and lowering both ask for every op, and a traceback's frames are made one
+    by one on access: the answer is kept per graph, and frames are read innermost first
+    only until the user's (`StackTrace` indexes without converting the whole stack).
+    """
     try:
-        frames = list(op.traceback)
+        known = _SOURCES.setdefault(op.graph, {})
+    except TypeError:  # a graph without weak references: no memo
+        known = {}
+    if op.name in known:
+        return known[op.name]
+    location = None
+    try:
+        frames = op.traceback
+        count = len(frames)
     except Exception:  # noqa: BLE001 - ops imported from a GraphDef carry no traceback
-        return None
-    for frame in reversed(frames):
+        count = 0
+    for index in range(count - 1, -1, -1):
+        frame = frames[index]
         filename = str(frame.filename)
-        if filename.startswith(_PACKAGE_DIRS) or any(m in filename for m in _LIBRARY_MARKERS):
-            continue
-        return filename, int(frame.lineno)
-    return None
+        if not _is_library_file(filename):
+            location = (filename, int(frame.lineno))
+            break
+    known[op.name] = location
+    return location
+
+
+_SOURCES: weakref.WeakKeyDictionary[Any, dict[str, tuple[str, int] | None]] = (
+    weakref.WeakKeyDictionary())
+
+
+@functools.lru_cache(maxsize=4096)
+def _is_library_file(filename: str) -> bool:
+    return filename.startswith(_PACKAGE_DIRS) or any(m in filename for m in _LIBRARY_MARKERS)
 
 
 def op_metadata(op: tf.Operation) -> dict[str, Any]:

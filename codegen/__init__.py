@@ -31,7 +31,6 @@ def compile_module(module: HloModule, pipeline: str | None = None,
     """
     from tfxla_lite.codegen import cache as caches_
     from tfxla_lite.codegen import cpu
-    from tfxla_lite.codegen.cpu.compiler import ENTRY_NAME
     from tfxla_lite.codegen.cpu.parallel import effective_threads
     from tfxla_lite.hlo.verifier import verify as verify_module
     from tfxla_lite.passes import DEFAULT_PIPELINE, assign_buffers, optimize
@@ -45,12 +44,10 @@ def compile_module(module: HloModule, pipeline: str | None = None,
     key = caches_.optimized_key(hlo_text, caches_.constants_digest(module), pipeline, donate,
                                 team)
     # With `verify` the verifier is asked to check every pass: run them.
-    found = caches_.optimized_lookup(key, policy) if not verify else None
+    found = caches_.executable_from_cache(key, hlo_text, team, policy) if not verify else None
     if found is not None:
-        code = caches_.kernel_lookup(found.kernel_fingerprint(team),
-                                     found.kernel_signature(ENTRY_NAME), policy)
-        if code is not None:
-            return caches_.cached_executable(found, code, hlo_text)
+        found.optimized_key = key  # the rewrite cache names the compile by it
+        return found
     caches_.count("pipeline_runs")
     optimize(module, pipeline, verify=verify)
     optimized_hlo_text = module.to_text()
@@ -64,7 +61,9 @@ def compile_module(module: HloModule, pipeline: str | None = None,
             int(assignment.temp_bytes_without_reuse), tuple(executable.donations),
             caches_.constants_digest(module),
             tuple((s.element_type, s.dims) for s in executable.parameter_shapes),
-            tuple((s.element_type, s.dims) for s in executable.output_shapes)), policy)
+            tuple((s.element_type, s.dims) for s in executable.output_shapes),
+            caches_.line_metadata(hlo_text)), policy)
+    executable.optimized_key = key
     return executable
 
 

@@ -31,6 +31,11 @@ sources, the key, the payload's size and SHA-256) and the zlib'd payload; a load
 checks all of it. The executable built from a hit (`CachedExecutable`) parses its
 optimized module and re-runs buffer assignment only when something asks for them
 (dumps, the report page), and then checks the assignment against the stored text.
+The key leaves metadata out, so an entry also stores the metadata of each line of the
+module it was lowered from, and a hit maps it onto the current module's lines
+(`with_current_metadata`): the source lines shown are always the current function's.
+The rewrite cache one level further up (`tfxla_lite/rewrite_cache.py`) shares the entry
+format (`write_manifest_entry`, `read_manifest_entry`) and counts in `stats()`.
 
 `TFXLA_LITE_CACHE` (read at every compile) sets the default: unset or `1`: both
 caches; `memory`: the process only; `0`: none. `compile_module(..., cache=False)`
@@ -97,6 +102,10 @@ class CacheStats:
     optimized_disk_hits: int = 0
     optimized_disk_writes: int = 0
     optimized_disk_rejected: int = 0
+    rewrite_hits: int = 0  # whole rewrites reused (tfxla_lite/rewrite_cache.py)
+    rewrite_misses: int = 0
+    rewrite_writes: int = 0
+    rewrite_rejected: int = 0
 
 
 @dataclass(frozen=True)
@@ -167,7 +176,7 @@ def kernel_fingerprint(optimized_hlo_text: str, assignment_text: str,
 
 # `, metadata={op_type="..." op_name="..." source_file="..." source_line=N}`, which the
 # printer puts last on an instruction's line; strings escape `"` and `\`.
-_METADATA = re.compile(r', metadata=\{(?:[^"}\n]|"(?:[^"\\\n]|\\.)*")*\}$', re.MULTILINE)
+METADATA = re.compile(r', metadata=\{(?:[^"}\n]|"(?:[^"\\\n]|\\.)*")*\}$', re.MULTILINE)
 
 
 def without_metadata(hlo_text: str) -> str:
@@ -175,7 +184,7 @@ def without_metadata(hlo_text: str) -> str:
     no pass decides on it (they only carry it along) and codegen never reads it, so the
     same model called from another line, or built again, shares its compile (XLA's
     fingerprint leaves metadata out as well)."""
-    return _METADATA.sub("", hlo_text)
+    return METADATA.sub("", hlo_text)
 
 
 def constants_digest(module: HloModule) -> str:
@@ -353,6 +362,40 @@ def _write_entry(path: Path, manifest: dict, bodies: list[bytes]) -> None:
             os.unlink(temporary)
 
 
+def write_manifest_entry(path: Path, manifest: dict[str, Any], payload: bytes) -> None:
+    """Write a one-payload entry (`manifest` plus the payload's size and SHA-256, then
+    the payload) atomically, as the optimized-module and rewrite caches store theirs.
+    Raises OSError."""
+    _write_entry(path, {**manifest, "size": len(payload),
+                        "sha256": hashlib.sha256(payload).hexdigest()}, [payload])
+
+
+def read_manifest_entry(data: bytes, expected: dict[str, Any]) -> bytes:
+    """The payload of an entry `write_manifest_entry` wrote, once every field of
+    `expected`, the size and the checksum match; raises ValueError (or a JSON error)."""
+    newline = data.find(b"\n")
+    if newline < 0:
+        raise ValueError("no manifest line")
+    manifest = json.loads(data[:newline])
+    for name, value in expected.items():
+        if manifest.get(name) != value:
+            raise ValueError(f"manifest {name} is {manifest.get(name)!r}, expected {value!r}")
+    payload = data[newline + 1:]
+    if len(payload) != int(manifest["size"]):
+        raise ValueError(f"payload of {len(payload)} bytes, expected {manifest['size']}")
+    if hashlib.sha256(payload).hexdigest() != manifest["sha256"]:
+        raise ValueError("payload checksum mismatch")
+    return payload
+
+
+def touch(path: Path) -> None:
+    """Mark an entry used: the least recently used entries are pruned first."""
+    try:
+        os.utime(path)
+    except OSError:
+        pass
+
+
 def _discard(path: Path) -> None:
     """Remove an entry that failed its checks: the fresh compile rewrites it anyway, and
     a second look in this compile (kernel after optimized module) must not read it again."""
@@ -373,6 +416,10 @@ def _prune(folder: Path, suffix: str = ENTRY_SUFFIX) -> None:
             os.unlink(entry.path)
     except OSError:
         pass  # another process pruned the same files
+
+
+discard = _discard
+prune = _prune
 
 
 def undefined_symbols(object_code: bytes) -> list[str]:
@@ -399,7 +446,7 @@ def undefined_symbols(object_code: bytes) -> list[str]:
 
 # -- optimized modules: above codegen ----------------------------------------------------
 
-OPTIMIZED_FORMAT = "tfxla-lite-optimized-1"
+OPTIMIZED_FORMAT = "tfxla-lite-optimized-2"
 OPTIMIZED_SUFFIX = ".tlo"
 _optimized_memory: collections.OrderedDict[str, OptimizedModule] = collections.OrderedDict()
 
@@ -419,6 +466,9 @@ class OptimizedModule:
     # (element type, dims) of each parameter and output, in order
     parameters: tuple[tuple[str, tuple[int, ...]], ...]
     outputs: tuple[tuple[str, tuple[int, ...]], ...]
+    # The metadata of each line of the module as lowered (`line_metadata`): the key leaves
+    # metadata out, so a hit maps these onto the current module's (`cached_executable`).
+    lowered_metadata: tuple[str, ...] = ()
 
     def kernel_signature(self, entry_name: str) -> dict[str, Any]:
         """The `shapes` a kernel entry is checked against (`cpu.compile` spells the same)."""
@@ -446,7 +496,7 @@ class OptimizedModule:
             int(data["temp_bytes"]), int(data["temp_bytes_without_reuse"]),
             tuple((int(j), int(i)) for j, i in data["donations"]),
             str(data["constants"]), shapes(data["parameters"]),
-            shapes(data["outputs"]))
+            shapes(data["outputs"]), tuple(str(m) for m in data["lowered_metadata"]))
         if set(data) != {f.name for f in dataclasses.fields(OptimizedModule)}:
             raise ValueError(f"unexpected fields {sorted(data)}")
         return module
@@ -479,6 +529,12 @@ def _compiler_source_hash() -> str:
     return hasher.hexdigest()[:16]
 
 
+def optimized_environment() -> dict[str, str]:
+    """The environment an optimized-module entry is checked against (also part of the
+    rewrite cache's, `tfxla_lite/rewrite_cache.py`)."""
+    return _optimized_environment()
+
+
 def _optimized_environment() -> dict[str, str]:
     return {**environment(), "format": OPTIMIZED_FORMAT,
             "compiler_sources": _compiler_source_hash()}
@@ -509,28 +565,14 @@ def optimized_lookup(key: str, caches: CachePolicy) -> OptimizedModule | None:
     except OSError:
         return None
     try:
-        newline = data.find(b"\n")
-        if newline < 0:
-            raise ValueError("no manifest line")
-        manifest = json.loads(data[:newline])
-        for name, value in {**_optimized_environment(), "key": key}.items():
-            if manifest.get(name) != value:
-                raise ValueError(f"manifest {name} is {manifest.get(name)!r}, expected {value!r}")
-        payload = data[newline + 1:]
-        if len(payload) != int(manifest["size"]):
-            raise ValueError(f"payload of {len(payload)} bytes, expected {manifest['size']}")
-        if hashlib.sha256(payload).hexdigest() != manifest["sha256"]:
-            raise ValueError("payload checksum mismatch")
+        payload = read_manifest_entry(data, {**_optimized_environment(), "key": key})
         found = OptimizedModule.from_json(json.loads(zlib.decompress(payload)))
     except Exception as error:  # noqa: BLE001 - a cache entry is never trusted blindly
         logger.debug("tfxla-lite: ignoring optimized-module cache entry %s: %s", path, error)
         count("optimized_disk_rejected")
         _discard(path)
         return None
-    try:
-        os.utime(path)
-    except OSError:
-        pass
+    touch(path)
     count("optimized_disk_hits")
     if caches.memory:
         _optimized_memory_store(key, found)
@@ -545,10 +587,8 @@ def optimized_store(key: str, module: OptimizedModule, caches: CachePolicy) -> N
         return
     path = optimized_disk_path(key)
     payload = zlib.compress(json.dumps(module.to_json()).encode(), 1)
-    manifest = {**_optimized_environment(), "key": key, "size": len(payload),
-                "sha256": hashlib.sha256(payload).hexdigest()}
     try:
-        _write_entry(path, manifest, [payload])
+        write_manifest_entry(path, {**_optimized_environment(), "key": key}, payload)
     except OSError as error:
         logger.debug("tfxla-lite: could not write optimized-module entry %s: %s", path, error)
         return
@@ -601,6 +641,38 @@ class CachedExecutable(Executable):
     def assignment(self, value: Any) -> None:
         self.__dict__["_assignment"] = value
 
+    # The texts, whose metadata a rewrite cache hit looks up in the current trace only when
+    # something reads them (`defer_metadata`).
+    @property  # type: ignore[override]
+    def hlo_text(self) -> str:
+        self._refresh_metadata()
+        return self.__dict__["_hlo_text"]
+
+    @hlo_text.setter
+    def hlo_text(self, value: str) -> None:
+        self.__dict__["_hlo_text"] = value
+
+    @property  # type: ignore[override]
+    def optimized_hlo_text(self) -> str:
+        self._refresh_metadata()
+        return self.__dict__["_optimized_hlo_text"]
+
+    @optimized_hlo_text.setter
+    def optimized_hlo_text(self, value: str) -> None:
+        self.__dict__["_optimized_hlo_text"] = value
+
+    def defer_metadata(self, found: OptimizedModule, current_hlo_text: Any) -> None:
+        """Take the lowered text from `current_hlo_text()` (and the optimized text's
+        metadata from it) when a text is first read, not now."""
+        self.__dict__["_pending_metadata"] = (found, current_hlo_text)
+
+    def _refresh_metadata(self) -> None:
+        pending = self.__dict__.pop("_pending_metadata", None)
+        if pending is not None:
+            found, current_hlo_text = pending
+            self.hlo_text = current_hlo_text()
+            self.optimized_hlo_text = with_current_metadata(found, self.hlo_text)
+
     def _materialize(self) -> None:
         if self.__dict__.get("_module") is not None:
             return
@@ -616,8 +688,54 @@ class CachedExecutable(Executable):
         self.__dict__["_module"] = module
 
 
-def cached_executable(found: OptimizedModule, code: CompiledCode,
-                      hlo_text: str) -> CachedExecutable:
+def line_metadata(hlo_text: str) -> tuple[str, ...]:
+    """The metadata block of each line of `hlo_text` ("" where a line has none)."""
+    return tuple(match.group(0) if (match := METADATA.search(line)) else ""
+                 for line in hlo_text.splitlines())
+
+
+def with_current_metadata(found: OptimizedModule, hlo_text: str) -> str:
+    """`found`'s optimized text with the metadata of `hlo_text`, the module now lowered.
+
+    The key leaves metadata out, so the entry may come from another function or source
+    line. Both lowered texts are equal but for metadata, line for line, and the passes
+    only carry metadata along: each stored block maps to the current one of the same
+    lowered line. A block that maps to nothing is dropped rather than shown stale.
+    """
+    current = line_metadata(hlo_text)
+    if current == found.lowered_metadata:
+        return found.optimized_hlo_text
+    mapping: dict[str, str] = {}
+    if len(current) == len(found.lowered_metadata):
+        for stored, now in zip(found.lowered_metadata, current):
+            if stored:
+                mapping.setdefault(stored, now)
+    return METADATA.sub(lambda match: mapping.get(match.group(0), ""), found.optimized_hlo_text)
+
+
+def executable_from_cache(key: str, hlo_text: str, threads: int, caches: CachePolicy,
+                          current_hlo_text: Any = None) -> CachedExecutable | None:
+    """The executable of optimized-module key `key` from the caches (its optimized module
+    and its machine code), for the module whose lowered text is `hlo_text`; None when
+    either is missing. `current_hlo_text`: a callable giving the lowered text with the
+    current metadata, called only when a text is read (`CachedExecutable.defer_metadata`)."""
+    from tfxla_lite.codegen.cpu.compiler import ENTRY_NAME
+
+    found = optimized_lookup(key, caches)
+    if found is None:
+        return None
+    code = kernel_lookup(found.kernel_fingerprint(threads), found.kernel_signature(ENTRY_NAME),
+                         caches)
+    if code is None:
+        return None
+    executable = cached_executable(found, code, hlo_text, current_hlo_text is None)
+    if current_hlo_text is not None:
+        executable.defer_metadata(found, current_hlo_text)
+    return executable
+
+
+def cached_executable(found: OptimizedModule, code: CompiledCode, hlo_text: str,
+                      map_metadata: bool = True) -> CachedExecutable:
     from tfxla_lite.hlo.shape import Shape
 
     executable = CachedExecutable(
@@ -626,7 +744,9 @@ def cached_executable(found: OptimizedModule, code: CompiledCode,
         output_shapes=[Shape.array(t, d) for t, d in found.outputs],
         temp_bytes=found.temp_bytes, kernel_count=code.kernel_count, llvm_ir=code.llvm_ir,
         llvm_ir_optimized=code.llvm_ir_optimized, entry_address=code.entry_address,
-        engine=code.engine, hlo_text=hlo_text, optimized_hlo_text=found.optimized_hlo_text,
+        engine=code.engine, hlo_text=hlo_text,
+        optimized_hlo_text=(with_current_metadata(found, hlo_text) if map_metadata
+                            else found.optimized_hlo_text),
         assignment_text=found.assignment_text, compiled_from=code.source,
         donations=found.donations)
     executable.temp_bytes_without_reuse = found.temp_bytes_without_reuse

@@ -5,6 +5,8 @@ mark every op, form clusters, lower each cluster to HLO, compile it (passes,
 fusion, buffer assignment, LLVM), register its executable with the launch op,
 rewrite the GraphDef so each cluster is one launch node, and wrap the result
 in a new `tf.function` that re-binds arguments, captures and variable writes.
+A trace seen before (in this or an earlier process) skips marking through compiling:
+its clusters and executables come from the rewrite cache (`tfxla_lite/rewrite_cache.py`).
 
 With `dynamic=True`, shapes need only known ranks: a cluster with unknown
 dimensions is planned here and compiled by the launch op at run time, once per
@@ -18,6 +20,7 @@ the same steps first, each as a graph of its own (`_compile_bodies`,
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import logging
 import time
@@ -28,14 +31,16 @@ from typing import Any
 
 import tensorflow as tf
 
-from tfxla_lite import control_flow, dump
+from tfxla_lite import control_flow, dump, rewrite_cache
 from tfxla_lite import dynamic as dynamic_clusters
 from tfxla_lite.autojit import original_tf_function
 from tfxla_lite.clustering.cluster import form_clusters
 from tfxla_lite.clustering.lower import lower_cluster
 from tfxla_lite.clustering.mark import PLUMBING_OPS, MarkOptions, format_source, mark
+from tfxla_lite.codegen import cache as code_caches
 from tfxla_lite.codegen import compile_module
 from tfxla_lite.codegen.cache import CachedExecutable
+from tfxla_lite.codegen.cpu.parallel import effective_threads
 from tfxla_lite.hlo import HloModule
 from tfxla_lite.inline import inline_function_calls, is_compiled_function
 from tfxla_lite.options import Options
@@ -47,7 +52,7 @@ from tfxla_lite.rewrite import (
     rewrite_graph_def,
     rewritten_tensor_name,
 )
-from tfxla_lite.runtime import register_executable
+from tfxla_lite.runtime import gpu_launch, register_executable
 
 logger = logging.getLogger("tfxla_lite")
 
@@ -178,10 +183,145 @@ def build_program(concrete_function: Any, jit_compile: bool | None, options: Opt
         max_specializations = getattr(options, "max_shape_specializations",
                                       DEFAULT_MAX_SPECIALIZATIONS)
     settings = _Settings(jit_compile, options, dynamic, max_specializations)
-    program = _compile_graph(graph, function_name, settings)
+    graph_def = graph.as_graph_def(add_shapes=True)
+    # A warm process finds the whole result in the rewrite cache: no marking, clustering,
+    # lowering, pass or LLVM (tfxla_lite/rewrite_cache.py).
+    cache_key = (rewrite_cache.rewrite_key(graph_def, jit_compile, options, dynamic,
+                                           max_specializations)
+                 if rewrite_cache.enabled(options) else None)
+    program = _program_from_cache(graph, function_name, settings, cache_key)
+    if program is None:
+        try:
+            program = _compile_graph(graph, function_name, settings)
+        except CompilationError as error:
+            if cache_key is not None:
+                _store_refusal(cache_key, graph, error)
+            raise
+        if cache_key is not None:
+            _store_in_cache(cache_key, graph, program)
     program.concrete_function = concrete_function
-    program.run = _rewritten_function(concrete_function, program)
+    program.run = _rewritten_function(concrete_function, program, graph_def)
     return program
+
+
+def _program_from_cache(graph: tf.Graph, function_name: str, settings: _Settings,
+                        cache_key: str | None) -> Program | None:
+    """The program of a rewrite cache hit, or None: then the caller compiles. Every part
+    of the entry is checked against `graph`, and every executable must still be in the
+    compile caches; source lines come from `graph`, never from the entry."""
+    entry = rewrite_cache.load(cache_key) if cache_key is not None else None
+    if entry is None:
+        return None
+    if entry.must_compile_error:
+        try:
+            offending = rewrite_cache.fallbacks_from(entry, graph)
+        except (KeyError, ValueError) as error:
+            rewrite_cache.reject(cache_key, error)
+            return None
+        code_caches.count("rewrite_hits")
+        raise CompilationError(_must_compile_message(function_name, offending), offending)
+    threads = effective_threads(None)
+    found = []
+    try:
+        for cached in entry.clusters:
+            inputs = [graph.get_tensor_by_name(t) for t in cached.inputs]
+            outputs = [graph.get_tensor_by_name(t) for t in cached.outputs]
+            for name in (*cached.op_names, *cached.control_inputs):
+                graph.get_operation_by_name(name)
+            if (tuple(t.dtype.name for t in outputs) != cached.output_dtypes
+                    or tuple(_tensor_spec(t)[1] for t in outputs) != cached.output_shapes):
+                raise ValueError(f"{cached.name}: outputs differ from the trace's")
+            if gpu_launch.placed_gpu(cached.device) is not None:
+                raise ValueError(f"{cached.name} would run on a GPU")
+            # Source lines are looked up in this trace when something reads the texts.
+            current = functools.partial(rewrite_cache.with_current_sources, cached.hlo_text,
+                                        graph)
+            executable = code_caches.executable_from_cache(
+                cached.optimized_key, cached.hlo_text, threads, code_caches.policy(), current)
+            if executable is None:  # pruned or invalidated below: compile again
+                code_caches.count("rewrite_misses")
+                return None
+            found.append((cached, inputs, outputs, executable))
+        report = rewrite_cache.report_from(entry, function_name, settings.jit_compile, graph)
+    except (KeyError, ValueError, TypeError) as error:  # an entry that does not fit
+        rewrite_cache.reject(cache_key, error)
+        return None
+    code_caches.count("rewrite_hits")
+    compiled: list[CompiledCluster] = []
+    artifacts: list[CompiledClusterArtifacts] = []
+    for cached, inputs, outputs, executable in found:
+        key = f"{function_name}/{cached.name}/{next(_executable_ids)}"
+        register_executable(key, executable.entry_address, executable.temp_bytes,
+                            [_tensor_spec(t) for t in inputs], [_tensor_spec(t) for t in outputs],
+                            owner=executable, donations=executable.donations)
+        compiled.append(CompiledCluster(
+            name=cached.name, op_names=cached.op_names, inputs=cached.inputs,
+            outputs=cached.outputs, control_inputs=cached.control_inputs, key=key,
+            output_dtypes=tuple(t.dtype for t in outputs), output_shapes=cached.output_shapes,
+            input_dtypes=tuple(t.dtype for t in inputs)))
+        artifacts.append(_CachedArtifacts(cached.name, None, "", executable))
+    logger.info("tfxla-lite: %s from the rewrite cache: %d clusters", function_name,
+                len(compiled))
+    return Program(None, report, artifacts, graph=graph, compiled=compiled)
+
+
+def _store_in_cache(cache_key: str, graph: tf.Graph, program: Program) -> None:
+    """Write `program`'s rewrite to the rewrite cache when it is of the plain kind the
+    cache holds (tfxla_lite/rewrite_cache.py) and every executable is in the caches."""
+    plain = (not program.bodies and not program.dynamic_clusters and not program.renames
+             and all(c.compiled for c in program.report.clusters)
+             and len(program.clusters) == len(program.compiled)
+             and all(c.gpu_launch is None and c.fallback is None for c in program.compiled))
+    keys = [getattr(a.executable, "optimized_key", None) for a in program.clusters]
+    if not plain or not all(isinstance(k, str) for k in keys):
+        return
+    clusters = []
+    for compiled, artifact, key in zip(program.compiled, program.clusters, keys):
+        operation = graph.get_operation_by_name(compiled.op_names[0])
+        clusters.append(rewrite_cache.CachedCluster(
+            compiled.name, compiled.op_names, compiled.inputs, compiled.outputs,
+            compiled.control_inputs, operation.device,
+            tuple(d.name for d in compiled.output_dtypes),
+            tuple(tuple(int(d) for d in s) for s in compiled.output_shapes), key,
+            artifact.hlo_text))
+    fallbacks = tuple((f.op_name, f.op_type, f.reason) for f in program.report.fallbacks)
+    rewrite_cache.store(cache_key, rewrite_cache.RewriteEntry(
+        tuple(clusters), tuple(program.report.clusters), fallbacks))
+
+
+def _store_refusal(cache_key: str, graph: tf.Graph, error: CompilationError) -> None:
+    """Store a must-compile refusal of the trace's own ops (not of a body's, not a failed
+    lowering: those carry no `offending` or come from graphs the cache does not hold)."""
+    if not error.offending or any(op.type in control_flow.CONTROL_FLOW_OPS
+                                  for op in graph.get_operations()):
+        return
+    offending = tuple((f.op_name, f.op_type, f.reason) for f in error.offending)
+    rewrite_cache.store(cache_key, rewrite_cache.RewriteEntry((), (), offending, True))
+
+
+class _CachedArtifacts(CompiledClusterArtifacts):
+    """A cluster from the rewrite cache: its lowered text is the executable's (metadata
+    looked up on first read), its HLO module parsed from it only when something reads it."""
+
+    @property  # type: ignore[override]
+    def hlo_text(self) -> str:
+        return self.executable.hlo_text
+
+    @hlo_text.setter
+    def hlo_text(self, value: str) -> None:
+        pass  # always the executable's
+
+    @property  # type: ignore[override]
+    def hlo(self) -> HloModule:
+        if self.__dict__.get("_hlo") is None:
+            from tfxla_lite.hlo.parser import parse_module
+
+            self.__dict__["_hlo"] = parse_module(self.hlo_text)
+        return self.__dict__["_hlo"]
+
+    @hlo.setter
+    def hlo(self, value: HloModule | None) -> None:
+        self.__dict__["_hlo"] = value
 
 
 @dataclass(frozen=True)
@@ -236,7 +376,11 @@ def _compile_graph(graph: tf.Graph, function_name: str, settings: _Settings,
     planned: list[dynamic_clusters.DynamicCluster] = []
     for cluster in clusters:
         ops = tuple((name, graph.get_operation_by_name(name).type) for name in cluster.op_names)
+        # A cluster TF runs on a GPU compiles for it, or stays in TF there.
+        gpu = gpu_launch.placed_gpu(cluster.device)
         try:
+            if gpu is not None and dynamic and not dynamic_clusters.is_static(graph, cluster):
+                raise NotImplementedError(f"GPU:{gpu} clusters need static shapes")
             if dynamic and not dynamic_clusters.is_static(graph, cluster):
                 key = f"{function_name}/{cluster.name}/{next(_executable_ids)}"
                 dynamic_cluster = _plan_dynamic(graph, cluster, key, jit_compile, options,
@@ -252,11 +396,15 @@ def _compile_graph(graph: tf.Graph, function_name: str, settings: _Settings,
                 continue
             started = time.perf_counter()
             module = lower_cluster(graph, cluster)
-            executable = compile_module(module, pipeline=options.effective_pipeline,
-                                        verify=options.verify,
-                                        donate=_forwardable(graph, cluster.inputs))
-            dump.dump_cluster(options, function_name, cluster.name, executable.hlo_text, executable,
-                              time.perf_counter() - started)
+            if gpu is not None:
+                executable = gpu_launch.compile_cluster(module, gpu, options.effective_pipeline,
+                                                        options.verify)
+            else:
+                executable = compile_module(module, pipeline=options.effective_pipeline,
+                                            verify=options.verify,
+                                            donate=_forwardable(graph, cluster.inputs))
+                dump.dump_cluster(options, function_name, cluster.name, executable.hlo_text,
+                                  executable, time.perf_counter() - started)
         except Exception as error:  # noqa: BLE001 - any failure means: leave it to TF
             if jit_compile:
                 raise CompilationError(
@@ -274,23 +422,31 @@ def _compile_graph(graph: tf.Graph, function_name: str, settings: _Settings,
         key = f"{function_name}/{cluster.name}/{next(_executable_ids)}"
         inputs = [graph.get_tensor_by_name(t) for t in cluster.inputs]
         outputs = [graph.get_tensor_by_name(t) for t in cluster.outputs]
-        register_executable(key, executable.entry_address, executable.temp_bytes,
-                            [_tensor_spec(t) for t in inputs], [_tensor_spec(t) for t in outputs],
-                            owner=executable, donations=executable.donations)
+        launch_on_gpu = None
+        if gpu is not None:
+            launch_on_gpu = gpu_launch.GpuLaunch(key, executable, gpu,
+                                                 [_tensor_spec(t) for t in inputs],
+                                                 [_tensor_spec(t) for t in outputs])
+        else:
+            register_executable(key, executable.entry_address, executable.temp_bytes,
+                                [_tensor_spec(t) for t in inputs],
+                                [_tensor_spec(t) for t in outputs],
+                                owner=executable, donations=executable.donations)
         compiled.append(CompiledCluster(
             name=cluster.name, op_names=tuple(cluster.op_names), inputs=tuple(cluster.inputs),
             outputs=tuple(cluster.outputs), control_inputs=tuple(cluster.control_inputs), key=key,
             output_dtypes=tuple(t.dtype for t in outputs),
             output_shapes=tuple(_tensor_spec(t)[1] for t in outputs),
-            input_dtypes=tuple(t.dtype for t in inputs)))
+            input_dtypes=tuple(t.dtype for t in inputs), gpu_launch=launch_on_gpu))
         artifacts.append(CompiledClusterArtifacts(cluster.name, module, executable.hlo_text,
                                                   executable))
         report.clusters.append(ClusterReport(
             cluster.name, ops, len(cluster.inputs), len(cluster.outputs), True,
             kernel_count=executable.kernel_count, temp_bytes=executable.temp_bytes,
             temp_bytes_without_reuse=_temp_bytes_without_reuse(executable)))
-        logger.info("tfxla-lite: compiled %s of %s: %d ops, %d kernels", cluster.name,
-                    function_name, len(ops), executable.kernel_count)
+        logger.info("tfxla-lite: compiled %s of %s: %d ops, %d kernels%s", cluster.name,
+                    function_name, len(ops), executable.kernel_count,
+                    "" if gpu is None else f" for GPU:{gpu}")
 
     dump.dump_trace(options, graph, report)
     # The bodies' clusters and fallbacks are part of this function's report, their names
@@ -412,6 +568,7 @@ def _plan_dynamic(graph: tf.Graph, cluster: Any, key: str, jit_compile: bool | N
     planned = dynamic_clusters.plan_dynamic_cluster(graph, cluster, key, cluster.name)
     planned.pipeline = options.effective_pipeline
     planned.verify = options.verify
+    planned.pause_collector = options.pause_collector
     # Must-compile has no fallback to run: like TF's jit_compile=True, every shape compiles.
     planned.must_compile = bool(jit_compile)
     planned.max_specializations = None if jit_compile else max_specializations
@@ -450,13 +607,16 @@ def _must_compile_message(function_name: str, offending: list[FallbackNode]) -> 
     return "\n".join(lines)
 
 
-def _rewritten_function(concrete_function: Any, program: Program) -> Callable:
+def _rewritten_function(concrete_function: Any, program: Program,
+                        graph_def: Any = None) -> Callable:
     """A tf.function that runs the rewritten graph; called like the original function.
     Its dynamic clusters take any shape, so it retraces with unknown dims; `program.graph`
     is the graph the clusters are of (the trace's, or its copy with calls inlined)."""
     graph = program.graph
     clusters = program.compiled
-    graph_def = rewrite_graph_def(graph.as_graph_def(add_shapes=True), clusters)
+    if graph_def is None:  # `graph`'s, as build_program exported it
+        graph_def = graph.as_graph_def(add_shapes=True)
+    graph_def = rewrite_graph_def(graph_def, clusters)
     control_flow.rename_functions(graph_def, program.renames)
     placeholder_names = [t.op.name for t in concrete_function.inputs]
     captured = list(concrete_function.captured_inputs)

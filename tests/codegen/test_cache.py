@@ -420,3 +420,33 @@ def test_metadata_is_not_part_of_the_keys(kernel_dir: Path) -> None:
     assert after.pipeline_runs == before.pipeline_runs
     assert after.llvm_compilations == before.llvm_compilations
     assert second.entry_address == first.entry_address
+
+
+def test_optimized_module_hit_shows_the_current_metadata(kernel_dir: Path) -> None:
+    """The key leaves metadata out: a hit must show the current module's source lines,
+    not those of the compile that wrote the entry, in memory and from disk."""
+    constant = np.arange(100, dtype=np.float32)
+    first = compile_module(_scaled_sine(constant, ', metadata={op_type="Mul" '
+                                                  'source_file="a.py" source_line=1}'))
+    assert 'source_file="a.py" source_line=1' in first.optimized_hlo_text
+    for clear in (False, True):
+        if clear:
+            cache.clear_memory()
+        second = compile_module(_scaled_sine(constant, ', metadata={op_type="Mul" '
+                                                       'source_file="b.py" source_line=7}'))
+        assert isinstance(second, cache.CachedExecutable)
+        assert 'source_file="b.py" source_line=7' in second.optimized_hlo_text
+        assert "a.py" not in second.optimized_hlo_text
+        assert cache.without_metadata(second.optimized_hlo_text) == cache.without_metadata(
+            first.optimized_hlo_text)
+
+
+def test_metadata_that_maps_to_nothing_is_dropped() -> None:
+    """A stored block without a counterpart in the current lowered text is left out
+    rather than shown stale."""
+    stale = ', metadata={op_type="Mul" source_file="old.py" source_line=3}'
+    found = cache.OptimizedModule(f"ENTRY main {{\n  ROOT m = f32[] multiply(a, b){stale}\n}}",
+                                  "", 0, 0, (), "", (), (), ("", stale, ""))
+    assert "old.py" not in cache.with_current_metadata(found, "HloModule x\nENTRY main {\n}")
+    unmapped = cache.with_current_metadata(found, "one\ntwo\nthree")  # lines without any
+    assert unmapped == found.optimized_hlo_text.replace(stale, "")

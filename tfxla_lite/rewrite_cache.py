@@ -1,0 +1,282 @@
+"""The rewrite cache: a warm process reuses a whole trace's clustering and compile.
+
+Where it sits: `compiler.build_program` asks here once the trace is made (and its
+function calls inlined), before marking. The key is a *fingerprint* of the traced
+GraphDef (with the shapes TF inferred, `add_shapes=True`, serialized
+deterministically) and of everything else the result depends on: jit_compile, the
+dynamic-shape settings, the options, the thread count, tfxla-lite's and TF's versions,
+a hash of the sources that mark, cluster, lower and rewrite (`clustering/` and the
+TF-side modules of `tfxla_lite/`) and the environment of the compile caches below it
+(codegen and compiler sources, llvmlite, target, host CPU and features).
+
+An entry, `<cache root>/rewrites/<key>.tlr`, holds what the rewrite needs of each
+compiled cluster (its ops, its boundary, the dtypes and shapes of its outputs), the
+clustering report without source lines, and for each cluster the lowered HLO text and
+the key of its optimized module (`codegen/cache.py`). A hit therefore runs no marking,
+no clustering, no lowering, no pass and no LLVM: each executable comes from the
+optimized-module and machine-code caches, and the graph is rewritten as on a cold
+path. The format is that of the other caches (one manifest line, then the zlib'd
+payload; atomic writes, checksums, every manifest field checked). An entry that fails
+a check, names an op or tensor the graph does not have, or whose executables are no
+longer cached, is a miss: the caller takes the full path, which writes the entry anew.
+
+Source metadata is never taken from an entry: the GraphDef holds no Python source
+lines, so two traces with equal fingerprints can come from different lines. The
+report's source lines and the `source_file`/`source_line` of the HLO metadata are
+looked up in the current trace (`with_current_sources`).
+
+A jit_compile=True build that marking refuses (ops that cannot compile) is stored as
+such: a warm process raises the same `CompilationError`, its source lines current,
+without marking again (the benchmark's training steps then retry in auto mode).
+
+Only the plain case is stored: no While or If bodies, no cluster with unknown
+dimensions, no cluster that failed to compile, every executable a cached CPU one, no
+dumps and no verifier (both ask for the full path). `TFXLA_LITE_CACHE=0` or `memory`
+turns the rewrite cache off (it lives on disk only: in a process, `tfxla_lite.Function`
+already keeps its programs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import re
+import zlib
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import tensorflow as tf
+
+from tfxla_lite.codegen import cache as caches
+from tfxla_lite.report import ClusteringReport, ClusterReport, FallbackNode
+
+FORMAT = "tfxla-lite-rewrite-1"
+SUFFIX = ".tlr"
+
+logger = logging.getLogger("tfxla_lite")
+
+
+@dataclass(frozen=True)
+class CachedCluster:
+    """One compiled cluster of an entry: what `CompiledCluster` needs, and its compile."""
+
+    name: str
+    op_names: tuple[str, ...]
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    control_inputs: tuple[str, ...]
+    device: str  # the ops' placement, as the trace had it
+    output_dtypes: tuple[str, ...]  # tf.DType names
+    output_shapes: tuple[tuple[int, ...], ...]
+    optimized_key: str  # codegen.cache.optimized_key of the lowered module
+    hlo_text: str  # as lowered, with the writer's metadata (refreshed on load)
+
+
+@dataclass(frozen=True)
+class RewriteEntry:
+    """A build's result: its clusters and report, or (`must_compile_error`) the nodes
+    for which jit_compile=True refused the trace (no clusters then)."""
+
+    clusters: tuple[CachedCluster, ...]
+    report_clusters: tuple[ClusterReport, ...]
+    fallbacks: tuple[tuple[str, str, str], ...]  # (op name, op type, reason)
+    must_compile_error: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"clusters": [dataclasses.asdict(c) for c in self.clusters],
+                "report_clusters": [dataclasses.asdict(c) for c in self.report_clusters],
+                "fallbacks": [list(f) for f in self.fallbacks],
+                "must_compile_error": self.must_compile_error}
+
+    @staticmethod
+    def from_json(data: dict[str, Any]) -> RewriteEntry:
+        """Typed, so that a payload of the wrong shape fails here and not in a launch."""
+        def strings(items: Any) -> tuple[str, ...]:
+            return tuple(str(item) for item in items)
+
+        clusters = tuple(CachedCluster(
+            str(c["name"]), strings(c["op_names"]), strings(c["inputs"]), strings(c["outputs"]),
+            strings(c["control_inputs"]), str(c["device"]), strings(c["output_dtypes"]),
+            tuple(tuple(int(d) for d in dims) for dims in c["output_shapes"]),
+            str(c["optimized_key"]), str(c["hlo_text"])) for c in data["clusters"])
+        report_clusters = tuple(ClusterReport(
+            str(c["name"]), tuple((str(n), str(t)) for n, t in c["ops"]), int(c["num_inputs"]),
+            int(c["num_outputs"]), bool(c["compiled"]),
+            None if c["error"] is None else str(c["error"]), int(c["kernel_count"]),
+            int(c["temp_bytes"]), int(c["temp_bytes_without_reuse"]))
+            for c in data["report_clusters"])
+        fallbacks = tuple((str(n), str(t), str(r)) for n, t, r in data["fallbacks"])
+        if set(data) != {"clusters", "report_clusters", "fallbacks", "must_compile_error"}:
+            raise ValueError(f"unexpected fields {sorted(data)}")
+        error = data["must_compile_error"]
+        if not isinstance(error, bool) or (error and (clusters or report_clusters)):
+            raise ValueError("a must-compile error entry has no clusters")
+        return RewriteEntry(clusters, report_clusters, fallbacks, error)
+
+
+def enabled(options: Any) -> bool:
+    """Whether a build with `options` may use the rewrite cache (see the module docstring)."""
+    from tfxla_lite import dump
+
+    return (caches.policy().disk and not options.verify
+            and dump.dump_directory(options) is None)
+
+
+# -- the key -------------------------------------------------------------------------------
+
+def graph_fingerprint(graph_def: tf.compat.v1.GraphDef) -> str:
+    return hashlib.sha256(graph_def.SerializeToString(deterministic=True)).hexdigest()
+
+
+def _canonical(value: Any) -> Any:
+    """Options values as JSON that is the same in every process (frozensets sorted)."""
+    if isinstance(value, (frozenset, set)):
+        return sorted(str(v) for v in value)
+    if isinstance(value, (tuple, list)):
+        return [_canonical(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return repr(value)
+
+
+def rewrite_key(graph_def: tf.compat.v1.GraphDef, jit_compile: bool | None, options: Any,
+                dynamic: bool, max_specializations: int | None) -> str:
+    """The key of one build: the trace's fingerprint and every setting that changes it."""
+    from tfxla_lite.codegen.cpu.parallel import effective_threads
+
+    settings = {"jit_compile": jit_compile, "dynamic": dynamic,
+                "max_specializations": max_specializations, "threads": effective_threads(None),
+                "options": {f.name: _canonical(getattr(options, f.name))
+                            for f in dataclasses.fields(options)}}
+    hasher = hashlib.sha256(graph_fingerprint(graph_def).encode())
+    hasher.update(json.dumps(settings, sort_keys=True).encode())
+    return hasher.hexdigest()
+
+
+# The TF-side modules whose code decides the clusters, their boundaries and the rewrite.
+_TF_SIDE_MODULES = ("api.py", "compiler.py", "rewrite.py", "rewrite_cache.py", "inline.py",
+                    "dynamic.py", "control_flow.py", "options.py")
+
+
+@cache
+def _tf_side_source_hash() -> str:
+    import tfxla_lite
+    import tfxla_lite.clustering
+
+    hasher = hashlib.sha256()
+    clustering = Path(tfxla_lite.clustering.__file__).parent
+    api = Path(tfxla_lite.__file__).parent
+    paths = [*sorted(clustering.glob("*.py")), *(api / name for name in _TF_SIDE_MODULES)]
+    for path in paths:
+        hasher.update(path.name.encode() + b"\0" + path.read_bytes())
+    return hasher.hexdigest()[:16]
+
+
+def environment() -> dict[str, str]:
+    """Everything besides the key that an entry must have been written with."""
+    return {**caches.optimized_environment(), "format": FORMAT, "tensorflow": tf.__version__,
+            "tf_side_sources": _tf_side_source_hash()}
+
+
+def disk_path(key: str) -> Path:
+    from tfxla_lite.cache_dir import cache_root
+
+    hasher = hashlib.sha256(key.encode())
+    hasher.update(json.dumps(environment(), sort_keys=True).encode())
+    return cache_root() / "rewrites" / (hasher.hexdigest()[:40] + SUFFIX)
+
+
+# -- load and store ----------------------------------------------------------------------
+
+def load(key: str) -> RewriteEntry | None:
+    """The verified entry of `key`, or None (a miss: absent, or not trusted and removed)."""
+    path = disk_path(key)
+    try:
+        data = path.read_bytes()
+    except OSError:
+        caches.count("rewrite_misses")
+        return None
+    try:
+        payload = caches.read_manifest_entry(data, {**environment(), "key": key})
+        entry = RewriteEntry.from_json(json.loads(zlib.decompress(payload)))
+    except Exception as error:  # noqa: BLE001 - a cache entry is never trusted blindly
+        reject(path, error)
+        return None
+    caches.touch(path)
+    return entry
+
+
+def reject(path_or_key: Path | str, error: Any) -> None:
+    """Count, log and remove an entry that failed a check (`load`'s or the caller's)."""
+    path = disk_path(path_or_key) if isinstance(path_or_key, str) else path_or_key
+    logger.debug("tfxla-lite: ignoring rewrite cache entry %s: %s", path, error)
+    caches.count("rewrite_rejected")
+    caches.discard(path)
+
+
+def store(key: str, entry: RewriteEntry) -> None:
+    """Write `entry` atomically; a failure (read-only cache, full disk) is only logged."""
+    path = disk_path(key)
+    payload = zlib.compress(json.dumps(entry.to_json()).encode(), 1)
+    try:
+        caches.write_manifest_entry(path, {**environment(), "key": key}, payload)
+    except OSError as error:
+        logger.debug("tfxla-lite: could not write rewrite cache entry %s: %s", path, error)
+        return
+    caches.count("rewrite_writes")
+    caches.prune(path.parent, SUFFIX)
+
+
+# -- source metadata of the current trace -------------------------------------------------
+
+_OP_NAME = re.compile(r'op_name="((?:[^"\\\n]|\\.)*)"')
+_SOURCE = re.compile(r' source_file="(?:[^"\\\n]|\\.)*" source_line=-?\d+')
+
+
+def with_current_sources(hlo_text: str, graph: tf.Graph) -> str:
+    """`hlo_text` whose metadata's source file and line are those of `graph`'s ops (by
+    `op_name`), as lowering `graph` now would stamp them; names `graph` lacks keep none."""
+    from tfxla_lite.clustering.registry import source_location
+
+    sources: dict[str, str] = {}
+
+    def current(match: re.Match[str]) -> str:
+        block = match.group(0)
+        name = _OP_NAME.search(block)
+        if name is None:
+            return block
+        op_name = json.loads(f'"{name.group(1)}"')
+        if op_name not in sources:
+            try:
+                location = source_location(graph.get_operation_by_name(op_name))
+            except (KeyError, ValueError):
+                location = None
+            sources[op_name] = "" if location is None else (
+                f' source_file="{_escape(location[0])}" source_line={location[1]}')
+        return _SOURCE.sub("", block)[:-1] + sources[op_name] + "}"
+
+    return caches.METADATA.sub(current, hlo_text)
+
+
+def _escape(text: str) -> str:  # as the HLO printer escapes strings
+    return text.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def fallbacks_from(entry: RewriteEntry, graph: tf.Graph) -> list[FallbackNode]:
+    """The entry's nodes left to TF, their source lines looked up in `graph` (KeyError
+    or ValueError for a name `graph` lacks)."""
+    from tfxla_lite.clustering.mark import format_source
+
+    return [FallbackNode(name, op_type, reason, format_source(graph.get_operation_by_name(name)))
+            for name, op_type, reason in entry.fallbacks]
+
+
+def report_from(entry: RewriteEntry, function_name: str, jit_compile: bool | None,
+                graph: tf.Graph) -> ClusteringReport:
+    """The entry's clustering report, its source lines looked up in `graph`."""
+    return ClusteringReport(function_name, jit_compile, list(entry.report_clusters),
+                            fallbacks_from(entry, graph))
