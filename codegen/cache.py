@@ -615,6 +615,26 @@ def kernel_lookup(fingerprint_: str, shapes: dict[str, Any],
     return code
 
 
+class _Prepared:
+    """An attribute of a `CachedExecutable` that calls the instance's method `prepare`
+    (by name) before each read: stored in the instance's `__dict__` under `_<name>`."""
+
+    def __init__(self, prepare: str) -> None:
+        self.prepare = prepare
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.key = "_" + name
+
+    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+        if instance is None:
+            return self
+        getattr(instance, self.prepare)()
+        return instance.__dict__[self.key]
+
+    def __set__(self, instance: Any, value: Any) -> None:
+        instance.__dict__[self.key] = value
+
+
 class CachedExecutable(Executable):
     """An `Executable` made from an optimized-module hit and cached machine code: no
     pass, no buffer assignment, no LLVM ran for it. Its `module` and `assignment` are
@@ -623,43 +643,13 @@ class CachedExecutable(Executable):
 
     temp_bytes_without_reuse: int = 0  # the assignment's figure, kept for the report
 
-    @property  # type: ignore[override]
-    def module(self) -> HloModule:
-        self._materialize()
-        return self.__dict__["_module"]
-
-    @module.setter
-    def module(self, value: HloModule | None) -> None:
-        self.__dict__["_module"] = value
-
-    @property  # type: ignore[override]
-    def assignment(self) -> Any:
-        self._materialize()
-        return self.__dict__["_assignment"]
-
-    @assignment.setter
-    def assignment(self, value: Any) -> None:
-        self.__dict__["_assignment"] = value
-
+    # Parsed and assigned again only when read.
+    module = _Prepared("_materialize")
+    assignment = _Prepared("_materialize")
     # The texts, whose metadata a rewrite cache hit looks up in the current trace only when
     # something reads them (`defer_metadata`).
-    @property  # type: ignore[override]
-    def hlo_text(self) -> str:
-        self._refresh_metadata()
-        return self.__dict__["_hlo_text"]
-
-    @hlo_text.setter
-    def hlo_text(self, value: str) -> None:
-        self.__dict__["_hlo_text"] = value
-
-    @property  # type: ignore[override]
-    def optimized_hlo_text(self) -> str:
-        self._refresh_metadata()
-        return self.__dict__["_optimized_hlo_text"]
-
-    @optimized_hlo_text.setter
-    def optimized_hlo_text(self, value: str) -> None:
-        self.__dict__["_optimized_hlo_text"] = value
+    hlo_text = _Prepared("_refresh_metadata")
+    optimized_hlo_text = _Prepared("_refresh_metadata")
 
     def defer_metadata(self, found: OptimizedModule, current_hlo_text: Any) -> None:
         """Take the lowered text from `current_hlo_text()` (and the optimized text's

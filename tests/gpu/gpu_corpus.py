@@ -25,7 +25,7 @@ SNAPSHOT = HERE / "corpus_hlo.json"
 STAGES = ("hlo", "optimized_hlo")
 
 
-def _inputs(case: Any) -> list[np.ndarray]:
+def corpus_inputs(case: Any) -> list[np.ndarray]:
     """The inputs the nvcc test traces each case with (shapes and dtypes are what count)."""
     rng = np.random.default_rng(0)
     inputs = []
@@ -51,7 +51,7 @@ def printed() -> dict[str, dict[str, str]]:
     texts = {}
     for case in CASES:
         function = tf.function(case.fn, jit_compile=True)
-        inputs = _inputs(case)
+        inputs = corpus_inputs(case)
         for stage in STAGES:
             text = function.experimental_get_compiler_ir(*inputs)(stage=stage)
             texts[f"{case.name}.{stage}"] = {"hlo": text, "tolerance": case.tolerance}

@@ -14,8 +14,8 @@ from __future__ import annotations
 import re
 from concurrent.futures import ThreadPoolExecutor
 
-import numpy as np
 import pytest
+from gpu_corpus import corpus_inputs
 from gpu_modules import MODULES
 
 from tfxla_lite.codegen.gpu import emit_module
@@ -67,15 +67,7 @@ def _corpus_programs() -> tuple[dict[str, str], dict[str, str]]:
 
     bodies, failures = {}, {}
     for case in CASES:
-        rng = np.random.default_rng(0)
-        inputs = []
-        for dtype, shape in case.inputs:
-            if dtype == "bool":
-                inputs.append(rng.random(shape) < 0.5)
-            elif dtype == "int32":
-                inputs.append(rng.integers(-5, 6, size=shape).astype(np.int32))
-            else:
-                inputs.append(rng.standard_normal(shape).astype(dtype))
+        inputs = corpus_inputs(case)
         function = tf.function(case.fn, jit_compile=True)
         for stage in ("hlo", "optimized_hlo"):
             text = function.experimental_get_compiler_ir(*inputs)(stage=stage)

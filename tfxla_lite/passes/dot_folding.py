@@ -48,6 +48,7 @@ from tfxla_lite.hlo.ir import Computation, HloModule, Instruction
 from tfxla_lite.hlo.opcodes import infer_shape
 from tfxla_lite.hlo.shape import Shape
 from tfxla_lite.passes.base import Pass
+from tfxla_lite.passes.simplify import remove_if_dead
 
 _GEMM_TYPES = ("f32", "f64")
 _KEYS = ("lhs_batch_dims", "rhs_batch_dims", "lhs_contracting_dims", "rhs_contracting_dims")
@@ -210,17 +211,6 @@ def fold_transposed_operand(dot: Instruction) -> Instruction | None:
     return None
 
 
-def _remove_if_dead(computation: Computation, inst: Instruction) -> None:
-    stack = [inst]
-    while stack:
-        node = stack.pop()
-        if node.parent is computation and not node.users and node is not computation.root \
-                and node.opcode != "parameter":
-            operands = list(node.operands)
-            computation.remove(node)
-            stack.extend(operands)
-
-
 _DOT_REWRITES = (fold_broadcast_operand, split_merged_batch, fold_transposed_operand)
 
 
@@ -239,7 +229,7 @@ def fold_computation(computation: Computation) -> bool:
             if new is None:
                 continue
             inst.replace_all_uses_with(new)
-            _remove_if_dead(computation, inst)
+            remove_if_dead(computation, inst)
             # The new dot may fold further (a split batch exposes transposes).
             worklist.extend(i for i in (new, *new.operands) if i.opcode == "dot")
             changed = True

@@ -490,7 +490,8 @@ def _reduce_trivial_dimensions(inst: Instruction) -> Instruction | None:
 
 # -- driver -----------------------------------------------------------------------------
 
-def _remove_if_dead(computation: Computation, inst: Instruction) -> None:
+def remove_if_dead(computation: Computation, inst: Instruction) -> None:
+    """Remove `inst` when nothing uses it, then its operands that became unused."""
     stack = [inst]
     while stack:
         node = stack.pop()
@@ -521,7 +522,7 @@ def simplify_computation(computation: Computation, rules: list[RewriteRule]) -> 
                 raise AssertionError(f"rewrite {rule.name} changed the shape of %{inst.name}")
             users = list(inst.users)
             inst.replace_all_uses_with(new)
-            _remove_if_dead(computation, inst)
+            remove_if_dead(computation, inst)
             worklist.append(new)
             worklist.extend(users)
             changed = True
