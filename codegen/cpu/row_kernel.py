@@ -176,36 +176,59 @@ def emit_row_kernel(ctx: KernelContext, inst: Instruction, output: ir.Value,
                     ctx.scalars[id(value)] = ctx.value(value, row_index(value))
                     bound.append(id(value))
 
-        def store_quotients(root: Instruction, number: int, inverse: ir.Value | None) -> None:
-            def compute(column: ir.Value) -> ir.Value:
-                if inverse is None:
-                    return element(root, number, column)
-                return b.fmul(element(root.operand(0), number, column), inverse)
+        def quotient(root: Instruction, number: int, column: ir.Value,
+                     inverse: ir.Value | None) -> ir.Value:
+            if inverse is None:
+                return element(root, number, column)
+            return b.fmul(element(root.operand(0), number, column), inverse)
 
-            if stream:
-                fill = streaming.fill_inline(
-                    ctx, root.shape, lambda linear: compute(b.sub(linear, base,
-                                                                  flags=["nuw", "nsw"])))
-                streaming.emit_streamed_range(
-                    ctx, output, root.shape, base, b.add(base, i64(width), flags=["nuw", "nsw"]),
-                    fill)
-                return
+        def store_quotients(root: Instruction, number: int, inverse: ir.Value | None) -> None:
             with ctx.loop(width, name="column") as column:
-                ctx.store(compute(column), output, root.shape, wide_index(column))
+                ctx.store(quotient(root, number, column, inverse), output, root.shape,
+                          wide_index(column))
+
+        def stream_row(root: Instruction, number: int,
+                       choice: tuple[ir.Value, ir.Value] | None) -> None:
+            """The row through streaming stores, emitted once: with `choice` (whether to
+            multiply by the reciprocal, the reciprocal) the choice is made inside each
+            block's fill, so the streamed store path is not doubled."""
+            def fill(buffer: ir.Value, first: ir.Value, length: ir.Value) -> None:
+                def loop(inverse: ir.Value | None) -> None:
+                    with ctx.loop(length, name="stream.fill") as offset:
+                        column = b.add(b.sub(first, base, flags=["nuw", "nsw"]), offset,
+                                       flags=["nuw", "nsw"])
+                        ctx.store(quotient(root, number, column, inverse), buffer,
+                                  root.shape, Index(root.shape.dims, linear=offset))
+
+                if choice is None:
+                    loop(None)
+                    return
+                with b.if_else(choice[0]) as (reciprocal, exact):
+                    with reciprocal:
+                        loop(choice[1])
+                    with exact:
+                        loop(None)
+
+            streaming.emit_streamed_range(ctx, output, root.shape, base,
+                                          b.add(base, i64(width), flags=["nuw", "nsw"]), fill,
+                                          length=width)
 
         def store_wide_root(root: Instruction, number: int) -> None:
             """Store the row of a wide root. x / d for a per-row d is one division per
             row, then x * (1/d) while 1/d is a normal number (`_reciprocal`)."""
             divisor = row_divisor(root, ctx.scalars) if width else None
-            if divisor is None:
+            choice = None if divisor is None else \
+                _reciprocal(ctx, root, ctx.value(divisor, wide_index(i64(0))))
+            if stream:
+                stream_row(root, number, choice)
+            elif choice is None:
                 store_quotients(root, number, None)
-                return
-            in_range, inverse = _reciprocal(ctx, root, ctx.value(divisor, wide_index(i64(0))))
-            with b.if_else(in_range) as (reciprocal, exact):
-                with reciprocal:
-                    store_quotients(root, number, inverse)
-                with exact:
-                    store_quotients(root, number, None)
+            else:
+                with b.if_else(choice[0]) as (reciprocal, exact):
+                    with reciprocal:
+                        store_quotients(root, number, choice[1])
+                    with exact:
+                        store_quotients(root, number, None)
 
         for number, stage in enumerate(stages):
             if stage.opcode == "reduce":

@@ -23,11 +23,12 @@ The store path never looks at what it stores: the range is computed block by blo
 each block of `BLOCK_BYTES` by a plain loop into an aligned stack buffer (the loop
 LLVM vectorizes whole, whatever math produces the values; it stays in L1), then the
 block's whole 64-byte lines are copied to the output with aligned vector stores
-marked `!nontemporal` (`vmovntps zmm` on AVX-512), the rest with ordinary stores.
-Elements before the first 64-byte boundary of the range (a thread's part or a row
-need not start at one) go through the buffer too and are copied one by one,
-ordinarily. Streaming stores are weakly
-ordered: the range function ends with a fence, so every store is visible before the
+marked `!nontemporal` (`vmovntps zmm` on AVX-512), the partial lines at either end
+of the range (a thread's part or a row need not start on a line boundary) with one
+masked ordinary vector store each. The fill loop is emitted once per range, and no
+other loop LLVM would vectorize and unroll sits beside it: this keeps the streamed
+kernel's code, and its compile time, near the ordinary kernel's. Streaming stores
+are weakly ordered: the range function ends with a fence, so every store is visible before the
 parallel team joins or the kernel returns.
 """
 
@@ -40,7 +41,7 @@ from collections.abc import Callable
 
 from llvmlite import ir
 
-from tfxla_lite.codegen.cpu.emitter import I32, I64, Index, KernelContext, i64, storage_type
+from tfxla_lite.codegen.cpu.emitter import I1, I32, I64, Index, KernelContext, i64, storage_type
 from tfxla_lite.hlo.ir import Instruction
 from tfxla_lite.hlo.shape import Shape
 
@@ -136,65 +137,165 @@ Fill = Callable[[ir.Value, ir.Value, ir.Value], None]
 
 
 def emit_streamed_range(ctx: KernelContext, output: ir.Value, shape: Shape,
-                        start: ir.Value, stop: ir.Value, fill: Fill) -> None:
+                        start: ir.Value, stop: ir.Value, fill: Fill,
+                        length: int | None = None) -> None:
     """Store the output's elements [start, stop), which `fill` computes into a stack
     buffer a block at a time, to `output`: whole 64-byte lines with streaming stores,
-    the elements before the first line boundary and after the last with ordinary ones."""
+    the partial lines at either end with masked ordinary stores. `length`, when known
+    (a row fusion's row), is stop - start: a range of at most a block, or of whole
+    blocks, is then filled in blocks of that known length from `start`, a loop that
+    LLVM vectorizes without a runtime remainder (other lengths take the line grid
+    below: a second fill for the last, shorter block measured slower).
+
+    Without `length`, blocks lie on the output's line grid (the first starts at the
+    line boundary at or before `start`, its elements before `start` left out), so that
+    buffer lines and output lines coincide and `fill` is emitted once, with no loop
+    beside it: a separate head fill, or element-by-element copy loops, each vectorized
+    and unrolled by LLVM, doubled the range's optimized code and its compile time."""
     b = ctx.builder
     size = element_bytes(shape)
     storage = storage_type(shape.element_type)
     block = BLOCK_BYTES // size
-    scratch = ctx.alloca(storage, name="stream.block", count=block)
+    lanes = LINE_BYTES // size
+    # (A range of known length starts up to a line into its buffer, and its last line
+    # may be partial.)
+    scratch = ctx.alloca(storage, name="stream.block",
+                         count=block if length is None else min(length, block) + 2 * lanes)
     scratch.align = LINE_BYTES
+    flags = ["nuw", "nsw"]
 
-    def copy(first: ir.Value, source: ir.Value, count: ir.Value) -> None:
-        """Ordinary stores of `count` elements from `source` to output[first...] (a loop:
-        a call of `memcpy` per row costs more than a row's few head and tail elements)."""
-        target = b.gep(output, [first], inbounds=True, source_etype=storage)
-        with ctx.loop(count, name="stream.copy") as n:
-            value = b.load(b.gep(source, [n], inbounds=True, source_etype=storage), typ=storage)
-            b.store(value, b.gep(target, [n], inbounds=True, source_etype=storage))
-
-    # The elements before the first line boundary at or after `start` (none when
-    # the output is not aligned to its element size: then no line is streamed).
-    address = b.add(b.ptrtoint(output, I64), b.mul(start, i64(size), flags=["nuw", "nsw"]))
+    # An output not aligned to its element size (then no line is streamed) starts its
+    # grid at `start` and is copied out with `memcpy`.
+    address = b.add(b.ptrtoint(output, I64), b.mul(start, i64(size), flags=flags))
     streamed = b.icmp_unsigned("==", b.and_(address, i64(size - 1)), i64(0))
-    misaligned = b.and_(b.sub(i64(0), address), i64(LINE_BYTES - 1))
-    aligned = b.add(start, b.udiv(misaligned, i64(size)), flags=["nuw", "nsw"])
-    aligned = b.select(b.icmp_signed("<", aligned, stop), aligned, stop)
-    aligned = b.select(streamed, aligned, start)
-    with b.if_then(b.icmp_signed("<", start, aligned)):
-        head_count = b.sub(aligned, start)
-        fill(scratch, start, head_count)
-        copy(start, scratch, head_count)
+    behind = b.select(streamed, b.udiv(b.and_(address, i64(LINE_BYTES - 1)), i64(size)), i64(0))
+    grid = b.sub(start, behind)
+    if length is not None and (length <= block or length % block == 0):
+        # Blocks from `start`, every fill a known number of times, each into the
+        # buffer's second line (its stores aligned; the copy's loads are not, where
+        # the range does not start on a line boundary: a line-splitting load costs
+        # less than a line-splitting store).
+        def part(offset: ir.Value, count: int) -> None:
+            first = b.add(start, offset, flags=flags)
+            fill(b.gep(scratch, [i64(lanes)], inbounds=True, source_etype=storage), first,
+                 i64(count))
+            _store_block(ctx, output, shape, scratch, streamed, b.sub(first, behind), behind,
+                         b.add(behind, i64(count), flags=flags),
+                         shift=b.sub(i64(lanes), behind))
 
-    # Blocks of `block` elements from the aligned start: computed into the stack buffer,
-    # then copied out.
-    count = b.sub(stop, aligned)
-    blocks = b.udiv(b.add(count, i64(block - 1)), i64(block))
+        if length <= block:
+            part(i64(0), length)
+        else:
+            with ctx.loop(length // block, name="stream.block") as number:
+                part(b.mul(number, i64(block), flags=flags), block)
+        return
+    blocks = b.udiv(b.add(b.sub(stop, grid), i64(block - 1)), i64(block))
+    with ctx.loop(blocks, name="stream.block") as number:
+        first = b.add(grid, b.mul(number, i64(block), flags=flags), flags=flags)
+        low = b.select(b.icmp_signed("<", first, start), start, first)
+        end = b.add(first, i64(block), flags=flags)
+        high = b.select(b.icmp_signed("<", stop, end), stop, end)
+        # The block's elements are buffer[begin, finish).
+        begin, finish = b.sub(low, first), b.sub(high, first)
+        fill(b.gep(scratch, [begin], inbounds=True, source_etype=storage), low,
+             b.sub(finish, begin))
+        _store_block(ctx, output, shape, scratch, streamed, first, begin, finish)
+
+
+def _store_block(ctx: KernelContext, output: ir.Value, shape: Shape, scratch: ir.Value,
+                 streamed: ir.Value, first: ir.Value, begin: ir.Value, finish: ir.Value,
+                 shift: ir.Value | None = None) -> None:
+    """Copy buffer[begin + shift, finish + shift) (`shift` None: 0, the buffer's lines
+    then the output's) to output[first + begin, first + finish): when `streamed`
+    (output + first on a line boundary), the partial line at the start, the whole
+    lines (streaming stores), the partial line at the end; else with `memcpy`."""
+    b = ctx.builder
+    size = element_bytes(shape)
+    storage = storage_type(shape.element_type)
     lanes = LINE_BYTES // size
     vector = ir.VectorType(storage, lanes)
+    flags = ["nuw", "nsw"]
+    target = b.gep(output, [first], inbounds=True, source_etype=storage)
+
+    source_align = LINE_BYTES if shift is None else size
+
+    def line_of(position: ir.Value) -> tuple[ir.Value, ir.Value]:
+        """The buffer elements and output line at element `position` of the block."""
+        at = position if shift is None else b.add(position, shift, flags=flags)
+        return (b.gep(scratch, [at], inbounds=True, source_etype=storage),
+                b.gep(target, [position], inbounds=True, source_etype=storage))
+
+    def store_partial(position: ir.Value, lower: ir.Value, upper: ir.Value) -> None:
+        """Masked ordinary store of lanes [lower, upper) of the line at `position`."""
+        source, destination = line_of(position)
+        data = b.load(source, typ=vector, align=source_align)
+        _masked_store(ctx, data, destination, _lane_mask(ctx, lanes, lower, upper))
+
+    head = b.urem(begin, i64(lanes))
+    head_line = b.sub(begin, head)
+    whole = b.select(b.icmp_unsigned("==", head, i64(0)), head_line,
+                     b.add(head_line, i64(lanes)))
+    tail = b.urem(finish, i64(lanes))
+    tail_line = b.sub(finish, tail)
+    with b.if_then(b.and_(streamed, b.icmp_unsigned("!=", head, i64(0)))):
+        upper = b.sub(finish, head_line)
+        store_partial(head_line, head,
+                      b.select(b.icmp_unsigned("<", upper, i64(lanes)), upper, i64(lanes)))
+    lines = b.select(b.and_(streamed, b.icmp_signed("<", whole, tail_line)),
+                     b.udiv(b.sub(tail_line, whole), i64(lanes)), i64(0))
     nontemporal = ctx.module.add_metadata([ir.Constant(I32, 1)])
-    with ctx.loop(blocks, name="stream.block") as number:
-        first = b.add(aligned, b.mul(number, i64(block), flags=["nuw", "nsw"]),
-                      flags=["nuw", "nsw"])
-        left = b.sub(stop, first)
-        length = b.select(b.icmp_signed("<", left, i64(block)), left, i64(block))
-        fill(scratch, first, length)
-        lines = b.select(streamed, b.udiv(length, i64(lanes)), i64(0))
-        target = b.gep(output, [first], inbounds=True, source_etype=storage)
-        with ctx.loop(lines, name="stream.line") as line:
-            position = b.mul(line, i64(lanes), flags=["nuw", "nsw"])
-            source = b.gep(scratch, [position], inbounds=True, source_etype=storage)
-            data = b.load(source, typ=vector, align=LINE_BYTES)
-            stored = b.store(data, b.gep(target, [position], inbounds=True,
-                                         source_etype=storage), align=LINE_BYTES)
-            stored.set_metadata("nontemporal", nontemporal)
-        # The elements after the last whole line: ordinary stores.
-        done = b.mul(lines, i64(lanes), flags=["nuw", "nsw"])
-        copy(b.add(first, done, flags=["nuw", "nsw"]),
-             b.gep(scratch, [done], inbounds=True, source_etype=storage),
-             b.sub(length, done))
+    with ctx.loop(lines, name="stream.line") as line:
+        position = b.add(whole, b.mul(line, i64(lanes), flags=flags), flags=flags)
+        source, destination = line_of(position)
+        data = b.load(source, typ=vector, align=source_align)
+        stored = b.store(data, destination, align=LINE_BYTES)
+        stored.set_metadata("nontemporal", nontemporal)
+    with b.if_then(b.and_(streamed, b.and_(b.icmp_unsigned("!=", tail, i64(0)),
+                                           b.icmp_signed(">=", tail_line, begin)))):
+        store_partial(tail_line, i64(0), tail)
+    # Not aligned to the element: the block's bytes with `memcpy` (none otherwise).
+    copied = b.select(streamed, i64(0), b.mul(b.sub(finish, begin), i64(size)))
+    with b.if_then(b.icmp_unsigned("!=", copied, i64(0)), likely=False):
+        source, destination = line_of(begin)
+        memcpy = ctx.module.globals.get("llvm.memcpy.p0.p0.i64")
+        if memcpy is None:
+            memcpy = ir.Function(ctx.module, ir.FunctionType(
+                ir.VoidType(), [destination.type, source.type, I64, I1]),
+                name="llvm.memcpy.p0.p0.i64")
+        b.call(memcpy, [destination, source, copied, ir.Constant(I1, 0)])
+
+
+def _lane_mask(ctx: KernelContext, lanes: int, lower: ir.Value, upper: ir.Value) -> ir.Value:
+    """<lanes x i1>: lane n set when lower <= n < upper (i64 values)."""
+    b = ctx.builder
+    indices = ir.Constant(ir.VectorType(I64, lanes), list(range(lanes)))
+
+    def splat(value: ir.Value) -> ir.Value:
+        single = b.insert_element(ir.Constant(ir.VectorType(I64, lanes), ir.Undefined),
+                                  value, ir.Constant(I32, 0))
+        return b.shuffle_vector(single, single, ir.Constant(ir.VectorType(I32, lanes),
+                                                            [0] * lanes))
+
+    return b.and_(b.icmp_unsigned(">=", indices, splat(lower)),
+                  b.icmp_unsigned("<", indices, splat(upper)))
+
+
+def _masked_store(ctx: KernelContext, data: ir.Value, pointer: ir.Value, mask: ir.Value) -> None:
+    """`llvm.masked.store` of `data`'s set lanes to a line-aligned `pointer` (the lanes
+    left out are not written: another thread's elements there are not touched)."""
+    typ = data.type
+    name = f"llvm.masked.store.v{typ.count}{_vector_suffix(typ.element)}.p0"
+    function = ctx.module.globals.get(name)
+    if function is None:
+        function = ir.Function(ctx.module, ir.FunctionType(
+            ir.VoidType(), [typ, pointer.type, I32, mask.type]), name=name)
+    ctx.builder.call(function, [data, pointer, ir.Constant(I32, LINE_BYTES), mask])
+
+
+def _vector_suffix(element: ir.Type) -> str:
+    if isinstance(element, ir.IntType):
+        return f"i{element.width}"
+    return {"float": "f32", "double": "f64", "half": "f16", "bfloat": "bf16"}[str(element)]
 
 
 def fill_inline(ctx: KernelContext, shape: Shape,

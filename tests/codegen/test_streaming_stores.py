@@ -118,7 +118,8 @@ def test_output_not_aligned_to_its_element_stays_ordinary(stream_everything: Non
 @pytest.mark.parametrize("rows, width, element", [(3, 1024, "f32"), (67, 97, "f32"),
                                                   (130, 1031, "f32"), (5, 5, "f32"),
                                                   (67, 33, "f64"), (40, 257, "bf16"),
-                                                  (40, 257, "f16")])
+                                                  (40, 257, "f16"), (3, 2048, "f32"),
+                                                  (5, 1100, "f64")])
 def test_row_fusions_stream_their_rows(stream_everything: None, rows: int, width: int,
                                        element: str, threads: int) -> None:
     x = Shape(element, (rows, width))
