@@ -128,8 +128,32 @@ def enabled(options: Any) -> bool:
 
 # -- the key -------------------------------------------------------------------------------
 
+# `tf.custom_gradient` names each use's gradient "CustomGradient-<uid>" from a counter
+# of the process (TF's `ops.uid()`), kept in the IdentityN's `_gradient_op_type`: the
+# same code traced after other work (another function, a retrace) gets another number.
+# Nothing that marks, clusters or lowers reads it (the gradient is already in the trace).
+_GRADIENT_OP_TYPE = "_gradient_op_type"
+_CUSTOM_GRADIENT = re.compile(rb"CustomGradient-\d+")
+
+
 def graph_fingerprint(graph_def: tf.compat.v1.GraphDef) -> str:
-    return hashlib.sha256(graph_def.SerializeToString(deterministic=True)).hexdigest()
+    """The hash of `graph_def` serialized deterministically, its custom-gradient names
+    numbered by first appearance (the graph is restored before returning)."""
+    renamed: dict[bytes, bytes] = {}
+    originals = []
+    nodes = [*graph_def.node, *(n for f in graph_def.library.function for n in f.node_def)]
+    for node in nodes:
+        if _GRADIENT_OP_TYPE not in node.attr:
+            continue
+        value = node.attr[_GRADIENT_OP_TYPE]
+        if value.WhichOneof("value") == "s" and _CUSTOM_GRADIENT.fullmatch(value.s):
+            originals.append((value, value.s))
+            value.s = renamed.setdefault(value.s, b"CustomGradient-%d" % len(renamed))
+    try:
+        return hashlib.sha256(graph_def.SerializeToString(deterministic=True)).hexdigest()
+    finally:
+        for value, original in originals:
+            value.s = original
 
 
 def _canonical(value: Any) -> Any:

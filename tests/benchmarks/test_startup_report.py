@@ -1,0 +1,32 @@
+"""benchmarks/startup.py names the repeats whose cold and warm processes saw other
+sources (a tree edited during the run): their warm misses are the caches' invalidation,
+not a nondeterministic key (tests/warm_start/test_rewrite_determinism.py)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks import startup  # noqa: E402
+from tfxla_lite import rewrite_cache  # noqa: E402
+
+
+def _row(sources_edited: list[list[str]]) -> dict:
+    return {"tf_ms": 70.0, "xla_ms": 100.0, "cold_ms": 98.0, "warm_ms": 60.0,
+            "warm_pipelines": [1, 0], "warm_llvm": [0, 0], "warm_rewrite_hits": [0, 1],
+            "sources_edited": sources_edited, "cold_vs_xla": 0.98, "warm_vs_cold": 0.61,
+            "warm_vs_xla": 0.6, "cold_overhead_ms": 28.0, "warm_overhead_ms": -10.0}
+
+
+def test_repeats_with_edited_sources_are_named() -> None:
+    text = startup.report({"mlp": _row([["compiler_sources"], []])}, 2)
+    assert ("mlp, repeat 1: sources edited between the cold and the warm process "
+            "(compiler_sources)") in text
+    assert "repeat 2" not in text
+    assert "sources edited" not in startup.report({"mlp": _row([[], []])}, 2)
+
+
+def test_the_children_report_every_source_hash_the_caches_key_on() -> None:
+    sources = {k for k in rewrite_cache.environment() if k.endswith("_sources")}
+    assert sources == {"codegen_sources", "compiler_sources", "tf_side_sources"}
