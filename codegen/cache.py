@@ -298,8 +298,9 @@ def disk_load(fingerprint_: str, shapes: dict[str, Any]) -> CompiledCode | None:
                         llvm_ir_optimized, sections["object"], source="disk")
 
 
-def _parse_entry(data: bytes, expected: dict[str, Any]
-                 ) -> tuple[dict[str, Any], dict[str, bytes]]:
+def _checked_manifest(data: bytes, expected: dict[str, Any]) -> tuple[dict[str, Any], int]:
+    """An entry's manifest (its first line) and where that line ends, once every field of
+    `expected` matches; raises ValueError (or a JSON error)."""
     newline = data.find(b"\n")
     if newline < 0:
         raise ValueError("no manifest line")
@@ -307,6 +308,12 @@ def _parse_entry(data: bytes, expected: dict[str, Any]
     for name, value in expected.items():
         if manifest.get(name) != value:
             raise ValueError(f"manifest {name} is {manifest.get(name)!r}, expected {value!r}")
+    return manifest, newline
+
+
+def _parse_entry(data: bytes, expected: dict[str, Any]
+                 ) -> tuple[dict[str, Any], dict[str, bytes]]:
+    manifest, newline = _checked_manifest(data, expected)
     sections: dict[str, bytes] = {}
     offset = newline + 1
     for section in manifest["sections"]:
@@ -373,13 +380,7 @@ def write_manifest_entry(path: Path, manifest: dict[str, Any], payload: bytes) -
 def read_manifest_entry(data: bytes, expected: dict[str, Any]) -> bytes:
     """The payload of an entry `write_manifest_entry` wrote, once every field of
     `expected`, the size and the checksum match; raises ValueError (or a JSON error)."""
-    newline = data.find(b"\n")
-    if newline < 0:
-        raise ValueError("no manifest line")
-    manifest = json.loads(data[:newline])
-    for name, value in expected.items():
-        if manifest.get(name) != value:
-            raise ValueError(f"manifest {name} is {manifest.get(name)!r}, expected {value!r}")
+    manifest, newline = _checked_manifest(data, expected)
     payload = data[newline + 1:]
     if len(payload) != int(manifest["size"]):
         raise ValueError(f"payload of {len(payload)} bytes, expected {manifest['size']}")
