@@ -376,15 +376,6 @@ def _combine_partials(ctx: KernelContext, root: Instruction, output: ir.Value,
     ctx.store(b.load(accumulator), output, shape, Index(shape.dims, linear=i64(0)))
 
 
-def _overlaps(a: Any, b: Any) -> bool:
-    """Whether two buffer slices may share bytes."""
-    if a.kind != b.kind:
-        return False
-    if a.kind == "temp":
-        return a.offset < b.offset + b.size and b.offset < a.offset + a.size
-    return a.index == b.index if a.kind in ("parameter", "output") else True
-
-
 def compile(module: HloModule, assignment: Any, hlo_text: str = "",
             optimized_hlo_text: str = "", threads: int | None = None,
             cache: bool | None = None, donate: Collection[int] = ()) -> Executable:
@@ -480,7 +471,7 @@ def _compile_code(module: HloModule, assignment: Any, team: int,
         # variadic reduce) writes each leaf to its own slice (multi_output.py).
         indices = [index for index, _ in leaves(inst.shape)]
         in_slices = [assignment.slice_of(o) for o in inst.operands if not o.shape.is_tuple]
-        noalias = [all(not _overlaps(_leaf_slice(assignment, inst, index), s)
+        noalias = [all(not _leaf_slice(assignment, inst, index).may_overlap(s)
                        for s in in_slices) for index in indices]
         if inst.shape.is_tuple:
             from tfxla_lite.codegen.cpu import multi_output  # it imports this module

@@ -415,15 +415,6 @@ def _edge_is_row_local(user: Instruction, operand: Instruction, rows: int) -> bo
     return False
 
 
-def _overlap(a: Any, b: Any) -> bool:
-    if a.kind != b.kind:
-        return False
-    if a.kind == "temp":
-        return a.size > 0 and b.size > 0 and a.offset < b.offset + b.size and \
-            b.offset < a.offset + a.size
-    return a.index == b.index if a.kind in ("parameter", "output") else False
-
-
 def _buffers_allow(group: list[Instruction], assignment: Any) -> bool:
     """Merged kernels run interleaved, a team per row: no member may write where any
     member reads an outside value. Two members may share a buffer (buffer assignment
@@ -438,10 +429,10 @@ def _buffers_allow(group: list[Instruction], assignment: Any) -> bool:
     in_place: dict[str, str] = getattr(assignment, "in_place", {}) or {}
     position = {id(m): n for n, m in enumerate(group)}
     for n, (member, out) in enumerate(zip(group, outputs)):
-        if any(_overlap(out, value) for value in inputs):
+        if any(out.may_overlap(value) for value in inputs):
             return False
         for later, other in zip(group[n + 1:], outputs[n + 1:]):
-            if not _overlap(out, other):
+            if not out.may_overlap(other):
                 continue
             if (out.offset, out.size) != (other.offset, other.size):
                 return False

@@ -56,7 +56,7 @@ def _signature(plan: KernelPlan, assignment: Any, scratch: bool = False,
     out_slices = [assignment.slice_of(o, index) for o, index in outputs]
     in_slices = [assignment.slice_of(i) for i in inputs]
     for n, ((out, index), out_slice) in enumerate(zip(outputs, out_slices)):
-        alone = restrict_outputs and not any(_overlap(out_slice, s) for s in in_slices)
+        alone = restrict_outputs and not any(out_slice.may_overlap(s) for s in in_slices)
         restrict = " __restrict__" if alone else ""
         shape = out.shape.tuple_shapes[index[0]] if index else out.shape  # type: ignore[index]
         params.append(f"{storage_type(shape.element_type)}*{restrict} out{n}")
@@ -64,7 +64,7 @@ def _signature(plan: KernelPlan, assignment: Any, scratch: bool = False,
         if not index:
             names[id(out)] = f"out{n}"
     for n, (value, in_slice) in enumerate(zip(inputs, in_slices)):
-        alone = not any(_overlap(in_slice, s) for s in out_slices)
+        alone = not any(in_slice.may_overlap(s) for s in out_slices)
         qualifier = "const " if alone else ""
         restrict = " __restrict__" if alone else ""
         params.append(f"{qualifier}{storage_type(value.shape.element_type)}*{restrict} in{n}")
@@ -72,14 +72,6 @@ def _signature(plan: KernelPlan, assignment: Any, scratch: bool = False,
     if scratch:
         params.append("void* __restrict__ scratch")
     return params, names
-
-
-def _overlap(a: Any, b: Any) -> bool:
-    if a.kind != b.kind:
-        return False
-    if a.kind == "temp":
-        return a.offset < b.offset + b.size and b.offset < a.offset + a.size
-    return a.index == b.index if a.kind in ("parameter", "output") else False
 
 
 def _member_context(writer: Writer, member: Instruction, names: dict[Any, str],

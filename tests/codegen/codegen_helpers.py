@@ -18,23 +18,16 @@ from tfxla_lite.codegen import Executable, compile_module, cpu
 from tfxla_lite.hlo.evaluator import evaluate
 from tfxla_lite.hlo.ir import Computation, HloModule, Instruction
 from tfxla_lite.hlo.shape import Shape
-
-
-@dataclass(frozen=True)
-class Slice:
-    kind: str
-    index: int
-    offset: int
-    size: int
+from tfxla_lite.passes.buffer_assignment import BufferSlice
 
 
 @dataclass
 class NaiveAssignment:
-    slices: dict[str, Slice]
+    slices: dict[str, BufferSlice]
     temp_bytes: int
     temp_bytes_without_reuse: int
 
-    def slice_of(self, instruction: Instruction) -> Slice:
+    def slice_of(self, instruction: Instruction) -> BufferSlice:
         return self.slices[instruction.name]
 
     def to_text(self) -> str:
@@ -46,20 +39,20 @@ def naive_assignment(module: HloModule) -> NaiveAssignment:
     assert entry is not None and entry.root is not None
     root = entry.root
     outputs = list(root.operands) if root.opcode == "tuple" else [root]
-    slices: dict[str, Slice] = {}
+    slices: dict[str, BufferSlice] = {}
     offset = 0
     for inst in entry.instructions:
         if inst.opcode == "tuple":
             continue
         size = inst.shape.byte_size
         if inst.opcode == "parameter":
-            slices[inst.name] = Slice("parameter", inst.parameter_number, 0, size)
+            slices[inst.name] = BufferSlice("parameter", inst.parameter_number, 0, size)
         elif inst.opcode == "constant":
-            slices[inst.name] = Slice("constant", 0, 0, size)
+            slices[inst.name] = BufferSlice("constant", 0, 0, size)
         elif inst in outputs:
-            slices[inst.name] = Slice("output", outputs.index(inst), 0, size)
+            slices[inst.name] = BufferSlice("output", outputs.index(inst), 0, size)
         else:
-            slices[inst.name] = Slice("temp", 0, offset, size)
+            slices[inst.name] = BufferSlice("temp", 0, offset, size)
             offset += (size + 63) // 64 * 64
     return NaiveAssignment(slices, offset, offset)
 

@@ -69,6 +69,19 @@ class BufferSlice:
     offset: int  # byte offset in the temp arena (temp only), else 0
     size: int  # bytes
 
+    def may_overlap(self, other: BufferSlice) -> bool:
+        """Whether the two slices may share bytes: temps whose byte ranges intersect (an
+        empty one shares none), the same parameter or output, or two constants (which
+        the slice does not tell apart)."""
+        if self.kind != other.kind:
+            return False
+        if self.kind == "temp":
+            return self.size > 0 and other.size > 0 and \
+                self.offset < other.offset + other.size and other.offset < self.offset + self.size
+        if self.kind in ("parameter", "output"):
+            return self.index == other.index
+        return True
+
 
 @dataclass
 class BufferAssignment:
