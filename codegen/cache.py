@@ -218,11 +218,17 @@ def memory_lookup(key: str) -> CompiledCode | None:
 
 
 def memory_store(key: str, code: CompiledCode) -> None:
+    _lru_store(_memory, key, code)
+
+
+def _lru_store(table: collections.OrderedDict, key: str, value: Any) -> None:
+    """Put `value` in an in-process table as its newest entry, dropping the oldest beyond
+    MEMORY_ENTRIES."""
     with _lock:
-        _memory[key] = code
-        _memory.move_to_end(key)
-        while len(_memory) > MEMORY_ENTRIES:
-            _memory.popitem(last=False)
+        table[key] = value
+        table.move_to_end(key)
+        while len(table) > MEMORY_ENTRIES:
+            table.popitem(last=False)
 
 
 # -- on disk -----------------------------------------------------------------------------
@@ -598,11 +604,7 @@ def optimized_store(key: str, module: OptimizedModule, caches: CachePolicy) -> N
 
 
 def _optimized_memory_store(key: str, module: OptimizedModule) -> None:
-    with _lock:
-        _optimized_memory[key] = module
-        _optimized_memory.move_to_end(key)
-        while len(_optimized_memory) > MEMORY_ENTRIES:
-            _optimized_memory.popitem(last=False)
+    _lru_store(_optimized_memory, key, module)
 
 
 def kernel_lookup(fingerprint_: str, shapes: dict[str, Any],

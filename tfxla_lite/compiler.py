@@ -251,9 +251,7 @@ def _program_from_cache(graph: tf.Graph, function_name: str, settings: _Settings
     artifacts: list[CompiledClusterArtifacts] = []
     for cached, inputs, outputs, executable in found:
         key = f"{function_name}/{cached.name}/{next(_executable_ids)}"
-        register_executable(key, executable.entry_address, executable.temp_bytes,
-                            [_tensor_spec(t) for t in inputs], [_tensor_spec(t) for t in outputs],
-                            owner=executable, donations=executable.donations)
+        _register(key, executable, inputs, outputs)
         compiled.append(CompiledCluster(
             name=cached.name, op_names=cached.op_names, inputs=cached.inputs,
             outputs=cached.outputs, control_inputs=cached.control_inputs, key=key,
@@ -263,6 +261,15 @@ def _program_from_cache(graph: tf.Graph, function_name: str, settings: _Settings
     logger.info("tfxla-lite: %s from the rewrite cache: %d clusters", function_name,
                 len(compiled))
     return Program(None, report, artifacts, graph=graph, compiled=compiled)
+
+
+def _register(key: str, executable: Any, inputs: list[tf.Tensor],
+              outputs: list[tf.Tensor]) -> None:
+    """Register a CPU executable with the launch op under `key`, with the cluster's
+    boundary tensors' dtypes and shapes."""
+    register_executable(key, executable.entry_address, executable.temp_bytes,
+                        [_tensor_spec(t) for t in inputs], [_tensor_spec(t) for t in outputs],
+                        owner=executable, donations=executable.donations)
 
 
 def _store_in_cache(cache_key: str, graph: tf.Graph, program: Program) -> None:
@@ -379,9 +386,9 @@ def _compile_graph(graph: tf.Graph, function_name: str, settings: _Settings,
         # A cluster TF runs on a GPU compiles for it, or stays in TF there.
         gpu = gpu_launch.placed_gpu(cluster.device)
         try:
-            if gpu is not None and dynamic and not dynamic_clusters.is_static(graph, cluster):
-                raise NotImplementedError(f"GPU:{gpu} clusters need static shapes")
             if dynamic and not dynamic_clusters.is_static(graph, cluster):
+                if gpu is not None:
+                    raise NotImplementedError(f"GPU:{gpu} clusters need static shapes")
                 key = f"{function_name}/{cluster.name}/{next(_executable_ids)}"
                 dynamic_cluster = _plan_dynamic(graph, cluster, key, jit_compile, options,
                                                 settings.max_specializations)
@@ -428,10 +435,7 @@ def _compile_graph(graph: tf.Graph, function_name: str, settings: _Settings,
                                                  [_tensor_spec(t) for t in inputs],
                                                  [_tensor_spec(t) for t in outputs])
         else:
-            register_executable(key, executable.entry_address, executable.temp_bytes,
-                                [_tensor_spec(t) for t in inputs],
-                                [_tensor_spec(t) for t in outputs],
-                                owner=executable, donations=executable.donations)
+            _register(key, executable, inputs, outputs)
         compiled.append(CompiledCluster(
             name=cluster.name, op_names=tuple(cluster.op_names), inputs=tuple(cluster.inputs),
             outputs=tuple(cluster.outputs), control_inputs=tuple(cluster.control_inputs), key=key,
