@@ -115,6 +115,10 @@ class CacheStats:
     rewrite_misses: int = 0
     rewrite_writes: int = 0
     rewrite_rejected: int = 0
+    autograph_hits: int = 0  # AutoGraph conversions reused (tfxla_lite/autograph_cache.py)
+    autograph_misses: int = 0
+    autograph_writes: int = 0
+    autograph_rejected: int = 0
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfxla_lite import dump
+from tfxla_lite.autograph_cache import conversions_cached
 from tfxla_lite.collector import collector_paused
 from tfxla_lite.compiler import CompilationError, Program, build_program
 from tfxla_lite.flags import get_options
@@ -152,7 +153,8 @@ class Function:
             return self._compile_unpaused(args, kwargs)
 
     def _compile_unpaused(self, args: tuple, kwargs: dict) -> Program:
-        concrete = self._tracer.get_concrete_function(*args, **kwargs)
+        with conversions_cached():
+            concrete = self._tracer.get_concrete_function(*args, **kwargs)
         try:
             program = self._build(concrete, self.jit_compile, self.options, args, kwargs)
         except CompilationError as error:

@@ -1,0 +1,226 @@
+"""AutoGraph's conversions kept on disk, so that a warm process does not convert again.
+
+Before TF traces a Python function, AutoGraph converts its source: parse, a dozen AST
+passes, unparse, load the generated module, map its lines back to the user's. That is
+16-54 ms per function on this machine (the benchmark's workloads; the Keras training
+steps convert two functions), often half of a small function's first call and, once
+the compile caches hit, most of what a warm process spends besides TF's own trace and
+first run. TF keeps conversions only in the process (`PyToPy._cache`, by code object).
+
+While tfxla-lite traces (`conversions_cached`, around the trace in `api.Function`),
+AutoGraph's transpiler first looks here. An entry, `<cache root>/autograph/<key>.tla`,
+holds the generated source, the name of its factory and the source map (generated line
+-> the user's file, line, column, function and source line); a hit loads the source as
+AutoGraph's loader does and builds the same factory object, which then sits in TF's
+own in-process cache as if TF had converted the function. The format is that of the
+other caches (one manifest line, then the zlib'd payload; atomic writes, checksums,
+every manifest field checked); an entry that fails a check is a miss and is rewritten.
+
+The key is everything the conversion reads: the function's source text, file, first
+line, name, free variables and `__future__` imports, the *names* in its namespace
+(AutoGraph's namer avoids them when it picks the generated names), the conversion
+options, and the versions of TF and Python. AutoGraph reads one namespace *value*: a
+call of `set_loop_options` or `set_element_shape` is recognised by the object its name
+is bound to, so a function whose source mentions either is never cached. Lambdas and
+bound methods are not cached either (AutoGraph parses lambdas out of their enclosing
+line; methods are left to TF's own path).
+
+Trust: a hit executes the stored Python source, as the machine-code cache executes the
+stored objects: the cache folder must be the user's own (`TFXLA_LITE_CACHE_DIR`).
+`TFXLA_LITE_CACHE=0` or `memory` turns this cache off with the other disk caches,
+`TFXLA_LITE_AUTOGRAPH_CACHE=0` alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import inspect
+import json
+import logging
+import os
+import sys
+import threading
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import tensorflow as tf
+from tensorflow.python.autograph.impl import api as ag_api
+from tensorflow.python.autograph.pyct import inspect_utils, loader, origin_info, transpiler
+
+from tfxla_lite.codegen import cache as caches
+
+FORMAT = "tfxla-lite-autograph-1"
+SUFFIX = ".tla"
+_DIRECTIVES = ("set_loop_options", "set_element_shape")  # read by value (module docstring)
+
+logger = logging.getLogger("tfxla_lite")
+_active = threading.local()
+_install_lock = threading.Lock()
+_original: Any = None  # the transpiler's own transform_function, once installed
+
+
+@contextlib.contextmanager
+def conversions_cached(enabled: bool = True) -> Iterator[None]:
+    """AutoGraph conversions in this block (this thread) read and write the disk cache;
+    nothing when `enabled` is False or the disk caches are off."""
+    if not enabled or not caches.policy().disk or os.environ.get(
+            "TFXLA_LITE_AUTOGRAPH_CACHE", "1").strip().lower() in ("0", "off", "false", "no"):
+        yield
+        return
+    _install()
+    depth = getattr(_active, "depth", 0)
+    _active.depth = depth + 1
+    try:
+        yield
+    finally:
+        _active.depth = depth
+
+
+def _install() -> None:
+    """Put `_transform_function` in front of the transpiler's own, once per process.
+    Outside `conversions_cached` it only calls through."""
+    global _original
+    with _install_lock:
+        if _original is not None:
+            return
+        _original = ag_api._TRANSPILER.transform_function
+        ag_api._TRANSPILER.transform_function = _transform_function
+
+
+def _transform_function(fn: Any, user_context: Any) -> Any:
+    if getattr(_active, "depth", 0) == 0 or not _cacheable(fn):
+        return _original(fn, user_context)
+    converter = ag_api._TRANSPILER
+    subkey = converter.get_caching_key(user_context)
+    if converter._cache.has(fn, subkey):  # TF's in-process cache: its own fast path
+        return _original(fn, user_context)
+    try:
+        key = conversion_key(fn, subkey)
+    except (OSError, TypeError) as error:  # no source to read: TF's path says why
+        logger.debug("tfxla-lite: AutoGraph cache skips %s: %s", fn, error)
+        return _original(fn, user_context)
+    factory = _load(key, fn)
+    if factory is not None:
+        with converter._cache_lock:
+            if not converter._cache.has(fn, subkey):
+                converter._cache[fn][subkey] = factory
+    result = _original(fn, user_context)  # a hit: TF's fast path instantiates it
+    if factory is None:
+        _store(key, converter._cache[fn][subkey])
+    return result
+
+
+def _cacheable(fn: Any) -> bool:
+    return inspect.isfunction(fn) and not inspect_utils.islambda(fn)
+
+
+# -- the key -------------------------------------------------------------------------------
+
+def conversion_key(fn: Any, subkey: Any) -> str:
+    """The key of `fn`'s conversion with options `subkey` (a `ConversionOptions`).
+    Raises OSError when the source cannot be read, TypeError for an uncacheable one."""
+    source = inspect_utils.getimmediatesource(fn)
+    if any(name in source for name in _DIRECTIVES):
+        raise TypeError("uses an AutoGraph directive, which AutoGraph resolves by value")
+    code = fn.__code__
+    parts = {
+        "source": source, "file": code.co_filename, "line": code.co_firstlineno,
+        "name": fn.__name__, "code_name": code.co_name, "freevars": list(code.co_freevars),
+        "future": list(inspect_utils.getfutureimports(fn)),
+        "namespace": sorted(inspect_utils.getnamespace(fn)),
+        "options": _options_text(subkey),
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def _options_text(options: Any) -> str:
+    recursive, user_requested, internal, features = options.as_tuple()
+    return json.dumps([bool(recursive), bool(user_requested), bool(internal),
+                       sorted(str(f) for f in features)])
+
+
+def environment() -> dict[str, str]:
+    """Everything besides the key that an entry must have been written with."""
+    return {"format": FORMAT, "tensorflow": tf.__version__,
+            "python": ".".join(map(str, sys.version_info[:3]))}
+
+
+def disk_path(key: str) -> Path:
+    from tfxla_lite.cache_dir import cache_root
+
+    hasher = hashlib.sha256(key.encode())
+    hasher.update(json.dumps(environment(), sort_keys=True).encode())
+    return cache_root() / "autograph" / (hasher.hexdigest()[:40] + SUFFIX)
+
+
+# -- load and store ----------------------------------------------------------------------
+
+def _load(key: str, fn: Any) -> transpiler._PythonFnFactory | None:
+    """The factory stored for `key`, loaded, or None (a miss: absent, or not trusted and
+    removed)."""
+    path = disk_path(key)
+    try:
+        data = path.read_bytes()
+    except OSError:
+        caches.count("autograph_misses")
+        return None
+    try:
+        payload = caches.read_manifest_entry(data, {**environment(), "key": key})
+        factory = _factory_from(json.loads(zlib.decompress(payload)), fn)
+    except Exception as error:  # noqa: BLE001 - a cache entry is never trusted blindly
+        logger.debug("tfxla-lite: ignoring AutoGraph cache entry %s: %s", path, error)
+        caches.count("autograph_rejected")
+        caches.discard(path)
+        return None
+    caches.count("autograph_hits")
+    caches.touch(path)
+    return factory
+
+
+def _factory_from(entry: dict[str, Any], fn: Any) -> transpiler._PythonFnFactory:
+    """AutoGraph's factory for `fn`, from an entry: what `_PythonFnFactory.create` makes,
+    without the AST work (the source is loaded as AutoGraph's `loader.load_ast` does)."""
+    name, outer_name, source = entry["name"], entry["outer_factory"], entry["source"]
+    if not all(isinstance(v, str) for v in (name, outer_name, source)):
+        raise ValueError("name, factory and source must be strings")
+    factory = transpiler._PythonFnFactory(name, fn.__code__.co_freevars,
+                                          ag_api._TRANSPILER.get_extra_locals())
+    module, filename = loader.load_source(source, delete_on_exit=True)
+    outer_factory = getattr(module, outer_name)
+    factory._unbound_factory = outer_factory()
+    factory.module = module
+    factory.source_map = {
+        origin_info.LineLocation(filename, int(line)): origin_info.OriginInfo(
+            origin_info.Location(str(file), int(lineno), int(col)), str(function),
+            str(text), None if comment is None else str(comment))
+        for line, file, lineno, col, function, text, comment in entry["source_map"]}
+    return factory
+
+
+def _store(key: str, factory: transpiler._PythonFnFactory) -> None:
+    """Write `factory`'s conversion; anything unexpected (a factory not made by
+    `create`, a read-only cache, a full disk) is only logged."""
+    path = disk_path(key)
+    try:
+        module = factory.module
+        entry = {
+            "name": factory._name,
+            "outer_factory": factory._unbound_factory.__qualname__.split(".")[0],
+            "source": Path(module.__file__).read_text(encoding="utf-8"),
+            "source_map": [
+                [where.lineno, origin.loc.filename, origin.loc.lineno, origin.loc.col_offset,
+                 origin.function_name, origin.source_code_line, origin.comment]
+                for where, origin in (factory.source_map or {}).items()],
+        }
+        if not hasattr(module, entry["outer_factory"]):
+            raise ValueError(f"no factory {entry['outer_factory']!r} in the generated module")
+        payload = zlib.compress(json.dumps(entry).encode(), 1)
+        caches.write_manifest_entry(path, {**environment(), "key": key}, payload)
+    except (OSError, ValueError, AttributeError, TypeError) as error:
+        logger.debug("tfxla-lite: could not write AutoGraph cache entry %s: %s", path, error)
+        return
+    caches.count("autograph_writes")
+    caches.prune(path.parent, SUFFIX)
