@@ -5,7 +5,8 @@ For every workload (`benchmarks/workloads.py`), in one process and one run:
 1. first call (trace + compile + run) of TF's XLA and of tfxla-lite, with a cold
    kernel cache (a private cache folder; the C++ launch op is reused), after one
    trivial function compiled by each (`warm_up`: one-time costs are nobody's first
-   call);
+   call), TF's in-process AutoGraph conversions forgotten before each (the one timed
+   second would otherwise reuse the first one's);
 2. time per call of tf.function, TF's XLA and tfxla-lite: medians of interleaved
    repeats (`tfxla_lite.timing.compare`), so that all three see the same machine;
 3. achieved GB/s (memory-bound) or GFLOP/s against peaks measured in the same run:
@@ -135,6 +136,17 @@ def matmul_peak(n: int, repeats: int) -> float:
 
 # -- one workload --------------------------------------------------------------------------
 
+def forget_conversions() -> None:
+    """Empty TF's in-process cache of AutoGraph conversions (by code object): each
+    first call then converts the workload's source itself, as in a fresh process.
+    Without this the second compiler timed got the first one's conversion for free
+    (16-40 ms per function here)."""
+    from tensorflow.python.autograph.impl import api as autograph
+    from tensorflow.python.autograph.pyct import cache as conversions
+
+    autograph._TRANSPILER._cache = conversions.CodeObjectCache()
+
+
 def _lite(fn: Any, args: list[tf.Tensor]) -> tuple[Any, str, float]:
     """tfxla-lite's variant: must-compile if it can, else auto-clustering; its mode and
     first-call seconds."""
@@ -173,7 +185,9 @@ def measure(workload: Workload, repeats: int, peaks: dict[str, float]) -> dict[s
     fn, args = workload.make()
     plain = tf.function(fn)
     xla = tf.function(fn, jit_compile=True)
+    forget_conversions()
     first_xla = time_first_call(lambda: xla(*args))
+    forget_conversions()
     lite, mode, first_lite = _lite(fn, args)
     error = None
     if workload.kind != "train":  # a training step changes its variables at every call

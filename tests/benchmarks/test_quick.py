@@ -41,3 +41,39 @@ def test_quick_benchmark_writes_every_field(tmp_path: Path) -> None:
     assert any(w["start_ms"] for w in document["workloads"])  # warm start measured
     assert len(document["goals"]) == 5 and all("met" in g for g in document["goals"])
     assert "| workload |" in result.stdout and "goals met:" in result.stdout
+
+
+def _converted_by_autograph(fn) -> int:
+    """How many times AutoGraph converts `fn`'s source for a fresh tf.function."""
+    import tensorflow as tf
+    from tensorflow.python.autograph.impl import api as autograph
+
+    converted = []
+    original = autograph._TRANSPILER.transform_function
+
+    def counting(function, context):
+        if function is fn:
+            converted.append(autograph._TRANSPILER._cache.has(function, context.options))
+        return original(function, context)
+
+    autograph._TRANSPILER.transform_function = counting
+    try:
+        tf.function(fn)(tf.ones((2,)))
+    finally:
+        autograph._TRANSPILER.transform_function = original
+    return sum(1 for cached in converted if not cached)
+
+
+def _first_call_fairness_probe(x):
+    return x * 3.0 - 1.0
+
+
+def test_each_first_call_converts_the_source_itself() -> None:
+    """The benchmark forgets TF's in-process conversions before each first call, so the
+    compiler timed second does not get the first one's AutoGraph conversion for free."""
+    from benchmarks.run import forget_conversions
+
+    assert _converted_by_autograph(_first_call_fairness_probe) == 1
+    assert _converted_by_autograph(_first_call_fairness_probe) == 0, "TF's cache hit"
+    forget_conversions()
+    assert _converted_by_autograph(_first_call_fairness_probe) == 1
