@@ -233,3 +233,18 @@ def test_a_second_process_converts_nothing(tmp_path: Path) -> None:
     assert results[0][1:3] == ["0", "1"], results[0]
     assert results[1][1:3] == ["1", "0"], results[1]
     assert results[0][3] == results[1][3], "the same bits from a cached conversion"
+
+
+def test_the_source_read_is_autographs() -> None:
+    import functools
+
+    from tensorflow.python.autograph.pyct import inspect_utils
+
+    def outer(scale):
+        @functools.wraps(loop_and_branch)
+        def inner(x):
+            return x * scale  # a closure, renamed by functools.wraps
+        return inner
+
+    for fn in (loop_and_branch, fails_on_line, with_directive, outer(2.0)):
+        assert autograph_cache._source(fn) == inspect_utils.getimmediatesource(fn), fn
