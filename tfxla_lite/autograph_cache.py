@@ -140,8 +140,11 @@ def _source(fn: Any) -> str:
     """`fn`'s source as AutoGraph reads it (`inspect_utils.getimmediatesource`: the
     definition's block, `__wrapped__` ignored), without its walk over every loaded module
     (3-9 ms with TF loaded; it only refreshes linecache for `functools.wraps` oddities);
-    `linecache.checkcache` still re-reads a file edited since it was read."""
-    lines, first = inspect.findsource(fn.__code__)
+    `linecache.checkcache` still re-reads a file edited since it was read. Given the
+    function, not its code object: `inspect.getmodule` then finds the module by
+    `__module__` instead of resolving the real path of every loaded module's file
+    (hundreds of ms once per process with TF loaded)."""
+    lines, first = inspect.findsource(fn)
     return "".join(inspect.getblock(lines[first:]))
 
 
