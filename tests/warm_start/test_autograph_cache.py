@@ -248,3 +248,22 @@ def test_the_source_read_is_autographs() -> None:
 
     for fn in (loop_and_branch, fails_on_line, with_directive, outer(2.0)):
         assert autograph_cache._source(fn) == inspect_utils.getimmediatesource(fn), fn
+
+
+def test_the_source_is_found_without_a_scan_of_every_module(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Given a code object, `inspect.getmodule` resolves the real path of every loaded
+    module's file (hundreds of ms with TF loaded); given the function it reads
+    `__module__`. The key must take the second road."""
+    import inspect
+
+    asked = []
+    original = inspect.getmodule
+
+    def recording(obj, *rest):
+        asked.append(obj)
+        return original(obj, *rest)
+
+    monkeypatch.setattr(inspect, "getmodule", recording)
+    autograph_cache._source(loop_and_branch)
+    assert asked and not any(inspect.iscode(obj) for obj in asked), asked
