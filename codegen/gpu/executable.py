@@ -10,14 +10,15 @@ built: the rest of `tfxla_lite.codegen.gpu` runs without it.
   of compiled binaries (`~/.cupy/kernel_cache`).
 - Memory: the buffer plan maps onto one device arena per call, taken from CuPy's memory
   pool: `temp_bytes` of temps at the offsets buffer assignment chose, then the scratch
-  area (split-reduction partials, cuBLAS products for epilogues). Parameters and outputs
-  are the caller's arrays; constants of the entry are uploaded once, at build.
+  area (split-reduction partials, cuBLAS products for epilogues, dot operands `gemm.py`
+  copies). Parameters and outputs are the caller's arrays; constants of the entry are
+  uploaded once, at build.
 - Run: the thunks in order on CuPy's current stream: kernel launches (grid-stride, so
   the grid is capped at 32 blocks per multiprocessor; a `float4` variant when every
-  pointer is 16-byte aligned) and dots through `cupy.matmul` (cuBLAS; `run_dot` says
-  which operands CuPy copies first). Where each thunk's arrays live (buffer assignment's
-  slices, each dot's geometry) is worked out on the first call (`_plan_calls`), so a
-  call only turns those recipes into arrays.
+  pointer is 16-byte aligned) and dots through cuBLAS's strided-batched GEMM (`gemm.py`:
+  operands read where they lie wherever strides describe them). Where each thunk's
+  arrays live (buffer assignment's slices, each dot's GEMM plan) is worked out at
+  build (`_plan_calls`), so a call only turns those recipes into arrays.
 
 The call convention follows `tfxla_lite.codegen.Executable`: `executable(*arrays)` checks
 dtypes and shapes and returns freshly allocated outputs (CuPy arrays; NumPy inputs are
@@ -35,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from tfxla_lite.codegen.gpu.compiler import SCRATCH_ALIGNMENT, GpuProgram, Thunk
+from tfxla_lite.codegen.gpu.gemm import StridedGemm, plan_gemm, run_gemm
 from tfxla_lite.hlo.ir import HloModule, Instruction
 from tfxla_lite.hlo.shape import Shape
 
@@ -113,7 +115,8 @@ class GpuExecutable:
     _functions: dict[str, Any] = field(default_factory=dict, repr=False)
     _constant_names: dict[str, int] = field(default_factory=dict, repr=False)
     _grid_cap: int = 0
-    # Worked out on the first call (`_plan_calls`): per thunk, where its arrays live.
+    _dot_scratch_bytes: int = 0  # epilogue products and dot operand copies (at build)
+    # Worked out at build (`_plan_calls`): per thunk, where its arrays live.
     _calls_plan: list[tuple[Any, ...]] | None = field(default=None, repr=False)
     _copies_plan: list[tuple[int, tuple[Any, ...]]] = field(default_factory=list, repr=False)
     _outputs_plan: list[tuple[tuple[int, ...], np.dtype]] | None = field(default=None,
@@ -153,6 +156,9 @@ class GpuExecutable:
                 executable._constant_names[inst.name] = id(inst)
                 executable._constants[id(inst)] = cupy.asarray(
                     np.ascontiguousarray(inst.literal))
+        # Where each thunk's arrays live and how cuBLAS reads each dot: now, so that a dot
+        # cuBLAS cannot take fails the build (and the caller falls back), not a call.
+        executable._calls_plan = executable._plan_calls()
         return executable
 
     # -- running ---------------------------------------------------------------------------
@@ -228,14 +234,16 @@ class GpuExecutable:
             dot, scratch = None, None
             if plan.kind == "dot":
                 (inst,) = plan.members
-                dot = (DotGeometry.of(inst), self._argument(inst.operand(0)),
-                       self._argument(inst.operand(1)), self._argument(inst))
+                gemm = plan_gemm(inst)
+                dot = (gemm, self._argument(inst.operand(0)), self._argument(inst.operand(1)),
+                       self._argument(inst), self._copy_views(gemm, inst, 0))
             elif plan.kind == "dot-epilogue":
                 (inst,) = plan.members
                 product = plan.extra["dot"]
                 operands = [inst.operand(p.parameter_number) for p in product.operands]
-                dot = (DotGeometry.of(product), self._argument(operands[0]),
-                       self._argument(operands[1]), None)
+                gemm = plan_gemm(product)
+                dot = (gemm, self._argument(operands[0]), self._argument(operands[1]), None,
+                       self._copy_views(gemm, product, _aligned(product.shape.byte_size)))
                 scratch = product.shape
             elif plan.kind == "split-reduction":
                 scratch = Shape("f64", (plan.chunks,))
@@ -255,8 +263,8 @@ class GpuExecutable:
     def _run(self, cupy: Any, inputs: list[Any], outputs: list[Any]) -> None:
         if self._calls_plan is None:
             self._calls_plan = self._plan_calls()
-        scratch_offset = -(-self.temp_bytes // SCRATCH_ALIGNMENT) * SCRATCH_ALIGNMENT
-        scratch_bytes = max(self.program.scratch_bytes, self._product_bytes())
+        scratch_offset = _aligned(self.temp_bytes)
+        scratch_bytes = max(self.program.scratch_bytes, self._dot_scratch_bytes)
         arena = cupy.empty(scratch_offset + scratch_bytes, dtype=np.uint8) \
             if scratch_offset + scratch_bytes else None
         temps: dict[tuple[Any, ...], Any] = {}  # one view per temp per call
@@ -286,16 +294,32 @@ class GpuExecutable:
             product = None if scratch is None else _arena_view(
                 cupy, arena, scratch_offset, scratch.dims, scratch.numpy_dtype)
             if dot is not None:
-                geometry, lhs, rhs, out = dot
-                run_dot(cupy, geometry, array(lhs), array(rhs),
-                        array(out) if out is not None else product)
+                gemm, lhs, rhs, out, copies = dot
+                run_gemm(cupy, gemm, array(lhs), array(rhs),
+                         array(out) if out is not None else product,
+                         tuple(None if c is None else _arena_view(
+                             cupy, arena, scratch_offset + c[0], c[1], c[2])
+                             for c in copies))
             self._run_thunk(thunk, args, product)
         for j, recipe in self._copies_plan:
             outputs[j][...] = array(recipe)
 
-    def _product_bytes(self) -> int:
-        return max((t.plan.extra["dot"].shape.byte_size for t in self.program.thunks
-                    if t.plan.kind == "dot-epilogue"), default=0)
+    def _copy_views(self, gemm: StridedGemm, dot: Instruction,
+                    start: int) -> tuple[Any, Any]:
+        """Where in the scratch area (offset, dims, dtype) `run_gemm` copies the operands
+        its plan copies: after the dot's own product (`start`), so that the whole call
+        stays on the one arena; grows `_dot_scratch_bytes` to hold them."""
+        shapes = gemm.copy_shapes(dot.operand(0).shape.dims, dot.operand(1).shape.dims)
+        dtype = dot.operand(0).shape.numpy_dtype
+        views: list[Any] = []
+        for dims in shapes:
+            if dims is None:
+                views.append(None)
+                continue
+            views.append((start, dims, dtype))
+            start += _aligned(math.prod(dims) * dtype.itemsize)
+        self._dot_scratch_bytes = max(self._dot_scratch_bytes, start)
+        return views[0], views[1]
 
     def _run_thunk(self, thunk: Thunk, args: list[Any], scratch: Any) -> None:
         """Launch the kernels of `thunk` (a dot's cuBLAS call has run already)."""
@@ -326,6 +350,10 @@ class GpuExecutable:
         self._functions[name]((grid,), block, tuple(args))
 
 
+def _aligned(size: int) -> int:
+    return -(-size // SCRATCH_ALIGNMENT) * SCRATCH_ALIGNMENT
+
+
 def _resolve(assignment: Any, inst: Instruction) -> str:
     """The name of the value `inst` stands for (a forwarding name resolves to it)."""
     aliases = getattr(assignment, "aliases", {}) or {}
@@ -339,68 +367,3 @@ def _arena_view(cupy: Any, arena: Any, offset: int, dims: tuple[int, ...],
         return cupy.empty(dims, dtype=dtype)
     pointer = arena.data + offset
     return cupy.ndarray(dims, dtype=dtype, memptr=pointer)
-
-
-@dataclass(frozen=True)
-class DotGeometry:
-    """How `run_dot` views a dot's operands: each permuted to (batch, free, contracting)
-    order, then reshaped to `batch` matrices of m x k and k x n."""
-
-    lhs_order: tuple[int, ...]
-    rhs_order: tuple[int, ...]
-    batch: int
-    m: int
-    k: int
-    n: int
-
-    @staticmethod
-    def of(dot: Instruction) -> DotGeometry:
-        attrs = dot.attributes
-        lhs, rhs = dot.operand(0).shape.dims, dot.operand(1).shape.dims
-        lb, rb = list(attrs.get("lhs_batch_dims", ())), list(attrs.get("rhs_batch_dims", ()))
-        lc = list(attrs.get("lhs_contracting_dims", ()))
-        rc = list(attrs.get("rhs_contracting_dims", ()))
-        lf = [d for d in range(len(lhs)) if d not in lb and d not in lc]
-        rf = [d for d in range(len(rhs)) if d not in rb and d not in rc]
-
-        def size(dims: tuple[int, ...], chosen: list[int]) -> int:
-            return math.prod(dims[d] for d in chosen)
-
-        return DotGeometry(tuple(lb + lf + lc), tuple(rb + rc + rf), size(lhs, lb),
-                           size(lhs, lf), size(lhs, lc), size(rhs, rf))
-
-
-def run_dot(cupy: Any, geometry: DotGeometry, lhs: Any, rhs: Any, out: Any) -> None:
-    """`out = dot(lhs, rhs)` through `cupy.matmul` (cuBLAS), for any dimension numbers
-    (`dot-folding` leaves contracting dimensions anywhere, batch dimensions anywhere):
-    each operand is viewed in (batch, free, contracting) order and flattened to a batch of
-    matrices, and `out`, in HLO's (batch, lhs free, rhs free) order, is that batch of
-    products already (`geometry`: `DotGeometry.of(dot)`, which the executable works out
-    once per dot).
-
-    What cuBLAS reads in place and what CuPy copies first (CuPy's `matmul`):
-    - no batch (or batch dimensions of size 1): 2-D matrices, which CuPy hands to one
-      GEMM with cuBLAS's transpose flag when a matrix is C- or F-contiguous. A transposed
-      operand (`x^T @ dy`, `dy @ w^T` of a Dense layer's gradients; contracting groups
-      that merge into one stride) is read where it lies, no copy;
-    - a batch: a strided-batched GEMM of C-contiguous matrices; CuPy copies an operand
-      that is not (a transposed one, batch dimensions that do not lead, attention's
-      [b, s, h, d] heads) into a contiguous temporary first;
-    - a 2-D operand that no stride describes (two contracting dimensions around a free
-      one) is copied by the reshape.
-    Sizes 0: an empty result needs nothing; no contracting elements give zeros.
-    """
-    g = geometry
-    if g.batch * g.m * g.n == 0:
-        return
-    if g.k == 0:
-        out[...] = 0
-        return
-    if g.batch == 1:
-        a = lhs.transpose(g.lhs_order).reshape(g.m, g.k)
-        b = rhs.transpose(g.rhs_order).reshape(g.k, g.n)
-        cupy.matmul(a, b, out=out.reshape(g.m, g.n))
-        return
-    a = lhs.transpose(g.lhs_order).reshape(g.batch, g.m, g.k)
-    b = rhs.transpose(g.rhs_order).reshape(g.batch, g.k, g.n)
-    cupy.matmul(a, b, out=out.reshape(g.batch, g.m, g.n))

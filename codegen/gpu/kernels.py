@@ -40,7 +40,7 @@ from tfxla_lite.hlo.ir import Instruction
 from tfxla_lite.hlo.opcodes import is_elementwise
 from tfxla_lite.passes.row_fusion import plan_row_fusion
 
-LIBRARY_DOT_TYPES = frozenset({"f16", "f32", "f64"})  # dots cuBLAS computes
+LIBRARY_DOT_TYPES = frozenset({"f16", "bf16", "f32", "f64"})  # dots cuBLAS computes
 BLOCK_SIZE = 256  # threads of loop and column-reduction blocks
 WARP = 32
 ROWS_PER_WARP_BLOCK = 8  # rows of a block of one-warp teams

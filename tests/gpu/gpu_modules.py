@@ -273,14 +273,16 @@ def dot(batch: int, m: int, k: int, n: int, element_type: str = "f32",
 def dot_layouts(element_type: str) -> HloModule:
     """Dots with the dimension numbers `dot-folding` leaves (contracting dimensions first
     or last, batch dimensions in the middle, several contracting dimensions, vectors,
-    empty operands), each its own entry dot: cuBLAS for f16/f32/f64 (the executable
-    transposes or copies what a strided-batched GEMM cannot read), the `dot` element
-    generator for the others."""
+    empty operands, batch dimensions of no common stride), each its own entry dot: cuBLAS
+    for f16/bf16/f32/f64 (`gemm.py` reads each operand where it lies when strides allow,
+    loops over batch dimensions of no common stride, copies what no stride describes),
+    the `dot` element generator for the others."""
     module, comp = new_module(f"dot_layouts_{element_type}")
     shapes = {"a": (5, 7), "b": (7, 3), "at": (7, 5), "bt": (3, 7), "batched": (2, 5, 7),
               "batched_rhs": (7, 2, 3), "vector": (7,), "empty": (0, 7),
               "heads": (2, 4, 3, 6), "heads_rhs": (2, 5, 3, 6), "pair": (3, 4, 5),
-              "pair_rhs": (3, 5, 2)}
+              "pair_rhs": (3, 5, 2), "middle": (4, 2, 7), "free_first": (4, 3, 5),
+              "wide_heads": (20, 2, 3, 4), "wide_heads_rhs": (20, 5, 3, 4)}
     p = {name: comp.add_parameter(n, Shape(element_type, dims))
          for n, (name, dims) in enumerate(shapes.items())}
 
@@ -300,8 +302,51 @@ def dot_layouts(element_type: str) -> HloModule:
         dot_of("heads", "heads_rhs", lb=(0, 2), rb=(0, 2), lc=(3,), rc=(3,)),
         # two contracting dimensions around a free one: no GEMM layout without a copy
         dot_of("pair", "pair_rhs", lc=(0, 2), rc=(0, 1)),
+        # contracting pairs listed against the strides (read in the order that fits both)
+        dot_of("free_first", "pair_rhs", lc=(2, 1), rc=(1, 0)),
+        # a batch dimension in the middle of the lhs
+        dot_of("middle", "batched_rhs", lb=(1,), rb=(1,), lc=(2,), rc=(0,)),
+        # heads under 20 leading batch indices: copied rather than 20 GEMM calls
+        dot_of("wide_heads", "wide_heads_rhs", lb=(0, 2), rb=(0, 2), lc=(3,), rc=(3,)),
     ])
     return module
+
+
+def one_dot(lhs: tuple[int, ...], rhs: tuple[int, ...], element_type: str,
+            **numbers: tuple[int, ...]) -> HloModule:
+    """One entry dot of two parameters."""
+    module, comp = new_module("one_dot")
+    a = comp.add_parameter(0, Shape(element_type, lhs))
+    b = comp.add_parameter(1, Shape(element_type, rhs))
+    finish(comp, [comp.create("dot", [a, b], **numbers)])
+    return module
+
+
+def random_dot(rng: np.random.Generator) -> tuple[tuple[int, ...], tuple[int, ...],
+                                                    dict[str, tuple[int, ...]]]:
+    """Random dimension numbers: up to 2 batch, 2 contracting and 2 free dimensions per
+    side, each operand's dimensions in a random order, sizes 1 to 4 (0 now and then)."""
+    batch = [int(s) for s in rng.integers(1, 4, rng.integers(0, 3))]
+    contracting = [int(s) for s in rng.integers(1, 5, rng.integers(0, 3))]
+    lhs_free = [int(s) for s in rng.integers(1, 5, rng.integers(0, 3))]
+    rhs_free = [int(s) for s in rng.integers(1, 5, rng.integers(0, 3))]
+    if rng.random() < 0.05 and contracting:
+        contracting[0] = 0
+
+    def operand(free: list[int]) -> tuple[tuple[int, ...], list[int], list[int]]:
+        roles = [("b", i) for i in range(len(batch))] + \
+            [("c", i) for i in range(len(contracting))] + [("f", i) for i in range(len(free))]
+        order = list(rng.permutation(len(roles)))
+        placed = [roles[o] for o in order]
+        sizes = {"b": batch, "c": contracting, "f": free}
+        dims = tuple(sizes[kind][i] for kind, i in placed)
+        return (dims, [placed.index(("b", i)) for i in range(len(batch))],
+                [placed.index(("c", i)) for i in range(len(contracting))])
+
+    lhs, lb, lc = operand(lhs_free)
+    rhs, rb, rc = operand(rhs_free)
+    return lhs, rhs, {"lhs_batch_dims": tuple(lb), "rhs_batch_dims": tuple(rb),
+                      "lhs_contracting_dims": tuple(lc), "rhs_contracting_dims": tuple(rc)}
 
 
 def half_sums(element_type: str) -> HloModule:

@@ -44,7 +44,7 @@ def _check(name: str) -> None:
 def test_gpu_emulated_kernels_match_the_evaluator(emulated: fake_cupy.Recorder,
                                                   name: str) -> None:
     _check(name)
-    assert emulated.launches or emulated.matmuls
+    assert emulated.launches or emulated.gemms
 
 
 @pytest.mark.slow
@@ -88,3 +88,39 @@ def test_gpu_tf_corpus_emulated_matches_the_evaluator(emulated: fake_cupy.Record
     """The TF-printed corpus (both stages) computed by the emulator."""
     gpu_corpus.check(name)
 
+
+
+COLUMN_CASES = {
+    "fewer_rows_than_slices": lambda m: m.reduction((3, 50), (0,)),  # slices 3..7 empty
+    "middle_partial_tile": lambda m: m.reduction((7, 70, 5), (1,)),  # 35 outputs: 32 + 3
+    "around_a_kept_dim": lambda m: m.reduction((40, 9, 33), (0, 2)),
+    "maximum": lambda m: m.reduction((70, 40), (0,), kind="maximum"),
+    "bf16_in_f32": lambda m: m.reduction((100, 30), (0,), "bf16"),
+    "argmax_f64": lambda m: m.argmax((300, 20), 0, "f64"),
+    "multi_output": lambda m: m.row_statistics(500, 40, (0,)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(COLUMN_CASES))
+def test_gpu_emulated_column_tiles_reuse_shared_memory(
+        emulated: fake_cupy.Recorder, monkeypatch: pytest.MonkeyPatch, case: str) -> None:
+    """Column reductions' 32x8 tiles, their slices combined through shared memory: with
+    one block, the block strides over every tile and reuses the shared arrays (the
+    barrier closing each tile keeps the next tile's writes behind the last reads);
+    partial tiles, empty slices, two reduced dimensions around a kept one, variadic and
+    multi-output tiles. Same bits on one block as on three, and the evaluator's values."""
+    import gpu_modules
+
+    build = COLUMN_CASES[case]
+    args = random_arguments(build(gpu_modules))
+    expected = flatten(evaluate(build(gpu_modules), *args))
+    results = []
+    for blocks in (1, 3):
+        monkeypatch.setattr(cuda_emulator, "MAX_BLOCKS", blocks)
+        executable = compile_module(build(gpu_modules), verify=True)
+        kinds = {thunk.plan.kind for thunk in executable.program.thunks}
+        assert kinds & {"column-reduction", "multi-output"}, kinds
+        results.append(executable.run_numpy(*args))
+        assert_matches(results[-1], expected, f"{case} on {blocks} block(s)")
+    for one, three in zip(*results, strict=True):
+        assert one.tobytes() == three.tobytes()

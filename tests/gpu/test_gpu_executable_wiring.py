@@ -2,8 +2,9 @@
 
 Kernels do not run (`fake_cupy`), but every launch is checked against the kernel's
 parameter list in the generated source, the launch order against the thunk list, and
-dots (NumPy standing in for cuBLAS) against the evaluator: the arena, the views, the
-transposes of `run_dot` and the thunk wiring are exercised for real.
+dots (`fake_cupy`'s model of cuBLAS's strided-batched GEMM, reading the raw pointers,
+leading dimensions and strides it is given) against the evaluator: the arena, the
+views, the GEMM plans of `gemm.py` and the thunk wiring are exercised for real.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from hlo_builders import flatten, random_arguments
 
 from tfxla_lite.codegen.gpu import compile_module
 from tfxla_lite.codegen.gpu import executable as executable_module
+from tfxla_lite.codegen.gpu.gemm import plan_gemm
 from tfxla_lite.hlo.evaluator import evaluate
 
 
@@ -40,17 +42,20 @@ def _expected_launches(executable: object) -> list[str]:
     return names
 
 
-def _calls_cublas(plan: object) -> bool:
-    """Whether a plan's dot goes to cuBLAS: an empty product or one with no contracting
-    elements is filled without it (`executable.run_dot`)."""
+def _cublas_calls(plan: object) -> int:
+    """How many GEMMs a plan's dot makes: an empty product or one with no contracting
+    elements is filled without cuBLAS (`gemm.run_gemm`); batch dimensions of no common
+    stride are looped over, one GEMM per index."""
     if plan.kind not in ("dot", "dot-epilogue"):  # type: ignore[attr-defined]
-        return False
+        return 0
     dot = plan.extra["dot"] if plan.kind == "dot-epilogue" else plan.members[0]  # type: ignore
     lhs = dot.operand(0).shape
     contracting = 1
     for d in dot.attributes.get("lhs_contracting_dims", ()):
         contracting *= lhs.dims[d]
-    return dot.shape.num_elements > 0 and contracting > 0
+    if dot.shape.num_elements == 0 or contracting == 0:
+        return 0
+    return plan_gemm(dot).calls
 
 
 @pytest.mark.parametrize("name", sorted(set(MODULES) - NOT_RUN))
@@ -59,7 +64,7 @@ def test_gpu_executable_launches_every_kernel_as_declared(fake: fake_cupy.Record
     executable = compile_module(MODULES[name](), verify=True)
     outputs = executable.run_numpy(*random_arguments(MODULES[name]()))
     assert [launch.name for launch in fake.launches] == _expected_launches(executable)
-    assert fake.matmuls == sum(_calls_cublas(t.plan) for t in executable.program.thunks)
+    assert len(fake.gemms) == sum(_cublas_calls(t.plan) for t in executable.program.thunks)
     assert len(outputs) == len(executable.output_shapes)
     for output, shape in zip(outputs, executable.output_shapes, strict=True):
         assert output.shape == shape.dims and output.dtype == shape.numpy_dtype
@@ -112,7 +117,7 @@ def test_gpu_temps_live_in_one_arena(fake: fake_cupy.Recorder) -> None:
 def test_gpu_call_works_out_its_buffers_once(fake: fake_cupy.Recorder,
                                              monkeypatch: pytest.MonkeyPatch,
                                              name: str) -> None:
-    """Where each kernel's arrays live is worked out on the first call; later calls
+    """Where each kernel's arrays live is worked out once (at build); calls
     neither ask buffer assignment again nor recompute the plans' operand lists, and
     launch the same kernels with arrays at the same arena offsets."""
     executable = compile_module(MODULES[name]())

@@ -201,6 +201,73 @@ def test_gpu_cluster_without_cupy_falls_back_to_tf_on_the_gpu(
 
 
 @needs_gxx
+@pytest.mark.parametrize("dtype", [tf.float32, tf.float16])
+def test_gpu_dots_read_operands_in_place_through_tf(emulated_gpu: fake_cupy.Recorder,
+                                                   dtype: tf.DType) -> None:
+    """Dots of a GPU cluster through the launch node against TF's own results: a Dense
+    layer's weight gradient (x^T . dy: op T, no copy) and attention scores over a
+    [b, s, h, d] layout (heads as cuBLAS's batch, b looped or the operands copied, as
+    `gemm.plan_gemm` chooses), f16 accumulating in f32."""
+
+    @tl.function(jit_compile=True)
+    def dots(x: tf.Tensor, dy: tf.Tensor, q: tf.Tensor, k: tf.Tensor) -> tuple[tf.Tensor, ...]:
+        with tf.device("/GPU:0"):
+            gradient = tf.matmul(x, dy, transpose_a=True)
+            scores = tf.einsum("bshd,bthd->bhst", q, k)
+            return gradient * 0.5, scores + 1.0
+
+    rng = np.random.default_rng(11)
+    shapes = [(16, 8), (16, 4), (2, 5, 3, 8), (2, 6, 3, 8)]
+    args = [tf.constant(rng.standard_normal(s).astype(dtype.as_numpy_dtype)) for s in shapes]
+    got = dots(*args)
+    gradient = tf.matmul(args[0], args[1], transpose_a=True) * 0.5
+    scores = tf.einsum("bshd,bthd->bhst", args[2], args[3]) + 1.0
+    assert_close(got[0].numpy(), gradient.numpy(), "MatMul")
+    assert_close(got[1].numpy(), scores.numpy(), "Einsum")
+    assert emulated_gpu.gemms
+    assert {g.compute_type for g in emulated_gpu.gemms} == {fake_cupy.CUBLAS_COMPUTE_32F}
+    # x^T . dy reads x through op T (in cuBLAS's column-major terms: no copy of x).
+    assert any(g.transb == fake_cupy.CUBLAS_OP_T and g.batch == 1 for g in emulated_gpu.gemms)
+
+
+class CompileException(Exception):
+    """What `cupy.RawModule` raises when NVRTC refuses a source (CuPy's own class)."""
+
+
+@needs_gxx
+def test_gpu_cluster_nvrtc_refuses_falls_back_to_tf_on_the_gpu(
+        emulated_gpu: fake_cupy.Recorder, monkeypatch: pytest.MonkeyPatch) -> None:
+    """CuPy and the GPU are there but NVRTC refuses the program (an unsupported
+    architecture, a toolkit bug): the build fails at trace time, the cluster stays in TF
+    on the GPU with the compiler's message in the report, nothing is launched; with
+    `jit_compile=True` the same message is a `CompilationError`."""
+    cupy = sys.modules["cupy"]
+
+    def refuse(self: object, name: str) -> None:
+        raise CompileException(f"nvrtc: error: invalid value for --gpu-architecture ({name})")
+
+    monkeypatch.setattr(cupy.RawModule, "get_function", refuse)
+
+    def placed(x: tf.Tensor, n: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, ...]:
+        with tf.device("/GPU:0"):
+            return _model(x, n, y)
+
+    function = tl.function(placed, min_cluster_size=1)
+    args = _arguments()
+    _assert_matches_tf(function(*args), args)
+    report = function.explain(*args)
+    assert report.clusters and not any(c.compiled for c in report.clusters)
+    assert all(c.error.startswith("GPU:0: CompileException: nvrtc: error")
+               for c in report.clusters), [c.error for c in report.clusters]
+    ops = _ops(function, *args)
+    assert not [op for op in ops if op.type in ("EagerPyFunc", "TfxlaLiteLaunch")]
+    assert [op for op in ops if op.type == "Softmax"][0].device.endswith("device:GPU:0")
+    assert not emulated_gpu.launches and not emulated_gpu.gemms
+    with pytest.raises(tl.CompilationError, match="CompileException: nvrtc: error"):
+        tl.function(placed, jit_compile=True)(*args)
+
+
+@needs_gxx
 def test_gpu_cluster_with_unknown_dimensions_stays_in_tf(emulated_gpu: fake_cupy.Recorder
                                                          ) -> None:
     @tl.function(min_cluster_size=1)

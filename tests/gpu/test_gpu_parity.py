@@ -78,7 +78,7 @@ def test_gpu_dot_dimension_numbers_emulated(emulated: fake_cupy.Recorder,
     expected = flatten(evaluate(module(), *args))
     executable = compile_module(module(), verify=True)
     outputs = executable.run_numpy(*args)
-    assert bool(emulated.matmuls) == (element_type in ("f32", "f16"))  # cuBLAS's types
+    assert bool(emulated.gemms) == (element_type != "s32")  # cuBLAS's types
     for n, (got, wanted) in enumerate(zip(outputs, expected, strict=True)):
         # Small integers: every product and sum is exact in every type, in any order.
         np.testing.assert_array_equal(np.asarray(got).astype(np.float64),
@@ -86,22 +86,37 @@ def test_gpu_dot_dimension_numbers_emulated(emulated: fake_cupy.Recorder,
                                       err_msg=f"dot {n}")
 
 
-@pytest.mark.parametrize(("lhs_dims", "rhs_dims", "numbers", "copies"), [
-    ((64, 32), (64, 16), {"lhs_contracting_dims": (0,), "rhs_contracting_dims": (0,)}, 0),
-    ((64, 32), (16, 32), {"lhs_contracting_dims": (1,), "rhs_contracting_dims": (1,)}, 0),
+def _batch(lhs: tuple[int, ...], rhs: tuple[int, ...], lc: tuple[int, ...],
+           rc: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
+    return {"lhs_batch_dims": lhs, "rhs_batch_dims": rhs, "lhs_contracting_dims": lc,
+            "rhs_contracting_dims": rc}
+
+
+@pytest.mark.parametrize(("lhs_dims", "rhs_dims", "numbers", "copies", "calls"), [
+    ((64, 32), (64, 16), _batch((), (), (0,), (0,)), 0, 1),  # x^T . dy
+    ((64, 32), (16, 32), _batch((), (), (1,), (1,)), 0, 1),  # dy . w^T
     # a weight gradient summed over the batch (dot-folding's "reduced batch"): [b, s, f]
-    ((4, 8, 32), (4, 8, 16), {"lhs_contracting_dims": (0, 1), "rhs_contracting_dims": (0, 1)},
-     0),
-    # batched with the contracting dimension first: CuPy copies into a contiguous batch
-    ((3, 16, 8), (3, 16, 4), {"lhs_batch_dims": (0,), "rhs_batch_dims": (0,),
-                              "lhs_contracting_dims": (1,), "rhs_contracting_dims": (1,)}, 1),
+    ((4, 8, 32), (4, 8, 16), _batch((), (), (0, 1), (0, 1)), 0, 1),
+    # batched with the contracting dimension first: op T, no copy (CuPy's matmul copied)
+    ((3, 16, 8), (3, 16, 4), _batch((0,), (0,), (1,), (1,)), 0, 1),
+    # the batch dimension in the middle of the lhs: one batch stride of 8
+    ((4, 3, 8), (3, 8, 5), _batch((1,), (0,), (2,), (1,)), 0, 1),
+    # attention's heads in [b, s, h, d]: heads at stride d are cuBLAS's batch, b a loop
+    ((2, 5, 3, 6), (2, 7, 3, 6), _batch((0, 2), (0, 2), (3,), (3,)), 0, 2),
+    # 20 looped batch indices: `gemm._launch_cost` prefers copying both and one call
+    ((20, 2, 3, 4), (20, 5, 3, 4), _batch((0, 2), (0, 2), (3,), (3,)), 2, 1),
+    # contracting pairs listed against the strides: summed in the order that reads both
+    ((4, 3, 5), (3, 5, 2), _batch((), (), (2, 1), (1, 0)), 0, 1),
+    # two contracting dimensions around a free one: no stride reads the lhs, copied
+    ((3, 4, 5), (3, 5, 2), _batch((), (), (0, 2), (0, 1)), 1, 1),
 ])
-def test_gpu_dot_reads_transposed_operands_in_place(
+def test_gpu_dot_reads_operands_in_place(
         emulated: fake_cupy.Recorder, lhs_dims: tuple[int, ...], rhs_dims: tuple[int, ...],
-        numbers: dict[str, tuple[int, ...]], copies: int) -> None:
-    """A transposed operand of an unbatched dot goes to cuBLAS through its transpose flag
-    (Dense gradients: x^T.dy, dy.w^T); only batched operands CuPy cannot read as a
-    strided batch are copied first (counted by `fake_cupy`, as CuPy's `matmul` would)."""
+        numbers: dict[str, tuple[int, ...]], copies: int, calls: int) -> None:
+    """cuBLAS's strided-batched GEMM reads an operand where it lies whenever its groups
+    (batch, free, contracting) each collapse to one stride and the matrix has a unit
+    stride (op N or op T): copies and GEMM calls counted by `fake_cupy`, whose GEMM reads
+    the raw pointers, leading dimensions and strides it is given."""
     from gpu_modules import finish, new_module
 
     from tfxla_lite.hlo.shape import Shape
@@ -115,7 +130,7 @@ def test_gpu_dot_reads_transposed_operands_in_place(
     (expected,) = flatten(evaluate(module, *args))
     (got,) = compile_module(module).run_numpy(*args)
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
-    assert emulated.matmuls == 1
+    assert len(emulated.gemms) == calls
     assert emulated.operand_copies == copies
 
 
