@@ -20,13 +20,21 @@ runs one *stage* per reduce, in order, then the root:
   LLVM is told not to vectorize (`_keep_scalar`: no row of a softmax takes it).
 
 Float max and min folds compare and select (one `vmaxps` a vector, with one NaN mask
-for all accumulators beside it) and fold the row again with the exact,
-NaN-propagating `llvm.maximum` / `llvm.minimum` only when a NaN was seen or the
-result is a zero (whose sign the select may get wrong).
+for all accumulators beside it) and give the exact, NaN-propagating `llvm.maximum` /
+`llvm.minimum` result otherwise only when a NaN was seen (NaN) or the result is a zero
+(whose sign the select may get wrong: a scan of the row's bits for the zero that wins).
+
+A streamed row (`streaming.py`) whose root is such a quotient of a row buffer (softmax's
+exponentials) goes out straight from registers: one load, multiply and streaming store
+a line (`_stream_scaled_lines`), without the block buffer and its copy.
 
 These rare paths are kept small for LLVM's sake: they had cost it about 7 of the
 47 ms it spent on softmax's module (1024 columns; 27 KB of IR, now 22 KB and 39 ms),
-with the kernel as fast and its results the same bits.
+with the kernel as fast and its results the same bits. The streamed softmax module
+of 4096x1024 then went from 29 to 23 KB of IR and 52 to 45 ms of LLVM (one run) with
+the zero scan, the select tree, the line stores of `streaming.emit_lines` and the
+quotients stored from registers, the kernel 12% faster on one thread, the same bits
+(docs/benchmarks.md).
 
 The row is read from memory once; later stages find it in L1 or L2. An expensive
 wide value that several stages need (softmax's exponentials) is computed once: its
@@ -44,7 +52,15 @@ from collections.abc import Callable
 from llvmlite import ir
 
 from tfxla_lite.codegen.cpu import reduction, streaming
-from tfxla_lite.codegen.cpu.emitter import Index, KernelContext, i64, storage_type, value_type
+from tfxla_lite.codegen.cpu.emitter import (
+    I32,
+    I64,
+    Index,
+    KernelContext,
+    i64,
+    storage_type,
+    value_type,
+)
 from tfxla_lite.hlo.ir import Instruction
 from tfxla_lite.hlo.opcodes import is_expensive
 from tfxla_lite.passes.row_fusion import RowPlan, plan_row_fusion
@@ -132,6 +148,8 @@ def emit_row_kernel(ctx: KernelContext, inst: Instruction, output: ir.Value,
         shared, computed = {}, set()
     buffers = {key: ctx.alloca(value_type(by_id[key].shape.element_type), name="row.scratch",
                                count=width) for key in shared}
+    for buffer in buffers.values():  # (`_stream_scaled_lines` loads them a line at a time)
+        buffer.align = streaming.LINE_BYTES
     stage_buffers = {element: ctx.alloca(value_type(element), name="row.stage", count=width)
                      for element in sorted(computed)}
     row_values = [i for i in computation.instructions
@@ -201,7 +219,19 @@ def emit_row_kernel(ctx: KernelContext, inst: Instruction, output: ir.Value,
                        choice: tuple[ir.Value, ir.Value] | None) -> None:
             """The row through streaming stores, emitted once: with `choice` (whether to
             multiply by the reciprocal, the reciprocal) the choice is made inside each
-            block's fill, so the streamed store path is not doubled."""
+            block's fill, so the streamed store path is not doubled. A quotient of a row
+            buffer (softmax) is stored straight from registers instead (`_stream_scaled_lines`;
+            the rare exact rows by the plain scalar loop)."""
+            source = _scaled_row_source(root, number, shared, buffers, width)
+            if source is not None and choice is not None:
+                with b.if_else(choice[0], likely=True) as (reciprocal, exact):
+                    with reciprocal:
+                        _stream_scaled_lines(ctx, root, source, choice[1], output, base,
+                                             width)
+                    with exact:
+                        store_quotients(root, number, None, rare=True)
+                return
+
             def fill(buffer: ir.Value, first: ir.Value, length: ir.Value) -> None:
                 def loop(inverse: ir.Value | None, rare: bool = False) -> None:
                     with ctx.loop(length, name="stream.fill") as offset:
@@ -302,6 +332,72 @@ def _fold_stage(ctx: KernelContext, stage: Instruction, number: int, width: int,
         width)
 
 
+def _scaled_row_source(root: Instruction, number: int, shared: dict[int, int],
+                       buffers: dict[int, ir.Value], width: int) -> ir.Value | None:
+    """The row buffer holding the dividend of a divide root by a per-row value (softmax's
+    exponentials, stored by an earlier stage) when the row is whole lines of f32 or f64,
+    so that its quotients (x * 1/d) can be streamed out straight from registers."""
+    if root.opcode != "divide" or root.shape.element_type not in _VECTOR_LANES:
+        return None
+    dividend = root.operand(0)
+    if id(dividend) not in shared or shared[id(dividend)] >= number or \
+            dividend.shape.element_type != root.shape.element_type or \
+            width % _VECTOR_LANES[root.shape.element_type] != 0:
+        return None
+    return buffers[id(dividend)]
+
+
+def _stream_scaled_lines(ctx: KernelContext, root: Instruction, source: ir.Value,
+                         scale: ir.Value, output: ir.Value, base: ir.Value, width: int) -> None:
+    """output[base + c] = source[c] * scale for the `width` elements (whole lines) of a
+    row of divide root `root`: a line at a time, a load from the row buffer `source`,
+    a multiply and a streaming store (`streaming.emit_lines`). The products are those
+    the fill loop of `streaming.emit_streamed_range` would store (x * (1/d), the same
+    bits), without its block buffer and the copy out of it.
+
+    A row off the line grid (a NumPy output 16 bytes past a line) first scales `source`
+    in place (the root is the row's last stage: nothing reads the buffer after it) and
+    multiplies by 1 in the line loop (x * 1 = x), so that the elements before its first
+    line boundary and after its last are copied with `memcpy`: a scalar loop for them
+    cost softmax's module 7 ms of LLVM."""
+    b = ctx.builder
+    scalar = scale.type
+    size = streaming.element_bytes(root.shape)
+    lanes = streaming.LINE_BYTES // size
+    vector = ir.VectorType(scalar, lanes)
+    flags = ["nuw", "nsw"]
+
+    def splat(value: ir.Value) -> ir.Value:
+        return b.shuffle_vector(
+            b.insert_element(ir.Constant(vector, ir.Undefined), value, ir.Constant(I32, 0)),
+            ir.Constant(vector, ir.Undefined),
+            ir.Constant(ir.VectorType(I32, lanes), [0] * lanes))
+
+    def at(position: ir.Value) -> ir.Value:
+        return b.gep(source, [position], inbounds=True, source_etype=scalar)
+
+    address = b.add(b.ptrtoint(output, I64), b.mul(base, i64(size), flags=flags))
+    off_grid = b.icmp_unsigned("!=", b.and_(address, i64(streaming.LINE_BYTES - 1)), i64(0))
+    with b.if_then(off_grid, likely=False):
+        factor = splat(scale)
+        with ctx.loop(width // lanes, name="stream.scale") as number:
+            pointer = at(b.mul(number, i64(lanes), flags=flags))
+            b.store(b.fmul(b.load(pointer, typ=vector, align=size), factor),
+                    b.bitcast(pointer, vector.as_pointer()), align=size)
+    factor = splat(b.select(off_grid, ir.Constant(scalar, 1.0), scale))
+
+    def line(position: ir.Value) -> ir.Value:
+        return b.fmul(b.load(at(position), typ=vector, align=size), factor)
+
+    def rest(low: ir.Value, high: ir.Value) -> None:
+        with b.if_then(b.icmp_unsigned("<", low, high), likely=False):
+            target = b.gep(output, [b.add(base, low, flags=flags)], inbounds=True,
+                           source_etype=scalar)
+            streaming.emit_memcpy(ctx, target, at(low), b.mul(b.sub(high, low), i64(size)))
+
+    streaming.emit_lines(ctx, output, root.shape, base, width, line, rest)
+
+
 def row_divisor(root: Instruction, scalars: dict[int, ir.Value]) -> Instruction | None:
     """The divisor of a float `divide` root when it is a per-row value already bound
     (softmax's broadcast row sum), else None."""
@@ -388,35 +484,82 @@ def fold_contiguous(ctx: KernelContext, reduce: Instruction, opcode: str, row: i
 
     Max and min fold by compare and select (`_fold_vectors` with `fast`: three
     instructions a vector on x86, where `llvm.maximum`, NaN-propagating and -0 below
-    +0, costs about five) and fold the row again exactly, with `llvm.maximum` /
-    `llvm.minimum`, only when the fast result may differ: a NaN was seen, or the result
-    is a zero (whose sign a select may get wrong). Without a NaN, every lane's select
-    fold equals its exact fold but for a zero's sign, and the exact tree and tail make
-    the result exact unless it is zero, so testing the result alone is enough.
+    +0, costs about five) and give `llvm.maximum` / `llvm.minimum`'s exact result
+    otherwise (`_fold_exactly`) only when the fast result may differ: a NaN was seen, or
+    the result is a zero (whose sign a select may get wrong). Without a NaN, every
+    lane's select fold, and the select tree over the lanes, equal the exact folds but
+    for a zero's sign, and the exact tail keeps that so: the result is exact unless it
+    is zero, so testing the result alone is enough.
     """
     element_type = reduce.shape.element_type
     if opcode not in ("maximum", "minimum"):
         value, _ = _fold_vectors(ctx, opcode, element_type, row, width, fast=False)
         return value
     b = ctx.builder
-    value, redo = _fold_vectors(ctx, opcode, element_type, row, width, fast=True)
-    assert redo is not None
+    value, nan = _fold_vectors(ctx, opcode, element_type, row, width, fast=True)
+    assert nan is not None
+    # Without a NaN, each lane holds the extreme of its elements, but a zero's sign may
+    # be wrong; so may the select tree's result, and the exact tail keeps that: the
+    # value is exact unless it is a zero.
+    redo = b.or_(nan, b.fcmp_ordered("==", value, ir.Constant(value.type, 0.0)))
     result = ctx.alloca(value.type, name="vector.fold.result")
     b.store(value, result)
     with b.if_then(redo, likely=False):
-        b.store(_fold_vectors(ctx, opcode, element_type, row, width, fast=False)[0], result)
+        b.store(_fold_exactly(ctx, opcode, element_type, row, width, nan), result)
     return b.load(result)
+
+
+def _fold_exactly(ctx: KernelContext, opcode: str, element_type: str, row: ir.Value,
+                  width: int, nan: ir.Value) -> ir.Value:
+    """`fold_contiguous`'s exact result (`llvm.maximum` / `llvm.minimum` of the `width`
+    elements at `row`) where the fast fold saw a NaN or got a zero: NaN when `nan` (a
+    quiet NaN: payloads aside, as everywhere in tfxla-lite), else a zero whose sign says
+    whether the row holds the zero that wins (max: +0 when the row holds a +0, else -0;
+    min: -0 when it holds a -0), found by comparing bits, a vector at a time.
+
+    No fold of the row again: the former exact redo (`llvm.maximum` vector folds and
+    their tree) cost softmax's module 2-2.5 ms of LLVM, and rows whose maximum is 0 (a
+    softmax of x - max(x)) 18% more kernel time; this scan 8%. (A scalar
+    `llvm.maximum` loop cost about as little LLVM time but made such rows 10x slower.)"""
+    b = ctx.builder
+    scalar = value_type(element_type)
+    bits = ir.IntType(8 * (8 if element_type == "f64" else 4))
+    sign = 1 << (bits.width - 1)
+    wanted, other = (0, sign) if opcode == "maximum" else (sign, 0)
+    lanes = _VECTOR_LANES[element_type]
+    vector = ir.VectorType(bits, lanes)
+    mask = ir.VectorType(ir.IntType(1), lanes)
+    target = ir.Constant(vector, [wanted] * lanes)
+    found = ctx.alloca(mask, name="zero.found")
+    b.store(ir.Constant(mask, [0] * lanes), found)
+    with ctx.loop(width // lanes, name="zero.scan") as number:
+        position = b.mul(number, i64(lanes), flags=["nuw", "nsw"])
+        x = b.load(b.gep(row, [position], inbounds=True, source_etype=bits), typ=vector,
+                   align=bits.width // 8)
+        b.store(b.or_(b.load(found), b.icmp_unsigned("==", x, target)), found)
+    hit = b.icmp_unsigned("!=", b.bitcast(b.load(found), ir.IntType(lanes)),
+                          ir.Constant(ir.IntType(lanes), 0))
+    if width % lanes:
+        flag = ctx.alloca(ir.IntType(1), name="zero.found.tail")
+        b.store(hit, flag)
+        with ctx.loop(width, name="zero.tail", start=width - width % lanes) as position:
+            x = b.load(b.gep(row, [position], inbounds=True, source_etype=bits), typ=bits)
+            b.store(b.or_(b.load(flag), b.icmp_unsigned("==", x, ir.Constant(bits, wanted))),
+                    flag)
+        _keep_scalar(ctx, position)
+        hit = b.load(flag)
+    zero = b.select(hit, ir.Constant(bits, wanted), ir.Constant(bits, other))
+    return b.select(nan, ir.Constant(scalar, float("nan")), b.bitcast(zero, scalar))
 
 
 def _fold_vectors(ctx: KernelContext, opcode: str, element_type: str, row: ir.Value,
                   width: int, fast: bool) -> tuple[ir.Value, ir.Value | None]:
-    """`fold_contiguous`'s fold, and with `fast` (max and min) whether it must be redone
-    exactly: each group's vectors then fold by one compare-select each (x86's
-    vmaxps/vminps: a NaN or the second of two zeros wins for one step), and one NaN
-    mask collects the group's NaNs (`fcmp uno` of two vectors at a time); redo when it
-    caught one or the result is a zero. (A mask per accumulator, and a zero test per
-    accumulator lane, made LLVM's InstCombine the largest part of softmax's compile:
-    the fold alone 13.3 ms of LLVM against 9.3 now.)"""
+    """`fold_contiguous`'s fold, and with `fast` (max and min) whether it saw a NaN: each
+    group's vectors then fold by one compare-select each (x86's vmaxps/vminps: a NaN or
+    the second of two zeros wins for one step), and one NaN mask collects the group's
+    NaNs (`fcmp uno` of two vectors at a time). (A mask per accumulator, and a zero
+    test per accumulator lane, made LLVM's InstCombine the largest part of softmax's
+    compile: the fold alone 13.3 ms of LLVM against 9.3 with one mask.)"""
     b = ctx.builder
     scalar = value_type(element_type)
     lanes = _VECTOR_LANES[element_type]
@@ -438,6 +581,14 @@ def _fold_vectors(ctx: KernelContext, opcode: str, element_type: str, row: ir.Va
         if function is None:
             function = ir.Function(ctx.module, ir.FunctionType(typ, [typ, typ]), name=name)
         return b.call(function, [x, y])
+
+    def tree(x: ir.Value, y: ir.Value) -> ir.Value:
+        """A step of the tree over the accumulators and their lanes: a compare and select
+        when `fast`, exact but for a zero's sign where the mask saw no NaN, as the steps
+        over the groups (`llvm.maximum` there cost LLVM 1-2 ms and the kernel 3%)."""
+        if not fast:
+            return combine(x, y)
+        return b.select(b.fcmp_ordered(">" if opcode == "maximum" else "<", x, y), x, y)
 
     def load_vector(position: ir.Value) -> ir.Value:
         pointer = b.gep(row, [position], inbounds=True, source_etype=scalar)
@@ -477,7 +628,7 @@ def _fold_vectors(ctx: KernelContext, opcode: str, element_type: str, row: ir.Va
             b.store(b.or_(b.load(nans), unordered(loaded)), nans)
     values = [b.load(slot) for slot in slots]
     while len(values) > 1:
-        values = [combine(values[n], values[n + 1]) for n in range(0, len(values), 2)]
+        values = [tree(values[n], values[n + 1]) for n in range(0, len(values), 2)]
     (value,) = values
     count = lanes
     while count > 1:
@@ -486,7 +637,7 @@ def _fold_vectors(ctx: KernelContext, opcode: str, element_type: str, row: ir.Va
                                                           list(range(half))))
         high = b.shuffle_vector(value, value, ir.Constant(ir.VectorType(ir.IntType(32), half),
                                                            list(range(half, count))))
-        value = combine(low, high)
+        value = tree(low, high)
         count = half
     value = b.extract_element(value, i64(0))
     if groups * group != width:  # the tail (no loop when there is none)
@@ -498,12 +649,8 @@ def _fold_vectors(ctx: KernelContext, opcode: str, element_type: str, row: ir.Va
         value = b.load(result)
     if nans is None:
         return value, None
-    # Without a NaN, each lane holds the extreme of its elements, but a zero's sign may
-    # be wrong; the exact tree and tail then give the exact value, of the right sign
-    # unless it is a zero.
-    seen = b.icmp_unsigned("!=", b.bitcast(b.load(nans), ir.IntType(lanes)),
-                           ir.Constant(ir.IntType(lanes), 0))
-    return value, b.or_(seen, b.fcmp_ordered("==", value, ir.Constant(scalar, 0.0)))
+    return value, b.icmp_unsigned("!=", b.bitcast(b.load(nans), ir.IntType(lanes)),
+                                  ir.Constant(ir.IntType(lanes), 0))
 
 
 __all__ = ["ROW_SCRATCH_BYTES", "emit_row_kernel", "is_row_fusion", "row_count"]

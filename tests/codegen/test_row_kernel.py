@@ -348,3 +348,26 @@ def test_f16_rows_and_an_independent_transposed_read() -> None:
     executable = check(build("softmax_f16", [shape], body), as_args([shape], edges=False),
                        "Softmax")
     assert _row_fusions(executable) == 1 and executable.kernel_count == 1
+
+
+@pytest.mark.parametrize("dtype, width", [("f32", 1024), ("f32", 200), ("f64", 100)])
+def test_softmax_of_rows_whose_max_is_zero(dtype: str, width: int) -> None:
+    # softmax(x - max(x)): every row's max is a zero, so the fast max fold's result takes
+    # the exact path, a scan of the row's bits for a +0 (not a second fold of the row
+    # with llvm.maximum, which cost LLVM time): -0 rows give -0, mixed rows +0.
+    shape = Shape(dtype, (9, width))
+    module = build("softmax", [shape], lambda comp, p: softmax(comp, p[0]))
+    (x,) = as_args([shape], seed=8, edges=False)
+    x -= x.max(axis=1, keepdims=True)
+    x[1] = np.where(x[1] == 0, x.dtype.type(-0.0), x[1])  # the max is -0 only
+    x[2, 3] = -0.0  # +0 and -0 in one row
+    x[3] = 0.0
+    x[4] = -0.0
+    executable = check(module, [x], "Softmax")
+    assert _row_fusions(executable) == 1
+    text = executable.llvm_ir
+    assert "zero.scan" in text
+    # No llvm.maximum on whole vectors: the groups and the tree over the accumulators
+    # compare and select, and the exact result is that scan, not a second fold of the
+    # row (4 calls in its loop, 7 in its tree before).
+    assert "@\"llvm.maximum.v" not in text

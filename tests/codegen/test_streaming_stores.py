@@ -309,3 +309,106 @@ def test_narrow_rows_keep_ordinary_stores(stream_everything: None) -> None:
         args = as_args(shapes, edges=False)
         (actual,) = _run(executable, args)
         assert_close(actual, _expected(module, args)[0], "AddV2")
+
+
+def _ordinary_and_streamed(monkeypatch: pytest.MonkeyPatch, module: HloModule,
+                           threads: int = 2) -> tuple[Executable, Executable]:
+    """`module` compiled with ordinary stores (a host cache larger than any kernel) and
+    with streaming stores (a host cache of 0 bytes)."""
+    monkeypatch.setattr(streaming, "last_level_cache_bytes", lambda: 1 << 60)
+    ordinary = _compile(module, threads=threads)
+    monkeypatch.setattr(streaming, "last_level_cache_bytes", lambda: 0)
+    streamed = _compile(module, threads=threads)
+    assert _streams(ordinary) == 0 and _streams(streamed) >= 1
+    return ordinary, streamed
+
+
+@pytest.mark.parametrize("dtype, width", [("f32", 1024), ("f64", 512), ("f32", 2048)])
+def test_streamed_softmax_rows_store_quotients_from_registers(monkeypatch: pytest.MonkeyPatch,
+                                                              dtype: str, width: int) -> None:
+    # A streamed row whose root is x * (1/d) of a row buffer (softmax's exponentials) is
+    # stored a line at a time from registers (`row_kernel._stream_scaled_lines`): no block
+    # buffer, no masked store. Same arithmetic as the ordinary kernel: the same bits, on
+    # an output on a line and off it (the row scaled in place, its partial lines copied),
+    # exact rows included.
+    shape = Shape(dtype, (12, width))
+    module = build("softmax", [shape], lambda comp, p: [softmax(comp, p[0])])
+    ordinary, streamed = _ordinary_and_streamed(monkeypatch, module)
+    assert "stream.scale" in streamed.llvm_ir  # (rows off the line grid: scaled in place)
+    assert "stream.block" not in streamed.llvm_ir and "masked.store" not in streamed.llvm_ir
+    (x,) = as_args([shape], seed=9, edges=False)
+    x[1, 5] = np.nan
+    x[2] = -np.inf  # NaN row
+    x[3] -= x[3].max()  # max 0: the exact zero scan
+    x[4] = np.float32(80.0) if dtype == "f32" else 700.0  # large exponentials
+    expected = _expected(module, [x])[0]
+    for shift in (0, 1, 4, 16):  # (1: not aligned to the element, nothing streamed)
+        (reference,) = _run(ordinary, [x], shift)
+        (actual,) = _run(streamed, [x], shift)
+        np.testing.assert_array_equal(actual, reference, err_msg=f"shift {shift}")
+        assert_close(actual, expected, "Softmax", context=f"shift {shift}")
+
+
+def test_streamed_quotients_of_exact_rows_match_the_ordinary_kernel(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # e = exp(x - max(x) + y), e / sum(e): rows whose sum is tiny or huge keep the exact
+    # quotients (the scalar loop), the rest stream from registers. Bit for bit the
+    # ordinary kernel's.
+    shape = Shape("f32", (6, 1024))
+
+    def body(comp: Computation, p: list[Instruction]) -> list[Instruction]:
+        x = p[0]
+        peak = comp.module.reduction_computation("maximum", "f32")
+        top = comp.create("reduce", [x, comp.add_constant(float("-inf"), "f32")],
+                          called_computations=[peak], dimensions=(1,))
+        shifted = comp.create("subtract", [x, comp.create("broadcast", [top], shape=shape,
+                                                          dimensions=(0,))])
+        e = comp.create("exponential", [comp.create("add", [shifted, p[1]])])
+        return [normalize(comp, e)]
+
+    module = build("shifted_softmax", [shape, shape], body)
+    x, y = as_args([shape, shape], seed=4, edges=False)
+    y[:] = 0.0
+    y[1] = -100.0  # sum below 2^-126 (1024 e^-100 at most): 1/d overflows
+    x[2], y[2] = 1.0, 85.0  # sum 1024 e^85, about 2^133: 1/d denormal
+    ordinary, streamed = _ordinary_and_streamed(monkeypatch, module)
+    assert "stream.block" not in streamed.llvm_ir
+    expected = _expected(module, [x, y])[0]
+    for shift in (0, 4):
+        (reference,) = _run(ordinary, [x, y], shift)
+        (actual,) = _run(streamed, [x, y], shift)
+        np.testing.assert_array_equal(actual, reference, err_msg=f"shift {shift}")
+        assert_close(actual, expected, "Softmax", context=f"shift {shift}")
+
+
+@pytest.mark.parametrize("dtype, width", [("f32", 1024), ("f64", 512), ("f32", 2048),
+                                          ("f16", 1024), ("bf16", 512)])
+def test_rows_of_whole_lines_stream_without_partial_lines(monkeypatch: pytest.MonkeyPatch,
+                                                          dtype: str, width: int) -> None:
+    # Layer norm rows of whole lines: each block's whole lines streamed, the partial
+    # lines of a row off the line grid copied with memcpy (`streaming._emit_whole_lines`);
+    # no masked store is emitted. The fill computes what the ordinary kernel stores.
+    x, affine = Shape(dtype, (10, width)), Shape(dtype, (width,))
+    module = build("layer_norm", [x, affine, affine], lambda c, p: [layer_norm(c, *p)])
+    ordinary, streamed = _ordinary_and_streamed(monkeypatch, module, threads=1)
+    assert "masked.store" not in streamed.llvm_ir
+    args = as_args([x, affine, affine], seed=2, edges=False)
+    expected = _expected(module, args)[0]
+    for shift in (0, 1, 4 if dtype in ("f32", "f64") else 2):
+        (reference,) = _run(ordinary, args, shift)
+        (actual,) = _run(streamed, args, shift)
+        np.testing.assert_array_equal(actual, reference, err_msg=f"shift {shift}")
+        assert_close(actual, expected, "Mean", context=f"shift {shift}")
+
+
+def test_in_place_softmax_rows_of_whole_lines(stream_everything: None) -> None:
+    # A donated softmax input overwritten by its streamed rows (quotients from registers,
+    # `_stream_scaled_lines`): every row is read into its buffers before it is stored.
+    x = Shape("f32", (40, 1024))
+    module = build("softmax", [x], lambda c, p: [softmax(c, p[0])])
+    args = as_args([x], edges=False)
+    expected = _expected(module, args)
+    executable = _compile(build("softmax", [x], lambda c, p: [softmax(c, p[0])]), donate=[0])
+    assert executable.donations == ((0, 0),) and "stream.block" not in executable.llvm_ir
+    (actual,) = _run(executable, args, in_place=True)
+    assert_close(actual, expected[0], "Softmax")
