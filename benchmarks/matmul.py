@@ -3,6 +3,8 @@
 Run: .venv/bin/python benchmarks/matmul.py [SHAPE ...]
      SHAPE is N (an N×N×N matmul) or MxKxN; default: 512 1024 2048 64x784x512 1x784x512
      --dense: each shape as a dense layer, relu(x @ w + b) (tfxla-lite: one kOutput kernel)
+     --split TMxTN,...: also tfxla-lite's kernel with each split forced (`--split 4x4,2x1`),
+       timed in the same interleaved bursts (compiled without the caches)
      --split-cost [--split TMxTN,...]: nothing of TF timed; the CPU time of one thread running
        the shape's units as the kernel does (one OpenBLAS call per tile) against one call
        of the whole product, and the same for each --split given (`--split 4x4,2x2`)
@@ -11,7 +13,7 @@ Prints GFLOP/s of tf.function, TF's XLA and tfxla-lite (float32), tfxla-lite's s
 tf.function's throughput (the goal: at least 95% on large shapes), and the strategy and
 units tfxla-lite chose for the shape (`codegen/cpu/dot.py`). Variants are timed in
 interleaved bursts (`tfxla_lite.timing.compare`), so ratios hold on a busy machine;
-absolute figures do not.
+absolute figures do not. With --split, one line per forced split follows each shape's.
 
 --split-cost measures what cutting a dot into tiles costs in CPU time (thread time, so
 other jobs on the machine change it little): the split's extra time over one call, best
@@ -26,6 +28,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable, Sequence
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -151,8 +154,47 @@ def main_split_cost(shapes: list[tuple[int, int, int]], extra: list[tuple[int, i
     return 0
 
 
-def measure(m: int, k: int, n: int, dense: bool) -> dict[str, float]:
-    """GFLOP/s of each variant."""
+def forced_schedule(m: int, k: int, n: int, tiles_m: int, tiles_n: int
+                    ) -> Callable[[dot_codegen.GemmPlan], dot_codegen.DotSchedule]:
+    """`dot.schedule`, except that an m×k by k×n plan is cut in tiles_m × tiles_n tiles
+    (bounded as `tiled_product` bounds them)."""
+    chosen = dot_codegen.schedule
+
+    def schedule(plan: dot_codegen.GemmPlan) -> dot_codegen.DotSchedule:
+        sched = chosen(plan)
+        if (plan.m, plan.k, plan.n, plan.batch_sizes) != (m, k, n, ()):
+            return sched
+        align = dot_codegen.TILE_ALIGN
+        block_m = math.ceil(math.ceil(m / tiles_m) / align) * align
+        block_n = math.ceil(math.ceil(n / tiles_n) / align) * align
+        tm, tn = math.ceil(m / block_m), math.ceil(n / block_n)
+        return dot_codegen.DotSchedule(sched.strategy, block_m, block_n, tm, tn, 1, tm * tn,
+                                       sched.flops)
+    return schedule
+
+
+def compile_forced(fn: Callable[..., tf.Tensor], args: tuple[tf.Tensor, ...],
+                   m: int, k: int, n: int, split: tuple[int, int]) -> Callable[[], tf.Tensor]:
+    """`fn` under tfxla-lite with `split` forced on its m×k by k×n dot, compiled now
+    without the caches (they key by the HLO, not by the schedule)."""
+    lite = tl.function(fn, jit_compile=True)
+    chosen, cache = dot_codegen.schedule, os.environ.get("TFXLA_LITE_CACHE")
+    dot_codegen.schedule = forced_schedule(m, k, n, *split)
+    os.environ["TFXLA_LITE_CACHE"] = "0"
+    try:
+        lite(*args)
+    finally:
+        dot_codegen.schedule = chosen
+        if cache is None:
+            del os.environ["TFXLA_LITE_CACHE"]
+        else:
+            os.environ["TFXLA_LITE_CACHE"] = cache
+    return lambda: lite(*args)
+
+
+def measure(m: int, k: int, n: int, dense: bool, splits: Sequence[tuple[int, int]] = ()
+            ) -> dict[str, float]:
+    """GFLOP/s of each variant (forced splits as "TMxTN")."""
     rng = np.random.default_rng(m * n + k)
     a = tf.constant(rng.standard_normal((m, k)).astype(np.float32))
     w = tf.constant(rng.standard_normal((k, n)).astype(np.float32))
@@ -169,8 +211,14 @@ def measure(m: int, k: int, n: int, dense: bool) -> dict[str, float]:
     tolerance = 4 * k * np.finfo(np.float32).eps  # dot reassociation over K terms
     np.testing.assert_allclose(lite(a, w, b).numpy(), reference, rtol=tolerance,
                                atol=tolerance * np.sqrt(k))
-    times = compare({"tf": lambda: plain(a, w, b), "xla": lambda: xla(a, w, b),
-                     "lite": lambda: lite(a, w, b)}, repeats=15)
+    variants = {"tf": lambda: plain(a, w, b), "xla": lambda: xla(a, w, b),
+                "lite": lambda: lite(a, w, b)}
+    for split in splits:
+        forced = compile_forced(layer, (a, w, b), m, k, n, split)
+        np.testing.assert_allclose(forced().numpy(), reference, rtol=tolerance,
+                                   atol=tolerance * np.sqrt(k))
+        variants[f"{split[0]}x{split[1]}"] = forced
+    times = compare(variants, repeats=15)
     flops = 2.0 * m * k * n
     return {name: flops / t / 1e9 for name, t in times.items()}
 
@@ -192,9 +240,13 @@ def main(argv: list[str]) -> int:
     print(f"{what}, float32, GFLOP/s; lite/tf: tfxla-lite's share of tf.function's rate")
     print(f"{'M x K x N':>16}{'tf':>9}{'TF XLA':>9}{'lite':>9}{'lite/tf':>9}  schedule")
     for m, k, n in shapes:
-        rate = measure(m, k, n, dense)
+        rate = measure(m, k, n, dense, extra)
         print(f"{f'{m}x{k}x{n}':>16}{rate['tf']:>9.1f}{rate['xla']:>9.1f}{rate['lite']:>9.1f}"
               f"{rate['lite'] / rate['tf']:>9.0%}  {describe_schedule(m, k, n)}")
+        for split in extra:
+            name = f"{split[0]}x{split[1]}"
+            print(f"{'':>16}{'':>9}{'':>9}{rate[name]:>9.1f}{rate[name] / rate['tf']:>9.0%}"
+                  f"  forced {name} tiles")
     return 0
 
 

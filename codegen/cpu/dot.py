@@ -221,6 +221,20 @@ def plan_gemm(inst: Instruction) -> GemmPlan | None:
 # apply: a K-heavy product with a small output (a weight gradient,
 # 128×128 over K = 512: 6.6% more packing for 2 units) would otherwise be one unit, run
 # by one thread while the others idle.
+# What more units buy is balance: a thread that starts late (a sleeping pool worker woken,
+# a core taken by another job) leaves at most one unit's time at the join. That delay does
+# not grow with the dot, while the split's cost does, so above BALANCE_FLOPS the budget
+# shrinks in proportion to the flops (`split_budget`), but such a dot still gets
+# BALANCED_UNITS units where MIN_UNIT_FLOPS allows, so that a machine with more cores than
+# the 2 these figures come from keeps 4 of them busy (units never depend on the thread
+# count: OpenBLAS's sums can change with the tile bounds). A 2048³ product (17 GFLOP) is
+# cut in 2×2 tiles, +2.5-2.7% CPU time on one thread, where its former 4×4 tiles cost
+# +6.3-7.1% (the model said 5.3%: operands beyond the L3 re-pack dearer still) and 2
+# halves +0.5-0.6%; two threads on 2048³ through TF, interleaved, in 16 runs at loads
+# 2.4-131 (`benchmarks/matmul.py 2048 --split 4x4,2x1`): 4 units 84-125% of tf.matmul's
+# median, 16 units 84-115% (4 units ahead in 12 runs, level or a point behind in 3, 9
+# points behind in 1), 2 units 80-138%. Dots of the benchmark workloads (at most 0.27
+# GFLOP) keep their schedules (docs/benchmarks.md, "Large dots").
 MIN_UNIT_FLOPS = 1 << 22
 MAX_UNITS = 16
 MIN_SPLIT_UNITS = 2
@@ -229,6 +243,8 @@ PACKING_FLOPS_BEYOND_L2 = 36.0
 TILE_CALL_FLOPS = 5e5  # the fixed cost of one more library call, in flops' time
 L2_BYTES = 1 << 20
 SPLIT_BUDGET = 0.06
+BALANCE_FLOPS = 1 << 30  # about 10 ms of one thread's GEMM
+BALANCED_UNITS = 4
 TILE_ALIGN = 16  # tile bounds at multiples of 16 elements: whole cache lines for f32
 # Below this many flops a dot runs on the calling thread: a parallel region costs a
 # few microseconds to start and join.
@@ -291,6 +307,11 @@ def split_overhead(m: int, n: int, k: int, tiles_m: int, tiles_n: int,
             + TILE_CALL_FLOPS * (tiles_m * tiles_n - 1) / (2 * m * n * max(k, 1)))
 
 
+def split_budget(flops: int) -> float:
+    """The extra CPU time a dot of `flops` may spend on splitting (see BALANCE_FLOPS)."""
+    return SPLIT_BUDGET * min(1.0, BALANCE_FLOPS / max(flops, 1))
+
+
 def schedule(plan: GemmPlan) -> DotSchedule:
     """The units of `plan`, fixed by its shape (see MIN_UNIT_FLOPS)."""
     batch = math.prod(plan.batch_sizes)
@@ -302,6 +323,8 @@ def schedule(plan: GemmPlan) -> DotSchedule:
         per_unit = max(1, min(batch, MIN_UNIT_FLOPS // max(per_gemm, 1)))
         return DotSchedule(strategy, m, n, 1, 1, per_unit, -(-batch // per_unit), flops)
     block_m, block_n = m, n
+    budget = split_budget(flops)
+    min_units = BALANCED_UNITS if flops > BALANCE_FLOPS else MIN_SPLIT_UNITS
     while batch * -(-m // block_m) * -(-n // block_n) < MAX_UNITS:
         half_m, half_n = _halve(block_m), _halve(block_n)
         can_m = half_m < block_m
@@ -315,9 +338,9 @@ def schedule(plan: GemmPlan) -> DotSchedule:
         tiles = -(-m // candidate[0]), -(-n // candidate[1])
         if 2 * candidate[0] * candidate[1] * plan.k < MIN_UNIT_FLOPS:
             break
-        split_enough = batch * -(-m // block_m) * -(-n // block_n) >= MIN_SPLIT_UNITS
+        split_enough = batch * -(-m // block_m) * -(-n // block_n) >= min_units
         overhead = split_overhead(m, n, max(plan.k, 1), *tiles, plan.element_bytes)
-        if split_enough and overhead > SPLIT_BUDGET:
+        if split_enough and overhead > budget:
             break
         block_m, block_n = candidate
     tiles_m, tiles_n = -(-m // block_m), -(-n // block_n)

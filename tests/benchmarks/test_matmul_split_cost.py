@@ -4,14 +4,19 @@ report names the schedule's split."""
 
 from __future__ import annotations
 
+import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
+import tensorflow as tf
+from tolerances import assert_close
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks import matmul  # noqa: E402
+from tfxla_lite.codegen.cpu import dot as dot_codegen  # noqa: E402
 from tfxla_lite.codegen.cpu import engine  # noqa: E402
 
 pytestmark = pytest.mark.skipif(engine.gemm("f32") is None, reason="no OpenBLAS")
@@ -43,3 +48,38 @@ def test_split_cost_report_names_the_schedule(capsys: pytest.CaptureFixture[str]
     lines = capsys.readouterr().out.splitlines()
     assert any("512x512x512 2x2 tiles (schedule)" in line for line in lines)
     assert any("512x512x512 2x1 tiles:" in line for line in lines)
+
+
+def test_forced_split_matches_tf_and_restores_the_schedule(monkeypatch: pytest.MonkeyPatch
+                                                            ) -> None:
+    """`--split` without `--split-cost`: the kernel compiled with a forced 2×3 split of a
+    96×64 by 64×80 product (short last tiles) gives TF's result; the schedule and cache
+    setting are back afterwards, and other shapes keep their schedules."""
+    m, k, n = 96, 64, 80
+    forced = matmul.forced_schedule(m, k, n, 2, 3)(
+        dot_codegen.GemmPlan(m, n, k, False, k, False, n, (), (), ()))
+    assert (forced.tiles_m, forced.tiles_n, forced.block_m, forced.block_n) == (2, 3, 48, 32)
+    other = dot_codegen.GemmPlan(m, n, 32, False, 32, False, n, (), (), ())
+    assert matmul.forced_schedule(m, k, n, 2, 3)(other) == dot_codegen.schedule(other)
+    rng = np.random.default_rng(11)
+    a = tf.constant(rng.uniform(-1, 1, (m, k)).astype(np.float32))
+    w = tf.constant(rng.uniform(-1, 1, (k, n)).astype(np.float32))
+    used: list[tuple[int, int]] = []  # the splits the compile asked the schedule for
+    forced_schedule = matmul.forced_schedule
+
+    def spy(*shape_and_split: int) -> Callable[[dot_codegen.GemmPlan], dot_codegen.DotSchedule]:
+        schedule = forced_schedule(*shape_and_split)
+
+        def recorded(plan: dot_codegen.GemmPlan) -> dot_codegen.DotSchedule:
+            sched = schedule(plan)
+            used.append((sched.tiles_m, sched.tiles_n))
+            return sched
+        return recorded
+
+    monkeypatch.setattr(matmul, "forced_schedule", spy)
+    before = dot_codegen.schedule, os.environ.get("TFXLA_LITE_CACHE")
+    run = matmul.compile_forced(lambda x, y: tf.nn.relu(tf.matmul(x, y)), (a, w), m, k, n,
+                                (2, 3))
+    assert (dot_codegen.schedule, os.environ.get("TFXLA_LITE_CACHE")) == before
+    assert (2, 3) in used
+    assert_close(run().numpy(), tf.nn.relu(tf.matmul(a, w)).numpy(), "MatMul", "2x3 tiles")

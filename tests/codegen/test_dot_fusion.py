@@ -216,16 +216,28 @@ def test_schedule_is_fixed_by_shape() -> None:
                                                          (), (), ()))
     assert (gradient.units, gradient.block_m, gradient.block_n) == (2, 64, 128)
     assert dot_codegen.split_overhead(128, 128, 512, 2, 1) > dot_codegen.SPLIT_BUDGET
-    # Operands beyond L2 cost about twice as much to re-pack: a 1024³ product stops at
-    # 2×2 tiles (4 units; 4×4 tiles took 9-11% more CPU time than one call, 2×2 5%),
-    # while a 2048³ one, whose splits cost less relative to its flops, is cut in 16.
-    square = dot_codegen.schedule(dot_codegen.GemmPlan(1024, 1024, 1024, False, 1024, False,
-                                                       1024, (), (), ()))
-    assert (square.tiles_m, square.tiles_n, square.block_m, square.block_n) == (2, 2, 512, 512)
-    assert dot_codegen.split_overhead(1024, 1024, 1024, 4, 2) > dot_codegen.SPLIT_BUDGET
+    # Operands beyond L2 cost about twice as much to re-pack: a 768³ product stops at
+    # 2×2 tiles, where 4×2 would re-pack more than the budget.
+    square = dot_codegen.schedule(dot_codegen.GemmPlan(768, 768, 768, False, 768, False,
+                                                       768, (), (), ()))
+    assert (square.tiles_m, square.tiles_n, square.block_m, square.block_n) == (2, 2, 384, 384)
+    assert dot_codegen.split_overhead(768, 768, 768, 4, 2) > dot_codegen.SPLIT_BUDGET
+    # Above BALANCE_FLOPS the budget shrinks with the flops, down to BALANCED_UNITS
+    # units: a 2048³ product, whose 4×4 tiles would re-pack within SPLIT_BUDGET, is cut
+    # in 2×2 tiles, although 2×2 re-packs more than its shrunken budget.
     large = dot_codegen.schedule(dot_codegen.GemmPlan(2048, 2048, 2048, False, 2048, False,
                                                       2048, (), (), ()))
-    assert large.units == dot_codegen.MAX_UNITS and large.block_m == large.block_n == 512
+    assert (large.units, large.tiles_m, large.block_m, large.block_n) == (4, 2, 1024, 1024)
+    assert dot_codegen.split_overhead(2048, 2048, 2048, 4, 4) < dot_codegen.SPLIT_BUDGET
+    assert dot_codegen.split_budget(large.flops) < dot_codegen.split_overhead(
+        2048, 2048, 2048, 2, 2)
+    assert dot_codegen.split_budget(dot_codegen.BALANCE_FLOPS) == dot_codegen.SPLIT_BUDGET
+    # A tall product: 8192 rows over K = 784 in 4 tiles of rows, not 16 as before.
+    tall = dot_codegen.schedule(dot_codegen.GemmPlan(8192, 512, 784, False, 784, False, 512,
+                                                     (), (), ()))
+    assert (tall.tiles_m, tall.tiles_n) == (4, 1)
+    assert dot_codegen.split_overhead(8192, 512, 784, 8, 1) > dot_codegen.split_budget(
+        tall.flops)
     # A 512³ product in f64: its 2 MiB operands do not fit in L2, so it stops at two
     # units where the f32 product is cut in four.
     f64 = dot_codegen.GemmPlan(512, 512, 512, False, 512, False, 512, (), (), (), 8)
@@ -239,6 +251,21 @@ def test_schedule_is_fixed_by_shape() -> None:
     vector = dot_codegen.schedule(dot_codegen.GemmPlan(1, 512, 784, False, 784, False, 512,
                                                        (), (), ()))
     assert vector.strategy == "emitted" and vector.units == 1
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_large_product_in_balanced_units_matches_the_evaluator(threads: int) -> None:
+    """A product above BALANCE_FLOPS with odd sizes, relu(x @ w + b): 2×2 tiles, the last
+    row and column shorter, each one library call with its epilogue."""
+    lhs, rhs = Shape("f32", (1100, 1000)), Shape("f32", (1000, 1030))
+    _, plain = _dense(lhs, rhs, MATMUL, "bias_relu")
+    plan = dot_codegen.plan_gemm(plain.entry.root.operand(0))
+    assert plan is not None and 2 * plan.m * plan.n * plan.k > dot_codegen.BALANCE_FLOPS
+    sched = dot_codegen.schedule(plan)
+    assert (sched.strategy, sched.units, sched.block_m, sched.block_n) == ("library", 4, 560,
+                                                                            528)
+    (actual,), _ = _check(lhs, rhs, MATMUL, "bias_relu", threads=threads, seed=3)
+    assert (actual > 0).any() and (actual == 0).any()
 
 
 # Odd sizes, both transposes and a batch dimension, cut into uneven tiles: with the
