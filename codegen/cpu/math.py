@@ -14,7 +14,9 @@ The approximations (max errors measured against float64 and bounded in
 - `exp`: Cody-Waite reduction x = n*ln2 + r, |r| <= ln2/2, Cephes' degree-7
   polynomial for e^r, and 2^n applied with one rounding, so that results round
   correctly into the denormal range and overflow to inf: `llvm.ldexp` (one
-  `vscalefps`) on AVX-512 hosts, two exponent-field factors elsewhere.
+  `vscalefps`) on AVX-512 hosts, two exponent-field factors elsewhere. n comes from
+  one FMA that adds 1.5*2^23 (the float n and the integer n without a conversion),
+  and NaN flows through the arithmetic (no mask of its own).
 - `log`: Cephes' `logf`: the mantissa in [sqrt(1/2), sqrt(2)), a degree-9
   polynomial for log(1+m), the exponent times ln2 in two parts; denormals are
   scaled by 2^23 first.
@@ -79,13 +81,17 @@ def _horner(ctx: KernelContext, x: ir.Value, coefficients: Sequence[float]) -> i
     return result
 
 
-def _is_nan(ctx: KernelContext, x: ir.Value) -> ir.Value:
-    return ctx.builder.fcmp_unordered("uno", x, x)
+def _clamp_keeping_nan(ctx: KernelContext, x: ir.Value, low: float, high: float) -> ir.Value:
+    """x clamped to [low, high], NaN passed through: compares that are false for NaN
+    (one `vmaxps` and one `vminps`, whose operand order lets the NaN through)."""
+    b = ctx.builder
+    clamped = b.select(b.fcmp_ordered("<", x, _c(low)), _c(low), x)
+    return b.select(b.fcmp_ordered(">", clamped, _c(high)), _c(high), clamped)
 
 
-def _clamp(ctx: KernelContext, x: ir.Value, low: float, high: float) -> ir.Value:
-    """min(max(x, low), high) for a non-NaN x."""
-    return ctx.call_intrinsic("minnum", [ctx.call_intrinsic("maxnum", [x, _c(low)]), _c(high)])
+def _bits(value: float) -> int:
+    """The bits of float32 `value` as a signed 32-bit integer."""
+    return int(np.array(value, np.float32).view(np.int32))
 
 
 def _pow2(ctx: KernelContext, n: ir.Value) -> ir.Value:
@@ -105,27 +111,25 @@ _EXP_P = (5.0000001201e-1, 1.6666665459e-1, 4.1665795894e-2, 8.3334519073e-3,
           1.3981999507e-3, 1.9875691500e-4)
 # exp(x) is inf above 88.7228 and rounds to 0 below -103.98; clamping keeps n in range.
 _EXP_HIGH, _EXP_LOW = 89.0, -104.0
-
-
-def _reduce(ctx: KernelContext, x: ir.Value) -> tuple[ir.Value, ir.Value]:
-    """(n, r) with x = n*ln2 + r, n = round(x/ln2) as a float, |r| <= ln2/2."""
-    b = ctx.builder
-    n = ctx.call_intrinsic("roundeven", [b.fmul(x, _c(_LOG2E))])
-    r = _fma(ctx, n, _c(-_LN2_HI), x)
-    r = _fma(ctx, n, _c(-_LN2_LO), r)
-    return n, r
+# 1.5 * 2^23: a float below 2^22 in magnitude, added to this, is rounded to an integer (to
+# even), and the sum lands in [2^23, 2^24), where its low significand bits hold that integer.
+_ROUNDING_SHIFT = 12582912.0
 
 
 def exp(ctx: KernelContext, x: ir.Value) -> ir.Value:
     b = ctx.builder
-    nan = _is_nan(ctx, x)
-    # maxnum maps NaN to the bound, so the clamped value is a number; the last select
-    # restores the NaN.
-    clamped = _clamp(ctx, x, _EXP_LOW, _EXP_HIGH)
-    n, r = _reduce(ctx, clamped)
+    v = _clamp_keeping_nan(ctx, x, _EXP_LOW, _EXP_HIGH)
+    # n = round(v/ln2) as a float (the sum minus the shift, exact) and as an integer (the
+    # difference of the bits), where roundeven and fptosi took a `vrndscaleps` and a
+    # `vcvttps2dq`. A NaN stays NaN through r and p, and `ldexp` (or the two factors) of
+    # a NaN is NaN whatever integer its bits gave: no NaN mask (two instructions fewer).
+    shifted = _fma(ctx, v, _c(_LOG2E), _c(_ROUNDING_SHIFT))
+    n = b.fsub(shifted, _c(_ROUNDING_SHIFT))
+    r = _fma(ctx, n, _c(-_LN2_HI), v)
+    r = _fma(ctx, n, _c(-_LN2_LO), r)
     p = _fma(ctx, _horner(ctx, r, _EXP_P), b.fmul(r, r), r)
-    y = _scale(ctx, b.fadd(p, _c(1.0)), b.fptosi(n, I32))
-    return b.select(nan, x, y)
+    n_int = b.sub(b.bitcast(shifted, I32), _i(_bits(_ROUNDING_SHIFT)))
+    return _scale(ctx, b.fadd(p, _c(1.0)), n_int)
 
 
 @functools.cache
@@ -157,20 +161,24 @@ _EXPM1_LOW, _EXPM1_HIGH = -26.0, 89.0
 
 def expm1(ctx: KernelContext, x: ir.Value) -> ir.Value:
     b = ctx.builder
-    nan = _is_nan(ctx, x)
-    clamped = _clamp(ctx, b.select(nan, _c(0.0), x), _EXPM1_LOW, _EXPM1_HIGH)
-    n = ctx.call_intrinsic("roundeven", [b.fmul(clamped, _c(_LOG2E))])
-    n = ctx.call_intrinsic("minnum", [n, _c(127.0)])
-    r = _fma(ctx, n, _c(-_LN2_HI), clamped)
+    v = _clamp_keeping_nan(ctx, x, _EXPM1_LOW, _EXPM1_HIGH)
+    # n = round(v/ln2), capped at 127, from the shifted sum as in exp (the cap's compare
+    # is false for NaN, which flows on to the result).
+    shifted = _fma(ctx, v, _c(_LOG2E), _c(_ROUNDING_SHIFT))
+    cap = _c(_ROUNDING_SHIFT + 127.0)
+    shifted = b.select(b.fcmp_ordered(">", shifted, cap), cap, shifted)
+    n = b.fsub(shifted, _c(_ROUNDING_SHIFT))
+    r = _fma(ctx, n, _c(-_LN2_HI), v)
     r = _fma(ctx, n, _c(-_LN2_LO), r)
     p = _fma(ctx, _horner(ctx, r, _EXPM1_P), b.fmul(r, r), r)
-    scale = _pow2(ctx, b.fptosi(n, I32))
+    # 2^n: n + 127 in the exponent field, n taken from the shifted sum's bits.
+    exponent_bias = 127 - _bits(_ROUNDING_SHIFT)
+    scale = b.bitcast(b.shl(b.add(b.bitcast(shifted, I32), _i(exponent_bias)), _i(23)), F32)
     # 2^n * (e^r - 1) + (2^n - 1): 2^n - 1 is exact for |n| <= 24, and beyond it the
     # other term dominates; one rounding with FMA.
     y = _fma(ctx, scale, p, b.fsub(scale, _c(1.0)))
-    # Zeros keep their sign; NaN stays NaN.
-    keep = b.or_(nan, b.fcmp_ordered("==", x, _c(0.0)))
-    return b.select(keep, x, y)
+    # Zeros keep their sign (a NaN is NaN already).
+    return b.select(b.fcmp_ordered("==", x, _c(0.0)), x, y)
 
 
 # -- log and log1p -------------------------------------------------------------------------
@@ -240,9 +248,7 @@ _TANH_CLAMP = 9.5
 
 def tanh(ctx: KernelContext, x: ir.Value) -> ir.Value:
     b = ctx.builder
-    # Clamp to [-9.5, 9.5] with compares that let NaN through; ±inf give ±1.
-    v = b.select(b.fcmp_ordered("<", x, _c(-_TANH_CLAMP)), _c(-_TANH_CLAMP), x)
-    v = b.select(b.fcmp_ordered(">", v, _c(_TANH_CLAMP)), _c(_TANH_CLAMP), v)
+    v = _clamp_keeping_nan(ctx, x, -_TANH_CLAMP, _TANH_CLAMP)  # ±inf give ±1
     t = b.fmul(v, v)
     # h = v + (v*t)*P(t), one rounding at the end.
     vt = b.fmul(v, t)
@@ -279,9 +285,7 @@ _ERF_CLAMP = 4.5
 
 def erf(ctx: KernelContext, x: ir.Value) -> ir.Value:
     b = ctx.builder
-    # Clamp to [-4.5, 4.5] with compares that let NaN through (one vmaxps and one vminps).
-    v = b.select(b.fcmp_ordered("<", x, _c(-_ERF_CLAMP)), _c(-_ERF_CLAMP), x)
-    v = b.select(b.fcmp_ordered(">", v, _c(_ERF_CLAMP)), _c(_ERF_CLAMP), v)
+    v = _clamp_keeping_nan(ctx, x, -_ERF_CLAMP, _ERF_CLAMP)
     # h = v + v*P(v^2) with one rounding (tiny and denormal x round once), keeps -0.0.
     h = _fma(ctx, v, _horner(ctx, b.fmul(v, v), _ERF_H), v)
     # Two operations of the divider (sqrt and divide), no exp, no branches; ±inf give ±1.

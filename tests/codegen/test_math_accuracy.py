@@ -134,6 +134,17 @@ def test_loop_is_vectorized_without_calls(opcode: str) -> None:
     assert not re.search(r"call float @llvm\.", optimized), optimized
 
 
+@pytest.mark.parametrize("opcode", ["exponential", "exponential-minus-one"])
+def test_exp_takes_n_without_a_conversion_and_nan_without_a_mask(opcode: str) -> None:
+    """exp and expm1 get n = round(x/ln2) as a float and as integer bits from one FMA
+    with 1.5*2^23 (no `fptosi`), and a NaN flows through their arithmetic to the result
+    (no NaN compare and select): fewer vector instructions per vector than before, the
+    results within the same bounds (`test_max_ulp_error`, `test_special_values`)."""
+    optimized = _compile(opcode, Shape("f32", (4096,))).llvm_ir_optimized
+    assert "fptosi" not in optimized, optimized
+    assert "fcmp uno" not in optimized, optimized
+
+
 def test_exp_without_avx512_scaling(monkeypatch: pytest.MonkeyPatch) -> None:
     """Hosts without AVX-512 scale by two exponent-field factors instead of `llvm.ldexp`:
     the same bound, and no call left in the loop."""
