@@ -20,6 +20,10 @@ machine is shared, so only the ratios within one run mean anything. The tfxla-li
 processes also report how many pass pipelines and LLVM compilations they ran and
 whether the whole-rewrite cache hit (`tfxla_lite/rewrite_cache.py`).
 
+`--overlap-ab` measures only cold first calls, with LLVM in the background
+(`TFXLA_LITE_OVERLAP_LLVM=1`) and on the calling thread (`=0`, the default), the two
+alternating in order from repeat to repeat, each in a fresh process with an empty cache.
+
 An added view, not a goal of the issue: tfxla-lite's *overhead* over plain tf.function's
 first call (cold - tf.function, warm - tf.function), i.e. what tfxla-lite adds on top
 of the trace and first run that TF pays anyway.
@@ -141,6 +145,37 @@ def measure(names: list[str], repeats: int, quick: bool) -> dict[str, dict[str, 
     return results
 
 
+def compare_overlap(names: list[str], repeats: int, quick: bool) -> str:
+    """Cold first calls with LLVM on the calling thread ("0") and in the background ("1"),
+    interleaved (the order alternates per repeat); medians, bests and pairs won."""
+    runs: dict[str, dict[str, list[float]]] = {name: {"0": [], "1": []} for name in names}
+    loads = []
+    saved = os.environ.get("TFXLA_LITE_OVERLAP_LLVM")
+    try:
+        for repeat in range(repeats):
+            for name in names:
+                for variant in ("0", "1") if repeat % 2 == 0 else ("1", "0"):
+                    os.environ["TFXLA_LITE_OVERLAP_LLVM"] = variant
+                    result = _spawn("lite", name, quick, _fresh_cache())
+                    runs[name][variant].append(result["seconds"] * 1e3)
+                loads.append(os.getloadavg()[0])
+    finally:
+        if saved is None:
+            os.environ.pop("TFXLA_LITE_OVERLAP_LLVM", None)
+        else:
+            os.environ["TFXLA_LITE_OVERLAP_LLVM"] = saved
+    lines = [f"Cold first calls, LLVM on the calling thread (off) or in the background (on), "
+             f"{repeats} interleaved repeats; load average {min(loads):.2f}-{max(loads):.2f}.",
+             "", "| workload | off median ms | on median ms | off best | on best | on faster |",
+             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for name, r in runs.items():
+        won = sum(on < off for off, on in zip(r["0"], r["1"]))
+        lines.append(f"| {name} | {statistics.median(r['0']):.0f} | "
+                     f"{statistics.median(r['1']):.0f} | {min(r['0']):.0f} | {min(r['1']):.0f} "
+                     f"| {won} of {repeats} |")
+    return "\n".join(lines)
+
+
 def report(results: dict[str, dict[str, Any]], repeats: int) -> str:
     lines = [f"First calls in fresh processes, median of {repeats}; load average "
              f"{os.getloadavg()[0]:.2f} at the end.", "",
@@ -194,12 +229,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="test sizes")
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--overlap-ab", action="store_true",
+                        help="cold first calls only, LLVM in the background off and on")
     parser.add_argument("--child", nargs=2, metavar=("VARIANT", "NAME"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         print(json.dumps(child(args.child[0], args.child[1], args.quick)))
         return
     names = args.names or (QUICK_WORKLOADS if args.quick else DEFAULT_WORKLOADS)
+    if args.overlap_ab:
+        print(compare_overlap(names, args.repeats, args.quick))
+        return
     results = measure(names, args.repeats, args.quick)
     print(report(results, args.repeats))
     if args.json:

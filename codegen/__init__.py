@@ -15,7 +15,8 @@ from tfxla_lite.hlo.ir import HloModule
 
 def compile_module(module: HloModule, pipeline: str | None = None,
                    verify: bool = False, threads: int | None = None,
-                   cache: bool | None = None, donate: Collection[int] = ()) -> Executable:
+                   cache: bool | None = None, donate: Collection[int] = (),
+                   background: bool = False) -> Executable:
     """Optimize `module` in place, assign its buffers and compile it for this CPU.
 
     `pipeline` is handed to `tfxla_lite.passes.optimize` (None: its default
@@ -27,7 +28,8 @@ def compile_module(module: HloModule, pipeline: str | None = None,
     pass and no LLVM (its optimized form and machine code are reused; `module` is then
     left as it was); one whose optimized HLO, buffer assignment and thread count were,
     runs the passes but no LLVM. `donate` names the parameters whose buffers outputs
-    may take over (`Executable.donations`).
+    may take over (`Executable.donations`). `background`: LLVM's work on a miss goes on
+    in a background thread (`cpu.compile`; the executable waits for it when read).
     """
     from tfxla_lite.codegen import cache as caches_
     from tfxla_lite.codegen import cpu
@@ -54,7 +56,7 @@ def compile_module(module: HloModule, pipeline: str | None = None,
     assignment = assign_buffers(module)
     executable = cpu.compile(module, assignment, hlo_text=hlo_text,
                              optimized_hlo_text=optimized_hlo_text, threads=team,
-                             cache=cache, donate=donate)
+                             cache=cache, donate=donate, background=background)
     if policy.memory or policy.disk:
         caches_.optimized_store(key, caches_.OptimizedModule(
             optimized_hlo_text, executable.assignment_text, executable.temp_bytes,

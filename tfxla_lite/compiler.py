@@ -24,6 +24,7 @@ import dataclasses
 import functools
 import itertools
 import logging
+import os
 import time
 import traceback
 from collections.abc import Callable
@@ -113,6 +114,10 @@ class Program:
     compiled: list[CompiledCluster] = field(default_factory=list)
     renames: dict[tuple[str, str], str] = field(default_factory=dict)
     functions: list[Any] = field(default_factory=list)
+    # Clusters whose machine code LLVM is still making in the background, registered with
+    # the launch op once it is there: (key, executable, inputs, outputs). The rewritten
+    # function's trace waits for them (`_finish_pending`), before anything can launch.
+    pending: list[tuple[str, Any, list[Any], list[Any]]] = field(default_factory=list)
 
     @property
     def has_launches(self) -> bool:
@@ -387,6 +392,11 @@ def _compile_graph(graph: tf.Graph, function_name: str, settings: _Settings,
     compiled: list[CompiledCluster] = []
     artifacts: list[CompiledClusterArtifacts] = []
     planned: list[dynamic_clusters.DynamicCluster] = []
+    # The trace's own clusters (not a body's: its rewritten function is traced within this
+    # compile) compile LLVM in the background, overlapping the next cluster's Python work
+    # and TF's trace of the rewritten graph; not with dumps, which read the code at once.
+    background = library is None and overlap_llvm() and dump.dump_directory(options) is None
+    pending: list[tuple[str, Any, list[Any], list[Any]]] = []
     for cluster in clusters:
         ops = tuple((name, graph.get_operation_by_name(name).type) for name in cluster.op_names)
         # A cluster TF runs on a GPU compiles for it, or stays in TF there.
@@ -415,7 +425,8 @@ def _compile_graph(graph: tf.Graph, function_name: str, settings: _Settings,
             else:
                 executable = compile_module(module, pipeline=options.effective_pipeline,
                                             verify=options.verify,
-                                            donate=_forwardable(graph, cluster.inputs))
+                                            donate=_forwardable(graph, cluster.inputs),
+                                            background=background)
                 dump.dump_cluster(options, function_name, cluster.name, executable.hlo_text,
                                   executable, time.perf_counter() - started)
         except Exception as error:  # noqa: BLE001 - any failure means: leave it to TF
@@ -440,8 +451,10 @@ def _compile_graph(graph: tf.Graph, function_name: str, settings: _Settings,
             launch_on_gpu = gpu_launch.GpuLaunch(key, executable, gpu,
                                                  [_tensor_spec(t) for t in inputs],
                                                  [_tensor_spec(t) for t in outputs])
-        else:
+        elif getattr(executable, "ready", True):
             _register(key, executable, inputs, outputs)
+        else:  # registered when LLVM is done, before the rewritten graph can run
+            pending.append((key, executable, inputs, outputs))
         compiled.append(CompiledCluster(
             name=cluster.name, op_names=tuple(cluster.op_names), inputs=tuple(cluster.inputs),
             outputs=tuple(cluster.outputs), control_inputs=tuple(cluster.control_inputs), key=key,
@@ -464,7 +477,30 @@ def _compile_graph(graph: tf.Graph, function_name: str, settings: _Settings,
     for body in bodies:
         _merge_body_report(report, body)
     return Program(None, report, artifacts, dynamic_clusters=planned, graph=graph,
-                   bodies=bodies, compiled=compiled, renames=renames, functions=functions)
+                   bodies=bodies, compiled=compiled, renames=renames, functions=functions,
+                   pending=pending)
+
+
+def overlap_llvm() -> bool:
+    """Whether a trace's clusters compile LLVM in the background: `TFXLA_LITE_OVERLAP_LLVM=1`
+    (the code is the same either way). Off by default until a wall-clock A/B on a machine
+    with a free core shows the gain (docs/benchmarks.md, "LLVM in the background")."""
+    return os.environ.get("TFXLA_LITE_OVERLAP_LLVM", "0") == "1"
+
+
+def _finish_pending(program: Program) -> None:
+    """Wait for the clusters LLVM is still compiling and register them with the launch op.
+    A failure is raised here, in the rewritten function's trace: in must-compile mode it
+    is the compile's error, in auto mode the function runs in TF (`api.Function._build`)."""
+    for key, executable, inputs, outputs in list(program.pending):
+        try:
+            executable.wait()
+        except Exception as error:
+            name = key.split("/")[-2] if key.count("/") >= 2 else key
+            raise RuntimeError(f"LLVM could not compile {name}: {type(error).__name__}: "
+                               f"{error}") from error
+        _register(key, executable, inputs, outputs)
+    program.pending.clear()
 
 
 def _temp_bytes_without_reuse(executable: Any) -> int:
@@ -649,6 +685,9 @@ def _rewritten_function(concrete_function: Any, program: Program,
             function.add_to_graph(func_graph)
         results = iter(import_rewritten(graph_def, placeholder_names, arguments + captures,
                                         output_names, control_names))
+        # The launch nodes' code must be registered before the graph can run; LLVM made it
+        # while this trace ran.
+        _finish_pending(program)
         values = [next(results) if isinstance(t, tf.Tensor) else t for t in flat]
         return tf.nest.pack_sequence_as(structured, values, expand_composites=True)
 

@@ -11,7 +11,10 @@ keep no state: the generated code is reentrant.
 
 from __future__ import annotations
 
+import concurrent.futures
+import functools
 import itertools
+import os
 import re
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
@@ -20,6 +23,7 @@ from typing import Any
 from llvmlite import ir
 
 from tfxla_lite.codegen import cache as kernel_cache
+from tfxla_lite.codegen.cache import _Prepared
 
 # Importing the emitter modules fills the EMITTERS registry.
 from tfxla_lite.codegen.cpu import (  # noqa: F401
@@ -47,7 +51,7 @@ from tfxla_lite.codegen.cpu.emitter import (
     i64,
     value_type,
 )
-from tfxla_lite.codegen.executable import Executable
+from tfxla_lite.codegen.executable import ENTRY_SIGNATURE, Executable
 from tfxla_lite.hlo.ir import HloModule, Instruction
 from tfxla_lite.passes.buffer_assignment import leaves
 
@@ -379,7 +383,8 @@ def _combine_partials(ctx: KernelContext, root: Instruction, output: ir.Value,
 
 def compile(module: HloModule, assignment: Any, hlo_text: str = "",
             optimized_hlo_text: str = "", threads: int | None = None,
-            cache: bool | None = None, donate: Collection[int] = ()) -> Executable:
+            cache: bool | None = None, donate: Collection[int] = (),
+            background: bool = False) -> Executable:
     """Emit, optimize and JIT-compile `module` under `assignment`.
 
     `donate`: parameter numbers whose buffers outputs may take over (TF's input
@@ -389,6 +394,13 @@ def compile(module: HloModule, assignment: Any, hlo_text: str = "",
     `threads` is the team size of parallel kernels (None: every CPU this process may
     use; 1: all kernels serial). `cache` chooses the compile caches (`codegen/cache.py`;
     None: as `TFXLA_LITE_CACHE` says): a hit reuses machine code and emits nothing.
+
+    `background`: on a cache miss, the IR is emitted on this thread and LLVM's work
+    (parsing and verifying, optimization, machine code, loading, the kernel caches'
+    writes) goes on in a background thread; the result is a `PendingExecutable`, whose
+    machine code every reader waits for (`wait`, which raises LLVM's error). The caller
+    overlaps its own work (the next cluster's emission, TF's trace of the rewritten
+    graph) with LLVM's.
     """
     team = parallel.effective_threads(threads)
     entry = module.entry
@@ -407,11 +419,31 @@ def compile(module: HloModule, assignment: Any, hlo_text: str = "",
     code = kernel_cache.memory_lookup(key) if caches.memory else None
     if code is None and caches.disk:
         code = kernel_cache.disk_load(key, signature)
+    if code is None and background:
+        emitted = _emit_code(module, assignment, team, donations)
+        job = _background_pool().submit(_finish_code, emitted, key, signature, caches)
+        return PendingExecutable(
+            module=module,
+            assignment=assignment,
+            parameter_shapes=[p.shape for p in entry.parameters],
+            output_shapes=[o.shape for o in outputs],
+            temp_bytes=int(assignment.temp_bytes),
+            kernel_count=emitted.kernel_count,
+            llvm_ir=emitted.split.text,
+            llvm_ir_optimized=None,
+            entry_address=None,
+            engine=None,
+            hlo_text=hlo_text or module.to_text(),
+            optimized_hlo_text=optimized_hlo_text,
+            assignment_text=assignment_text,
+            compiled_from="llvm",
+            donations=donations,
+            job=job,
+        )
     if code is None:
-        code = _compile_code(module, assignment, team, donations)
-        if caches.disk:
-            kernel_cache.disk_store(key, signature, code)
-    if caches.memory:
+        code = _finish_code(_emit_code(module, assignment, team, donations), key, signature,
+                            caches)
+    elif caches.memory:
         kernel_cache.memory_store(key, code)
     return Executable(
         module=module,
@@ -432,9 +464,47 @@ def compile(module: HloModule, assignment: Any, hlo_text: str = "",
     )
 
 
+@dataclass(frozen=True)
+class EmittedModule:
+    """A module's LLVM IR as emitted (`_emit_code`), cut into the parts LLVM compiles."""
+
+    split: module_split.SplitModule
+    kernel_count: int
+
+
 def _compile_code(module: HloModule, assignment: Any, team: int,
                   donations: tuple[tuple[int, int], ...] = ()) -> kernel_cache.CompiledCode:
     """Emit the module's LLVM IR (kernels and `entry`), optimize it and JIT it."""
+    return _machine_code(_emit_code(module, assignment, team, donations))
+
+
+def _finish_code(emitted: EmittedModule, key: str, signature: dict[str, Any],
+                 caches: kernel_cache.CachePolicy) -> kernel_cache.CompiledCode:
+    """LLVM's part of a compile (`_machine_code`), then the kernel caches' writes."""
+    code = _machine_code(emitted)
+    if caches.disk:
+        kernel_cache.disk_store(key, signature, code)
+    if caches.memory:
+        kernel_cache.memory_store(key, code)
+    return code
+
+
+def _machine_code(emitted: EmittedModule) -> kernel_cache.CompiledCode:
+    """Optimize and compile the emitted parts (one object each) and load them."""
+    split = emitted.split
+    parts = engine.compile_parts(split.parts)
+    execution_engine = engine.load_objects(parts.objects)
+    address = execution_engine.get_function_address(ENTRY_NAME)
+    kernel_cache.count("llvm_compilations")
+    return kernel_cache.CompiledCode(
+        execution_engine, address, emitted.kernel_count, split.text,
+        kernel_cache.optimized_text(parts.bitcode, split.exported), parts.objects,
+        parts.bitcode, split.exported)
+
+
+def _emit_code(module: HloModule, assignment: Any, team: int,
+               donations: tuple[tuple[int, int], ...] = ()) -> EmittedModule:
+    """The module's LLVM IR (kernels and `entry`), cut into parts (`module_split`)."""
     entry = module.entry
     assert entry is not None and entry.root is not None
     root = entry.root
@@ -507,14 +577,69 @@ def _compile_code(module: HloModule, assignment: Any, team: int,
     # (module_split.py); one engine links the objects.
     split = module_split.split_module(llvm_module, ENTRY_NAME, engine.optimizer_threads(),
                                       engine.PARALLEL_IR_BYTES, kernels.texts)
-    parts = engine.compile_parts(split.parts)
-    execution_engine = engine.load_objects(parts.objects)
-    address = execution_engine.get_function_address(ENTRY_NAME)
-    kernel_cache.count("llvm_compilations")
-    return kernel_cache.CompiledCode(
-        execution_engine, address, kernel_count, split.text,
-        kernel_cache.optimized_text(parts.bitcode, split.exported), parts.objects,
-        parts.bitcode, split.exported)
+    return EmittedModule(split, kernel_count)
+
+
+def _background_pool() -> concurrent.futures.ThreadPoolExecutor:
+    """The thread that runs background compiles (`compile(..., background=True)`), one
+    module after another: with the thread that emits the next module (or traces the
+    rewritten graph) it keeps two cores busy; a big module's parts add their own threads
+    (`engine.compile_parts`). One per process: a forked child does not have its
+    parent's thread, and an executor inherited from the parent would never run a task."""
+    return _pool_of_process(os.getpid())
+
+
+@functools.cache
+def _pool_of_process(pid: int) -> concurrent.futures.ThreadPoolExecutor:
+    return concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tfxla-lite-llvm")
+
+
+class PendingExecutable(Executable):
+    """An `Executable` whose machine code LLVM is still making on a background thread
+    (`compile(..., background=True)`). Everything but the code is there at once (the
+    module, its buffer assignment, the emitted IR, the kernel count); reading the entry
+    address, the engine or the optimized IR, or calling it, waits for LLVM, and raises
+    its error if it failed. `wait()` does only that, for callers that must know the code
+    is ready (the launch op's registration)."""
+
+    entry_address = _Prepared("wait")
+    engine = _Prepared("wait")
+    _entry = _Prepared("wait")
+
+    @property  # type: ignore[override]
+    def llvm_ir_optimized(self) -> str:
+        self.wait()
+        text = self.__dict__["_llvm_ir_optimized"]
+        if not isinstance(text, str):  # linked from the parts' bitcode when first read
+            text = self.__dict__["_llvm_ir_optimized"] = text()
+        return text
+
+    @llvm_ir_optimized.setter
+    def llvm_ir_optimized(self, value: Any) -> None:
+        self.__dict__["_llvm_ir_optimized"] = value
+
+    def __init__(self, *args: Any, job: concurrent.futures.Future, **kwargs: Any) -> None:
+        self.__dict__["_job"] = job
+        super().__init__(*args, **kwargs)
+
+    def __post_init__(self) -> None:
+        pass  # `_entry` is made when the code is there
+
+    @property
+    def ready(self) -> bool:
+        """Whether LLVM has finished (successfully or not)."""
+        return self.__dict__["_job"].done()
+
+    def wait(self) -> None:
+        """Block until the machine code is loaded; raises the compile's error, if any."""
+        if self.__dict__.get("_done"):
+            return
+        code = self.__dict__["_job"].result()
+        self.__dict__["_entry_address"] = code.entry_address
+        self.__dict__["_engine"] = code.engine
+        self.__dict__["_llvm_ir_optimized"] = code.llvm_ir_optimized
+        self.__dict__["__entry"] = ENTRY_SIGNATURE(code.entry_address)
+        self.__dict__["_done"] = True
 
 
 class KernelMerger:

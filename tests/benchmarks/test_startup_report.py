@@ -30,3 +30,20 @@ def test_repeats_with_edited_sources_are_named() -> None:
 def test_the_children_report_every_source_hash_the_caches_key_on() -> None:
     sources = {k for k in rewrite_cache.environment() if k.endswith("_sources")}
     assert sources == {"codegen_sources", "compiler_sources", "tf_side_sources"}
+
+
+def test_the_overlap_comparison_alternates_the_variants(monkeypatch) -> None:
+    calls: list[tuple[str, str]] = []
+
+    def spawn(variant: str, name: str, quick: bool, cache: object) -> dict:
+        overlap = startup.os.environ["TFXLA_LITE_OVERLAP_LLVM"]
+        calls.append((name, overlap))
+        return {"seconds": 0.080 if overlap == "1" else 0.090}
+
+    monkeypatch.setattr(startup, "_spawn", spawn)
+    monkeypatch.setattr(startup, "_fresh_cache", lambda: None)
+    monkeypatch.delenv("TFXLA_LITE_OVERLAP_LLVM", raising=False)
+    text = startup.compare_overlap(["gelu"], 3, quick=True)
+    assert [v for _, v in calls] == ["0", "1", "1", "0", "0", "1"]
+    assert "| gelu | 90 | 80 | 90 | 80 | 3 of 3 |" in text
+    assert "TFXLA_LITE_OVERLAP_LLVM" not in startup.os.environ
