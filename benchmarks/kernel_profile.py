@@ -25,7 +25,9 @@ import contextlib
 import ctypes
 import functools
 import os
+import statistics
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -34,10 +36,11 @@ from typing import Any
 import numpy as np
 from llvmlite import ir
 
-from tfxla_lite.codegen import cpu
+from tfxla_lite.codegen import compile_module, cpu
 from tfxla_lite.codegen.cpu import compiler, multi_output
 from tfxla_lite.codegen.cpu import dot as dot_codegen
 from tfxla_lite.codegen.cpu import engine as cpu_engine
+from tfxla_lite.codegen.executable import ENTRY_SIGNATURE, TEMP_ALIGNMENT
 from tfxla_lite.hlo.ir import Instruction
 
 _COUNTERS = "kernel_profile.counters"
@@ -190,6 +193,182 @@ def cycles_per_second() -> float:
     rate = (read() - cycles) / (time.perf_counter() - start)
     cycles_per_second.engine = engine  # type: ignore[attr-defined]  # keep the code alive
     return rate
+
+
+@dataclass(frozen=True)
+class ThreadScaling:
+    """Per-call samples of one executable called on preallocated buffers (`thread_scaling`)."""
+
+    threads: int
+    wall: list[float]  # seconds per call
+    cpu: list[float]  # the process's CPU seconds per call (all threads)
+
+    def both_busy(self, share: float = 1.6) -> list[float]:
+        """Wall times of the calls whose CPU time reached `share` times their wall time:
+        the calls on which a second thread really worked beside the caller."""
+        return [w for w, c in zip(self.wall, self.cpu) if c >= share * w]
+
+
+def thread_scaling(make_module: Callable[[], Any], arrays: list[np.ndarray],
+                   threads: tuple[int, ...] = (1, 2), repeats: int = 100,
+                   moved_bytes: int = 128 << 20) -> tuple[dict[int, ThreadScaling],
+                                                          list[np.ndarray]]:
+    """The module `make_module()` builds, compiled once per thread count and called
+    directly through its entry on preallocated outputs and arena (no allocation, no page
+    fault, no TF), the thread counts interleaved call by call in a rotating order.
+    Enough copies of the inputs and outputs are cycled through that the calls together
+    touch `moved_bytes` (default 128 MiB, beyond this machine's 32 MiB L3: each call
+    reads its inputs from DRAM, as in the benchmark, where other work runs between
+    bursts). Returns the samples per thread count and the outputs of the first thread
+    count's last call on the first copy (for checking). Every thread count must give
+    the same bits (each element is computed whole by one thread): checked here."""
+    executables = {count: compile_module(make_module(), threads=count, cache=False)
+                   for count in threads}
+    first = executables[threads[0]]
+    per_call = sum(a.nbytes for a in arrays) + sum(s.byte_size for s in first.output_shapes)
+    copies = max(1, -(-moved_bytes // max(per_call, 1)))
+    sets = []
+    for _ in range(copies):
+        inputs = [np.ascontiguousarray(a).copy() for a in arrays]
+        outputs = [np.zeros(s.dims, s.numpy_dtype) for s in first.output_shapes]
+        sets.append((inputs, outputs))
+    calls: dict[int, list[Callable[[], None]]] = {}
+    keep: list[Any] = []
+    for count, executable in executables.items():
+        entry = ENTRY_SIGNATURE(executable.entry_address)
+        arena = np.zeros(executable.temp_bytes + TEMP_ALIGNMENT, np.uint8)
+        temp = arena.ctypes.data + (-arena.ctypes.data % TEMP_ALIGNMENT) \
+            if executable.temp_bytes else None
+        calls[count] = []
+        for inputs, outputs in sets:
+            params = (ctypes.c_void_p * max(1, len(inputs)))(*[a.ctypes.data for a in inputs])
+            results = (ctypes.c_void_p * len(outputs))(*[o.ctypes.data for o in outputs])
+            keep += [params, results, arena]
+            calls[count].append(functools.partial(entry, ctypes.addressof(params),
+                                                  ctypes.addressof(results), temp))
+    reference = None
+    for count in threads:  # warm every copy; identical bits for every thread count
+        for call in calls[count]:
+            call()
+        got = [o.copy() for o in sets[0][1]]
+        if reference is None:
+            reference = got
+        elif not all(np.array_equal(a, b, equal_nan=True) for a, b in zip(reference, got)):
+            raise AssertionError(f"thread_scaling: {count} threads computed other bits "
+                                 f"than {threads[0]}")
+    samples = {count: ThreadScaling(count, [], []) for count in threads}
+    order = list(threads)
+    for repeat in range(repeats):
+        shift = repeat % len(order)
+        for count in order[shift:] + order[:shift]:
+            call = calls[count][repeat % copies]
+            cpu = process_cpu_seconds()
+            start = time.perf_counter()
+            call()
+            wall = time.perf_counter() - start
+            samples[count].cpu.append(process_cpu_seconds() - cpu)
+            samples[count].wall.append(wall)
+    del keep
+    return samples, reference or []
+
+
+def process_cpu_seconds() -> float:
+    """The CPU time of all this process's threads, each read through its own clock.
+
+    `time.process_time()` adds the other threads' times as the scheduler last accounted
+    them (at a tick or a switch): a team thread still running on the other core counts
+    late, in a later call's figure. A thread's own clock (Linux's per-thread CPU clock
+    id, `~tid << 3 | 6`) is brought up to date when read."""
+    total = 0.0
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            total += time.clock_gettime((~int(tid) << 3) | 6)
+        except OSError:  # the thread ended meanwhile
+            continue
+    return total
+
+
+def concurrent_streams(make_module: Callable[[], Any], arrays: list[np.ndarray],
+                       repeats: int = 50, moved_bytes: int = 128 << 20,
+                       ) -> tuple[list[float], list[tuple[float, float]]]:
+    """The module compiled for one thread, run by two Python threads at once (ctypes
+    releases the GIL), each on its own copies of the buffers cycled through
+    `moved_bytes`: what one thread's kernel costs while another streams beside it, as the
+    two threads of a parallel kernel do. Returns the thread CPU seconds of single calls
+    with nothing of ours beside them, and per concurrent pair each thread's CPU seconds
+    for the pairs whose runs overlapped by at least 90% of the longer one (thread CPU
+    time counts a stall on memory, not a wait for a core)."""
+    executable = compile_module(make_module(), threads=1, cache=False)
+    entry = ENTRY_SIGNATURE(executable.entry_address)
+    per_call = sum(a.nbytes for a in arrays) + sum(s.byte_size for s in executable.output_shapes)
+    copies = max(2, -(-moved_bytes // max(per_call, 1)))
+    keep: list[Any] = []
+    calls = []
+    for _ in range(copies):
+        inputs = [np.ascontiguousarray(a).copy() for a in arrays]
+        outputs = [np.zeros(s.dims, s.numpy_dtype) for s in executable.output_shapes]
+        arena = np.zeros(executable.temp_bytes + TEMP_ALIGNMENT, np.uint8)
+        temp = arena.ctypes.data + (-arena.ctypes.data % TEMP_ALIGNMENT) \
+            if executable.temp_bytes else None
+        params = (ctypes.c_void_p * max(1, len(inputs)))(*[a.ctypes.data for a in inputs])
+        results = (ctypes.c_void_p * len(outputs))(*[o.ctypes.data for o in outputs])
+        keep += [inputs, outputs, arena, params, results]
+        calls.append(functools.partial(entry, ctypes.addressof(params),
+                                       ctypes.addressof(results), temp))
+    for call in calls:
+        call()
+    alone: list[float] = []
+    pairs: list[tuple[float, float]] = []
+    for repeat in range(repeats):
+        first, second = calls[(2 * repeat) % copies], calls[(2 * repeat + 1) % copies]
+        barrier = threading.Barrier(2)
+        runs: list[tuple[float, float, float]] = [(0.0, 0.0, 0.0)] * 2
+
+        def run(slot: int, call: Callable[[], None], barrier: threading.Barrier = barrier,
+                runs: list = runs) -> None:
+            barrier.wait()
+            cpu, start = time.thread_time(), time.perf_counter()
+            call()
+            runs[slot] = (time.thread_time() - cpu, start, time.perf_counter())
+
+        threads = [threading.Thread(target=run, args=(n, c)) for n, c in enumerate((first,
+                                                                                    second))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        (cpu_a, start_a, end_a), (cpu_b, start_b, end_b) = runs
+        overlap = min(end_a, end_b) - max(start_a, start_b)
+        if overlap >= 0.9 * max(end_a - start_a, end_b - start_b):
+            pairs.append((cpu_a, cpu_b))
+        cpu = time.thread_time()
+        calls[(2 * repeat + 2) % copies]()
+        alone.append(time.thread_time() - cpu)
+    del keep
+    return alone, pairs
+
+
+def scaling_report(samples: dict[int, ThreadScaling], moved: float = 0.0) -> str:
+    """Best and median ms per thread count, and the same over the calls on which every
+    thread worked (CPU time at least 1.6x the wall time: on a shared machine the second
+    thread often gets no core, and a median of all calls measures the load)."""
+    def quantiles(values: list[float]) -> str:
+        if not values:
+            return "    -- /    --"
+        ordered = sorted(values)
+        line = f"{ordered[0] * 1e3:6.3f} / {ordered[len(ordered) // 2] * 1e3:6.3f}"
+        return line + (f" ({moved / ordered[0] / 1e9:5.1f} GB/s best)" if moved else "")
+
+    lines = []
+    for count, s in samples.items():
+        line = f"  {count} thread{'s' if count > 1 else ' '}: best / median ms {quantiles(s.wall)}"
+        line += f", CPU/wall {statistics.median(c / w for c, w in zip(s.cpu, s.wall)):.2f}"
+        if count > 1:
+            busy = s.both_busy()
+            line += (f"; calls with both threads busy {len(busy)}/{len(s.wall)}: "
+                     f"{quantiles(busy)}")
+        lines.append(line)
+    return "\n".join(lines)
 
 
 def report(kernels: list[KernelTime], top: int) -> str:

@@ -1,8 +1,8 @@
 """Where a memory-bound launch's time goes through TF, per call, and A/B of the pool join.
 
 Run: .venv/bin/python -m benchmarks.launch_timeline [WORKLOAD ...] [--repeats N]
-     [--spins 20,200] [--parts 4,16]   (default workloads: softmax_4096x1024,
-     layer_norm_4096x1024)
+     [--spins 20,200] [--parts 4,16] [--kernel-alone]   (default workloads:
+     softmax_4096x1024, layer_norm_4096x1024)
 
 For each workload, one process compiles tfxla-lite's variant once per `--parts` value
 (`codegen/cpu/parallel.py` `_PARTS_PER_THREAD`, compiled with the caches off and the
@@ -21,6 +21,15 @@ closures that started after their region was done, the minor page faults per cal
 by the cycle counter. Then the first
 variant's calls one at a time, alone and each right after a call of TF's XLA: the 10th
 percentile, median and 90th percentile of the same quantities per call.
+
+`--kernel-alone` instead compiles the workload's cluster from its HLO for one and two
+threads and calls the entry on preallocated buffers, interleaved call by call, with the
+inputs cycled through 128 MiB so that each call reads from DRAM
+(`kernel_profile.thread_scaling`): best and median per thread count, and the same over
+the calls on which both threads really worked (process CPU time at least 1.6x the wall
+time), which is what the kernel gives when the second core is free; then one thread's
+kernel alone and while a second copy runs beside it on other buffers (thread CPU time:
+does one thread's rate drop when two stream from DRAM at once?).
 """
 
 from __future__ import annotations
@@ -35,6 +44,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 if __package__ in (None, ""):  # `python benchmarks/launch_timeline.py`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -44,10 +55,17 @@ os.environ["TFXLA_LITE_CACHE"] = "0"  # each --parts value must compile its own 
 import tensorflow as tf  # noqa: E402
 
 import tfxla_lite as tl  # noqa: E402
-from benchmarks.kernel_profile import Profile, profiling  # noqa: E402
+from benchmarks.kernel_profile import (  # noqa: E402
+    Profile,
+    concurrent_streams,
+    profiling,
+    scaling_report,
+    thread_scaling,
+)
 from benchmarks.run import BandwidthProbe  # noqa: E402
 from benchmarks.workloads import by_name  # noqa: E402
 from tfxla_lite.codegen.cpu import parallel  # noqa: E402
+from tfxla_lite.hlo.parser import parse_module  # noqa: E402
 from tfxla_lite.runtime import loader  # noqa: E402
 
 DEFAULT_WORKLOADS = ("softmax_4096x1024", "layer_norm_4096x1024")
@@ -182,6 +200,36 @@ def measure(name: str, repeats: int, spins: list[int], parts: list[int],
 PER_CALL = 200
 
 
+def kernel_alone(name: str, repeats: int) -> None:
+    """The workload's one cluster, compiled from its HLO for 1 and 2 threads and timed
+    without TF on preallocated buffers (`kernel_profile.thread_scaling`)."""
+    (workload,) = by_name([name], quick=False)
+    fn, args = workload.make()
+    lite = tl.function(fn, jit_compile=True)
+    text = lite.experimental_get_compiler_ir(*args)(stage="hlo")
+    if text.count("HloModule ") != 1:
+        print(f"{name}: --kernel-alone needs exactly one compiled cluster")
+        return
+    arrays = [np.asarray(a) for a in args]
+    samples, outputs = thread_scaling(lambda: parse_module(text), arrays, (1, 2), repeats)
+    expected = tf.nest.flatten(lite(*args))
+    same = all(np.array_equal(got, np.asarray(want), equal_nan=True)
+               for got, want in zip(outputs, expected, strict=True))
+    print(f"{name} kernel alone, {repeats} calls per thread count, inputs from DRAM; load "
+          f"{_load()}; bits as through TF: {same}")
+    print(scaling_report(samples, workload.bytes))
+    alone, pairs = concurrent_streams(lambda: parse_module(text), arrays, max(repeats // 4, 10))
+    both = sorted(cpu for pair in pairs for cpu in pair)
+    if both:
+        print(f"  one thread's kernel, thread CPU ms, best / median: alone "
+              f"{min(alone) * 1e3:.3f} / {statistics.median(alone) * 1e3:.3f}; while a second "
+              f"runs beside it ({len(pairs)} pairs overlapped) {both[0] * 1e3:.3f} / "
+              f"{statistics.median(both) * 1e3:.3f}")
+    else:
+        print(f"  one thread's kernel alone {min(alone) * 1e3:.3f} ms; no two runs overlapped")
+    sys.stdout.flush()
+
+
 def _per_call(lite: Callable[[], Any], before: Callable[[], Any] | None
               ) -> dict[str, list[float]]:
     """Each of `PER_CALL` calls on its own (join spin 20 us), optionally right after a call
@@ -223,7 +271,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("workloads", nargs="*", default=list(DEFAULT_WORKLOADS))
     parser.add_argument("--repeats", type=int, default=21)
     parser.add_argument("--spins", default="20", help="join spins to A/B, microseconds")
-    parser.add_argument("--parts", default="4", help="parts per thread to A/B")
+    parser.add_argument("--parts", default=str(parallel._PARTS_PER_THREAD),
+                        help="parts per thread to A/B")
+    parser.add_argument("--kernel-alone", action="store_true",
+                        help="time the cluster's kernels without TF on 1 and 2 threads")
     parser.add_argument("--burst-seconds", type=float, default=0.02)
     args = parser.parse_args(argv)
     spins = [int(s) for s in args.spins.split(",")]
@@ -232,7 +283,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--repeats and --parts must be at least 1, --spins at least 0")
     print(f"{os.cpu_count()} CPUs; load {_load()}")
     for name in args.workloads:
-        measure(name, args.repeats, spins, parts, args.burst_seconds)
+        if args.kernel_alone:
+            kernel_alone(name, max(args.repeats, 100))
+        else:
+            measure(name, args.repeats, spins, parts, args.burst_seconds)
     return 0
 
 
