@@ -20,8 +20,10 @@ The key is everything the conversion reads: the function's source text, file, fi
 line, name, free variables and `__future__` imports, the *names* in its namespace
 (AutoGraph's namer avoids them when it picks the generated names), the conversion
 options, and the versions of TF and Python. AutoGraph reads one namespace *value*: a
-call of `set_loop_options` or `set_element_shape` is recognised by the object its name
-is bound to, so a function whose source mentions either is never cached. Lambdas and
+call of `set_loop_options` or `set_element_type` is recognised by the object its name
+is bound to (a global or a closure cell), so a function whose source mentions either,
+or a name bound to either, is never cached (an alias reached through another module's
+attribute, `utils.alias(...)`, is not seen: keep directives under their names). Lambdas and
 bound methods are not cached either (AutoGraph parses lambdas out of their enclosing
 line; methods are left to TF's own path).
 
@@ -48,13 +50,15 @@ from typing import Any
 
 import tensorflow as tf
 from tensorflow.python.autograph.impl import api as ag_api
+from tensorflow.python.autograph.lang import directives
 from tensorflow.python.autograph.pyct import inspect_utils, loader, origin_info, transpiler
 
 from tfxla_lite.codegen import cache as caches
 
 FORMAT = "tfxla-lite-autograph-1"
 SUFFIX = ".tla"
-_DIRECTIVES = ("set_loop_options", "set_element_shape")  # read by value (module docstring)
+# Read by value (module docstring): AutoGraph's `converters/directives.py`.
+_DIRECTIVES = (directives.set_loop_options, directives.set_element_type)
 
 logger = logging.getLogger("tfxla_lite")
 _active = threading.local()
@@ -123,14 +127,19 @@ def conversion_key(fn: Any, subkey: Any) -> str:
     """The key of `fn`'s conversion with options `subkey` (a `ConversionOptions`).
     Raises OSError when the source cannot be read, TypeError for an uncacheable one."""
     source = _source(fn)
-    if any(name in source for name in _DIRECTIVES):
+    namespace = inspect_utils.getnamespace(fn)
+    directive_ids = {id(d) for d in _DIRECTIVES}
+    names = [d.__name__ for d in _DIRECTIVES] + [
+        name for name, value in namespace.items()
+        if id(value) in directive_ids and isinstance(name, str)]
+    if any(name in source for name in names):
         raise TypeError("uses an AutoGraph directive, which AutoGraph resolves by value")
     code = fn.__code__
     parts = {
         "source": source, "file": code.co_filename, "line": code.co_firstlineno,
         "name": fn.__name__, "code_name": code.co_name, "freevars": list(code.co_freevars),
         "future": list(inspect_utils.getfutureimports(fn)),
-        "namespace": sorted(inspect_utils.getnamespace(fn)),
+        "namespace": sorted(namespace),
         "options": _options_text(subkey),
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()

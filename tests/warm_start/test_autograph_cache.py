@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from tensorflow.python.autograph.impl import api as ag_api
+from tensorflow.python.autograph.lang import directives as ag_directives
 from tensorflow.python.autograph.pyct import cache as pyct_cache
 
 import tfxla_lite as tl
@@ -47,6 +48,38 @@ def with_directive(x):
         tf.autograph.experimental.set_loop_options(maximum_iterations=3)
         x = x + tf.cast(i, tf.float32)
     return x
+
+
+loop_options = tf.autograph.experimental.set_loop_options  # an alias: read by value
+
+
+def with_aliased_directive(x):
+    for i in tf.range(3):
+        loop_options(maximum_iterations=2)
+        x = x + tf.cast(i, tf.float32)
+    return x
+
+
+def with_element_type(x):
+    values = []
+    ag_directives.set_element_type(values, tf.float32)
+    for i in tf.range(3):
+        values.append(tf.cast(i, tf.float32))
+    return x + 1.0
+
+
+def options_of(option):  # the same code object under a directive or a plain function
+    def loop_with(x):
+        assert option is not None  # a second use keeps `option` a free variable
+        for i in tf.range(3):
+            option(maximum_iterations=2)
+            x = x + tf.cast(i, tf.float32)
+        return x
+    return loop_with
+
+
+def no_options(**_):
+    pass
 
 
 @pytest.fixture
@@ -174,6 +207,41 @@ def test_directives_lambdas_and_methods_are_left_to_tensorflow(
     assert _delta(before) == {"autograph_hits": 0, "autograph_misses": 0,
                               "autograph_writes": 0, "autograph_rejected": 0}
     assert not _entries(cache_root)
+
+
+@pytest.mark.parametrize("fn", [with_element_type, with_aliased_directive,
+                                options_of(tf.autograph.experimental.set_loop_options)],
+                         ids=["set_element_type", "global alias", "closure alias"])
+def test_every_directive_is_left_to_tensorflow(fn) -> None:
+    # AutoGraph's directives converter resolves a name by its value (a global or a
+    # closure cell): `set_element_type` is one, and an alias of one is one.
+    options = ag_api.converter.ConversionOptions(recursive=True, user_requested=True)
+    with pytest.raises(TypeError, match="directive"):
+        autograph_cache.conversion_key(fn, options)
+    plain = options_of(no_options)
+    assert autograph_cache.conversion_key(plain, options), "a plain closure is cached"
+
+
+def test_a_directive_behind_a_name_never_reaches_a_plain_function(
+        cache_root: Path, fresh_conversions: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    # One code object, two closures: `option` is set_loop_options (AutoGraph drops the
+    # call and stops the loop after 2 iterations: x + 1) or a plain function (3
+    # iterations: x + 3). A conversion stored for one must not serve the other in a
+    # later process (here: TF's in-process conversions forgotten), either way round.
+    directive = options_of(tf.autograph.experimental.set_loop_options)
+    plain = options_of(no_options)
+    expected = {}
+    for name, fn in (("directive", directive), ("plain", plain)):
+        _forget(monkeypatch)
+        expected[name] = tf.function(fn)(tf.constant(X)).numpy()
+    np.testing.assert_allclose(expected["directive"], X + 1.0, rtol=1e-6)
+    np.testing.assert_allclose(expected["plain"], X + 3.0, rtol=1e-6)
+    for order in (("directive", "plain"), ("plain", "directive")):
+        for name in order:
+            _forget(monkeypatch)
+            fn = directive if name == "directive" else plain
+            value = tl.function(fn, min_cluster_size=1)(tf.constant(X)).numpy()
+            np.testing.assert_allclose(value, expected[name], rtol=1e-6, err_msg=str(order))
 
 
 @pytest.mark.parametrize("variable, value", [("TFXLA_LITE_CACHE", "memory"),
