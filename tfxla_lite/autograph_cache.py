@@ -27,6 +27,10 @@ attribute, `utils.alias(...)`, is not seen: keep directives under their names). 
 bound methods are not cached either (AutoGraph parses lambdas out of their enclosing
 line; methods are left to TF's own path).
 
+TF's private AutoGraph internals are used (`_TRANSPILER`, its `_cache`, the factory
+class): where this TF lacks one of them the cache stays off (`AVAILABLE`), and any
+failure of the cache's own steps hands the conversion back to TF's path unchanged.
+
 Trust: a hit executes the stored Python source, as the machine-code cache executes the
 stored objects: the cache folder must be the user's own (`TFXLA_LITE_CACHE_DIR`).
 `TFXLA_LITE_CACHE=0` or `memory` turns this cache off with the other disk caches,
@@ -49,16 +53,25 @@ from pathlib import Path
 from typing import Any
 
 import tensorflow as tf
-from tensorflow.python.autograph.impl import api as ag_api
-from tensorflow.python.autograph.lang import directives
-from tensorflow.python.autograph.pyct import inspect_utils, loader, origin_info, transpiler
 
 from tfxla_lite.codegen import cache as caches
 
+try:  # TF's private AutoGraph modules: another TF may lay them out otherwise
+    from tensorflow.python.autograph.impl import api as ag_api
+    from tensorflow.python.autograph.lang import directives
+    from tensorflow.python.autograph.pyct import inspect_utils, loader, origin_info, transpiler
+
+    # Read by value (module docstring): AutoGraph's `converters/directives.py`.
+    _DIRECTIVES = (directives.set_loop_options, directives.set_element_type)
+    _TRANSPILER_PARTS = ("transform_function", "get_caching_key", "get_extra_locals",
+                         "_cache", "_cache_lock")
+    AVAILABLE = all(hasattr(ag_api._TRANSPILER, part) for part in _TRANSPILER_PARTS) and all(
+        hasattr(transpiler._PythonFnFactory, part) for part in ("instantiate",))
+except (ImportError, AttributeError):
+    AVAILABLE = False
+
 FORMAT = "tfxla-lite-autograph-1"
 SUFFIX = ".tla"
-# Read by value (module docstring): AutoGraph's `converters/directives.py`.
-_DIRECTIVES = (directives.set_loop_options, directives.set_element_type)
 
 logger = logging.getLogger("tfxla_lite")
 _active = threading.local()
@@ -69,8 +82,9 @@ _original: Any = None  # the transpiler's own transform_function, once installed
 @contextlib.contextmanager
 def conversions_cached(enabled: bool = True) -> Iterator[None]:
     """AutoGraph conversions in this block (this thread) read and write the disk cache;
-    nothing when `enabled` is False or the disk caches are off."""
-    if not enabled or not caches.policy().disk or os.environ.get(
+    nothing when `enabled` is False, the disk caches are off, or this TF's AutoGraph
+    does not have the internals the cache relies on (`AVAILABLE`)."""
+    if not enabled or not AVAILABLE or not caches.policy().disk or os.environ.get(
             "TFXLA_LITE_AUTOGRAPH_CACHE", "1").strip().lower() in ("0", "off", "false", "no"):
         yield
         return
@@ -98,22 +112,26 @@ def _transform_function(fn: Any, user_context: Any) -> Any:
     if getattr(_active, "depth", 0) == 0 or not _cacheable(fn):
         return _original(fn, user_context)
     converter = ag_api._TRANSPILER
-    subkey = converter.get_caching_key(user_context)
-    if converter._cache.has(fn, subkey):  # TF's in-process cache: its own fast path
-        return _original(fn, user_context)
     try:
+        subkey = converter.get_caching_key(user_context)
+        if converter._cache.has(fn, subkey):  # TF's in-process cache: its own fast path
+            return _original(fn, user_context)
         key = conversion_key(fn, subkey)
-    except (OSError, TypeError) as error:  # no source to read: TF's path says why
+        factory = _load(key, fn)
+        if factory is not None:
+            with converter._cache_lock:
+                if not converter._cache.has(fn, subkey):
+                    converter._cache[fn][subkey] = factory
+    except Exception as error:  # noqa: BLE001 - no source to read, or TF's internals moved:
+        # the conversion goes TF's own way (which reports a missing source itself).
         logger.debug("tfxla-lite: AutoGraph cache skips %s: %s", fn, error)
         return _original(fn, user_context)
-    factory = _load(key, fn)
-    if factory is not None:
-        with converter._cache_lock:
-            if not converter._cache.has(fn, subkey):
-                converter._cache[fn][subkey] = factory
     result = _original(fn, user_context)  # a hit: TF's fast path instantiates it
     if factory is None:
-        _store(key, converter._cache[fn][subkey])
+        try:
+            _store(key, converter._cache[fn][subkey])
+        except Exception as error:  # noqa: BLE001 - never the user's conversion's fault
+            logger.debug("tfxla-lite: could not store the conversion of %s: %s", fn, error)
     return result
 
 

@@ -335,3 +335,24 @@ def test_the_source_is_found_without_a_scan_of_every_module(
     monkeypatch.setattr(inspect, "getmodule", recording)
     autograph_cache._source(loop_and_branch)
     assert asked and not any(inspect.iscode(obj) for obj in asked), asked
+
+
+def test_a_failing_cache_step_leaves_the_conversion_to_tensorflow(
+        cache_root: Path, fresh_conversions: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """If TF's internals moved under the cache (here: the key raises something no source
+    problem would), the trace still converts through TF and gives TF's result."""
+    def broken(*_: object) -> str:
+        raise AttributeError("_cache_lock moved")
+
+    monkeypatch.setattr(autograph_cache, "conversion_key", broken)
+    value = tl.function(loop_and_branch, min_cluster_size=1)(tf.constant(X)).numpy()
+    np.testing.assert_allclose(value, tf.function(loop_and_branch)(tf.constant(X)).numpy(),
+                               rtol=2e-6, atol=2e-6)
+    assert not _entries(cache_root)
+
+
+def test_without_the_internals_it_stays_off(
+        cache_root: Path, fresh_conversions: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(autograph_cache, "AVAILABLE", False)
+    tl.function(loop_and_branch, min_cluster_size=1)(tf.constant(X))
+    assert not _entries(cache_root)
