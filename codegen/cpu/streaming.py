@@ -282,11 +282,15 @@ def emit_lines(ctx: KernelContext, output: ir.Value, shape: Shape, first: ir.Val
     empty when the range starts on a line; the whole range when the output is not even
     aligned to its element size). One line loop serves every alignment, and the caller's
     `rest` can be small: a `memcpy` (a scalar loop there cost softmax's module 7 ms of
-    LLVM)."""
+    LLVM). `count` must be at least a line's elements (the head before the first line
+    boundary is up to L - 1 elements: a shorter range would make the line count wrap)."""
     b = ctx.builder
     size = element_bytes(shape)
     storage = storage_type(shape.element_type)
     lanes = LINE_BYTES // size
+    if count < lanes:
+        raise ValueError(f"emit_lines needs at least {lanes} elements (a 64-byte line), "
+                         f"got {count}")
     flags = ["nuw", "nsw"]
     address = b.add(b.ptrtoint(output, I64), b.mul(first, i64(size), flags=flags))
     aligned = b.icmp_unsigned("==", b.and_(address, i64(size - 1)), i64(0))
