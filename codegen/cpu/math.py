@@ -16,7 +16,9 @@ The approximations (max errors measured against float64 and bounded in
   correctly into the denormal range and overflow to inf: `llvm.ldexp` (one
   `vscalefps`) on AVX-512 hosts, two exponent-field factors elsewhere. n comes from
   one FMA that adds 1.5*2^23 (the float n and the integer n without a conversion),
-  and NaN flows through the arithmetic (no mask of its own).
+  and NaN flows through the arithmetic (no mask of its own). `exp_of_nonpositive`
+  leaves out the upper clamp for arguments proven <= 0 (softmax's x - max(x), found by
+  `row_kernel.py`): the same bits for every float32 <= 0, -inf and NaN.
 - `log`: Cephes' `logf`: the mantissa in [sqrt(1/2), sqrt(2)), a degree-9
   polynomial for log(1+m), the exponent times ln2 in two parts; denormals are
   scaled by 2^23 first.
@@ -116,9 +118,16 @@ _EXP_HIGH, _EXP_LOW = 89.0, -104.0
 _ROUNDING_SHIFT = 12582912.0
 
 
-def exp(ctx: KernelContext, x: ir.Value) -> ir.Value:
+def exp(ctx: KernelContext, x: ir.Value, nonpositive: bool = False) -> ir.Value:
+    """e^x; with `nonpositive`, for an x its caller has proven never above 0 (NaN and
+    -inf allowed: softmax's x - max(x)), without the upper clamp. The clamp passes every
+    x <= 89 and NaN through unchanged, so the result is the same bits as the general
+    exp's for all such x (tested over every float32 <= 0 and NaN)."""
     b = ctx.builder
-    v = _clamp_keeping_nan(ctx, x, _EXP_LOW, _EXP_HIGH)
+    if nonpositive:
+        v = b.select(b.fcmp_ordered("<", x, _c(_EXP_LOW)), _c(_EXP_LOW), x)
+    else:
+        v = _clamp_keeping_nan(ctx, x, _EXP_LOW, _EXP_HIGH)
     # n = round(v/ln2) as a float (the sum minus the shift, exact) and as an integer (the
     # difference of the bits), where roundeven and fptosi took a `vrndscaleps` and a
     # `vcvttps2dq`. A NaN stays NaN through r and p, and `ldexp` (or the two factors) of
@@ -304,6 +313,16 @@ def float_function(ctx: KernelContext, opcode: str, x: ir.Value) -> ir.Value | N
     function = F32_FUNCTIONS.get(opcode)
     if function is None:
         return None
+    return _in_f32(ctx, function, x)
+
+
+def exp_of_nonpositive(ctx: KernelContext, x: ir.Value) -> ir.Value | None:
+    """`exp(x, nonpositive=True)` for f32 and f16 values (as `float_function`); None for
+    other types (f64 keeps `llvm.exp`)."""
+    return _in_f32(ctx, functools.partial(exp, nonpositive=True), x)
+
+
+def _in_f32(ctx: KernelContext, function: FloatFunction, x: ir.Value) -> ir.Value | None:
     if x.type == F32:
         return function(ctx, x)
     if x.type == ir.HalfType():  # computed in f32, rounded once to f16
