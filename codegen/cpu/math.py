@@ -272,7 +272,8 @@ def tanh(ctx: KernelContext, x: ir.Value) -> ir.Value:
 
 def logistic(ctx: KernelContext, x: ir.Value) -> ir.Value:
     b = ctx.builder
-    e = exp(ctx, b.fneg(ctx.call_intrinsic("fabs", [x])))
+    # -|x| is never above 0 (or NaN): exp without its upper clamp, the same bits.
+    e = exp(ctx, b.fneg(ctx.call_intrinsic("fabs", [x])), nonpositive=True)
     negative = b.fcmp_ordered("<", x, _c(0.0))
     return b.fdiv(b.select(negative, e, _c(1.0)), b.fadd(e, _c(1.0)))
 

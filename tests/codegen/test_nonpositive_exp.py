@@ -198,3 +198,29 @@ def test_unproven_arguments_keep_the_general_exp(case: str,
     executable = _check(module, [x, y])
     assert found and not any(found)
     assert _UPPER_CLAMP.search(executable.llvm_ir_optimized)
+
+
+def test_logistic_keeps_its_bits_with_the_nonpositive_exp(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """logistic takes exp(-|x|) through the nonpositive form (-|x| <= 0 or NaN): the same
+    bits as through the general exp, over every 1021st float32 pattern and the edges."""
+    shape = Shape("f32", (1 << 22,))
+    general_exp = math.exp
+
+    def kernel(general: bool) -> Executable:
+        with monkeypatch.context() as patch:
+            if general:
+                patch.setattr(math, "exp", lambda ctx, x, nonpositive=False:
+                              general_exp(ctx, x))
+            module = build("logistic", [shape], lambda c, ps: [c.create("logistic", ps)])
+            executable = cpu.compile(module, naive_assignment(module), threads=1, cache=False)
+        assert bool(_UPPER_CLAMP.search(executable.llvm_ir_optimized)) == general
+        return executable
+
+    general, nonpositive = kernel(True), kernel(False)
+    patterns = (np.arange(1 << 22, dtype=np.uint64) * 1021 % (1 << 32)).astype(np.uint32)
+    edges = np.array([0, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000, 0xFFC00001, 1,
+                      0x80000001, 0x42B20000, 0xC2B20000, 0x42D00000, 0xC2D00000],
+                     dtype=np.uint32)
+    patterns[:edges.size] = edges
+    _same_bits(general, nonpositive, patterns)
