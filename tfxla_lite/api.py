@@ -93,7 +93,13 @@ class Function:
         if self.jit_compile is False:
             return self._tf_function(*args, **kwargs)
         args, kwargs = self._canonical(args, kwargs)
-        return self._program(args, kwargs).concrete_run(*args, **kwargs)
+        program = self._program(args, kwargs)
+        run = program.concrete_run
+        if program.flat_call and not kwargs and all(isinstance(a, tf.Tensor) for a in args):
+            # What TF's structured call ends in, without binding the arguments again
+            # (10-20 us a call: a latency-bound step is a few hundred).
+            return run._call_flat(list(args), run.captured_inputs)
+        return run(*args, **kwargs)
 
     def __get__(self, instance: Any, owner: Any = None) -> Any:
         # Methods: bind like a function would.
@@ -143,6 +149,7 @@ class Function:
         program = self._programs.get(key) if key is not None else None
         if program is None:
             program = self._compile(args, kwargs)
+            program.flat_call = _flat_call(program.concrete_run, args, kwargs)
             if key is not None:
                 self._programs[key] = program
         return program
@@ -258,6 +265,25 @@ def explain(f: Any, *args: Any, **kwargs: Any) -> ClusteringReport:
         python_function = getattr(f, "python_function", f)
         f = Function(python_function, jit_compile=None)
     return f.explain(*args, **kwargs)
+
+
+def _flat_call(concrete: Any, args: tuple, kwargs: dict) -> bool:
+    """Whether a call with arguments like these reaches `concrete`'s flat inputs as they
+    are: positional tensors only, each bound to the input at its position (TF's own
+    binding of these arguments, checked once). Anything else (nested structures,
+    Python values, keywords) keeps TF's structured call."""
+    if kwargs or not args or not all(isinstance(a, tf.Tensor) for a in args):
+        return False
+    try:
+        from tensorflow.python.eager.polymorphic_function import function_type_utils
+
+        function_type = concrete.function_type
+        bound = function_type_utils.canonicalize_function_inputs(args, {}, function_type)
+        flat = function_type.unpack_inputs(bound)
+    except Exception:  # noqa: BLE001 - TF's internals moved, or an unusual signature
+        return False
+    return (callable(getattr(concrete, "_call_flat", None)) and len(flat) == len(args)
+            and all(f is a for f, a in zip(flat, args)))
 
 
 def _first_lines(text: str, count: int) -> str:

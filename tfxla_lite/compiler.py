@@ -102,6 +102,9 @@ class Program:
     # What a call of this signature runs, set by tfxla_lite.api for every program:
     # `run` traced for it (skipping tf.function's dispatch), or the original trace.
     concrete_run: Any = None
+    # Set by tfxla_lite.api: a call's positional tensors are `concrete_run`'s flat inputs
+    # as they are (checked on the first call), so later calls skip TF's structured binding.
+    flat_call: bool = False
     # Clusters with unknown dimensions, compiled per input signature at run time.
     dynamic_clusters: list[dynamic_clusters.DynamicCluster] = field(default_factory=list)
     # The graph that was marked and rewritten: the trace's, or its copy with function
