@@ -416,6 +416,13 @@ def compile(module: HloModule, assignment: Any, hlo_text: str = "",
     signature = {"entry": ENTRY_NAME, "temp_bytes": int(assignment.temp_bytes),
                  "parameters": [str(p.shape) for p in entry.parameters],
                  "outputs": [str(o.shape) for o in outputs]}
+    # What an executable says of its module, whether its machine code is ready or pending.
+    described = dict(
+        module=module, assignment=assignment,
+        parameter_shapes=[p.shape for p in entry.parameters],
+        output_shapes=[o.shape for o in outputs], temp_bytes=int(assignment.temp_bytes),
+        hlo_text=hlo_text or module.to_text(), optimized_hlo_text=optimized_hlo_text,
+        assignment_text=assignment_text, donations=donations)
     code = kernel_cache.memory_lookup(key) if caches.memory else None
     if code is None and caches.disk:
         code = kernel_cache.disk_load(key, signature)
@@ -423,45 +430,18 @@ def compile(module: HloModule, assignment: Any, hlo_text: str = "",
         emitted = _emit_code(module, assignment, team, donations)
         job = _background_pool().submit(_finish_code, emitted, key, signature, caches)
         return PendingExecutable(
-            module=module,
-            assignment=assignment,
-            parameter_shapes=[p.shape for p in entry.parameters],
-            output_shapes=[o.shape for o in outputs],
-            temp_bytes=int(assignment.temp_bytes),
-            kernel_count=emitted.kernel_count,
-            llvm_ir=emitted.split.text,
-            llvm_ir_optimized=None,
-            entry_address=None,
-            engine=None,
-            hlo_text=hlo_text or module.to_text(),
-            optimized_hlo_text=optimized_hlo_text,
-            assignment_text=assignment_text,
-            compiled_from="llvm",
-            donations=donations,
-            job=job,
-        )
+            **described, kernel_count=emitted.kernel_count, llvm_ir=emitted.split.text,
+            llvm_ir_optimized=None, entry_address=None, engine=None, compiled_from="llvm",
+            job=job)
     if code is None:
         code = _finish_code(_emit_code(module, assignment, team, donations), key, signature,
                             caches)
     elif caches.memory:
         kernel_cache.memory_store(key, code)
     return Executable(
-        module=module,
-        assignment=assignment,
-        parameter_shapes=[p.shape for p in entry.parameters],
-        output_shapes=[o.shape for o in outputs],
-        temp_bytes=int(assignment.temp_bytes),
-        kernel_count=code.kernel_count,
-        llvm_ir=code.llvm_ir,
-        llvm_ir_optimized=code.llvm_ir_optimized,
-        entry_address=code.entry_address,
-        engine=code.engine,
-        hlo_text=hlo_text or module.to_text(),
-        optimized_hlo_text=optimized_hlo_text,
-        assignment_text=assignment_text,
-        compiled_from=code.source,
-        donations=donations,
-    )
+        **described, kernel_count=code.kernel_count, llvm_ir=code.llvm_ir,
+        llvm_ir_optimized=code.llvm_ir_optimized, entry_address=code.entry_address,
+        engine=code.engine, compiled_from=code.source)
 
 
 @dataclass(frozen=True)

@@ -60,14 +60,16 @@ def _arguments() -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
             tf.constant(rng.standard_normal(8).astype(np.float32)))
 
 
-def _placed(device: str | None) -> tl.Function:
+def _placed(device: str | None, **options: object) -> tl.Function:
+    """The model with its ops placed on `device` (None: TF's placement), compiled with
+    `options` (default: must-compile)."""
     def placed(x: tf.Tensor, n: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, ...]:
         if device is None:
             return _model(x, n, y)
         with tf.device(device):
             return _model(x, n, y)
 
-    return tl.function(placed, jit_compile=True)
+    return tl.function(placed, **(options or {"jit_compile": True}))
 
 
 def _ops(function: tl.Function, *args: tf.Tensor) -> list[tf.Operation]:
@@ -179,11 +181,7 @@ def test_gpu_cluster_without_cupy_falls_back_to_tf_on_the_gpu(
     report says why; in must-compile mode that is an error naming the cause."""
     monkeypatch.setitem(sys.modules, "cupy", None)  # `import cupy` raises ImportError
     with gpu_launch.use_backend(EmulatedGpuBackend()):
-        def placed(x: tf.Tensor, n: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, ...]:
-            with tf.device("/GPU:0"):
-                return _model(x, n, y)
-
-        function = tl.function(placed, min_cluster_size=1)
+        function = _placed("/GPU:0", min_cluster_size=1)
         args = _arguments()
         _assert_matches_tf(function(*args), args)
         report = function.explain(*args)
@@ -195,7 +193,7 @@ def test_gpu_cluster_without_cupy_falls_back_to_tf_on_the_gpu(
         assert softmax and softmax[0].device.endswith("device:GPU:0")
         assert not [op for op in ops if op.type in ("EagerPyFunc", "TfxlaLiteLaunch")]
 
-        must = tl.function(placed, jit_compile=True)
+        must = _placed("/GPU:0")
         with pytest.raises(tl.CompilationError, match="needs CuPy"):
             must(*args)
 
@@ -248,11 +246,7 @@ def test_gpu_cluster_nvrtc_refuses_falls_back_to_tf_on_the_gpu(
 
     monkeypatch.setattr(cupy.RawModule, "get_function", refuse)
 
-    def placed(x: tf.Tensor, n: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, ...]:
-        with tf.device("/GPU:0"):
-            return _model(x, n, y)
-
-    function = tl.function(placed, min_cluster_size=1)
+    function = _placed("/GPU:0", min_cluster_size=1)
     args = _arguments()
     _assert_matches_tf(function(*args), args)
     report = function.explain(*args)
@@ -264,7 +258,7 @@ def test_gpu_cluster_nvrtc_refuses_falls_back_to_tf_on_the_gpu(
     assert [op for op in ops if op.type == "Softmax"][0].device.endswith("device:GPU:0")
     assert not emulated_gpu.launches and not emulated_gpu.gemms
     with pytest.raises(tl.CompilationError, match="CompileException: nvrtc: error"):
-        tl.function(placed, jit_compile=True)(*args)
+        _placed("/GPU:0")(*args)
 
 
 @needs_gxx
