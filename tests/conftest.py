@@ -35,9 +35,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture
 def cache_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """An empty private cache folder for every tfxla-lite cache (`TFXLA_LITE_CACHE_DIR`),
-    both levels enabled, the in-process caches emptied."""
+    both levels enabled, the in-process caches emptied.
+
+    In a test that uses TF, the launch op library is loaded first, from the usual cache
+    folder: the process loads it once, and a first load under the private folder would
+    build it there (tens of seconds) and leave the process's library in a folder that is
+    deleted after the test (tests/runtime/test_op_build.py checks the usual one)."""
+    import sys
+
     from tfxla_lite.codegen import cache
 
+    if "tensorflow" in sys.modules:
+        from tfxla_lite.runtime import loader
+
+        loader.load_library()
     monkeypatch.setenv("TFXLA_LITE_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("TFXLA_LITE_CACHE", raising=False)
     cache.clear_memory()
