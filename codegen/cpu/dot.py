@@ -235,6 +235,14 @@ def plan_gemm(inst: Instruction) -> GemmPlan | None:
 # median, 16 units 84-115% (4 units ahead in 12 runs, level or a point behind in 3, 9
 # points behind in 1), 2 units 80-138%. Dots of the benchmark workloads (at most 0.27
 # GFLOP) keep their schedules (docs/benchmarks.md, "Large dots").
+# An operand of exactly L2_BYTES counts as beyond the L2 (the packed panels and C's tile
+# need room beside it): 512³ in 2×2 tiles took +6.8-8.6% CPU time on one thread where
+# 17 flops per element say +3.9% (36 say +7.6%), its 1×2 tiles +3.3-4.9%, so 512³ is cut
+# in 2 units (2×1: +1.8-3.0% median); through TF, interleaved, 2×1 was ahead of 2×2 in 17
+# of 18 runs (1-16 points of tf.matmul's rate; loads 1.2-2.2). The boundary is a fit,
+# not a law: 256×1024×256's 1 MiB operands re-packed at about 17 (its schedule, 2×1, is
+# the minimum either way). The benchmark workloads' dots keep their schedules; of the
+# shapes probed (squares 384-2048, the matmul benchmark's) only 512³ moves.
 MIN_UNIT_FLOPS = 1 << 22
 MAX_UNITS = 16
 MIN_SPLIT_UNITS = 2
@@ -300,7 +308,7 @@ def split_overhead(m: int, n: int, k: int, tiles_m: int, tiles_n: int,
     again, each extra row of tiles B (k×n), relative to the flops the K cancels; and
     each extra tile is one more call (TILE_CALL_FLOPS)."""
     def per_element(rows: int, cols: int) -> float:
-        fits = rows * cols * element_bytes <= L2_BYTES
+        fits = rows * cols * element_bytes < L2_BYTES
         return PACKING_FLOPS if fits else PACKING_FLOPS_BEYOND_L2
     return (per_element(m, k) * (tiles_n - 1) / (2 * n)
             + per_element(k, n) * (tiles_m - 1) / (2 * m)

@@ -44,10 +44,10 @@ def test_tiled_product_rejects_bad_shapes() -> None:
 def test_split_cost_report_names_the_schedule(capsys: pytest.CaptureFixture[str]) -> None:
     samples = matmul.split_cost(64, 32, 96, [(1, 2)], repeats=2)
     assert set(samples) == {(1, 1), (1, 2)} and all(len(v) == 2 for v in samples.values())
-    matmul.main(["--split-cost", "512", "--split", "2x1"])
+    matmul.main(["--split-cost", "512", "--split", "2x2"])
     lines = capsys.readouterr().out.splitlines()
-    assert any("512x512x512 2x2 tiles (schedule)" in line for line in lines)
-    assert any("512x512x512 2x1 tiles:" in line for line in lines)
+    assert any("512x512x512 2x1 tiles (schedule)" in line for line in lines)
+    assert any("512x512x512 2x2 tiles:" in line for line in lines)
 
 
 def test_forced_split_matches_tf_and_restores_the_schedule(monkeypatch: pytest.MonkeyPatch

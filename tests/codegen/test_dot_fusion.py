@@ -222,6 +222,16 @@ def test_schedule_is_fixed_by_shape() -> None:
                                                        768, (), (), ()))
     assert (square.tiles_m, square.tiles_n, square.block_m, square.block_n) == (2, 2, 384, 384)
     assert dot_codegen.split_overhead(768, 768, 768, 4, 2) > dot_codegen.SPLIT_BUDGET
+    # An operand of exactly L2_BYTES counts as beyond it: 512³ (two 1 MiB operands) in
+    # 2×2 tiles took +6.8-8.6% CPU time on one thread, 2×1 +1.8-3.0% (medians), so it
+    # stays at 2 row tiles; 448³ (784 KiB operands, 2×2 +3.4-3.8%) keeps its 2×2 tiles.
+    def square_tiles(size: int) -> tuple[int, int]:
+        sched = dot_codegen.schedule(dot_codegen.GemmPlan(size, size, size, False, size,
+                                                          False, size, (), (), ()))
+        return sched.tiles_m, sched.tiles_n
+    assert square_tiles(512) == (2, 1) and square_tiles(448) == (2, 2)
+    assert (dot_codegen.split_overhead(512, 512, 512, 2, 2) > dot_codegen.SPLIT_BUDGET
+            > dot_codegen.split_overhead(512, 512, 512, 2, 1))
     # Above BALANCE_FLOPS the budget shrinks with the flops, down to BALANCED_UNITS
     # units: a 2048³ product, whose 4×4 tiles would re-pack within SPLIT_BUDGET, is cut
     # in 2×2 tiles, although 2×2 re-packs more than its shrunken budget.
@@ -238,11 +248,11 @@ def test_schedule_is_fixed_by_shape() -> None:
     assert (tall.tiles_m, tall.tiles_n) == (4, 1)
     assert dot_codegen.split_overhead(8192, 512, 784, 8, 1) > dot_codegen.split_budget(
         tall.flops)
-    # A 512³ product in f64: its 2 MiB operands do not fit in L2, so it stops at two
-    # units where the f32 product is cut in four.
-    f64 = dot_codegen.GemmPlan(512, 512, 512, False, 512, False, 512, (), (), (), 8)
-    assert dot_codegen.split_overhead(512, 512, 512, 2, 2, 8) > dot_codegen.split_overhead(
-        512, 512, 512, 2, 2, 4)
+    # A 448³ product in f64: its 1.5 MiB operands do not fit in L2, so it stops at two
+    # units where the f32 product (784 KiB operands) is cut in four.
+    f64 = dot_codegen.GemmPlan(448, 448, 448, False, 448, False, 448, (), (), (), 8)
+    assert dot_codegen.split_overhead(448, 448, 448, 2, 2, 8) > dot_codegen.split_overhead(
+        448, 448, 448, 2, 2, 4)
     assert dot_codegen.schedule(f64).units == 2
     batched = dot_codegen.schedule(dot_codegen.GemmPlan(64, 64, 32, False, 32, False, 64,
                                                         (32,), (2048,), (2048,)))
