@@ -40,16 +40,27 @@ def cuda_device() -> object:
     return cupy
 
 
-@pytest.fixture
-def emulated(monkeypatch: pytest.MonkeyPatch) -> object:
-    """CuPy replaced by `fake_cupy` running kernels on the CPU emulator of the CUDA
-    built-ins; returns the recorder of what the backend asked CuPy for."""
+def _use_fake_cupy(monkeypatch: pytest.MonkeyPatch, emulate: bool) -> object:
     import fake_cupy
 
     from tfxla_lite.codegen.gpu import executable as executable_module
 
-    monkeypatch.setitem(sys.modules, "cupy", fake_cupy.module(emulate=True))
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy.module(emulate=emulate))
     monkeypatch.setattr(executable_module, "_modules", {})
     recorder = fake_cupy.Recorder()
     monkeypatch.setattr(fake_cupy, "RECORDER", recorder)
     return recorder
+
+
+@pytest.fixture
+def emulated(monkeypatch: pytest.MonkeyPatch) -> object:
+    """CuPy replaced by `fake_cupy` running kernels on the CPU emulator of the CUDA
+    built-ins; returns the recorder of what the backend asked CuPy for."""
+    return _use_fake_cupy(monkeypatch, emulate=True)
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch: pytest.MonkeyPatch) -> object:
+    """CuPy replaced by `fake_cupy` that records launches without running kernels (its
+    cuBLAS model still computes); returns the recorder."""
+    return _use_fake_cupy(monkeypatch, emulate=False)

@@ -9,8 +9,6 @@ views, the GEMM plans of `gemm.py` and the thunk wiring are exercised for real.
 
 from __future__ import annotations
 
-import sys
-
 import fake_cupy
 import numpy as np
 import pytest
@@ -18,18 +16,8 @@ from gpu_modules import MODULES, NOT_RUN
 from hlo_builders import flatten, random_arguments
 
 from tfxla_lite.codegen.gpu import compile_module
-from tfxla_lite.codegen.gpu import executable as executable_module
 from tfxla_lite.codegen.gpu.gemm import plan_gemm
 from tfxla_lite.hlo.evaluator import evaluate
-
-
-@pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> fake_cupy.Recorder:
-    monkeypatch.setitem(sys.modules, "cupy", fake_cupy.module())
-    monkeypatch.setattr(executable_module, "_modules", {})
-    recorder = fake_cupy.Recorder()
-    monkeypatch.setattr(fake_cupy, "RECORDER", recorder)
-    return recorder
 
 
 def _expected_launches(executable: object) -> list[str]:
@@ -59,19 +47,19 @@ def _cublas_calls(plan: object) -> int:
 
 
 @pytest.mark.parametrize("name", sorted(set(MODULES) - NOT_RUN))
-def test_gpu_executable_launches_every_kernel_as_declared(fake: fake_cupy.Recorder,
+def test_gpu_executable_launches_every_kernel_as_declared(fake_gpu: fake_cupy.Recorder,
                                                           name: str) -> None:
     executable = compile_module(MODULES[name](), verify=True)
     outputs = executable.run_numpy(*random_arguments(MODULES[name]()))
-    assert [launch.name for launch in fake.launches] == _expected_launches(executable)
-    assert len(fake.gemms) == sum(_cublas_calls(t.plan) for t in executable.program.thunks)
+    assert [launch.name for launch in fake_gpu.launches] == _expected_launches(executable)
+    assert len(fake_gpu.gemms) == sum(_cublas_calls(t.plan) for t in executable.program.thunks)
     assert len(outputs) == len(executable.output_shapes)
     for output, shape in zip(outputs, executable.output_shapes, strict=True):
         assert output.shape == shape.dims and output.dtype == shape.numpy_dtype
 
 
 @pytest.mark.parametrize("name", ["dot", "dot_batched", "dot_f16"])
-def test_gpu_library_dots_match_the_evaluator(fake: fake_cupy.Recorder, name: str) -> None:
+def test_gpu_library_dots_match_the_evaluator(fake_gpu: fake_cupy.Recorder, name: str) -> None:
     args = random_arguments(MODULES[name]())
     expected = flatten(evaluate(MODULES[name](), *args))
     got = compile_module(MODULES[name]()).run_numpy(*args)
@@ -80,32 +68,32 @@ def test_gpu_library_dots_match_the_evaluator(fake: fake_cupy.Recorder, name: st
                                rtol=tolerance, atol=tolerance)
 
 
-def test_gpu_epilogue_reads_the_product_from_scratch(fake: fake_cupy.Recorder) -> None:
+def test_gpu_epilogue_reads_the_product_from_scratch(fake_gpu: fake_cupy.Recorder) -> None:
     args = random_arguments(MODULES["dot_epilogue"]())
     executable = compile_module(MODULES["dot_epilogue"]())
     executable.run_numpy(*args)
-    (launch,) = fake.launches
+    (launch,) = fake_gpu.launches
     product = launch.arguments[-1].array
     np.testing.assert_allclose(product, args[0] @ args[1], rtol=1e-5, atol=1e-5)
     # The inputs follow the output, in the kernel's order; the product comes last.
     assert len(launch.arguments) == 1 + len(executable.program.thunks[0].plan.inputs) + 1
 
 
-def test_gpu_split_reduction_hands_both_kernels_the_scratch(fake: fake_cupy.Recorder) -> None:
+def test_gpu_split_reduction_hands_both_kernels_the_scratch(fake_gpu: fake_cupy.Recorder) -> None:
     executable = compile_module(MODULES["reduce_sum_split"]())
     executable.run_numpy(*random_arguments(MODULES["reduce_sum_split"]()))
-    partials, final = fake.launches
+    partials, final = fake_gpu.launches
     assert partials.grid[0] == executable.program.thunks[0].plan.chunks
     assert final.grid == (1,)
     assert partials.arguments[-1].data.ptr == final.arguments[-1].data.ptr
 
 
-def test_gpu_temps_live_in_one_arena(fake: fake_cupy.Recorder) -> None:
+def test_gpu_temps_live_in_one_arena(fake_gpu: fake_cupy.Recorder) -> None:
     """Kernels reading a temp get a view at the offset buffer assignment chose."""
     executable = compile_module(MODULES["layer_norm"]())
     executable.run_numpy(*random_arguments(MODULES["layer_norm"]()))
     assignment = executable.assignment
-    for launch, thunk in zip(fake.launches, executable.program.thunks, strict=False):
+    for launch, thunk in zip(fake_gpu.launches, executable.program.thunks, strict=False):
         for (member, index), argument in zip(thunk.plan.outputs, launch.arguments):
             buffer = assignment.slice_of(member, index)
             if buffer.kind == "temp":
@@ -114,7 +102,7 @@ def test_gpu_temps_live_in_one_arena(fake: fake_cupy.Recorder) -> None:
 
 @pytest.mark.parametrize("name", ["layer_norm", "dot_epilogue", "reduce_sum_split",
                                   "multi_output_columns"])
-def test_gpu_call_works_out_its_buffers_once(fake: fake_cupy.Recorder,
+def test_gpu_call_works_out_its_buffers_once(fake_gpu: fake_cupy.Recorder,
                                              monkeypatch: pytest.MonkeyPatch,
                                              name: str) -> None:
     """Where each kernel's arrays live is worked out once (at build); calls
@@ -123,14 +111,14 @@ def test_gpu_call_works_out_its_buffers_once(fake: fake_cupy.Recorder,
     executable = compile_module(MODULES[name]())
     args = random_arguments(MODULES[name]())
     first = executable.run_numpy(*args)
-    launches = len(fake.launches)
+    launches = len(fake_gpu.launches)
     lookups = []
     original = executable.assignment.slice_of
     monkeypatch.setattr(executable.assignment, "slice_of",
                         lambda *a, **k: lookups.append(a) or original(*a, **k))
     again = executable.run_numpy(*args)
     assert lookups == []
-    assert [launch.name for launch in fake.launches[launches:]] == \
-        [launch.name for launch in fake.launches[:launches]]
+    assert [launch.name for launch in fake_gpu.launches[launches:]] == \
+        [launch.name for launch in fake_gpu.launches[:launches]]
     for a, b in zip(first, again, strict=True):
         np.testing.assert_array_equal(a, b)

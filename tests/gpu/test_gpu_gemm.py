@@ -29,17 +29,6 @@ from tfxla_lite.hlo.shape import Shape
 TYPE_CODES = dict(fake_cupy.CUDA_TYPES)
 
 
-@pytest.fixture
-def recorder(monkeypatch: pytest.MonkeyPatch) -> fake_cupy.Recorder:
-    from tfxla_lite.codegen.gpu import executable as executable_module
-
-    monkeypatch.setitem(sys.modules, "cupy", fake_cupy.module())
-    monkeypatch.setattr(executable_module, "_modules", {})
-    found = fake_cupy.Recorder()
-    monkeypatch.setattr(fake_cupy, "RECORDER", found)
-    return found
-
-
 def _definition(transa: int, transb: int, m: int, n: int, k: int, a: np.ndarray, lda: int,
                 stride_a: int, b: np.ndarray, ldb: int, stride_b: int, c: np.ndarray,
                 ldc: int, stride_c: int, batch: int, alpha: float, beta: float) -> np.ndarray:
@@ -60,7 +49,7 @@ def _definition(transa: int, transb: int, m: int, n: int, k: int, a: np.ndarray,
 @pytest.mark.parametrize("code", sorted(TYPE_CODES),
                          ids=lambda c: np.dtype(TYPE_CODES[c]).name)
 @pytest.mark.parametrize(("transa", "transb"), [(0, 0), (0, 1), (1, 0), (1, 1)])
-def test_fake_gemm_is_cublas_definition(recorder: fake_cupy.Recorder, code: int,
+def test_fake_gemm_is_cublas_definition(fake_gpu: fake_cupy.Recorder, code: int,
                                         transa: int, transb: int) -> None:
     """Padded leading dimensions, a broadcast operand (batch stride 0), an output with
     gaps between matrices; beta 0 never reads C (NaN there stays out), beta 2 does."""
@@ -91,7 +80,7 @@ def test_fake_gemm_is_cublas_definition(recorder: fake_cupy.Recorder, code: int,
         assert c.array[~written].tobytes() == before[~written].tobytes()
 
 
-def test_fake_gemm_accumulates_half_floats_in_f32(recorder: fake_cupy.Recorder) -> None:
+def test_fake_gemm_accumulates_half_floats_in_f32(fake_gpu: fake_cupy.Recorder) -> None:
     """4096 ones: an f16 running sum stops at 2048 (2048 + 1 rounds back); cuBLAS's
     CUBLAS_COMPUTE_32F sums in f32 and rounds once, 4096."""
     cupy = sys.modules["cupy"]
@@ -104,7 +93,7 @@ def test_fake_gemm_accumulates_half_floats_in_f32(recorder: fake_cupy.Recorder) 
     assert out.array[0] == 4096
 
 
-def test_fake_gemm_refuses_what_cublas_refuses(recorder: fake_cupy.Recorder) -> None:
+def test_fake_gemm_refuses_what_cublas_refuses(fake_gpu: fake_cupy.Recorder) -> None:
     cupy = sys.modules["cupy"]
     a = cupy.asarray(np.zeros(12, np.float32))
     scalars = np.array([1.0, 0.0], np.float32)
@@ -137,7 +126,7 @@ def test_plan_reads_attention_heads_in_place() -> None:
 
 @pytest.mark.parametrize("element_type", ["f32", "f16", "bf16", "f64"])
 def test_random_dots_through_strided_gemm_match_the_evaluator(
-        recorder: fake_cupy.Recorder, element_type: str) -> None:
+        fake_gpu: fake_cupy.Recorder, element_type: str) -> None:
     """60 random dots per type on the cuBLAS model, exactly (small integers): every
     operand read in place or copied as planned, every access inside its allocation
     (`fake_cupy` checks), 2-byte floats accumulated in f32."""
@@ -149,7 +138,7 @@ def test_random_dots_through_strided_gemm_match_the_evaluator(
         dtype = module.entry.parameters[0].shape.numpy_dtype
         args = [rng.integers(-3, 4, d).astype(dtype) for d in (lhs, rhs)]
         (expected,) = flatten(evaluate(module, *args))
-        before = (len(recorder.gemms), recorder.operand_copies)
+        before = (len(fake_gpu.gemms), fake_gpu.operand_copies)
         (got,) = compile_module(module).run_numpy(*args)
         np.testing.assert_array_equal(np.asarray(got).astype(np.float64),
                                       np.asarray(expected).astype(np.float64),
@@ -158,25 +147,25 @@ def test_random_dots_through_strided_gemm_match_the_evaluator(
         plan = plan_gemm(dot)
         calls = 0 if 0 in (plan.m, plan.n, plan.k, plan.batch) or not plan.calls \
             else plan.calls
-        assert len(recorder.gemms) - before[0] == calls, (case, plan)
-        assert recorder.operand_copies - before[1] == (plan.copies if calls else 0)
+        assert len(fake_gpu.gemms) - before[0] == calls, (case, plan)
+        assert fake_gpu.operand_copies - before[1] == (plan.copies if calls else 0)
         in_place += calls > 0 and plan.copies == 0
         compute = 70 if element_type == "f64" else 68
-        assert all(g.compute_type == compute for g in recorder.gemms[before[0]:])
+        assert all(g.compute_type == compute for g in fake_gpu.gemms[before[0]:])
     assert in_place >= 30  # most random layouts need no copy
 
 
-def test_dot_beyond_cublas_sizes_fails_the_build(recorder: fake_cupy.Recorder) -> None:
+def test_dot_beyond_cublas_sizes_fails_the_build(fake_gpu: fake_cupy.Recorder) -> None:
     """cuBLAS takes 32-bit m, n, k and leading dimensions: a dot beyond them fails when
     the executable is built (where a GPU cluster falls back to TF), not at a call."""
     module = one_dot((2**31, 1), (1, 2), "f32", lhs_contracting_dims=(1,),
                      rhs_contracting_dims=(0,))
     with pytest.raises(NotImplementedError, match="32-bit sizes"):
         compile_module(module)
-    assert not recorder.gemms
+    assert not fake_gpu.gemms
 
 
-def test_operand_copies_live_in_the_arena(recorder: fake_cupy.Recorder,
+def test_operand_copies_live_in_the_arena(fake_gpu: fake_cupy.Recorder,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """An operand the plan copies (two contracting dimensions around a free one) is copied
     into the executable's scratch area, after an epilogue's product, not into a fresh
@@ -194,7 +183,7 @@ def test_operand_copies_live_in_the_arena(recorder: fake_cupy.Recorder,
                         lambda _: pytest.fail("a pool allocation for a dot operand"))
     (got,) = executable.run_checked(cupy, inputs)
     np.testing.assert_array_equal(cupy.asnumpy(got), expected)
-    assert recorder.operand_copies == 1 and len(recorder.gemms) == 1
+    assert fake_gpu.operand_copies == 1 and len(fake_gpu.gemms) == 1
 
 
 @pytest.mark.skipif(cuda_emulator.find_compiler() is None, reason="no g++")
