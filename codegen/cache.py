@@ -132,12 +132,21 @@ _memory: collections.OrderedDict[str, CompiledCode] = collections.OrderedDict()
 _stats = CacheStats()
 
 
+_OFF = ("0", "off", "false", "no", "none")
+
+
+def switched_off(variable: str) -> bool:
+    """Whether the environment variable `variable` turns its cache off (0, off, false,
+    no or none; unset means on)."""
+    return os.environ.get(variable, "1").strip().lower() in _OFF
+
+
 def policy(cache: bool | None = None) -> CachePolicy:
     """The caches one compile uses: `cache` if given, else `TFXLA_LITE_CACHE`."""
     if cache is not None:
         return CachePolicy(bool(cache), bool(cache))
     value = os.environ.get("TFXLA_LITE_CACHE", "1").strip().lower()
-    if value in ("0", "off", "false", "no", "none"):
+    if value in _OFF:
         return CachePolicy(False, False)
     if value == "memory":
         return CachePolicy(True, False)

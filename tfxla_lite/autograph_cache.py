@@ -44,7 +44,6 @@ import hashlib
 import inspect
 import json
 import logging
-import os
 import sys
 import threading
 import zlib
@@ -65,8 +64,8 @@ try:  # TF's private AutoGraph modules: another TF may lay them out otherwise
     _DIRECTIVES = (directives.set_loop_options, directives.set_element_type)
     _TRANSPILER_PARTS = ("transform_function", "get_caching_key", "get_extra_locals",
                          "_cache", "_cache_lock")
-    AVAILABLE = all(hasattr(ag_api._TRANSPILER, part) for part in _TRANSPILER_PARTS) and all(
-        hasattr(transpiler._PythonFnFactory, part) for part in ("instantiate",))
+    AVAILABLE = (all(hasattr(ag_api._TRANSPILER, part) for part in _TRANSPILER_PARTS)
+                 and hasattr(transpiler._PythonFnFactory, "instantiate"))
 except (ImportError, AttributeError):
     AVAILABLE = False
 
@@ -84,8 +83,8 @@ def conversions_cached(enabled: bool = True) -> Iterator[None]:
     """AutoGraph conversions in this block (this thread) read and write the disk cache;
     nothing when `enabled` is False, the disk caches are off, or this TF's AutoGraph
     does not have the internals the cache relies on (`AVAILABLE`)."""
-    if not enabled or not AVAILABLE or not caches.policy().disk or os.environ.get(
-            "TFXLA_LITE_AUTOGRAPH_CACHE", "1").strip().lower() in ("0", "off", "false", "no"):
+    if (not enabled or not AVAILABLE or not caches.policy().disk
+            or caches.switched_off("TFXLA_LITE_AUTOGRAPH_CACHE")):
         yield
         return
     _install()
@@ -128,10 +127,7 @@ def _transform_function(fn: Any, user_context: Any) -> Any:
         return _original(fn, user_context)
     result = _original(fn, user_context)  # a hit: TF's fast path instantiates it
     if factory is None:
-        try:
-            _store(key, converter._cache[fn][subkey])
-        except Exception as error:  # noqa: BLE001 - never the user's conversion's fault
-            logger.debug("tfxla-lite: could not store the conversion of %s: %s", fn, error)
+        _store(key, converter, fn, subkey)
     return result
 
 
@@ -239,11 +235,13 @@ def _factory_from(entry: dict[str, Any], fn: Any) -> transpiler._PythonFnFactory
     return factory
 
 
-def _store(key: str, factory: transpiler._PythonFnFactory) -> None:
-    """Write `factory`'s conversion; anything unexpected (a factory not made by
-    `create`, a read-only cache, a full disk) is only logged."""
+def _store(key: str, converter: Any, fn: Any, subkey: Any) -> None:
+    """Write the conversion of `fn` that `converter` (the transpiler) just made and keeps
+    in its cache; anything unexpected (no such entry, a factory not made by `create`, a
+    read-only cache, a full disk) is only logged: never the user's conversion's fault."""
     path = disk_path(key)
     try:
+        factory = converter._cache[fn][subkey]
         module = factory.module
         entry = {
             "name": factory._name,
@@ -258,7 +256,7 @@ def _store(key: str, factory: transpiler._PythonFnFactory) -> None:
             raise ValueError(f"no factory {entry['outer_factory']!r} in the generated module")
         payload = zlib.compress(json.dumps(entry).encode(), 1)
         caches.write_manifest_entry(path, {**environment(), "key": key}, payload)
-    except (OSError, ValueError, AttributeError, TypeError) as error:
+    except Exception as error:  # noqa: BLE001 - see the docstring
         logger.debug("tfxla-lite: could not write AutoGraph cache entry %s: %s", path, error)
         return
     caches.count("autograph_writes")
