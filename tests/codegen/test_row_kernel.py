@@ -250,20 +250,28 @@ def test_each_reducer_over_rows_of_each_width(kind: str, init: float, dtype: str
     assert _row_fusions(executable) == 1
 
 
-@pytest.mark.parametrize("kind", ["maximum", "minimum"])
-@pytest.mark.parametrize("dtype, width", [("f32", 200), ("f64", 100)])
-def test_fast_max_and_min_keep_nan_and_the_sign_of_zero(kind: str, dtype: str,
-                                                         width: int) -> None:
-    # The vector max/min folds with one compare-select and folds again exactly where a
-    # NaN or a zero was seen: the result is llvm.maximum's (NaN, -0 below +0). 1/fold
-    # shows the sign of a zero.
-    shape = Shape(dtype, (5, width))
-    sign = 1.0 if kind == "maximum" else -1.0
-
+def _one_over_row_fold(kind: str, x: np.ndarray, shape: Shape) -> np.ndarray:
+    """1 / (the max or min of each row of `x`), broadcast back over the row, compiled as
+    one row fusion: 1/fold shows a zero's sign."""
     def body(comp: Computation, p: list[Instruction]) -> Instruction:
         init = float("-inf") if kind == "maximum" else float("inf")
         folded = _reduce(comp, p[0], (1,), kind, init)
         return comp.create("divide", [p[1], _back(comp, folded, shape)])
+
+    executable = compile_module(build(f"row_{kind}", [shape, shape], body))
+    assert _row_fusions(executable) == 1
+    return executable(x, np.ones(shape.dims, x.dtype))[0]
+
+
+@pytest.mark.parametrize("kind", ["maximum", "minimum"])
+@pytest.mark.parametrize("dtype, width", [("f32", 200), ("f64", 100)])
+def test_fast_max_and_min_keep_nan_and_the_sign_of_zero(kind: str, dtype: str,
+                                                         width: int) -> None:
+    # The vector max/min folds with one compare-select and corrects the result where a
+    # NaN or a zero was seen: the result is llvm.maximum's (NaN, -0 below +0). 1/fold
+    # shows the sign of a zero.
+    shape = Shape(dtype, (5, width))
+    sign = 1.0 if kind == "maximum" else -1.0
 
     dtype_np = np.float32 if dtype == "f32" else np.float64
     x = -sign * np.random.default_rng(7).uniform(1.0, 2.0, shape.dims).astype(dtype_np)
@@ -271,10 +279,7 @@ def test_fast_max_and_min_keep_nan_and_the_sign_of_zero(kind: str, dtype: str,
     x[1, 3], x[1, width - 50] = -0.0 * sign, -0.0 * sign  # only -0 (max) or +0 (min)
     x[2, 37] = np.nan
     x[4, width - 1] = 5.0 * sign  # in the scalar tail
-    ones = np.ones(shape.dims, dtype_np)
-    executable = compile_module(build(f"row_{kind}", [shape, shape], body))
-    assert _row_fusions(executable) == 1
-    actual = executable(x, ones)[0]
+    actual = _one_over_row_fold(kind, x, shape)
     fold = {"maximum": np.max, "minimum": np.min}[kind](x, axis=1)
     fold[0] = 0.0 * sign
     fold[1] = -0.0 * sign
@@ -297,11 +302,6 @@ def test_fast_max_and_min_redo_exactly_for_a_nan_anywhere_or_a_zero_result(
     lanes = 16 if dtype == "f32" else 8
     group = lanes * (4 if width >= 8 * lanes else 1)  # elements per step of the fold
 
-    def body(comp: Computation, p: list[Instruction]) -> Instruction:
-        init = float("-inf") if kind == "maximum" else float("inf")
-        folded = _reduce(comp, p[0], (1,), kind, init)
-        return comp.create("divide", [p[1], _back(comp, folded, shape)])
-
     dtype_np = np.float32 if dtype == "f32" else np.float64
     x = -sign * np.random.default_rng(11).uniform(1.0, 2.0, shape.dims).astype(dtype_np)
     for row, position in enumerate([0, lanes + 3, group - 1, width // 2 + 1, width - 1]):
@@ -313,10 +313,7 @@ def test_fast_max_and_min_redo_exactly_for_a_nan_anywhere_or_a_zero_result(
     x[8, 5], x[8, 5 + lanes], x[8, 7] = -0.0 * sign, 0.0 * sign, 3.0 * sign  # nonzero wins
     x[9] = -0.0 * sign
     x[9, 5], x[9, 5 + group] = 0.0 * sign, -0.0 * sign  # one lane meets both zeros
-    ones = np.ones(shape.dims, dtype_np)
-    executable = compile_module(build(f"row_{kind}", [shape, shape], body))
-    assert _row_fusions(executable) == 1
-    actual = executable(x, ones)[0]
+    actual = _one_over_row_fold(kind, x, shape)
     fold = {"maximum": np.max, "minimum": np.min}[kind](x, axis=1)
     for row in range(shape.dims[0]):  # a zero's sign: the winning one if the row has it
         if fold[row] == 0:

@@ -9,7 +9,7 @@ test compiles all of them; the device tests run them against the evaluator.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -347,6 +347,20 @@ def random_dot(rng: np.random.Generator) -> tuple[tuple[int, ...], tuple[int, ..
     rhs, rb, rc = operand(rhs_free)
     return lhs, rhs, {"lhs_batch_dims": tuple(lb), "rhs_batch_dims": tuple(rb),
                       "lhs_contracting_dims": tuple(lc), "rhs_contracting_dims": tuple(rc)}
+
+
+def random_dot_cases(element_type: str, count: int
+                     ) -> Iterator[tuple[str, HloModule, list[np.ndarray]]]:
+    """`count` random dots of `element_type` (`random_dot`, a seed per type) with small
+    integer operands, so that every product and f32 sum is exact and a dot's result is
+    the evaluator's bits on any backend: (label, module, arguments)."""
+    rng = np.random.default_rng({"f32": 1, "f16": 2, "bf16": 3, "f64": 4}[element_type])
+    for case in range(count):
+        lhs, rhs, numbers = random_dot(rng)
+        module = one_dot(lhs, rhs, element_type, **numbers)
+        dtype = module.entry.parameters[0].shape.numpy_dtype
+        args = [rng.integers(-3, 4, d).astype(dtype) for d in (lhs, rhs)]
+        yield f"case {case}: {lhs} . {rhs} {numbers}", module, args
 
 
 def half_sums(element_type: str) -> HloModule:

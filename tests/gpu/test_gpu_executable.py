@@ -91,19 +91,13 @@ def test_gpu_strided_gemm_random_dots_match_the_evaluator(cuda_device: object,
     cuBLAS (`test_gpu_gemm.py` runs the same dots on `fake_cupy`'s model of it): small
     integers, so every product and f32 sum is exact and the results are the evaluator's
     bits, 2-byte floats included (they accumulate in f32 and round once)."""
-    from gpu_modules import one_dot, random_dot
+    from gpu_modules import random_dot_cases
 
-    rng = np.random.default_rng({"f32": 1, "f16": 2, "bf16": 3, "f64": 4}[element_type])
-    for case in range(40):
-        lhs, rhs, numbers = random_dot(rng)
-        module = one_dot(lhs, rhs, element_type, **numbers)
-        dtype = module.entry.parameters[0].shape.numpy_dtype
-        args = [rng.integers(-3, 4, d).astype(dtype) for d in (lhs, rhs)]
+    for label, module, args in random_dot_cases(element_type, 40):
         (expected,) = flatten(evaluate(module, *args))
         (got,) = compile_module(module).run_numpy(*args)
         np.testing.assert_array_equal(np.asarray(got).astype(np.float64),
-                                      np.asarray(expected).astype(np.float64),
-                                      err_msg=f"case {case}: {lhs} . {rhs} {numbers}")
+                                      np.asarray(expected).astype(np.float64), err_msg=label)
 
 
 def test_gpu_runs_on_tf_gpu_tensors_through_dlpack(cuda_device: object) -> None:

@@ -17,7 +17,7 @@ import cuda_emulator
 import fake_cupy
 import numpy as np
 import pytest
-from gpu_modules import one_dot, random_dot
+from gpu_modules import one_dot, random_dot_cases
 from hlo_builders import flatten
 
 from tfxla_lite.codegen.gpu import compile_module
@@ -130,24 +130,18 @@ def test_random_dots_through_strided_gemm_match_the_evaluator(
     """60 random dots per type on the cuBLAS model, exactly (small integers): every
     operand read in place or copied as planned, every access inside its allocation
     (`fake_cupy` checks), 2-byte floats accumulated in f32."""
-    rng = np.random.default_rng({"f32": 1, "f16": 2, "bf16": 3, "f64": 4}[element_type])
     in_place = 0
-    for case in range(60):
-        lhs, rhs, numbers = random_dot(rng)
-        module = one_dot(lhs, rhs, element_type, **numbers)
-        dtype = module.entry.parameters[0].shape.numpy_dtype
-        args = [rng.integers(-3, 4, d).astype(dtype) for d in (lhs, rhs)]
+    for label, module, args in random_dot_cases(element_type, 60):
         (expected,) = flatten(evaluate(module, *args))
         before = (len(fake_gpu.gemms), fake_gpu.operand_copies)
         (got,) = compile_module(module).run_numpy(*args)
         np.testing.assert_array_equal(np.asarray(got).astype(np.float64),
-                                      np.asarray(expected).astype(np.float64),
-                                      err_msg=f"case {case}: {lhs} . {rhs} {numbers}")
+                                      np.asarray(expected).astype(np.float64), err_msg=label)
         (dot,) = [i for i in module.entry.instructions if i.opcode == "dot"]
         plan = plan_gemm(dot)
         calls = 0 if 0 in (plan.m, plan.n, plan.k, plan.batch) or not plan.calls \
             else plan.calls
-        assert len(fake_gpu.gemms) - before[0] == calls, (case, plan)
+        assert len(fake_gpu.gemms) - before[0] == calls, (label, plan)
         assert fake_gpu.operand_copies - before[1] == (plan.copies if calls else 0)
         in_place += calls > 0 and plan.copies == 0
         compute = 70 if element_type == "f64" else 68
