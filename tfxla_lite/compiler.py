@@ -486,8 +486,9 @@ def _compile_graph(graph: tf.Graph, function_name: str, settings: _Settings,
 
 def overlap_llvm() -> bool:
     """Whether a trace's clusters compile LLVM in the background: `TFXLA_LITE_OVERLAP_LLVM=1`
-    (the code is the same either way). Off by default until a wall-clock A/B on a machine
-    with a free core shows the gain (docs/benchmarks.md, "LLVM in the background")."""
+    (the code is the same either way). Off by default: on a quiet machine the cold first
+    calls of five workloads were within 2 ms of it (`benchmarks.startup --overlap-ab`;
+    docs/benchmarks.md, "Session 5's end")."""
     return os.environ.get("TFXLA_LITE_OVERLAP_LLVM", "0") == "1"
 
 

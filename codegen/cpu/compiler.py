@@ -452,12 +452,6 @@ class EmittedModule:
     kernel_count: int
 
 
-def _compile_code(module: HloModule, assignment: Any, team: int,
-                  donations: tuple[tuple[int, int], ...] = ()) -> kernel_cache.CompiledCode:
-    """Emit the module's LLVM IR (kernels and `entry`), optimize it and JIT it."""
-    return _machine_code(_emit_code(module, assignment, team, donations))
-
-
 def _finish_code(emitted: EmittedModule, key: str, signature: dict[str, Any],
                  caches: kernel_cache.CachePolicy) -> kernel_cache.CompiledCode:
     """LLVM's part of a compile (`_machine_code`), then the kernel caches' writes."""
