@@ -85,7 +85,7 @@ def no_options(**_):
 @pytest.fixture
 def fresh_conversions(monkeypatch: pytest.MonkeyPatch) -> None:
     """TF's in-process conversions forgotten, as in a new process (restored after)."""
-    monkeypatch.setattr(ag_api._TRANSPILER, "_cache", pyct_cache.CodeObjectCache())
+    _forget(monkeypatch)
 
 
 def _delta(before: cache.CacheStats) -> dict[str, int]:
@@ -100,6 +100,7 @@ def _entries(root: Path) -> list[Path]:
 
 
 def _forget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Forget TF's in-process conversions now (again, within a test); restored after."""
     monkeypatch.setattr(ag_api._TRANSPILER, "_cache", pyct_cache.CodeObjectCache())
 
 
