@@ -445,13 +445,7 @@ def _stream_scaled_lines(ctx: KernelContext, root: Instruction, source: ir.Value
     def line(position: ir.Value) -> ir.Value:
         return b.fmul(b.load(at(position), typ=vector, align=size), factor)
 
-    def rest(low: ir.Value, high: ir.Value) -> None:
-        with b.if_then(b.icmp_unsigned("<", low, high), likely=False):
-            target = b.gep(output, [b.add(base, low, flags=flags)], inbounds=True,
-                           source_etype=scalar)
-            streaming.emit_memcpy(ctx, target, at(low), b.mul(b.sub(high, low), i64(size)))
-
-    streaming.emit_lines(ctx, output, root.shape, base, width, line, rest)
+    streaming.emit_lines(ctx, output, root.shape, base, width, line, source)
 
 
 def row_divisor(root: Instruction, scalars: dict[int, ir.Value]) -> Instruction | None:

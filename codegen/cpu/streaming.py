@@ -240,19 +240,12 @@ def _emit_whole_lines(ctx: KernelContext, output: ir.Value, shape: Shape, start:
 
     def part(first: ir.Value) -> None:
         fill(scratch, first, i64(count))
-        target = b.gep(output, [first], inbounds=True, source_etype=storage)
 
         def line(position: ir.Value) -> ir.Value:
             return b.load(b.gep(scratch, [position], inbounds=True, source_etype=storage),
                           typ=vector, align=size)
 
-        def rest(low: ir.Value, high: ir.Value) -> None:
-            with b.if_then(b.icmp_unsigned("<", low, high), likely=False):
-                emit_memcpy(ctx, b.gep(target, [low], inbounds=True, source_etype=storage),
-                            b.gep(scratch, [low], inbounds=True, source_etype=storage),
-                            b.mul(b.sub(high, low), i64(size)))
-
-        emit_lines(ctx, output, shape, first, count, line, rest)
+        emit_lines(ctx, output, shape, first, count, line, scratch)
 
     if length <= count:
         part(start)
@@ -272,18 +265,18 @@ def emit_memcpy(ctx: KernelContext, destination: ir.Value, source: ir.Value,
 
 
 def emit_lines(ctx: KernelContext, output: ir.Value, shape: Shape, first: ir.Value,
-               count: int, line: Callable[[ir.Value], ir.Value],
-               rest: Callable[[ir.Value, ir.Value], None]) -> None:
+               count: int, line: Callable[[ir.Value], ir.Value], source: ir.Value) -> None:
     """Store elements [first, first + count) of the output: the whole 64-byte lines among
     them with streaming stores of `line(position)` (the vector of elements position, ...,
     position + L - 1 of the range, L a line's elements; `position` at a runtime offset
     when the range does not start on a line), and the elements before the first line
-    boundary and after the last through `rest(low, high)` (positions [low, high), both
-    empty when the range starts on a line; the whole range when the output is not even
-    aligned to its element size). One line loop serves every alignment, and the caller's
-    `rest` can be small: a `memcpy` (a scalar loop there cost softmax's module 7 ms of
-    LLVM). `count` must be at least a line's elements (the head before the first line
-    boundary is up to L - 1 elements: a shorter range would make the line count wrap)."""
+    boundary and after the last copied from `source[position]` (a buffer holding the
+    range's elements from position 0) with `memcpy`: both parts empty when the range
+    starts on a line; the whole range when the output is not even aligned to its element
+    size. One line loop serves every alignment, and the partial lines cost a `memcpy`
+    each (a scalar loop there cost softmax's module 7 ms of LLVM). `count` must be at
+    least a line's elements (the head before the first line boundary is up to L - 1
+    elements: a shorter range would make the line count wrap)."""
     b = ctx.builder
     size = element_bytes(shape)
     storage = storage_type(shape.element_type)
@@ -300,15 +293,22 @@ def emit_lines(ctx: KernelContext, output: ir.Value, shape: Shape, first: ir.Val
     head = b.select(aligned, head, i64(count))
     lines = b.udiv(b.sub(i64(count), head), i64(lanes))
     tail = b.add(head, b.mul(lines, i64(lanes), flags=flags), flags=flags)
-    rest(i64(0), head)
-    nontemporal = ctx.module.add_metadata([ir.Constant(I32, 1)])
     target = b.gep(output, [first], inbounds=True, source_etype=storage)
+
+    def copy(low: ir.Value, high: ir.Value) -> None:  # positions [low, high), if any
+        with b.if_then(b.icmp_unsigned("<", low, high), likely=False):
+            emit_memcpy(ctx, b.gep(target, [low], inbounds=True, source_etype=storage),
+                        b.gep(source, [low], inbounds=True, source_etype=storage),
+                        b.mul(b.sub(high, low), i64(size)))
+
+    copy(i64(0), head)
+    nontemporal = ctx.module.add_metadata([ir.Constant(I32, 1)])
     with ctx.loop(lines, name="stream.line") as number:
         position = b.add(head, b.mul(number, i64(lanes), flags=flags), flags=flags)
         stored = b.store(line(position), b.gep(target, [position], inbounds=True,
                                                 source_etype=storage), align=LINE_BYTES)
         stored.set_metadata("nontemporal", nontemporal)
-    rest(tail, i64(count))
+    copy(tail, i64(count))
 
 
 def _store_block(ctx: KernelContext, output: ir.Value, shape: Shape, scratch: ir.Value,
