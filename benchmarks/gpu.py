@@ -126,6 +126,14 @@ def dense_module(m: int, k: int, n: int) -> HloModule:
     return module
 
 
+def transpose_add_module(side: int) -> HloModule:
+    module, comp = _module("transpose_add")
+    shape = Shape("f32", (side, side))
+    x, y = comp.add_parameter(0, shape), comp.add_parameter(1, shape)
+    comp.root = comp.create("add", [comp.create("transpose", [x], dimensions=(1, 0)), y])
+    return module
+
+
 @dataclass
 class Workload:
     name: str
@@ -154,6 +162,7 @@ def _tf_functions() -> dict[str, Callable[..., Any]]:
         "softmax 4096x1024": lambda x: tf.nn.softmax(x, axis=1),
         "layer norm 4096x1024": layer_norm,
         "dense+bias+relu 2048^3": lambda x, w, b: tf.nn.relu(tf.matmul(x, w) + b),
+        "transpose(x)+y 4096^2": lambda x, y: tf.transpose(x) + y,
     }
 
 
@@ -161,6 +170,7 @@ def workloads(small: bool = False) -> list[Workload]:
     """The benchmark's workloads; `small` shrinks them for tests (the names keep the
     full sizes)."""
     n, rows, width, side = (1 << 22, 4096, 1024, 2048) if not small else (4096, 8, 128, 64)
+    square = 4096 if not small else 80  # 80: edge tiles
 
     def softmax(xp: Any, x: Any) -> Any:
         e = xp.exp(x - x.max(axis=1, keepdims=True))
@@ -184,6 +194,10 @@ def workloads(small: bool = False) -> list[Workload]:
                  8 * rows * width),
         Workload("dense+bias+relu 2048^3", lambda: dense_module(side, side, side),
                  lambda xp, x, w, b: xp.maximum(x @ w + b, 0), 4 * 3 * side * side),
+        # The tiled transpose kernel; unfused CuPy reads x.T strided in one elementwise
+        # kernel, the access pattern of the loop kernel transposes had before tiling.
+        Workload("transpose(x)+y 4096^2", lambda: transpose_add_module(square),
+                 lambda xp, x, y: x.T + y, 12 * square * square),
     ]
 
 

@@ -15,12 +15,19 @@ its multi-output fusions and `softmax rewriter`). Templates:
   chunks into partials (scratch memory), a second kernel folds the partials.
 - `column-reduction`: any other reduce: 32 outputs per block, 8 slices of the reduced
   elements per output, combined in shared memory in a fixed order.
+- `transpose`: a kLoop fusion (or a lone transpose) whose root reads a transpose that
+  moves the minor dimension (the *hero*) elementwise or through reshapes: 32x32 tiles of
+  the hero's operand go through shared memory (32x8 threads, 4 rows each), read
+  coalesced along the operand's minor dimension and written coalesced along the
+  output's, XLA's transpose emitter. Transposes too small to pay for the tile (XLA's
+  rule) stay `loop` kernels.
 - `row-group`: see above.
 - `row-fusion`: a kCustom fusion of the `fuse-rows` pass (softmax, layer norm): a team
   per row folds each of its reduces in order (the results shared through shared memory),
   then computes the row's outputs; wide values between stages are recomputed, not stored.
 - `multi-output`: a fusion whose root is a tuple (`multi-output-fusion`): a kernel of
-  reduction phases, one per reduce result, then a loop kernel for the other results.
+  reduction phases, one per group of reduce results over the same elements (folded in
+  one pass), then a loop kernel for the other results.
 - `dot`: a library call (cuBLAS through CuPy), no generated kernel.
 - `dot-epilogue`: a kOutput fusion (a dot and its elementwise epilogue): cuBLAS writes
   the product to scratch memory, then a loop kernel applies the epilogue (bias,
@@ -51,6 +58,14 @@ SPLIT_CHUNK = 1 << 14  # elements per partial (at least)
 SPLIT_MAX_CHUNKS = 1024
 COLUMN_TILE = (32, 8)  # outputs x slices of a column-reduction block
 ROW_GROUP_MAX_WIDTH = 1 << 16  # a single-row group (R = 1) must stay this small
+TRANSPOSE_TILE = 32  # a tile of the transposed [B, C] view: 32x32 elements
+TRANSPOSE_BLOCK = (32, 8)  # threads of a tiled transpose; each thread moves 4 rows
+# When tiling pays (XLA's `ir_emission_utils.h`): both swapped sides at least 16, or
+# both at least 8 with at least 64x128 elements between them. XLA's constants, never
+# measured here: only a GPU can say whether ours should differ.
+TILED_MIN_SIDE = 16
+TILED_MIN_SIDE_SMALL = 8
+TILED_MIN_ELEMENTS = 64 * 128
 
 _NO_KERNEL = frozenset({"parameter", "constant"})
 DERIVED_SUFFIXES = ("", "_v4", "_partials", "_reduce", "_row_group")
@@ -75,8 +90,8 @@ class Launch:
 class KernelPlan:
     """One kernel (or library call) of the executable."""
 
-    # loop | row-reduction | split-reduction | column-reduction | row-group | row-fusion |
-    # multi-output | dot | dot-epilogue
+    # loop | transpose | row-reduction | split-reduction | column-reduction | row-group |
+    # row-fusion | multi-output | dot | dot-epilogue
     kind: str
     name: str
     members: list[Instruction]  # the entry instructions it computes, in order
@@ -255,9 +270,121 @@ def plan_instruction(inst: Instruction, name: str) -> KernelPlan:
         return KernelPlan("column-reduction", name, [inst],
                           Launch(COLUMN_TILE, outputs, COLUMN_TILE[0]),
                           rows=outputs, width=operand_size // max(outputs, 1))
+    if (tiling := transpose_tiling(inst)) is not None:
+        a_size, b_size, c_size = tiling.shape
+        tiles = a_size * ceil_div(b_size, TRANSPOSE_TILE) * ceil_div(c_size, TRANSPOSE_TILE)
+        return KernelPlan("transpose", name, [inst], Launch(TRANSPOSE_BLOCK, tiles, 1),
+                          extra={"tiling": tiling})
     vectorized = _vectorizable(inst, computed)
     return KernelPlan("loop", name, [inst], loop_launch(inst.shape.num_elements),
                       vectorized=vectorized)
+
+
+@dataclass(frozen=True)
+class TransposeTiling:
+    """How a tiled transpose kernel sees its work: every hero's operand as [A, B, C]
+    (row-major, size-1 dimensions dropped, dimensions that stay adjacent merged) and the
+    kernel's output, at each hero's shape, as [A, C, B]."""
+
+    heroes: tuple[Instruction, ...]
+    shape: tuple[int, int, int]
+
+
+def normalized_transpose(dims: tuple[int, ...],
+                         permutation: tuple[int, ...]) -> tuple[int, int, int] | None:
+    """(A, B, C) when transposing an array of `dims` by `permutation` (result dimension i
+    is operand dimension permutation[i]) is [A, B, C] -> [A, C, B] once size-1 dimensions
+    are dropped and runs of dimensions that stay adjacent are merged; else None (the
+    minor dimension stays in place, or a permutation of more than three groups)."""
+    kept = [d for d in range(len(dims)) if dims[d] != 1]
+    order = [kept.index(d) for d in permutation if dims[d] != 1]
+    groups: list[list[int]] = []  # runs of operand dimensions, in result order
+    for d in order:
+        if groups and groups[-1][-1] + 1 == d:
+            groups[-1].append(d)
+        else:
+            groups.append([d])
+    firsts = sorted(g[0] for g in groups)
+    positions = [firsts.index(g[0]) for g in groups]  # each group's place in the operand
+    sizes = [1] * len(groups)
+    for g, position in zip(groups, positions):
+        for d in g:
+            sizes[position] *= dims[kept[d]]
+    if positions == [1, 0]:
+        return 1, sizes[0], sizes[1]
+    if positions == [0, 2, 1]:
+        return sizes[0], sizes[1], sizes[2]
+    return None
+
+
+def tiling_pays(b_size: int, c_size: int) -> bool:
+    """Whether a [B, C] -> [C, B] transpose is large enough for the shared-memory tile
+    (`TILED_MIN_*`); a smaller one stays a loop kernel."""
+    return (b_size >= TILED_MIN_SIDE and c_size >= TILED_MIN_SIDE) or (
+        b_size >= TILED_MIN_SIDE_SMALL and c_size >= TILED_MIN_SIDE_SMALL
+        and b_size * c_size >= TILED_MIN_ELEMENTS)
+
+
+def transpose_tiling(inst: Instruction) -> TransposeTiling | None:
+    """The tiling of an entry instruction that is a lone transpose, or a kLoop fusion
+    whose root reads transposes (the heroes) only through elementwise ops and reshapes,
+    so that the root's element at a linear index needs each hero's element at that same
+    linear index and nothing else does. The heroes must move the minor dimension,
+    all the same way on operands of one shape, by enough to pay (`tiling_pays`)."""
+    if inst.shape.is_tuple or not inst.shape.num_elements:
+        return None
+    if inst.opcode == "fusion" and inst.attributes.get("kind") != "kLoop" \
+            or inst.opcode not in ("fusion", "transpose"):
+        return None
+    root, _ = kernel_body(inst)
+    count = root.shape.num_elements
+    # Computed at the output's linear index, from the root: elementwise ops and reshapes
+    # (a row-major reshape keeps the linear index, as XLA's bitcasts keep the layout).
+    reached: dict[int, Instruction] = {}
+    candidates: list[Instruction] = []
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if id(node) in reached or node.shape.is_tuple or node.shape.num_elements != count:
+            continue
+        reached[id(node)] = node
+        if node.opcode == "transpose":
+            candidates.append(node)
+        elif is_elementwise(node.opcode) or node.opcode in ("reshape", "bitcast"):
+            stack.extend(node.operands)
+    heroes: list[Instruction] = []
+    shape = None
+    for hero in candidates:
+        this = normalized_transpose(hero.operand(0).shape.dims, hero.dimensions)
+        if this is None or not _read_only_at_output_index(hero, root, reached):
+            continue
+        key = (this, hero.operand(0).shape.dims, hero.dimensions)
+        if heroes and key != (shape, heroes[0].operand(0).shape.dims, heroes[0].dimensions):
+            continue  # another permutation: computed by its element generator
+        heroes.append(hero)
+        shape = this
+    if shape is None or not tiling_pays(shape[1], shape[2]):
+        return None
+    return TransposeTiling(tuple(heroes), shape)
+
+
+def _read_only_at_output_index(hero: Instruction, root: Instruction,
+                               reached: dict[int, Instruction]) -> bool:
+    """Whether every value computed from `hero` up to `root` is one the root reads at its
+    own index (elementwise, reached from the root), so the hero's tile element may stand
+    for it."""
+    stack, seen = [hero], {id(hero)}
+    while stack:
+        node = stack.pop()
+        if node is root:
+            continue  # the kernel's result (an entry transpose's users are other kernels)
+        for user in node.users:
+            if id(user) not in reached:
+                return False
+            if id(user) not in seen:
+                seen.add(id(user))
+                stack.append(user)
+    return True
 
 
 def phase_blocks(reduce: Instruction) -> int:
@@ -270,8 +397,9 @@ def phase_blocks(reduce: Instruction) -> int:
 
 
 def plan_multi_output(inst: Instruction, name: str, leaves: list[Instruction]) -> KernelPlan:
-    """A multi-output fusion: a kernel of reduction phases (one per reduce leaf, each a
-    grid-stride loop of its own over blocks of 256 threads), then a loop kernel computing
+    """A multi-output fusion: a kernel of reduction phases (one per group of reduce leaves
+    over the same elements, `templates.phase_groups`; each a grid-stride loop of its own
+    over blocks of 256 threads), then a loop kernel computing
     every other leaf at each index before storing any (a leaf may overwrite an operand
     in place; the reductions have read everything by then)."""
     reduces = [n for n, leaf in enumerate(leaves) if leaf.opcode == "reduce"]

@@ -92,8 +92,11 @@ def _header(name: str, params: list[str], threads: int) -> str:
 
 def emit_plan(plan: KernelPlan, assignment: Any, tables: ModuleTables) -> KernelSource:
     """The CUDA text of one kernel plan (not a `dot`, which is a library call)."""
+    # Imported here: the transpose template builds on this module's helpers.
+    from tfxla_lite.codegen.gpu.transpose import emit_transpose
+
     emitters: dict[str, Callable[[KernelPlan, Any, ModuleTables], KernelSource]] = {
-        "loop": _emit_loop, "row-reduction": _emit_row_reduction,
+        "loop": _emit_loop, "transpose": emit_transpose, "row-reduction": _emit_row_reduction,
         "split-reduction": _emit_split_reduction, "column-reduction": _emit_column_reduction,
         "row-group": _emit_row_group, "row-fusion": _emit_row_fusion,
         "dot-epilogue": _emit_dot_epilogue, "multi-output": _emit_multi_output}
@@ -234,26 +237,46 @@ def _team_fold(ctx: KernelContext, reduce: Instruction,
                idx: str) -> tuple[list[str], str]:
     """Fold `element(j)` (one value per reduce input) for j in [0, length) over a team of
     `team` threads (a warp, or a block of whole warps); lane 0 ends with (accumulators,
-    has-any-element).
+    has-any-element). `_team_fold_all` for one reduce."""
+    def values(j: str) -> list[list[str]]:
+        value = element(j)
+        return [[value] if isinstance(value, str) else value]
+
+    (accumulators,), has = _team_fold_all(ctx, [reduce], values, length, team, lane, idx)
+    return accumulators, has
+
+
+def _team_fold_all(ctx: KernelContext, reduces: list[Instruction],
+                   element: Callable[[str], list[list[str]]], length: str, team: int,
+                   lane: str, idx: str) -> tuple[list[list[str]], str]:
+    """Fold `element(j)` (for each reduce, one value per input) for j in [0, length) into
+    every reduce at once, over a team of `team` threads (a warp, or a block of whole
+    warps); lane 0 ends with (each reduce's accumulators, has-any-element). Values the
+    reduces share (their producers) are computed once per element.
 
     Thread t folds j = t, t + team, ... in order; the threads' results combine in a fixed
-    binary tree (warp shuffles, then shared memory across warps): deterministic.
+    binary tree (warp shuffles, then shared memory across warps): deterministic, and for
+    each reduce the same order as when it is folded alone.
     """
     w = ctx.writer
-    _, inits = _parts(reduce)
+    inits = [i for reduce in reduces for i in _parts(reduce)[1]]
     types = [compute_type(i.shape.element_type) for i in inits]
     init_values = [ctx.value(i, Index.scalar()) for i in inits]
     accumulators = [w.fresh("acc") for _ in inits]
     for c_type, accumulator, init in zip(types, accumulators, init_values):
         w.line(f"{c_type} {accumulator} = {init};")
+    groups: list[list[str]] = []  # each reduce's accumulators
+    for reduce in reduces:
+        start = sum(len(g) for g in groups)
+        groups.append(accumulators[start:start + len(reduce.operands) // 2])
     has = w.fresh("has")
     w.line(f"bool {has} = false;")
     j = w.fresh("j")
     w.open(f"for ({idx} {j} = {lane}; {j} < {length}; {j} += {team})")
     with ctx.scope():
         values = element(j)
-        _fold_into(ctx, reduce, accumulators, [values] if isinstance(values, str) else values,
-                   has)
+        for reduce, group, reduce_values in zip(reduces, groups, values):
+            _fold_into(ctx, reduce, group, reduce_values, has)
         w.line(f"{has} = true;")
     w.close()
 
@@ -266,7 +289,10 @@ def _team_fold(ctx: KernelContext, reduce: Instruction,
         w.line(f"const bool {other_has} = tl_shfl_down({has}, offset);")
         w.open(f"if ({other_has})")
         with ctx.scope():
-            _fold_into(ctx, reduce, accumulators, others, has)
+            start = 0
+            for reduce, group in zip(reduces, groups):
+                _fold_into(ctx, reduce, group, others[start:start + len(group)], has)
+                start += len(group)
         w.line(f"{has} = true;")
         w.close()
         w.close()
@@ -291,7 +317,7 @@ def _team_fold(ctx: KernelContext, reduce: Instruction,
         warp_tree()
         w.close()
         w.line("__syncthreads();  // the shared arrays serve the next row")
-    return accumulators, has
+    return groups, has
 
 
 def _row_loop(w: Writer, team: int, rows: int, idx: str) -> tuple[str, str]:
@@ -339,19 +365,29 @@ def _fold_row_into(ctx: KernelContext, reduce: Instruction, row: str, lane: str,
                    idx: str, outputs: list[str]) -> None:
     """Fold row `row` of `reduce` (a row reduction, maybe variadic) and let lane 0 store
     each result."""
-    inputs, inits = _parts(reduce)
-    width = inputs[0].shape.num_elements // max(_kept_elements(reduce), 1)
+    _fold_rows_into(ctx, [reduce], row, lane, team, idx, [outputs])
 
-    def element(j: str) -> list[str]:
+
+def _fold_rows_into(ctx: KernelContext, reduces: list[Instruction], row: str, lane: str,
+                    team: int, idx: str, outputs: list[list[str]]) -> None:
+    """Fold row `row` of every reduce of `reduces` (row reductions of one input shape and
+    row width) in one pass over the row, and let lane 0 store each result (`outputs`: a
+    list of pointers per reduce)."""
+    width = _parts(reduces[0])[0][0].shape.num_elements // max(_kept_elements(reduces[0]), 1)
+
+    def element(j: str) -> list[list[str]]:
         linear = ctx.bind(f"{row} * {width} + {j}", idx, "lin")
-        return [ctx.value(i, Index(i.shape.dims, linear=linear)) for i in inputs]
+        return [[ctx.value(i, Index(i.shape.dims, linear=linear)) for i in _parts(r)[0]]
+                for r in reduces]
 
-    accumulators, has = _team_fold(ctx, reduce, element, str(width), team, lane, idx)
+    groups, has = _team_fold_all(ctx, reduces, element, str(width), team, lane, idx)
     ctx.writer.open(f"if ({lane} == 0)")
     with ctx.scope():
-        results = _with_init(ctx, reduce, accumulators, has)
-        for output, init, result in zip(outputs, inits, results):
-            ctx.writer.line(f"{output}[{row}] = {to_storage(init.shape.element_type, result)};")
+        for reduce, accumulators, pointers in zip(reduces, groups, outputs):
+            results = _with_init(ctx, reduce, accumulators, has)
+            for output, init, result in zip(pointers, _parts(reduce)[1], results):
+                ctx.writer.line(f"{output}[{row}] = "
+                                f"{to_storage(init.shape.element_type, result)};")
     ctx.writer.close()
 
 
@@ -592,12 +628,26 @@ def _emit_row_fusion(plan: KernelPlan, assignment: Any, tables: ModuleTables) ->
 
 # -- multi-output fusions ------------------------------------------------------------------
 
+def phase_groups(leaves: list[Instruction], reduces: list[int]) -> list[list[int]]:
+    """The reduce results of a multi-output fusion that one phase folds together: reduces
+    over one input shape with the same reduced dimensions (the iteration space
+    `multi-output-fusion` requires of siblings), in order of their first result."""
+    groups: dict[tuple[object, ...], list[int]] = {}
+    for n in reduces:
+        reduce = leaves[n]
+        key = (reduce.operand(0).shape.dims, tuple(sorted(reduce.dimensions)))
+        groups.setdefault(key, []).append(n)
+    return list(groups.values())
+
+
 def _emit_multi_output(plan: KernelPlan, assignment: Any,
                        tables: ModuleTables) -> KernelSource:
-    """Two kernels (either may be absent): `<name>_reduce`, one phase per reduce result,
-    each a grid-stride loop of its own over 1-D blocks of 256 threads (warp teams, block
-    teams or 32x8 column tiles carved out of `threadIdx.x`); then `<name>`, one loop
-    computing every other result at an index before storing any of them."""
+    """Two kernels (either may be absent): `<name>_reduce`, one phase per group of reduce
+    results over the same elements (`phase_groups`), each a grid-stride loop of its own
+    over 1-D blocks of 256 threads (warp teams, block teams or 32x8 column tiles carved
+    out of `threadIdx.x`) folding the group's reduces in one pass, so that producers they
+    share are computed once per element; then `<name>`, one loop computing every other
+    result at an index before storing any of them."""
     (inst,) = plan.members
     leaves = list(inst.fused_computation.root.operands)  # type: ignore[union-attr]
     idx = _index_type(plan)
@@ -606,11 +656,12 @@ def _emit_multi_output(plan: KernelPlan, assignment: Any,
     if plan.extra["reduces"]:
         w = Writer()
         w.open(_header(plan.name + "_reduce", params, 256))
-        for n in plan.extra["reduces"]:
-            w.line(f"// result {n}: {leaves[n].name}")
+        for group in phase_groups(leaves, plan.extra["reduces"]):
+            w.line("// " + ", ".join(f"result {n}: {leaves[n].name}" for n in group))
             w.open("")
             ctx = _member_context(w, inst, names, idx, tables)
-            _reduction_phase(ctx, leaves[n], names[(id(inst), (n,))], idx)
+            _reduction_phase(ctx, [leaves[n] for n in group],
+                             [names[(id(inst), (n,))] for n in group], idx)
             w.close()
         w.close()
         texts.append(w.text())
@@ -635,28 +686,30 @@ def _emit_multi_output(plan: KernelPlan, assignment: Any,
     return KernelSource(plan, functions, "\n".join(texts))
 
 
-def _reduction_phase(ctx: KernelContext, reduce: Instruction, output: str, idx: str) -> None:
-    """One reduce result of a multi-output kernel, in 1-D blocks of 256 threads."""
+def _reduction_phase(ctx: KernelContext, reduces: list[Instruction], outputs: list[str],
+                     idx: str) -> None:
+    """Reduce results of a multi-output kernel over the same elements (`phase_groups`),
+    folded in one pass, in 1-D blocks of 256 threads; `outputs`: their pointers."""
     w = ctx.writer
-    element_type = reduce.shape.element_type
-    outputs = reduce.shape.num_elements
+    reduce = reduces[0]
+    count_out = reduce.shape.num_elements
     operand = reduce.operand(0)
-    if is_row_reduction(reduce) and outputs:
-        width = operand.shape.num_elements // outputs
+    if is_row_reduction(reduce) and count_out:
+        width = operand.shape.num_elements // count_out
         team = row_team(width)
         if team == WARP:
             w.line("const int lane = threadIdx.x & 31;")
-            w.open(f"for ({idx} row = blockIdx.x * 8 + (threadIdx.x >> 5); row < {outputs}; "
-                   "row += gridDim.x * 8)")
+            w.open(f"for ({idx} row = blockIdx.x * 8 + (threadIdx.x >> 5); "
+                   f"row < {count_out}; row += gridDim.x * 8)")
         else:
             team = 256  # the whole block
             w.line("const int lane = threadIdx.x;")
-            w.open(f"for ({idx} row = blockIdx.x; row < {outputs}; row += gridDim.x)")
+            w.open(f"for ({idx} row = blockIdx.x; row < {count_out}; row += gridDim.x)")
         with ctx.scope():
-            _fold_row_into(ctx, reduce, "row", "lane", team, idx, [output])
+            _fold_rows_into(ctx, reduces, "row", "lane", team, idx, [[o] for o in outputs])
         w.close()
         return
-    ct = compute_type(element_type)
+    types = [compute_type(r.shape.element_type) for r in reduces]
     tile_x, tile_y = COLUMN_TILE
     reduced_dims = sorted(set(reduce.dimensions))
     reduced_sizes = tuple(operand.shape.dims[d] for d in reduced_dims)
@@ -664,40 +717,52 @@ def _reduction_phase(ctx: KernelContext, reduce: Instruction, output: str, idx: 
     for size in reduced_sizes:
         count *= size
     w.line("const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;")
-    shared_acc, shared_has = w.fresh("shared_acc"), w.fresh("shared_has")
-    w.line(f"__shared__ {ct} {shared_acc}[{tile_y}][{tile_x + 1}];")
+    shared_accs = [w.fresh("shared_acc") for _ in reduces]
+    shared_has = w.fresh("shared_has")
+    for ct, shared_acc in zip(types, shared_accs):
+        w.line(f"__shared__ {ct} {shared_acc}[{tile_y}][{tile_x + 1}];")
     w.line(f"__shared__ bool {shared_has}[{tile_y}][{tile_x + 1}];")
-    w.open(f"for ({idx} base = blockIdx.x * {tile_x}; base < {outputs}; "
+    w.open(f"for ({idx} base = blockIdx.x * {tile_x}; base < {count_out}; "
            f"base += gridDim.x * {tile_x})")
     with ctx.scope():
         w.line(f"const {idx} o = base + tx;")
-        init = ctx.value(reduce.operand(1), Index.scalar())
-        w.line(f"{ct} acc = {init};")
+        inits = [ctx.value(r.operand(1), Index.scalar()) for r in reduces]
+        accumulators = [f"acc{n}" for n in range(len(reduces))]
+        for ct, accumulator, init in zip(types, accumulators, inits):
+            w.line(f"{ct} {accumulator} = {init};")
         w.line("bool has = false;")
-        w.open(f"if (o < {outputs})")
+        w.open(f"if (o < {count_out})")
         with ctx.scope():
-            kept = iter(Index(reduce.shape.dims, linear="o").get_multi(ctx))
+            kept = Index(reduce.shape.dims, linear="o").get_multi(ctx)
             w.open(f"for ({idx} k = ty; k < {count}; k += {tile_y})")
             with ctx.scope():
                 reduced = iter(Index(reduced_sizes, linear="k").get_multi(ctx))
-                multi = [next(reduced) if d in reduced_dims else next(kept)
+                kept_iter = iter(kept)
+                multi = [next(reduced) if d in reduced_dims else next(kept_iter)
                          for d in range(operand.shape.rank)]
-                x = ctx.value(operand, Index(operand.shape.dims, multi))
-                w.line(f"acc = has ? {ctx.fold(reduce, ['acc', x])} : {x};")
+                values = [ctx.value(r.operand(0), Index(operand.shape.dims, multi))
+                          for r in reduces]
+                for r, accumulator, x in zip(reduces, accumulators, values):
+                    w.line(f"{accumulator} = has ? {ctx.fold(r, [accumulator, x])} : {x};")
                 w.line("has = true;")
             w.close()
         w.close()
-        w.line(f"{shared_acc}[ty][tx] = acc;")
+        for shared_acc, accumulator in zip(shared_accs, accumulators):
+            w.line(f"{shared_acc}[ty][tx] = {accumulator};")
         w.line(f"{shared_has}[ty][tx] = has;")
         w.line("__syncthreads();")
-        w.open(f"if (ty == 0 && o < {outputs})")
-        w.line(f"{ct} result = {init};")
+        w.open(f"if (ty == 0 && o < {count_out})")
+        results = [f"result{n}" for n in range(len(reduces))]
+        for ct, result, init in zip(types, results, inits):
+            w.line(f"{ct} {result} = {init};")
         w.open(f"for (int s = 0; s < {tile_y}; ++s)")
         w.open(f"if ({shared_has}[s][tx])")
-        w.line(f"result = {ctx.fold(reduce, ['result', f'{shared_acc}[s][tx]'])};")
+        for r, result, shared_acc in zip(reduces, results, shared_accs):
+            w.line(f"{result} = {ctx.fold(r, [result, f'{shared_acc}[s][tx]'])};")
         w.close()
         w.close()
-        w.line(f"{output}[o] = {to_storage(element_type, 'result')};")
+        for r, output, result in zip(reduces, outputs, results):
+            w.line(f"{output}[o] = {to_storage(r.shape.element_type, result)};")
         w.close()
         w.line("__syncthreads();")
     w.close()

@@ -408,6 +408,27 @@ def argmax(dims: tuple[int, ...], axis: int, element_type: str = "f32") -> HloMo
     return module
 
 
+def transpose(dims: tuple[int, ...], permutation: tuple[int, ...], element_type: str = "f32",
+              fused: bool = False, reshape_to: tuple[int, ...] | None = None) -> HloModule:
+    """transpose(x), or (`fused`) transpose(x + y) * z + transpose(y): elementwise work on
+    both sides of two transposes of one permutation; `reshape_to`: the result reshaped."""
+    name = f"transpose_{'x'.join(map(str, dims))}_{''.join(map(str, permutation))}"
+    module, comp = new_module(f"{name}_{element_type}{'_fused' if fused else ''}")
+    x = comp.add_parameter(0, Shape(element_type, dims))
+    if fused:
+        y = comp.add_parameter(1, Shape(element_type, dims))
+        moved = comp.create("transpose", [comp.create("add", [x, y])], dimensions=permutation)
+        z = comp.add_parameter(2, moved.shape)
+        result = comp.create("add", [comp.create("multiply", [moved, z]),
+                                     comp.create("transpose", [y], dimensions=permutation)])
+    else:
+        result = comp.create("transpose", [x], dimensions=permutation)
+    if reshape_to is not None:
+        result = comp.create("reshape", [result], shape=Shape(element_type, reshape_to))
+    finish(comp, [result])
+    return module
+
+
 def huge_elementwise() -> HloModule:
     """Over 2^31 elements: 64-bit indices (emitted and compiled only, never run)."""
     module, comp = new_module("elementwise_huge")
@@ -465,6 +486,21 @@ MODULES.update({
     "argmax_rows": lambda: argmax((40, 70), 1),
     "argmax_wide_rows": lambda: argmax((6, 5000), 1, "f16"),
     "argmax_columns": lambda: argmax((300, 20), 0, "f64"),
+    # Tiled transposes (32x32 tiles: edge tiles wherever a side is not a multiple of 32).
+    "transpose_2d": lambda: transpose((64, 96), (1, 0)),
+    "transpose_edges_f16": lambda: transpose((33, 70), (1, 0), "f16"),
+    "transpose_edges_bf16": lambda: transpose((45, 40), (1, 0), "bf16"),
+    "transpose_edges_s32": lambda: transpose((40, 33), (1, 0), "s32"),
+    "transpose_batched": lambda: transpose((3, 40, 50), (0, 2, 1)),
+    "transpose_rotate": lambda: transpose((5, 20, 34), (2, 0, 1)),
+    "transpose_fused_f32": lambda: transpose((37, 50), (1, 0), fused=True),
+    "transpose_fused_f16": lambda: transpose((2, 40, 17), (0, 2, 1), "f16", fused=True),
+    "transpose_fused_bf16": lambda: transpose((50, 37), (1, 0), "bf16", fused=True),
+    "transpose_fused_s32": lambda: transpose((20, 48), (1, 0), "s32", fused=True),
+    "transpose_heads_merged": lambda: transpose((2, 2, 20, 18), (0, 3, 1, 2),
+                                                reshape_to=(2, 18, 40)),
+    "transpose_minor_kept": lambda: transpose((2, 5, 3, 8), (0, 2, 1, 3)),
+    "transpose_tiny": lambda: transpose((4, 4), (1, 0)),
 })
 
 # The template a module's main (last) kernel must use (checked by the emitter tests).
@@ -485,6 +521,11 @@ TEMPLATE_OF = {
     "multi_output_columns": "multi-output",
     "argmax_rows": "row-reduction",
     "argmax_columns": "column-reduction",
+    "transpose_2d": "transpose",
+    "transpose_fused_f16": "transpose",
+    "transpose_heads_merged": "transpose",
+    "transpose_minor_kept": "loop",
+    "transpose_tiny": "loop",
 }
 # Modules too big to allocate: compiled, never run.
 NOT_RUN = frozenset({"elementwise_huge"})

@@ -124,3 +124,24 @@ def test_gpu_emulated_column_tiles_reuse_shared_memory(
         assert_matches(results[-1], expected, f"{case} on {blocks} block(s)")
     for one, three in zip(*results, strict=True):
         assert one.tobytes() == three.tobytes()
+
+
+@pytest.mark.parametrize("name", ["multi_output_rows_warp", "multi_output_rows_block",
+                                  "multi_output_columns"])
+def test_gpu_emulated_sibling_reduces_fold_in_one_phase(emulated: fake_cupy.Recorder,
+                                                        name: str) -> None:
+    """A multi-output kernel folds its sibling reduces (sum of exp, sum of squares, max)
+    in one pass over the input, each in the order its own kernel folds it: the same bits
+    as the three reduction kernels the pipeline makes without `multi-output-fusion`,
+    and the evaluator's values."""
+    separate = "call-inliner,simplify,constant-folding,cse,simplify,dce,fuse,dce," \
+        "add-output-copies,schedule"
+    args = random_arguments(MODULES[name]())
+    fused = compile_module(MODULES[name](), verify=True)
+    alone = compile_module(MODULES[name](), pipeline=separate)
+    assert [t.plan.kind for t in fused.program.thunks] == ["multi-output"]
+    assert len(alone.program.thunks) == 4
+    results = fused.run_numpy(*args)
+    assert_matches(results, flatten(evaluate(MODULES[name](), *args)), name)
+    for one, other in zip(results, alone.run_numpy(*args), strict=True):
+        assert one.tobytes() == other.tobytes()

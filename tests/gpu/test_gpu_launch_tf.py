@@ -228,6 +228,37 @@ def test_gpu_dots_read_operands_in_place_through_tf(emulated_gpu: fake_cupy.Reco
     assert any(g.transb == fake_cupy.CUBLAS_OP_T and g.batch == 1 for g in emulated_gpu.gemms)
 
 
+@needs_gxx
+@pytest.mark.parametrize("dtype", [tf.float32, tf.float16, tf.int32])  # bf16: no NumPy DLPack
+def test_gpu_transposes_tiled_through_tf(emulated_gpu: fake_cupy.Recorder,
+                                         dtype: tf.DType) -> None:
+    """Transposes that move the minor dimension, tiled through shared memory (the
+    `transpose` kernel), against TF's own results: a plain one (exact), a batched one
+    with elementwise work on both sides, odd sizes (edge tiles); the Transformer's
+    [b, s, h, d] -> [b, h, s, d] keeps its minor dimension: a loop kernel."""
+
+    @tl.function(jit_compile=True)
+    def moved(x: tf.Tensor, y: tf.Tensor, z: tf.Tensor, q: tf.Tensor) -> tuple[tf.Tensor, ...]:
+        with tf.device("/GPU:0"):
+            return (tf.transpose(x), tf.transpose(y * y + x[:1, :1], [0, 2, 1]) - z,
+                    tf.transpose(q, [0, 2, 1, 3]))
+
+    rng = np.random.default_rng(13)
+    shapes = [(33, 40), (2, 20, 36), (2, 36, 20), (2, 5, 3, 8)]
+    args = [tf.constant((rng.standard_normal(s) * 8).astype(dtype.as_numpy_dtype))
+            for s in shapes]
+    got = moved(*args)
+    x, y, z, q = args
+    assert got[0].numpy().tobytes() == tf.transpose(x).numpy().tobytes()
+    assert_close(got[1].numpy(), (tf.transpose(y * y + x[:1, :1], [0, 2, 1]) - z).numpy(),
+                 "Sub")
+    assert got[2].numpy().tobytes() == tf.transpose(q, [0, 2, 1, 3]).numpy().tobytes()
+    compiled = moved._program(*moved._canonical(tuple(args), {})).compiled  # noqa: SLF001
+    programs = [c.gpu_launch.executable.program for c in compiled if c.gpu_launch is not None]
+    kinds = sorted(t.plan.kind for program in programs for t in program.thunks)
+    assert kinds == ["loop", "transpose", "transpose"], [p.plan_text() for p in programs]
+
+
 class CompileException(Exception):
     """What `cupy.RawModule` raises when NVRTC refuses a source (CuPy's own class)."""
 
