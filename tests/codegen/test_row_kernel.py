@@ -313,6 +313,8 @@ def test_fast_max_and_min_redo_exactly_for_a_nan_anywhere_or_a_zero_result(
     x[8, 5], x[8, 5 + lanes], x[8, 7] = -0.0 * sign, 0.0 * sign, 3.0 * sign  # nonzero wins
     x[9] = -0.0 * sign
     x[9, 5], x[9, 5 + group] = 0.0 * sign, -0.0 * sign  # one lane meets both zeros
+    x[10:] = -0.0 * sign
+    x[10, width - 1], x[11, 0] = 0.0 * sign, 0.0 * sign  # the winning zero last, first
     actual = _one_over_row_fold(kind, x, shape)
     fold = {"maximum": np.max, "minimum": np.min}[kind](x, axis=1)
     for row in range(shape.dims[0]):  # a zero's sign: the winning one if the row has it
