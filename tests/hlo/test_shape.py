@@ -28,3 +28,14 @@ def test_cached_sizes_leave_equality_and_hashing_alone() -> None:
     assert a.byte_size == 80
     assert a == b and hash(a) == hash(b) and len({a, b}) == 1
     assert str(a) == str(b)
+
+
+def test_spellings_with_and_without_layout_are_kept_apart_per_shape() -> None:
+    array = Shape("f32", (2, 3))
+    pair = Shape.tuple_of([array, Shape("s32", ())])
+    for _ in range(2):  # the second round reads the cached spellings
+        assert array.to_text() == str(array) == "f32[2,3]{1,0}"
+        assert array.to_text(layout=False) == "f32[2,3]"
+        assert pair.to_text() == str(pair) == "(f32[2,3]{1,0}, s32[])"
+        assert pair.to_text(layout=False) == "(f32[2,3], s32[])"
+    assert array == Shape("f32", (2, 3)) and hash(array) == hash(Shape("f32", (2, 3)))
