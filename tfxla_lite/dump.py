@@ -161,7 +161,9 @@ def trace_nodes(graph: Any, report: ClusteringReport) -> list[GraphNodeRecord]:
         nodes.append(GraphNodeRecord(
             op.name, op.type, cluster, reason, source,
             inputs=list(dict.fromkeys(t.op.name for t in op.inputs)),
-            control_inputs=[c.name for c in op.control_inputs]))
+            # Sorted: TF adds automatic control edges in an order that changes from
+            # trace to trace (they have no order), and dumps must compare across runs.
+            control_inputs=sorted(c.name for c in op.control_inputs)))
     return nodes
 
 

@@ -169,3 +169,22 @@ def test_no_dumps_without_the_option(tmp_path: Path, monkeypatch: pytest.MonkeyP
     monkeypatch.chdir(tmp_path)
     tl.function(mixed, options=tl.Options(min_cluster_size=1))(*_inputs())
     assert not any(tmp_path.iterdir())
+
+
+def test_control_inputs_are_listed_sorted() -> None:
+    """A node's control inputs have no order, and TF adds automatic ones in an order that
+    changes from trace to trace: the dump lists them sorted, so dumps compare across runs."""
+    from tfxla_lite.report import ClusteringReport
+
+    graph = tf.Graph()
+    with graph.as_default():
+        first = tf.constant(1.0, name="zeta")
+        second = tf.constant(2.0, name="alpha")
+        third = tf.constant(3.0, name="mu")
+        data = tf.constant(4.0, name="data")
+        with tf.control_dependencies([first, third, second]):
+            tf.identity(data, name="joined")
+    assert [c.name for c in graph.get_operation_by_name("joined").control_inputs] != [
+        "alpha", "mu", "zeta"]  # TF's own order is not the sorted one here
+    nodes = {n.name: n for n in dump.trace_nodes(graph, ClusteringReport("f", None))}
+    assert nodes["joined"].control_inputs == ["alpha", "mu", "zeta"]
