@@ -220,6 +220,21 @@ TL_SMALL_SHUFFLE(signed char)
 TL_SMALL_SHUFFLE(unsigned char)
 TL_SMALL_SHUFFLE(short)
 TL_SMALL_SHUFFLE(unsigned short)
+// 16-byte vector accesses of row kernels (row_vectors.py): N elements of T at a 16-byte
+// aligned address, one ld/st.global.v4 (the emulator defines the hook to check alignment).
+#ifndef TL_VECTOR_HOOK
+#define TL_VECTOR_HOOK(pointer, store)
+#endif
+template <class T, int N> struct alignas(sizeof(T) * N) tl_vector { T v[N]; };
+template <int N, class T> __device__ __forceinline__ tl_vector<T, N> tl_load_vector(const T* p) {
+  TL_VECTOR_HOOK(p, false);
+  return *reinterpret_cast<const tl_vector<T, N>*>(p);
+}
+template <int N, class T>
+__device__ __forceinline__ void tl_store_vector(T* p, const tl_vector<T, N>& value) {
+  TL_VECTOR_HOOK(p, true);
+  *reinterpret_cast<tl_vector<T, N>*>(p) = value;
+}
 """
 
 

@@ -144,6 +144,9 @@ class KernelContext:
         self.writer = writer
         self.buffers = dict(buffers)
         self.bound: dict[int, str] = {}
+        # Pointer -> the C condition of its 16-byte alignment ("": proven), for the row
+        # kernels' vector loads (`row_vectors.pointer_alignment`); empty: no vector loads.
+        self.aligned: dict[str, str] = {}
         self.index_type = index_type
         self.tables = tables if tables is not None else ModuleTables()
         self._scopes: list[dict[tuple[object, ...], str]] = [{}]
@@ -187,6 +190,11 @@ class KernelContext:
             w.line(f"{name} = {on_false()};")
         w.close()
         return name
+
+    def known(self, inst: Instruction, linear: str, expression: str) -> None:
+        """Make `expression` the value of `inst` at linear index `linear` in this scope
+        (a lane of a vector load), so that reads of it there do not load again."""
+        self._scopes[-1][(id(inst), "linear", linear)] = expression
 
     # -- values ----------------------------------------------------------------------------
     def value(self, inst: Instruction, index: Index) -> str:

@@ -10,7 +10,8 @@ its multi-output fusions and `softmax rewriter`). Templates:
 - `loop`: one thread per output element, grid-stride; a flat elementwise f32 kernel also
   gets a `float4` variant used when every buffer is 16-byte aligned.
 - `row-reduction`: the reduced dimensions are innermost (rows of W contiguous elements);
-  a warp per row (W <= 512) or a block per row, warp shuffles then shared memory.
+  a warp per row (W <= 512) or a block per row, warp shuffles then shared memory; rows
+  read by 16-byte vector loads where W allows (`row_vectors.py`, as in `row-fusion`).
 - `split-reduction`: a reduction to one element of a large input: blocks fold fixed
   chunks into partials (scratch memory), a second kernel folds the partials.
 - `column-reduction`: any other reduce: 32 outputs per block, 8 slices of the reduced

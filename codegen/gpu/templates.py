@@ -24,6 +24,14 @@ from tfxla_lite.codegen.gpu.kernels import (
     kernel_body,
     row_team,
 )
+from tfxla_lite.codegen.gpu.row_vectors import (
+    RowVector,
+    emit_group_loads,
+    emit_group_store,
+    plan_row_vector,
+    pointer_alignment,
+    store_lanes,
+)
 from tfxla_lite.hlo.ir import Instruction
 
 INT_INDEX_LIMIT = 1 << 30  # below this many elements, indices are 32-bit
@@ -248,7 +256,9 @@ def _team_fold(ctx: KernelContext, reduce: Instruction,
 
 def _team_fold_all(ctx: KernelContext, reduces: list[Instruction],
                    element: Callable[[str], list[list[str]]], length: str, team: int,
-                   lane: str, idx: str) -> tuple[list[list[str]], str]:
+                   lane: str, idx: str, vector: RowVector | None = None,
+                   at: Callable[[str], list[list[str]]] | None = None,
+                   row_start: str = "") -> tuple[list[list[str]], str]:
     """Fold `element(j)` (for each reduce, one value per input) for j in [0, length) into
     every reduce at once, over a team of `team` threads (a warp, or a block of whole
     warps); lane 0 ends with (each reduce's accumulators, has-any-element). Values the
@@ -256,7 +266,10 @@ def _team_fold_all(ctx: KernelContext, reduces: list[Instruction],
 
     Thread t folds j = t, t + team, ... in order; the threads' results combine in a fixed
     binary tree (warp shuffles, then shared memory across warps): deterministic, and for
-    each reduce the same order as when it is folded alone.
+    each reduce the same order as when it is folded alone. With `vector` (a row fold whose
+    rows start at `row_start`; `at(linear)` gives the values at a linear index), thread t
+    folds groups g = t, t + team, ... of `vector.group` consecutive elements instead, each
+    group in order, its buffers read by vector loads (`row_vectors`).
     """
     w = ctx.writer
     inits = [i for reduce in reduces for i in _parts(reduce)[1]]
@@ -271,14 +284,27 @@ def _team_fold_all(ctx: KernelContext, reduces: list[Instruction],
         groups.append(accumulators[start:start + len(reduce.operands) // 2])
     has = w.fresh("has")
     w.line(f"bool {has} = false;")
-    j = w.fresh("j")
-    w.open(f"for ({idx} {j} = {lane}; {j} < {length}; {j} += {team})")
-    with ctx.scope():
-        values = element(j)
-        for reduce, group, reduce_values in zip(reduces, groups, values):
-            _fold_into(ctx, reduce, group, reduce_values, has)
-        w.line(f"{has} = true;")
-    w.close()
+    if vector is None:
+        j = w.fresh("j")
+        w.open(f"for ({idx} {j} = {lane}; {j} < {length}; {j} += {team})")
+        with ctx.scope():
+            values = element(j)
+            for reduce, group, reduce_values in zip(reduces, groups, values):
+                _fold_into(ctx, reduce, group, reduce_values, has)
+            w.line(f"{has} = true;")
+        w.close()
+    else:
+        assert at is not None
+        g = w.fresh("g")
+        w.open(f"for ({idx} {g} = {lane}; {g} < {int(length) // vector.group}; "
+               f"{g} += {team})")
+        with ctx.scope():
+            first = ctx.bind(f"{row_start} + {g} * {vector.group}", idx, "first")
+            for linear in emit_group_loads(ctx, vector, first):
+                for reduce, group, reduce_values in zip(reduces, groups, at(linear)):
+                    _fold_into(ctx, reduce, group, reduce_values, has)
+                w.line(f"{has} = true;")
+        w.close()
 
     def warp_tree() -> None:
         w.open("for (int offset = 16; offset > 0; offset >>= 1)")
@@ -355,6 +381,7 @@ def _emit_row_reduction(plan: KernelPlan, assignment: Any,
     w.open(_header(plan.name, params, _threads(plan)))
     row, lane = _row_loop(w, plan.team, plan.rows, idx)
     ctx = _member_context(w, inst, names, idx, tables)
+    ctx.aligned = pointer_alignment(plan, assignment, names)
     _fold_row_into(ctx, reduce, row, lane, plan.team, idx, _output_names(inst, names))
     w.close()
     w.close()
@@ -375,12 +402,17 @@ def _fold_rows_into(ctx: KernelContext, reduces: list[Instruction], row: str, la
     list of pointers per reduce)."""
     width = _parts(reduces[0])[0][0].shape.num_elements // max(_kept_elements(reduces[0]), 1)
 
-    def element(j: str) -> list[list[str]]:
-        linear = ctx.bind(f"{row} * {width} + {j}", idx, "lin")
+    def at(linear: str) -> list[list[str]]:
         return [[ctx.value(i, Index(i.shape.dims, linear=linear)) for i in _parts(r)[0]]
                 for r in reduces]
 
-    groups, has = _team_fold_all(ctx, reduces, element, str(width), team, lane, idx)
+    def element(j: str) -> list[list[str]]:
+        return at(ctx.bind(f"{row} * {width} + {j}", idx, "lin"))
+
+    inputs = [i for r in reduces for i in _parts(r)[0]]
+    vector = plan_row_vector(ctx, inputs, width, ctx.aligned)
+    groups, has = _team_fold_all(ctx, reduces, element, str(width), team, lane, idx, vector,
+                                 at, f"{row} * {width}")
     ctx.writer.open(f"if ({lane} == 0)")
     with ctx.scope():
         for reduce, accumulators, pointers in zip(reduces, groups, outputs):
@@ -544,6 +576,7 @@ def _emit_row_group(plan: KernelPlan, assignment: Any, tables: ModuleTables) -> 
         w.line(f"// {member.name}")
         w.open("")
         ctx = _member_context(w, member, names, idx, tables)
+        ctx.aligned = pointer_alignment(plan, assignment, names)
         output = names[id(member)]
         if root.opcode == "reduce":
             _fold_row_into(ctx, root, row, lane, plan.team, idx, [output])
@@ -586,15 +619,20 @@ def _emit_row_fusion(plan: KernelPlan, assignment: Any, tables: ModuleTables) ->
         shared.append(name)
     row, lane = _row_loop(w, plan.team, plan.rows, idx)
     ctx = _member_context(w, inst, names, idx, tables)
+    ctx.aligned = pointer_alignment(plan, assignment, names)
     for reduce, name in zip(row_plan.reduces, shared):
         operand = reduce.operand(0)
         with ctx.scope():
-            def element(j: str, operand: Instruction = operand) -> str:
-                linear = ctx.bind(f"{row} * {spec.width} + {j}", idx, "lin")
-                return ctx.value(operand, Index(spec.dims, linear=linear))
+            def at(linear: str, operand: Instruction = operand) -> list[list[str]]:
+                return [[ctx.value(operand, Index(spec.dims, linear=linear))]]
 
-            (acc,), has = _team_fold(ctx, reduce, element, str(spec.width), plan.team, lane,
-                                     idx)
+            def element(j: str, at: Callable[[str], list[list[str]]] = at) -> list[list[str]]:
+                return at(ctx.bind(f"{row} * {spec.width} + {j}", idx, "lin"))
+
+            vector = plan_row_vector(ctx, [operand], spec.width, ctx.aligned)
+            ((acc,),), has = _team_fold_all(ctx, [reduce], element, str(spec.width),
+                                            plan.team, lane, idx, vector, at,
+                                            f"{row} * {spec.width}")
             init = ctx.value(reduce.operand(1), Index.scalar())
             w.open(f"if ({lane} == 0)")
             w.line(f"{name}[{slot}] = {has} ? "
@@ -607,7 +645,22 @@ def _emit_row_fusion(plan: KernelPlan, assignment: Any, tables: ModuleTables) ->
         ctx.bound[id(reduce)] = value
     root = row_plan.root
     element_type = inst.shape.element_type
-    if row_plan.classes.get(id(root)) == "wide":
+    vector = plan_row_vector(ctx, [root], spec.width, ctx.aligned) \
+        if row_plan.classes.get(id(root)) == "wide" else None
+    if lanes := store_lanes(vector, element_type):
+        assert vector is not None
+        # Groups of the reduces' width: 16-byte loads of the row, 16-byte stores.
+        g = w.fresh("g")
+        w.open(f"for ({idx} {g} = {lane}; {g} < {spec.width // vector.group}; "
+               f"{g} += {plan.team})")
+        with ctx.scope():
+            first = ctx.bind(f"{row} * {spec.width} + {g} * {vector.group}", idx, "first")
+            values = [to_storage(element_type, ctx.value(root, Index(spec.dims, linear=linear)))
+                      for linear in emit_group_loads(ctx, vector, first)]
+            emit_group_store(ctx, "out0", element_type, values, first, lanes,
+                             ctx.aligned.get("out0"))
+        w.close()
+    elif row_plan.classes.get(id(root)) == "wide":
         j = w.fresh("j")
         w.open(f"for ({idx} {j} = {lane}; {j} < {spec.width}; {j} += {plan.team})")
         with ctx.scope():
@@ -660,6 +713,7 @@ def _emit_multi_output(plan: KernelPlan, assignment: Any,
             w.line("// " + ", ".join(f"result {n}: {leaves[n].name}" for n in group))
             w.open("")
             ctx = _member_context(w, inst, names, idx, tables)
+            ctx.aligned = pointer_alignment(plan, assignment, names)
             _reduction_phase(ctx, [leaves[n] for n in group],
                              [names[(id(inst), (n,))] for n in group], idx)
             w.close()

@@ -2,7 +2,9 @@
 
 The generated kernels use a small part of CUDA: grid-stride loops over `blockIdx`,
 `threadIdx`, `blockDim` and `gridDim`, `__shared__` arrays, `__syncthreads`,
-`__syncwarp`, `__shfl_down_sync`, libdevice math and the f16/bf16 conversions. This
+`__syncwarp`, `__shfl_down_sync`, libdevice math and the f16/bf16 conversions (and it
+counts the row kernels' 16-byte vector accesses, `vector_accesses`, and those at a
+misaligned address, which a GPU faults on and x86 does not). This
 module compiles a program as C++20 with g++ against a shim of exactly those, and runs a
 launch the way the hardware does as far as the kernels can tell: the blocks one after
 another, every thread of a block on its own OS thread, barriers for the block and for
@@ -105,6 +107,18 @@ inline __nv_bfloat16 __float2bfloat16_rn(float x) {
 inline __nv_bfloat16 __double2bfloat16(double x) { return __float2bfloat16_rn((float)x); }
 inline __nv_bfloat16 __ushort_as_bfloat16(unsigned short bits) { return {bits}; }
 
+// Counts the row kernels' 16-byte vector loads and stores (`tl_load_vector`,
+// `tl_store_vector`) and those at an address that is not 16-byte aligned, which a GPU
+// would fault on (x86 does not).
+#include <atomic>
+std::atomic<long long> tl_vector_counts[3];  // loads, stores, misaligned
+inline void tl_count_vector_access(const void* p, bool store) {
+  ++tl_vector_counts[store ? 1 : 0];
+  if (reinterpret_cast<uintptr_t>(p) % 16) ++tl_vector_counts[2];
+}
+#define TL_VECTOR_HOOK(pointer, store) tl_count_vector_access(pointer, store)
+extern "C" long long tl_vector_count(int which) { return tl_vector_counts[which].exchange(0); }
+
 struct alignas(16) float4 { float x, y, z, w; };
 inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
 
@@ -192,10 +206,23 @@ class EmulatedModule:
         function(min(grid, MAX_BLOCKS), block[0], block[1], array)
 
 
+def vector_accesses() -> tuple[int, int, int]:
+    """(vector loads, vector stores, misaligned ones) the emulated modules ran since the
+    last call, summed over modules."""
+    totals = [0, 0, 0]
+    for module in EmulatedModule._cache.values():
+        function = module.library.tl_vector_count
+        function.restype = ctypes.c_longlong
+        function.argtypes = [ctypes.c_int]
+        for which in range(3):
+            totals[which] += function(which)
+    return totals[0], totals[1], totals[2]
+
+
 def cleanup() -> None:
     for module in EmulatedModule._cache.values():
         shutil.rmtree(module.folder, ignore_errors=True)
     EmulatedModule._cache.clear()
 
 
-__all__ = ["EmulatedModule", "MAX_BLOCKS", "cleanup", "find_compiler"]
+__all__ = ["EmulatedModule", "MAX_BLOCKS", "cleanup", "find_compiler", "vector_accesses"]

@@ -438,6 +438,30 @@ def huge_elementwise() -> HloModule:
     return module
 
 
+def row_vector_mixed() -> HloModule:
+    """An elementwise loop, a column reduction, a split full reduction and a row reduction,
+    each of its own f32 parameter (no sibling fusion): only the row kernel reads by
+    vector (`test_gpu_row_vectors.py`)."""
+    module, comp = new_module("row_vector_mixed")
+    shape = Shape("f32", (256, 256))
+    x, y, z, v = (comp.add_parameter(n, shape) for n in range(4))
+    y, z, v = (comp.create("multiply", [p, p]) for p in (y, z, v))  # sums that do not cancel
+    finish(comp, [comp.create("exponential", [x]), reduce(comp, y, (0,)),
+                  reduce(comp, z, (0, 1)), reduce(comp, v, (1,))])
+    return module
+
+
+def row_vector_of_product() -> HloModule:
+    """Row sums of a dot's product: a row reduction reading a temp of the arena."""
+    module, comp = new_module("row_vector_of_product")
+    lhs = comp.add_parameter(0, Shape("f32", (8, 16)))
+    rhs = comp.add_parameter(1, Shape("f32", (16, 32)))
+    product = comp.create("dot", [lhs, rhs], lhs_contracting_dims=(1,),
+                          rhs_contracting_dims=(0,))
+    finish(comp, [reduce(comp, comp.create("exponential", [product]), (1,))])
+    return module
+
+
 Builder = Callable[[], HloModule]
 MODULES: dict[str, Builder] = {}
 for _type in ALL_TYPES:
@@ -501,6 +525,20 @@ MODULES.update({
                                                 reshape_to=(2, 18, 40)),
     "transpose_minor_kept": lambda: transpose((2, 5, 3, 8), (0, 2, 1, 3)),
     "transpose_tiny": lambda: transpose((4, 4), (1, 0)),
+    # Row kernels' vector loads (`test_gpu_row_vectors.py`): widths with and without a
+    # multiple of the vector (4 floats, 8 halves).
+    "row_vector_sum_f32": lambda: reduction((6, 64), (1,)),
+    "row_vector_sum_f16": lambda: reduction((5, 48), (1,), "f16"),
+    "row_vector_sum_bf16": lambda: reduction((5, 48), (1,), "bf16"),
+    "row_vector_max_block_f32": lambda: reduction((3, 1024), (1,), "f32", "maximum"),
+    "row_vector_sum_odd_f32": lambda: reduction((6, 37), (1,)),
+    "row_vector_sum_odd_f16": lambda: reduction((5, 44), (1,), "f16"),
+    "row_vector_softmax_f32": lambda: softmax(6, 64),
+    "row_vector_softmax_f16": lambda: softmax(4, 48, "f16"),
+    "row_vector_softmax_odd_f32": lambda: softmax(6, 30),
+    "row_vector_layer_norm": lambda: layer_norm(4, 36),
+    "row_vector_mixed": row_vector_mixed,
+    "row_vector_of_product": row_vector_of_product,
 })
 
 # The template a module's main (last) kernel must use (checked by the emitter tests).

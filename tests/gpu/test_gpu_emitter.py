@@ -91,11 +91,14 @@ def test_gpu_row_fusion_kernel_folds_each_reduce_then_the_row() -> None:
                 r"__shared__ float row_value0\[1\];",
                 r"__shared__ float row_value1\[1\];",
                 r"for \(int row = blockIdx.x; row < 64; row \+= gridDim.x\)",
+                r"tl_load_vector<4>\(in0 \+ first\d+\)",  # 1000 floats: groups of 4
                 r"reducer_maximum_f32", r"tl_shfl_down", r"__syncthreads\(\);",
                 r"row_value0\[0\] = ",
+                r"tl_load_vector<4>\(in0 \+ first\d+\)",
                 r"expf\(", r"reducer_add_f32",
                 r"row_value1\[0\] = ",
-                r"out0\[lin\d+\] = ")
+                r"tl_load_vector<4>\(in0 \+ first\d+\)",
+                r"tl_store_vector<4>\(out0 \+ first\d+, out_vec\d+\);")
 
 
 def test_gpu_unfused_softmax_stages_merge_into_one_row_group() -> None:
@@ -262,7 +265,12 @@ def test_gpu_multi_output_fusion_runs_reduction_phases_then_one_loop(name: str) 
     # (exp, the square) computed, once per element.
     (phase,) = re.findall(r"// (result .*)", reduce_kernel)
     assert phase.count("result ") == 3
-    assert reduce_kernel.count("in0[") == 1 and reduce_kernel.count("expf(") == 1
+    if name == "multi_output_columns":
+        assert reduce_kernel.count("in0[") == 1 and reduce_kernel.count("expf(") == 1
+    else:  # rows of 300 and 3000 floats: groups of 4, one vector load (`row_vectors`)
+        assert reduce_kernel.count("tl_load_vector<4>(in0 + ") == 1
+        assert reduce_kernel.count("in0[") == 1  # the element loads of a misaligned in0
+        assert reduce_kernel.count("expf(") == 4
     if name == "multi_output_columns":
         assert "const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;" in reduce_kernel
     else:
