@@ -399,7 +399,7 @@ def phase_blocks(reduce: Instruction) -> int:
 
 def plan_multi_output(inst: Instruction, name: str, leaves: list[Instruction]) -> KernelPlan:
     """A multi-output fusion: a kernel of reduction phases (one per group of reduce leaves
-    over the same elements, `templates.phase_groups`; each a grid-stride loop of its own
+    over the same elements, `multi_output.phase_groups`; each a grid-stride loop of its own
     over blocks of 256 threads), then a loop kernel computing
     every other leaf at each index before storing any (a leaf may overwrite an operand
     in place; the reductions have read everything by then)."""
