@@ -224,6 +224,13 @@ def measure(m: int, k: int, n: int, dense: bool, splits: Sequence[tuple[int, int
 
 
 def main(argv: list[str]) -> int:
+    if "-h" in argv or "--help" in argv:
+        print(__doc__)
+        return 0
+    unknown = [s for s in argv if s.startswith("-") and s not in ("--dense", "--split",
+                                                                  "--split-cost")]
+    if unknown:
+        raise SystemExit(f"unknown option {unknown[0]}; --help lists them")
     dense = "--dense" in argv
     extra: list[tuple[int, int]] = []
     if "--split" in argv:
