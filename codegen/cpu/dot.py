@@ -243,6 +243,15 @@ def plan_gemm(inst: Instruction) -> GemmPlan | None:
 # not a law: 256×1024×256's 1 MiB operands re-packed at about 17 (its schedule, 2×1, is
 # the minimum either way). The benchmark workloads' dots keep their schedules; of the
 # shapes probed (squares 384-2048, the matmul benchmark's) only 512³ moves.
+# SPLIT_BUDGET was 0.06 until 2026-11-21 (session 6): on 2 cores the units it bought
+# beyond two did not pay for their packing, quiet or loaded. The workloads' dots with
+# 0.06 against 0.02, compiled in one process and interleaved (`timing.compare`, 15
+# bursts, 8 runs: 4 quiet at load 0.9-1.7, 4 beside one or two busy-looping processes):
+# the mlp's 256x512x1024 (1x4 -> 1x2 tiles) and the MLP step's weight gradients
+# 784x128x512 and 512x128x512 (2x2 -> 2x1) moved; the MLP step 0.83-0.89x the time in
+# the quiet runs, 0.86-0.98x loaded; the dense MLP 0.94-0.98x quiet, 0.87-1.11x loaded
+# (slower in 2 of 4 loaded runs); the Transformer step 0.89-1.01x (5 runs). Squares of
+# 384-768 now stop at 2x1 tiles too (2x2 re-pack 4-5% more).
 MIN_UNIT_FLOPS = 1 << 22
 MAX_UNITS = 16
 MIN_SPLIT_UNITS = 2
@@ -250,7 +259,7 @@ PACKING_FLOPS = 17.0
 PACKING_FLOPS_BEYOND_L2 = 36.0
 TILE_CALL_FLOPS = 5e5  # the fixed cost of one more library call, in flops' time
 L2_BYTES = 1 << 20
-SPLIT_BUDGET = 0.06
+SPLIT_BUDGET = 0.02
 BALANCE_FLOPS = 1 << 30  # about 10 ms of one thread's GEMM
 BALANCED_UNITS = 4
 TILE_ALIGN = 16  # tile bounds at multiples of 16 elements: whole cache lines for f32
