@@ -61,10 +61,16 @@ def printed() -> dict[str, dict[str, str]]:
 
 def comparable(texts: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
     """`texts` with TF's process-wide function counters (`a_inference__lambda__679__`)
-    replaced by 'N': what TF prints depends on how many functions the process traced
-    before, so the snapshot check compares the rest."""
-    return {name: {**entry, "hlo": re.sub(r"_\d+__", "_N__", entry["hlo"])}
-            for name, entry in texts.items()}
+    replaced by 'N' and the source files of the ops' metadata cut to what follows
+    `site-packages/` (the virtual environment's path is the checkout's, different on
+    every clone): what TF prints depends on both, so the snapshot check compares the
+    rest."""
+    def portable(text: str) -> str:
+        text = re.sub(r"_\d+__", "_N__", text)
+        return re.sub(r'source_file="[^"]*/site-packages/', 'source_file=".../site-packages/',
+                      text)
+
+    return {name: {**entry, "hlo": portable(entry["hlo"])} for name, entry in texts.items()}
 
 
 def corpus() -> dict[str, dict[str, str]]:
