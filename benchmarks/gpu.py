@@ -134,6 +134,38 @@ def transpose_add_module(side: int) -> HloModule:
     return module
 
 
+def argmax_module(n: int) -> HloModule:
+    """TF's ArgMax over n floats as TF's XLA prints it: a variadic reduce of (values,
+    iota) whose reducer keeps the larger value, on ties the smaller index (the GPU
+    backend splits it over blocks from 65536 elements)."""
+    module, comp = _module("argmax")
+    reducer = module.new_computation("argmax_reducer")
+    scalar, index = Shape("f32", ()), Shape("s32", ())
+    lhs, lhs_index = reducer.add_parameter(0, scalar), reducer.add_parameter(1, index)
+    rhs, rhs_index = reducer.add_parameter(2, scalar), reducer.add_parameter(3, index)
+    keep = reducer.create("compare", [lhs, rhs], direction="GE")
+    tie = reducer.create("compare", [lhs, rhs], direction="EQ")
+    reducer.root = reducer.create("tuple", [
+        reducer.create("select", [keep, lhs, rhs]),
+        reducer.create("select", [tie, reducer.create("minimum", [lhs_index, rhs_index]),
+                                  reducer.create("select", [keep, lhs_index, rhs_index])])])
+    x = comp.add_parameter(0, Shape("f32", (n,)))
+    positions = comp.create("iota", shape=Shape("s32", (n,)), iota_dimension=0)
+    pair = comp.create("reduce", [x, positions, comp.add_constant(float("-inf"), "f32"),
+                                  comp.add_constant(0, "s32")],
+                       called_computations=[reducer], dimensions=(0,))
+    comp.root = comp.create("get-tuple-element", [pair], index=1)
+    return module
+
+
+def column_sum_module(rows: int, width: int) -> HloModule:
+    """Column sums: the column template, 4 columns a thread by 16-byte loads."""
+    module, comp = _module("column_sum")
+    x = comp.add_parameter(0, Shape("f32", (rows, width)))
+    comp.root = _reduce(comp, x, (0,), "add", 0.0)
+    return module
+
+
 @dataclass
 class Workload:
     name: str
@@ -163,6 +195,8 @@ def _tf_functions() -> dict[str, Callable[..., Any]]:
         "layer norm 4096x1024": layer_norm,
         "dense+bias+relu 2048^3": lambda x, w, b: tf.nn.relu(tf.matmul(x, w) + b),
         "transpose(x)+y 4096^2": lambda x, y: tf.transpose(x) + y,
+        "argmax 4M": lambda x: tf.argmax(x, output_type=tf.int32),
+        "column sum 4096x1024": lambda x: tf.reduce_sum(x, axis=0),
     }
 
 
@@ -198,6 +232,12 @@ def workloads(small: bool = False) -> list[Workload]:
         # kernel, the access pattern of the loop kernel transposes had before tiling.
         Workload("transpose(x)+y 4096^2", lambda: transpose_add_module(square),
                  lambda xp, x, y: x.T + y, 12 * square * square),
+        # A variadic reduction split over blocks (it ran on one block before), and a
+        # column reduction reading 4 columns a thread by 16-byte loads.
+        Workload("argmax 4M", lambda: argmax_module(n),
+                 lambda xp, x: xp.argmax(x).astype(np.int32), 4 * n),
+        Workload("column sum 4096x1024", lambda: column_sum_module(rows, width),
+                 lambda xp, x: x.sum(axis=0), 4 * rows * width),
     ]
 
 

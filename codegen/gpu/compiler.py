@@ -15,7 +15,7 @@ from typing import Any
 
 from tfxla_lite.codegen.gpu.cuda_source import prelude
 from tfxla_lite.codegen.gpu.elemental import ModuleTables
-from tfxla_lite.codegen.gpu.kernels import KernelPlan, describe, plan_kernels
+from tfxla_lite.codegen.gpu.kernels import KernelPlan, describe, plan_kernels, split_scratch
 from tfxla_lite.codegen.gpu.templates import emit_plan
 from tfxla_lite.hlo.ir import HloModule, Instruction
 
@@ -83,7 +83,7 @@ def emit_program(module: HloModule, assignment: Any) -> GpuProgram:
         kernels.append(source.text)
         thunks.append(Thunk(plan, source.functions))
         if plan.kind == "split-reduction":
-            scratch = max(scratch, plan.chunks * 8)  # the widest compute type is 8 bytes
+            scratch = max(scratch, split_scratch(plan)[1])
     types = _element_types(module)
     body = "\n".join([*tables.definitions, *kernels])
     return GpuProgram(module.name, prelude(types) + "\n" + body, thunks, scratch, types, body)

@@ -51,6 +51,10 @@ class Index:
         self.dims = tuple(dims)
         self.multi = list(multi) if multi is not None else None
         self.linear = linear if linear is not None else ("0" if not dims else None)
+        # The cache key is the form given, not one derived later: a derived form would
+        # change the key halfway through a kernel body and miss values computed before.
+        self._key: tuple[str, ...] = ("linear", self.linear) if self.linear is not None \
+            else ("multi", *(multi or []))
         # The scopes a derived form was declared in (None: given, valid everywhere); a
         # form declared inside a branch that has closed is computed again.
         self._linear_scope: object = None
@@ -63,10 +67,7 @@ class Index:
     def key(self) -> tuple[str, ...]:
         if not self.dims:
             return ("scalar",)
-        if self.linear is not None:
-            return ("linear", self.linear)
-        assert self.multi is not None
-        return ("multi", *self.multi)
+        return self._key
 
     def get_linear(self, ctx: KernelContext) -> str:
         if self.linear is not None and not ctx.in_scope(self._linear_scope):

@@ -37,6 +37,7 @@ import numpy as np
 
 from tfxla_lite.codegen.gpu.compiler import SCRATCH_ALIGNMENT, GpuProgram, Thunk
 from tfxla_lite.codegen.gpu.gemm import StridedGemm, plan_gemm, run_gemm
+from tfxla_lite.codegen.gpu.kernels import split_scratch
 from tfxla_lite.hlo.ir import HloModule, Instruction
 from tfxla_lite.hlo.shape import Shape
 
@@ -246,7 +247,7 @@ class GpuExecutable:
                        self._copy_views(gemm, product, _aligned(product.shape.byte_size)))
                 scratch = product.shape
             elif plan.kind == "split-reduction":
-                scratch = Shape("f64", (plan.chunks,))
+                scratch = Shape("u8", (split_scratch(plan)[1],))
             calls.append((args, dot, scratch))
         # Outputs living in another buffer (a parameter, a constant): none after the
         # `add-output-copies` pass, but a module compiled without it may have them.
@@ -339,7 +340,9 @@ class GpuExecutable:
         if plan.kind == "split-reduction":
             self._functions[thunk.functions[0]](
                 (plan.launch.grid(self._grid_cap),), block, (*args, scratch))
-            self._functions[thunk.functions[1]]((1,), block, (*args, scratch))
+            # A block per row folds that row's partials.
+            self._functions[thunk.functions[1]]((max(1, min(plan.rows, self._grid_cap)),),
+                                                block, (*args, scratch))
             return
         name = thunk.functions[0]
         units = plan.launch.units

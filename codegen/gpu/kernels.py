@@ -12,10 +12,13 @@ its multi-output fusions and `softmax rewriter`). Templates:
 - `row-reduction`: the reduced dimensions are innermost (rows of W contiguous elements);
   a warp per row (W <= 512) or a block per row, warp shuffles then shared memory; rows
   read by 16-byte vector loads where W allows (`row_vectors.py`, as in `row-fusion`).
-- `split-reduction`: a reduction to one element of a large input: blocks fold fixed
-  chunks into partials (scratch memory), a second kernel folds the partials.
-- `column-reduction`: any other reduce: 32 outputs per block, 8 slices of the reduced
-  elements per output, combined in shared memory in a fixed order.
+- `split-reduction`: a reduction to one element, or to a few long rows, maybe variadic
+  (ArgMax): blocks fold fixed chunks of the rows into partials (scratch memory), a
+  second kernel folds each row's partials.
+- `column-reduction`: any other reduce: 32·G outputs per block (G consecutive outputs a
+  thread, read by 16-byte vector loads, where the kept minor dimension allows:
+  `column_group`), 8 slices of the reduced elements per output, combined in shared
+  memory in a fixed order.
 - `transpose`: a kLoop fusion (or a lone transpose) whose root reads a transpose that
   moves the minor dimension (the *hero*) elementwise or through reshapes: 32x32 tiles of
   the hero's operand go through shared memory (32x8 threads, 4 rows each), read
@@ -28,7 +31,9 @@ its multi-output fusions and `softmax rewriter`). Templates:
   then computes the row's outputs; wide values between stages are recomputed, not stored.
 - `multi-output`: a fusion whose root is a tuple (`multi-output-fusion`): a kernel of
   reduction phases, one per group of reduce results over the same elements (folded in
-  one pass), then a loop kernel for the other results.
+  one pass), each storing the loop results of its input shape at the elements it reads
+  (as XLA's reduction emitter), then a loop kernel for the loop results no phase can
+  take (`plan_multi_output` says why).
 - `dot`: a library call (cuBLAS through CuPy), no generated kernel.
 - `dot-epilogue`: a kOutput fusion (a dot and its elementwise epilogue): cuBLAS writes
   the product to scratch memory, then a loop kernel applies the epilogue (bias,
@@ -44,6 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tfxla_lite.codegen.gpu.cuda_source import identifier
+from tfxla_lite.codegen.gpu.row_vectors import VECTOR_BYTES, VECTOR_TYPES
 from tfxla_lite.hlo.ir import Instruction
 from tfxla_lite.hlo.opcodes import is_elementwise
 from tfxla_lite.passes.row_fusion import plan_row_fusion
@@ -54,11 +60,16 @@ WARP = 32
 ROWS_PER_WARP_BLOCK = 8  # rows of a block of one-warp teams
 LOOP_ROW_MAX = 16  # rows this short are folded by one thread each (loop template)
 WARP_ROW_MAX = 512  # rows up to this long get a warp, longer ones a block
-SPLIT_MIN = 1 << 16  # full reductions from this many elements are split
+SPLIT_MIN = 1 << 16  # rows (full reductions: inputs) from this many elements are split
+SPLIT_MAX_ROWS = 64  # ... when there are at most this many (a guess, never measured)
 SPLIT_CHUNK = 1 << 14  # elements per partial (at least)
 SPLIT_MAX_CHUNKS = 1024
 COLUMN_TILE = (32, 8)  # outputs x slices of a column-reduction block
 ROW_GROUP_MAX_WIDTH = 1 << 16  # a single-row group (R = 1) must stay this small
+# A multi-output fusion's loop result is stored by a reduction phase that runs on one
+# block only up to this many elements (64 KiB of f32): one multiprocessor's stores of
+# that much cost about a kernel launch (a few us at tens of GB/s). A guess, never measured.
+ONE_BLOCK_LOOP_MAX = 1 << 14
 TRANSPOSE_TILE = 32  # a tile of the transposed [B, C] view: 32x32 elements
 TRANSPOSE_BLOCK = (32, 8)  # threads of a tiled transpose; each thread moves 4 rows
 # When tiling pays (XLA's `ir_emission_utils.h`): both swapped sides at least 16, or
@@ -178,6 +189,41 @@ def is_flat(instructions: list[Instruction]) -> bool:
     return True
 
 
+def column_group(inst: Instruction, reduces: list[Instruction]) -> int:
+    """Consecutive outputs each thread of a column fold takes, reading them with 16-byte
+    vector loads (`row_vectors`): G = 16 bytes over the narrowest f32/f16/bf16 buffer the
+    reduces' inputs read at their own index (through elementwise ops, reshapes and
+    bitcasts), when the operand's minor dimension is kept and a multiple of G (so each
+    thread's G outputs are G consecutive elements of every reduced row, from a multiple
+    of G); else 1. `columns.fold_columns` finds the same buffers in its context."""
+    operand = reduces[0].operand(0)
+    dims = operand.shape.dims
+    if not dims or any(len(dims) - 1 in r.dimensions for r in reduces):
+        return 1
+    if inst.opcode == "fusion":
+        buffers = {id(p) for p in inst.fused_computation.parameters}
+    else:
+        buffers = {id(o) for o in inst.operands}
+    sizes, seen = [], set()
+    stack = [i for r in reduces for i in r.operands[:len(r.operands) // 2]]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen or node.shape.is_tuple or \
+                node.shape.num_elements != operand.shape.num_elements:
+            continue
+        seen.add(id(node))
+        if id(node) in buffers:
+            if node.shape.element_type in VECTOR_TYPES and node.shape.dims:
+                sizes.append(VECTOR_TYPES[node.shape.element_type])
+            continue
+        if is_elementwise(node.opcode) or node.opcode in ("reshape", "bitcast"):
+            stack.extend(node.operands)
+    if not sizes:
+        return 1
+    group = VECTOR_BYTES // min(sizes)
+    return group if dims[-1] % group == 0 else 1
+
+
 def loop_launch(elements: int, vector_width: int = 1) -> Launch:
     per_block = BLOCK_SIZE * vector_width
     return Launch((BLOCK_SIZE, 1), elements, per_block)
@@ -196,8 +242,29 @@ def row_launch(rows: int, team: int) -> Launch:
     return Launch((team, 1), rows, 1)
 
 
+def splits(rows: int, width: int) -> bool:
+    """Whether a row reduction (a full one: one row) is split into chunks folded by
+    blocks of their own, then a second kernel folding each row's chunks: rows long
+    enough, and too few for a block per row to fill a GPU (`SPLIT_MIN`, `SPLIT_MAX_ROWS`)."""
+    return 0 < rows <= SPLIT_MAX_ROWS and width >= SPLIT_MIN
+
+
+def split_scratch(plan: KernelPlan) -> tuple[list[int], int]:
+    """Where a split reduction's partials lie in the scratch area: one array per
+    accumulator (two for an ArgMax: values and indices) of `rows * chunks` slots of 8
+    bytes (the widest compute type), each from a 256-byte boundary; (offsets, bytes)."""
+    root, _ = kernel_body(plan.members[0])
+    size = plan.rows * plan.chunks * 8
+    offsets, end = [], 0
+    for _ in range(len(root.operands) // 2):
+        offsets.append(-(-end // 256) * 256)
+        end = offsets[-1] + size
+    return offsets, end
+
+
 def split_plan(elements: int) -> tuple[int, int]:
-    """(chunk, chunks) of a split full reduction, from the input size alone."""
+    """(chunk, chunks) of a split row of `elements` (the whole input of a full
+    reduction), from its size alone."""
     chunks = min(SPLIT_MAX_CHUNKS, -(-elements // SPLIT_CHUNK))
     chunk = -(-elements // chunks)
     chunk = -(-chunk // 1024) * 1024
@@ -217,8 +284,10 @@ def _vectorizable(inst: Instruction, computed: list[Instruction]) -> bool:
     return all(not (i.opcode == "constant" and i.shape.num_elements > 1) for i in computed)
 
 
-def plan_instruction(inst: Instruction, name: str) -> KernelPlan:
-    """The plan of one entry instruction on its own."""
+def plan_instruction(inst: Instruction, name: str, assignment: Any = None) -> KernelPlan:
+    """The plan of one entry instruction on its own (`assignment`: its buffers, which
+    decide whether a multi-output fusion's loop results may be written from its
+    reduction loop)."""
     for operand in inst.operands:
         if operand.shape.is_tuple:
             raise NotImplementedError(f"GPU backend: tuple-shaped operand %{operand.name} of "
@@ -227,7 +296,7 @@ def plan_instruction(inst: Instruction, name: str) -> KernelPlan:
         raise NotImplementedError(f"GPU backend: {inst.opcode} in the entry computation "
                                   f"(%{inst.name})")
     if (leaves := multi_output_leaves(inst)) is not None:
-        return plan_multi_output(inst, name, leaves)
+        return plan_multi_output(inst, name, leaves, assignment)
     root, computed = kernel_body(inst)
     if root.shape.is_tuple and root.opcode != "reduce":
         raise NotImplementedError(f"GPU backend: {root.opcode} (%{inst.name}) returns a tuple")
@@ -237,11 +306,16 @@ def plan_instruction(inst: Instruction, name: str) -> KernelPlan:
         inputs = root.operands[:len(root.operands) // 2]
         outputs = root.shape.tuple_shapes[0].num_elements  # type: ignore[index]
         if is_row_reduction(root) and outputs:
-            team = row_team(inputs[0].shape.num_elements // outputs)
+            width = inputs[0].shape.num_elements // outputs
+            if splits(outputs, width):
+                return _split_reduction(inst, name, outputs, width)
+            team = row_team(width)
             return KernelPlan("row-reduction", name, [inst], row_launch(outputs, team), team,
-                              outputs, inputs[0].shape.num_elements // outputs)
+                              outputs, width)
+        group = column_group(inst, [root])
         return KernelPlan("column-reduction", name, [inst],
-                          Launch(COLUMN_TILE, outputs, COLUMN_TILE[0]), rows=outputs)
+                          Launch(COLUMN_TILE, outputs, COLUMN_TILE[0] * group), rows=outputs,
+                          extra={"group": group})
     if inst.opcode == "dot" and inst.shape.element_type in LIBRARY_DOT_TYPES:
         return KernelPlan("dot", name, [inst])
     if inst.opcode == "fusion" and (dot := epilogue_dot(inst)) is not None:
@@ -260,17 +334,16 @@ def plan_instruction(inst: Instruction, name: str) -> KernelPlan:
             width = operand_size // outputs
             if width <= LOOP_ROW_MAX:
                 return KernelPlan("loop", name, [inst], loop_launch(outputs))
-            if outputs == 1 and operand_size >= SPLIT_MIN:
-                chunk, chunks = split_plan(operand_size)
-                return KernelPlan("split-reduction", name, [inst],
-                                  Launch((256, 1), chunks, 1), 256, 1, operand_size,
-                                  chunk=chunk, chunks=chunks)
+            if splits(outputs, width):
+                return _split_reduction(inst, name, outputs, width)
             team = row_team(width)
             return KernelPlan("row-reduction", name, [inst], row_launch(outputs, team), team,
                               outputs, width)
+        group = column_group(inst, [root])
         return KernelPlan("column-reduction", name, [inst],
-                          Launch(COLUMN_TILE, outputs, COLUMN_TILE[0]),
-                          rows=outputs, width=operand_size // max(outputs, 1))
+                          Launch(COLUMN_TILE, outputs, COLUMN_TILE[0] * group),
+                          rows=outputs, width=operand_size // max(outputs, 1),
+                          extra={"group": group})
     if (tiling := transpose_tiling(inst)) is not None:
         a_size, b_size, c_size = tiling.shape
         tiles = a_size * ceil_div(b_size, TRANSPOSE_TILE) * ceil_div(c_size, TRANSPOSE_TILE)
@@ -279,6 +352,15 @@ def plan_instruction(inst: Instruction, name: str) -> KernelPlan:
     vectorized = _vectorizable(inst, computed)
     return KernelPlan("loop", name, [inst], loop_launch(inst.shape.num_elements),
                       vectorized=vectorized)
+
+
+def _split_reduction(inst: Instruction, name: str, rows: int, width: int) -> KernelPlan:
+    """Kernel 1: a block per chunk of a row (`chunks` per row, grid-stride over
+    rows x chunks) folds it into partials in scratch memory; kernel 2: a block per row
+    folds the row's partials in chunk order, then the init value."""
+    chunk, chunks = split_plan(width)
+    return KernelPlan("split-reduction", name, [inst], Launch((256, 1), rows * chunks, 1),
+                      256, rows, width, chunk=chunk, chunks=chunks)
 
 
 @dataclass(frozen=True)
@@ -388,31 +470,109 @@ def _read_only_at_output_index(hero: Instruction, root: Instruction,
     return True
 
 
-def phase_blocks(reduce: Instruction) -> int:
-    """Blocks of 256 threads a reduction phase of a multi-output kernel needs at most."""
+def phase_blocks(reduce: Instruction, group: int = 1) -> int:
+    """Blocks of 256 threads a reduction phase of a multi-output kernel needs at most
+    (`group`: outputs per thread of a column phase, `column_group`)."""
     outputs = reduce.shape.num_elements
     if is_row_reduction(reduce) and outputs:
         width = reduce.operand(0).shape.num_elements // outputs
         return -(-outputs // ROWS_PER_WARP_BLOCK) if row_team(width) == WARP else outputs
-    return -(-outputs // COLUMN_TILE[0])
+    return -(-outputs // (COLUMN_TILE[0] * group))
 
 
-def plan_multi_output(inst: Instruction, name: str, leaves: list[Instruction]) -> KernelPlan:
+def phase_groups(leaves: list[Instruction], reduces: list[int]) -> list[list[int]]:
+    """The reduce results of a multi-output fusion that one phase folds together: reduces
+    over one input shape with the same reduced dimensions (the iteration space
+    `multi-output-fusion` requires of siblings), in order of their first result."""
+    groups: dict[tuple[object, ...], list[int]] = {}
+    for n in reduces:
+        reduce = leaves[n]
+        key = (reduce.operand(0).shape.dims, tuple(sorted(reduce.dimensions)))
+        groups.setdefault(key, []).append(n)
+    return list(groups.values())
+
+
+def _reads_a_reduce(leaf: Instruction) -> bool:
+    """Whether a fused value depends on a reduce of its fusion (through anything)."""
+    stack, seen = [leaf], set()
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if node.opcode == "reduce":
+            return True
+        stack.extend(node.operands)
+    return False
+
+
+def _column_groups(inst: Instruction, leaves: list[Instruction],
+                   groups: list[list[int]]) -> dict[int, int]:
+    """`column_group` of each column phase (by its first reduce result); row phases: 1."""
+    return {g[0]: 1 if is_row_reduction(leaves[g[0]]) and leaves[g[0]].shape.num_elements
+            else column_group(inst, [leaves[n] for n in g]) for g in groups}
+
+
+def _loop_phase(inst: Instruction, leaves: list[Instruction], n: int,
+                groups: list[list[int]], assignment: Any) -> tuple[int | None, str]:
+    """The phase group (its first reduce result) whose fold also computes and stores loop
+    result `n` (XLA's reduction emitter writes such roots from the reduction loop, so the
+    inputs are read once), or (None, why not): the second kernel computes it."""
+    leaf = leaves[n]
+    group = next((g for g in groups if leaves[g[0]].operand(0).shape.dims == leaf.shape.dims),
+                 None)
+    if not groups:
+        return None, "no reduction in the fusion"
+    if group is None:
+        return None, "not of a reduction's input shape"
+    if _reads_a_reduce(leaf):
+        return None, "reads a reduce of the fusion"
+    blocks = phase_blocks(leaves[group[0]], _column_groups(inst, leaves, [group])[group[0]])
+    if blocks == 1 and leaf.shape.num_elements > ONE_BLOCK_LOOP_MAX:
+        return None, "its reduction runs on one block"
+    if assignment is not None:
+        written = assignment.slice_of(inst, (n,))
+        if any(written.may_overlap(assignment.slice_of(o)) for o in inst.operands):
+            return None, "written in place of an input"
+    return group[0], ""
+
+
+def plan_multi_output(inst: Instruction, name: str, leaves: list[Instruction],
+                      assignment: Any = None) -> KernelPlan:
     """A multi-output fusion: a kernel of reduction phases (one per group of reduce leaves
-    over the same elements, `multi_output.phase_groups`; each a grid-stride loop of its own
-    over blocks of 256 threads), then a loop kernel computing
-    every other leaf at each index before storing any (a leaf may overwrite an operand
-    in place; the reductions have read everything by then)."""
+    over the same elements, `phase_groups`; each a grid-stride loop of its own over blocks
+    of 256 threads) that also computes and stores every loop leaf of a phase's input shape
+    at the index it folds (`_loop_phase`; `extra["phase_loops"]`), then, for the loop
+    leaves it cannot take (`extra["apart"]`: why), a loop kernel computing each at an
+    index before storing any (a leaf may overwrite an operand in place; the reductions
+    have read everything by then). Without `assignment` nothing is known about in-place
+    outputs and no loop leaf joins a phase."""
     reduces = [n for n, leaf in enumerate(leaves) if leaf.opcode == "reduce"]
-    loops = [n for n, leaf in enumerate(leaves) if leaf.opcode != "reduce"]
+    groups = phase_groups(leaves, reduces)
+    phase_loops: dict[int, list[int]] = {}
+    apart: dict[int, str] = {}
+    for n, leaf in enumerate(leaves):
+        if leaf.opcode == "reduce":
+            continue
+        if assignment is None:
+            apart[n] = "no buffer assignment"
+            continue
+        first, why = _loop_phase(inst, leaves, n, groups, assignment)
+        if first is None:
+            apart[n] = why
+        else:
+            phase_loops.setdefault(first, []).append(n)
+    loops = sorted(apart)
     if len({leaves[n].shape.dims for n in loops}) > 1:
         raise NotImplementedError(f"GPU backend: multi-output fusion %{inst.name} with loop "
                                   "results of different shapes")
-    blocks = max((phase_blocks(leaves[n]) for n in reduces), default=0)
+    column_groups = _column_groups(inst, leaves, groups)
+    blocks = max((phase_blocks(leaves[g[0]], column_groups[g[0]]) for g in groups), default=0)
     elements = leaves[loops[0]].shape.num_elements if loops else 0
     return KernelPlan("multi-output", name, [inst], Launch((BLOCK_SIZE, 1), elements,
                                                              BLOCK_SIZE),
-                      extra={"reduces": reduces, "loops": loops,
+                      extra={"reduces": reduces, "loops": loops, "apart": apart,
+                             "phase_loops": phase_loops, "column_groups": column_groups,
                              "reduce_launch": Launch((BLOCK_SIZE, 1), blocks, 1)})
 
 
@@ -458,7 +618,7 @@ def plan_kernels(entry_instructions: list[Instruction], assignment: Any) -> list
         while any(name + suffix in used for suffix in DERIVED_SUFFIXES):
             name += "_"
         used.update(name + suffix for suffix in DERIVED_SUFFIXES)
-        plans.append(plan_instruction(inst, name))
+        plans.append(plan_instruction(inst, name, assignment))
     return merge_row_groups(plans, assignment)
 
 
@@ -611,6 +771,13 @@ def describe(plans: list[KernelPlan]) -> str:
         if plan.launch is not None:
             geometry = f" block={plan.launch.block} units={plan.launch.units}"
         extra = " float4" if plan.vectorized else ""
+        if plan.kind == "multi-output":
+            # Which loop results the reduction loop writes, and why the others are apart.
+            written = sorted(n for loops in plan.extra["phase_loops"].values() for n in loops)
+            if written:
+                extra += " loops in reduction: " + ",".join(map(str, written))
+            for n, why in sorted(plan.extra["apart"].items()):
+                extra += f" loop {n} apart: {why};"
         members = ",".join(m.name for m in plan.members)
         lines.append(f"{plan.name}: {plan.kind}{extra} [{members}]{geometry}")
     return "\n".join(lines) + ("\n" if lines else "")

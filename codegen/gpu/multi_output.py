@@ -1,19 +1,23 @@
 """The `multi-output` template: a multi-output fusion's reduce results, folded in
-phases of sibling reduces over the same elements, then its other results in one loop
-(the plan comes from `kernels.py`; the fold helpers are the row and column templates'
-in `templates.py`)."""
+phases of sibling reduces over the same elements, each phase also storing the loop
+results of its input shape at every index it folds (as XLA's reduction emitter writes
+a multi-output fusion's elementwise roots from the reduction loop); the loop results
+no phase can take in a second loop kernel (the plan, and why a result stays apart,
+come from `kernels.plan_multi_output`; the fold helpers are the row and column
+templates' in `templates.py` and `columns.py`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from tfxla_lite.codegen.gpu.cuda_source import Writer, compute_type, to_storage
+from tfxla_lite.codegen.gpu.columns import fold_columns
+from tfxla_lite.codegen.gpu.cuda_source import Writer, to_storage
 from tfxla_lite.codegen.gpu.elemental import Index, KernelContext, ModuleTables
 from tfxla_lite.codegen.gpu.kernels import (
-    COLUMN_TILE,
     WARP,
     KernelPlan,
     is_row_reduction,
+    phase_groups,
     row_team,
 )
 from tfxla_lite.codegen.gpu.row_vectors import pointer_alignment
@@ -28,26 +32,16 @@ from tfxla_lite.codegen.gpu.templates import (
 from tfxla_lite.hlo.ir import Instruction
 
 
-def phase_groups(leaves: list[Instruction], reduces: list[int]) -> list[list[int]]:
-    """The reduce results of a multi-output fusion that one phase folds together: reduces
-    over one input shape with the same reduced dimensions (the iteration space
-    `multi-output-fusion` requires of siblings), in order of their first result."""
-    groups: dict[tuple[object, ...], list[int]] = {}
-    for n in reduces:
-        reduce = leaves[n]
-        key = (reduce.operand(0).shape.dims, tuple(sorted(reduce.dimensions)))
-        groups.setdefault(key, []).append(n)
-    return list(groups.values())
-
-
 def emit_multi_output(plan: KernelPlan, assignment: Any,
                        tables: ModuleTables) -> KernelSource:
     """Two kernels (either may be absent): `<name>_reduce`, one phase per group of reduce
     results over the same elements (`phase_groups`), each a grid-stride loop of its own
     over 1-D blocks of 256 threads (warp teams, block teams or 32x8 column tiles carved
     out of `threadIdx.x`) folding the group's reduces in one pass, so that producers they
-    share are computed once per element; then `<name>`, one loop computing every other
-    result at an index before storing any of them."""
+    share are computed once per element, and storing the loop results the plan gives the
+    phase (`extra["phase_loops"]`) at each element it reads; then `<name>`, one loop
+    computing every other loop result (`extra["loops"]`) at an index before storing any
+    of them."""
     (inst,) = plan.members
     leaves = list(inst.fused_computation.root.operands)  # type: ignore[union-attr]
     idx = _index_type(plan)
@@ -61,8 +55,11 @@ def emit_multi_output(plan: KernelPlan, assignment: Any,
             w.open("")
             ctx = _member_context(w, inst, names, idx, tables)
             ctx.aligned = pointer_alignment(plan, assignment, names)
+            stores = [(leaves[n], names[(id(inst), (n,))])
+                      for n in plan.extra["phase_loops"].get(group[0], [])]
             _reduction_phase(ctx, [leaves[n] for n in group],
-                             [names[(id(inst), (n,))] for n in group], idx)
+                             [names[(id(inst), (n,))] for n in group], idx, stores,
+                             plan.extra["column_groups"][group[0]])
             w.close()
         w.close()
         texts.append(w.text())
@@ -88,9 +85,13 @@ def emit_multi_output(plan: KernelPlan, assignment: Any,
 
 
 def _reduction_phase(ctx: KernelContext, reduces: list[Instruction], outputs: list[str],
-                     idx: str) -> None:
+                     idx: str, stores: list[tuple[Instruction, str]],
+                     column_group: int) -> None:
     """Reduce results of a multi-output kernel over the same elements (`phase_groups`),
-    folded in one pass, in 1-D blocks of 256 threads; `outputs`: their pointers."""
+    folded in one pass, in 1-D blocks of 256 threads; `outputs`: their pointers;
+    `stores`: loop results of the reduces' input shape (and pointers) computed and stored
+    at each element the phase reads (each is read by exactly one thread);
+    `column_group`: outputs per thread of a column phase (`kernels.column_group`)."""
     w = ctx.writer
     reduce = reduces[0]
     count_out = reduce.shape.num_elements
@@ -107,66 +108,12 @@ def _reduction_phase(ctx: KernelContext, reduces: list[Instruction], outputs: li
             w.line("const int lane = threadIdx.x;")
             w.open(f"for ({idx} row = blockIdx.x; row < {count_out}; row += gridDim.x)")
         with ctx.scope():
-            _fold_rows_into(ctx, reduces, "row", "lane", team, idx, [[o] for o in outputs])
+            _fold_rows_into(ctx, reduces, "row", "lane", team, idx, [[o] for o in outputs],
+                            stores)
         w.close()
         return
-    types = [compute_type(r.shape.element_type) for r in reduces]
-    tile_x, tile_y = COLUMN_TILE
-    reduced_dims = sorted(set(reduce.dimensions))
-    reduced_sizes = tuple(operand.shape.dims[d] for d in reduced_dims)
-    count = 1
-    for size in reduced_sizes:
-        count *= size
     w.line("const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;")
-    shared_accs = [w.fresh("shared_acc") for _ in reduces]
-    shared_has = w.fresh("shared_has")
-    for ct, shared_acc in zip(types, shared_accs):
-        w.line(f"__shared__ {ct} {shared_acc}[{tile_y}][{tile_x + 1}];")
-    w.line(f"__shared__ bool {shared_has}[{tile_y}][{tile_x + 1}];")
-    w.open(f"for ({idx} base = blockIdx.x * {tile_x}; base < {count_out}; "
-           f"base += gridDim.x * {tile_x})")
-    with ctx.scope():
-        w.line(f"const {idx} o = base + tx;")
-        inits = [ctx.value(r.operand(1), Index.scalar()) for r in reduces]
-        accumulators = [f"acc{n}" for n in range(len(reduces))]
-        for ct, accumulator, init in zip(types, accumulators, inits):
-            w.line(f"{ct} {accumulator} = {init};")
-        w.line("bool has = false;")
-        w.open(f"if (o < {count_out})")
-        with ctx.scope():
-            kept = Index(reduce.shape.dims, linear="o").get_multi(ctx)
-            w.open(f"for ({idx} k = ty; k < {count}; k += {tile_y})")
-            with ctx.scope():
-                reduced = iter(Index(reduced_sizes, linear="k").get_multi(ctx))
-                kept_iter = iter(kept)
-                multi = [next(reduced) if d in reduced_dims else next(kept_iter)
-                         for d in range(operand.shape.rank)]
-                values = [ctx.value(r.operand(0), Index(operand.shape.dims, multi))
-                          for r in reduces]
-                for r, accumulator, x in zip(reduces, accumulators, values):
-                    w.line(f"{accumulator} = has ? {ctx.fold(r, [accumulator, x])} : {x};")
-                w.line("has = true;")
-            w.close()
-        w.close()
-        for shared_acc, accumulator in zip(shared_accs, accumulators):
-            w.line(f"{shared_acc}[ty][tx] = {accumulator};")
-        w.line(f"{shared_has}[ty][tx] = has;")
-        w.line("__syncthreads();")
-        w.open(f"if (ty == 0 && o < {count_out})")
-        results = [f"result{n}" for n in range(len(reduces))]
-        for ct, result, init in zip(types, results, inits):
-            w.line(f"{ct} {result} = {init};")
-        w.open(f"for (int s = 0; s < {tile_y}; ++s)")
-        w.open(f"if ({shared_has}[s][tx])")
-        for r, result, shared_acc in zip(reduces, results, shared_accs):
-            w.line(f"{result} = {ctx.fold(r, [result, f'{shared_acc}[s][tx]'])};")
-        w.close()
-        w.close()
-        for r, output, result in zip(reduces, outputs, results):
-            w.line(f"{output}[o] = {to_storage(r.shape.element_type, result)};")
-        w.close()
-        w.line("__syncthreads();")
-    w.close()
+    fold_columns(ctx, reduces, [[o] for o in outputs], idx, "tx", "ty", column_group, stores)
 
 
 __all__ = ["emit_multi_output", "phase_groups"]

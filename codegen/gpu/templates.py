@@ -16,11 +16,11 @@ from tfxla_lite.codegen.gpu import data_movement  # noqa: F401  (registers its g
 from tfxla_lite.codegen.gpu.cuda_source import Writer, compute_type, storage_type, to_storage
 from tfxla_lite.codegen.gpu.elemental import Index, KernelContext, ModuleTables
 from tfxla_lite.codegen.gpu.kernels import (
-    COLUMN_TILE,
     ROWS_PER_WARP_BLOCK,
     WARP,
     KernelPlan,
     kernel_body,
+    split_scratch,
 )
 from tfxla_lite.codegen.gpu.row_vectors import (
     RowVector,
@@ -98,14 +98,15 @@ def _header(name: str, params: list[str], threads: int) -> str:
 
 def emit_plan(plan: KernelPlan, assignment: Any, tables: ModuleTables) -> KernelSource:
     """The CUDA text of one kernel plan (not a `dot`, which is a library call)."""
-    # Imported here: the transpose and multi-output templates build on this module's
-    # helpers.
+    # Imported here: the transpose, column and multi-output templates build on this
+    # module's helpers.
+    from tfxla_lite.codegen.gpu.columns import emit_column_reduction
     from tfxla_lite.codegen.gpu.multi_output import emit_multi_output
     from tfxla_lite.codegen.gpu.transpose import emit_transpose
 
     emitters: dict[str, Callable[[KernelPlan, Any, ModuleTables], KernelSource]] = {
         "loop": _emit_loop, "transpose": emit_transpose, "row-reduction": _emit_row_reduction,
-        "split-reduction": _emit_split_reduction, "column-reduction": _emit_column_reduction,
+        "split-reduction": _emit_split_reduction, "column-reduction": emit_column_reduction,
         "row-group": _emit_row_group, "row-fusion": _emit_row_fusion,
         "dot-epilogue": _emit_dot_epilogue, "multi-output": emit_multi_output}
     return emitters[plan.kind](plan, assignment, tables)
@@ -258,7 +259,9 @@ def _team_fold_all(ctx: KernelContext, reduces: list[Instruction],
                    element: Callable[[str], list[list[str]]], length: str, team: int,
                    lane: str, idx: str, vector: RowVector | None = None,
                    at: Callable[[str], list[list[str]]] | None = None,
-                   row_start: str = "") -> tuple[list[list[str]], str]:
+                   row_start: str = "",
+                   after_group: Callable[[str], None] | None = None
+                   ) -> tuple[list[list[str]], str]:
     """Fold `element(j)` (for each reduce, one value per input) for j in [0, length) into
     every reduce at once, over a team of `team` threads (a warp, or a block of whole
     warps); lane 0 ends with (each reduce's accumulators, has-any-element). Values the
@@ -269,7 +272,9 @@ def _team_fold_all(ctx: KernelContext, reduces: list[Instruction],
     each reduce the same order as when it is folded alone. With `vector` (a row fold whose
     rows start at `row_start`; `at(linear)` gives the values at a linear index), thread t
     folds groups g = t, t + team, ... of `vector.group` consecutive elements instead, each
-    group in order, its buffers read by vector loads (`row_vectors`).
+    group in order, its buffers read by vector loads (`row_vectors`), and
+    `after_group(first)` called at the end of each group (the linear index of its first
+    element: a multi-output fold stores its loop results there by vector).
     """
     w = ctx.writer
     inits = [i for reduce in reduces for i in _parts(reduce)[1]]
@@ -304,6 +309,8 @@ def _team_fold_all(ctx: KernelContext, reduces: list[Instruction],
                 for reduce, group, reduce_values in zip(reduces, groups, at(linear)):
                     _fold_into(ctx, reduce, group, reduce_values, has)
                 w.line(f"{has} = true;")
+            if after_group is not None:
+                after_group(first)
         w.close()
 
     def warp_tree() -> None:
@@ -395,24 +402,69 @@ def _fold_row_into(ctx: KernelContext, reduce: Instruction, row: str, lane: str,
     _fold_rows_into(ctx, [reduce], row, lane, team, idx, [outputs])
 
 
+def store_values(ctx: KernelContext, stores: list[tuple[Instruction, str]],
+                 index: Index, pending: list[list[str]] | None = None) -> None:
+    """Compute every value of `stores` ((instruction, pointer) of one shape) at `index`,
+    then store each at its linear index (a multi-output fusion's loop results, written
+    from the reduction loop that reads that element); with `pending` (one list per store)
+    append the storage values there instead, for `store_groups`. The values come first:
+    an index given in one form keeps the cache key the fold's reads used."""
+    values = [to_storage(inst.shape.element_type, ctx.value(inst, index))
+              for inst, _ in stores]
+    if pending is not None:
+        for held, value in zip(pending, values):
+            held.append(value)
+        return
+    linear = index.get_linear(ctx)
+    for (_, pointer), value in zip(stores, values):
+        ctx.writer.line(f"{pointer}[{linear}] = {value};")
+
+
+def store_groups(ctx: KernelContext, stores: list[tuple[Instruction, str]],
+                 pending: list[list[str]], first: str, vector: RowVector) -> None:
+    """Store the values `store_values` held for a group of `vector.group` consecutive
+    elements from linear index `first`: by 16-byte vectors where the type divides the
+    group and the pointer's alignment allows (`row_vectors.emit_group_store`), else
+    element by element; then forget them."""
+    for (inst, pointer), values in zip(stores, pending):
+        element_type = inst.shape.element_type
+        lanes = store_lanes(vector, element_type)
+        emit_group_store(ctx, pointer, element_type, values, first, lanes,
+                         ctx.aligned.get(pointer) if lanes else None)
+        values.clear()
+
+
 def _fold_rows_into(ctx: KernelContext, reduces: list[Instruction], row: str, lane: str,
-                    team: int, idx: str, outputs: list[list[str]]) -> None:
+                    team: int, idx: str, outputs: list[list[str]],
+                    stores: list[tuple[Instruction, str]] | None = None) -> None:
     """Fold row `row` of every reduce of `reduces` (row reductions of one input shape and
     row width) in one pass over the row, and let lane 0 store each result (`outputs`: a
-    list of pointers per reduce)."""
+    list of pointers per reduce); `stores`: values of the reduces' input shape computed
+    and stored (`store_values`) at every element the fold reads."""
     width = _parts(reduces[0])[0][0].shape.num_elements // max(_kept_elements(reduces[0]), 1)
 
+    inputs = [i for r in reduces for i in _parts(r)[0]]
+    vector = plan_row_vector(ctx, inputs, width, ctx.aligned)
+    # Loop results of a vector-read group are stored once the group is computed.
+    pending = [[] for _ in stores or []] if vector is not None and stores else None
+
     def at(linear: str) -> list[list[str]]:
-        return [[ctx.value(i, Index(i.shape.dims, linear=linear)) for i in _parts(r)[0]]
-                for r in reduces]
+        values = [[ctx.value(i, Index(i.shape.dims, linear=linear)) for i in _parts(r)[0]]
+                  for r in reduces]
+        if stores:
+            store_values(ctx, stores, Index(stores[0][0].shape.dims, linear=linear), pending)
+        return values
 
     def element(j: str) -> list[list[str]]:
         return at(ctx.bind(f"{row} * {width} + {j}", idx, "lin"))
 
-    inputs = [i for r in reduces for i in _parts(r)[0]]
-    vector = plan_row_vector(ctx, inputs, width, ctx.aligned)
+    def after_group(first: str) -> None:
+        assert stores is not None and pending is not None and vector is not None
+        store_groups(ctx, stores, pending, first, vector)
+
     groups, has = _team_fold_all(ctx, reduces, element, str(width), team, lane, idx, vector,
-                                 at, f"{row} * {width}")
+                                 at, f"{row} * {width}",
+                                 after_group if pending is not None else None)
     ctx.writer.open(f"if ({lane} == 0)")
     with ctx.scope():
         for reduce, accumulators, pointers in zip(reduces, groups, outputs):
@@ -436,126 +488,76 @@ def _kept_elements(reduce: Instruction) -> int:
 
 def _emit_split_reduction(plan: KernelPlan, assignment: Any,
                           tables: ModuleTables) -> KernelSource:
+    """A reduction to a few long rows (one row: a full reduction), maybe variadic: kernel 1
+    folds each chunk of a row into partials (one array per accumulator in scratch
+    memory), kernel 2 folds each row's partials in chunk order, then the init values.
+    The chunks are fixed by the row width alone, and every fold is in a fixed tree, so
+    the bits do not depend on the grid."""
     (inst,) = plan.members
     reduce, _ = kernel_body(inst)
-    operand = reduce.operand(0)
-    ct = compute_type(reduce.shape.element_type)
+    inputs, inits = _parts(reduce)
+    types = [compute_type(i.shape.element_type) for i in inits]
+    offsets, _ = split_scratch(plan)
     idx = _index_type(plan)
     params, names = _signature(plan, assignment, scratch=True)
     team = plan.team
 
-    # Kernel 1: partial[c] = the fold of chunk c (every chunk has elements).
+    def partial_arrays(w: Writer, qualifier: str) -> list[str]:
+        arrays = []
+        for n, (c_type, offset) in enumerate(zip(types, offsets)):
+            w.line(f"{qualifier}{c_type}* partials{n} = reinterpret_cast<{qualifier}{c_type}*>"
+                   f"(static_cast<{qualifier}char*>(scratch) + {offset});")
+            arrays.append(f"partials{n}")
+        return arrays
+
+    # Kernel 1: partials[row * chunks + c] = the fold of chunk c of the row (never empty).
     w = Writer()
     w.open(_header(plan.name + "_partials", params, team))
-    w.line(f"{ct}* partials = reinterpret_cast<{ct}*>(scratch);")
+    arrays = partial_arrays(w, "")
     w.line("const int lane = threadIdx.x;")
-    w.open(f"for ({idx} chunk = blockIdx.x; chunk < {plan.chunks}; chunk += gridDim.x)")
+    units = plan.rows * plan.chunks
+    w.open(f"for ({idx} unit = blockIdx.x; unit < {units}; unit += gridDim.x)")
     ctx = _member_context(w, inst, names, idx, tables)
-    start = ctx.bind(f"chunk * ({idx}){plan.chunk}", idx, "start")
-    length = ctx.bind(f"min(({idx}){plan.chunk}, ({idx}){plan.width} - {start})", idx, "length")
+    row = ctx.bind(f"unit / {plan.chunks}", idx, "row")
+    offset = ctx.bind(f"(unit % {plan.chunks}) * ({idx}){plan.chunk}", idx, "offset")
+    start = ctx.bind(f"{row} * ({idx}){plan.width} + {offset}", idx, "start")
+    length = ctx.bind(f"min(({idx}){plan.chunk}, ({idx}){plan.width} - {offset})", idx,
+                      "length")
 
-    def element(j: str) -> str:
+    def element(j: str) -> list[str]:
         linear = ctx.bind(f"{start} + {j}", idx, "lin")
-        return ctx.value(operand, Index(operand.shape.dims, linear=linear))
+        return [ctx.value(i, Index(i.shape.dims, linear=linear)) for i in inputs]
 
-    (acc,), _ = _team_fold(ctx, reduce, element, length, team, "lane", idx)
+    accumulators, _ = _team_fold(ctx, reduce, element, length, team, "lane", idx)
     w.open("if (lane == 0)")
-    w.line(f"partials[chunk] = {acc};")
+    for array, accumulator in zip(arrays, accumulators):
+        w.line(f"{array}[unit] = {accumulator};")
     w.close()
     w.close()
     w.close()
     partials_text = w.text()
 
-    # Kernel 2: one block folds the partials in order of a fixed tree, then the init value.
+    # Kernel 2: a block per row folds its partials in the order of a fixed tree, then
+    # the init values.
     w = Writer()
     w.open(_header(plan.name, params, team))
-    w.line(f"const {ct}* partials = reinterpret_cast<const {ct}*>(scratch);")
+    arrays = partial_arrays(w, "const ")
     w.line("const int lane = threadIdx.x;")
-    w.open("if (blockIdx.x == 0)")
+    w.open(f"for ({idx} row = blockIdx.x; row < {plan.rows}; row += gridDim.x)")
     ctx = _member_context(w, inst, names, idx, tables)
-    accumulators, has = _team_fold(ctx, reduce, lambda j: f"partials[{j}]", str(plan.chunks),
-                                   team, "lane", idx)
+    accumulators, has = _team_fold(
+        ctx, reduce, lambda j: [f"{a}[row * {plan.chunks} + {j}]" for a in arrays],
+        str(plan.chunks), team, "lane", idx)
     w.open("if (lane == 0)")
-    (result,) = _with_init(ctx, reduce, accumulators, has)
-    w.line(f"out0[0] = {to_storage(inst.shape.element_type, result)};")
+    with ctx.scope():
+        results = _with_init(ctx, reduce, accumulators, has)
+        for output, init, result in zip(_output_names(inst, names), inits, results):
+            w.line(f"{output}[row] = {to_storage(init.shape.element_type, result)};")
     w.close()
     w.close()
     w.close()
     return KernelSource(plan, [plan.name + "_partials", plan.name], partials_text + "\n"
                         + w.text())
-
-
-def _emit_column_reduction(plan: KernelPlan, assignment: Any,
-                           tables: ModuleTables) -> KernelSource:
-    """Any reduce (maybe variadic): 32 outputs per block, each folded by 8 threads over
-    interleaved slices of its reduced elements, the slices combined in order."""
-    (inst,) = plan.members
-    reduce, _ = kernel_body(inst)
-    inputs, inits = _parts(reduce)
-    operand = inputs[0]
-    tile_x, tile_y = COLUMN_TILE
-    outputs = _kept_elements(reduce)
-    kept_dims = tuple(size for d, size in enumerate(operand.shape.dims)
-                      if d not in set(reduce.dimensions))
-    reduced_dims = sorted(set(reduce.dimensions))
-    reduced_sizes = tuple(operand.shape.dims[d] for d in reduced_dims)
-    count = 1
-    for size in reduced_sizes:
-        count *= size
-    types = [compute_type(i.shape.element_type) for i in inits]
-    idx = _index_type(plan)
-    params, names = _signature(plan, assignment)
-    w = Writer()
-    w.open(_header(plan.name, params, tile_x * tile_y))
-    shared = [f"shared_acc{n}" for n in range(len(inits))]
-    for c_type, array in zip(types, shared):
-        w.line(f"__shared__ {c_type} {array}[{tile_y}][{tile_x + 1}];")
-    w.line(f"__shared__ bool shared_has[{tile_y}][{tile_x + 1}];")
-    w.open(f"for ({idx} base = blockIdx.x * {tile_x}; base < {outputs}; "
-           f"base += gridDim.x * {tile_x})")
-    w.line(f"const {idx} o = base + threadIdx.x;")
-    ctx = _member_context(w, inst, names, idx, tables)
-    init_values = [ctx.value(i, Index.scalar()) for i in inits]
-    accumulators = [f"acc{n}" if len(inits) > 1 else "acc" for n in range(len(inits))]
-    for c_type, accumulator, init in zip(types, accumulators, init_values):
-        w.line(f"{c_type} {accumulator} = {init};")
-    w.line("bool has = false;")
-    w.open(f"if (o < {outputs})")
-    with ctx.scope():
-        kept = Index(kept_dims, linear="o").get_multi(ctx)
-        w.open(f"for ({idx} k = threadIdx.y; k < {count}; k += {tile_y})")
-        with ctx.scope():
-            reduced = iter(Index(reduced_sizes, linear="k").get_multi(ctx))
-            kept_iter = iter(kept)
-            multi = [next(reduced) if d in reduced_dims else next(kept_iter)
-                     for d in range(operand.shape.rank)]
-            values = [ctx.value(i, Index(operand.shape.dims, multi)) for i in inputs]
-            _fold_into(ctx, reduce, accumulators, values, "has")
-            w.line("has = true;")
-        w.close()
-    w.close()
-    for array, accumulator in zip(shared, accumulators):
-        w.line(f"{array}[threadIdx.y][threadIdx.x] = {accumulator};")
-    w.line("shared_has[threadIdx.y][threadIdx.x] = has;")
-    w.line("__syncthreads();")
-    w.open(f"if (threadIdx.y == 0 && o < {outputs})")
-    results = [f"result{n}" if len(inits) > 1 else "result" for n in range(len(inits))]
-    for c_type, result, init in zip(types, results, init_values):
-        w.line(f"{c_type} {result} = {init};")
-    w.open(f"for (int s = 0; s < {tile_y}; ++s)")
-    w.open("if (shared_has[s][threadIdx.x])")
-    with ctx.scope():
-        _fold_into(ctx, reduce, results, [f"{array}[s][threadIdx.x]" for array in shared],
-                   "true")
-    w.close()
-    w.close()
-    for output, init, result in zip(_output_names(inst, names), inits, results):
-        w.line(f"{output}[o] = {to_storage(init.shape.element_type, result)};")
-    w.close()
-    w.line("__syncthreads();")
-    w.close()
-    w.close()
-    return KernelSource(plan, [plan.name], w.text())
 
 
 # -- row groups ----------------------------------------------------------------------------
@@ -595,7 +597,7 @@ def _emit_row_group(plan: KernelPlan, assignment: Any, tables: ModuleTables) -> 
     return KernelSource(plan, [plan.name], w.text())
 
 
-__all__ = ["KernelSource", "emit_plan"]
+__all__ = ["KernelSource", "emit_plan", "store_groups", "store_values"]
 
 
 def _emit_row_fusion(plan: KernelPlan, assignment: Any, tables: ModuleTables) -> KernelSource:

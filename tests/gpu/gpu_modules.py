@@ -393,6 +393,95 @@ def row_statistics(rows: int, width: int, reduced: tuple[int, ...] = (1,)) -> Hl
     return module
 
 
+def reduce_with_loops(dims: tuple[int, ...], reduced: tuple[int, ...],
+                      element_type: str = "f32", loops: int = 1) -> HloModule:
+    """A sum of exp(x) and a max of x with one or two elementwise results of their input
+    shape (exp(x); x * y + y): one multi-output fusion, whose reduction loop stores the
+    elementwise results too (`kernels.plan_multi_output`)."""
+    name = f"reduce_with_loops_{'x'.join(map(str, dims))}_over_{''.join(map(str, reduced))}"
+    module, comp = new_module(f"{name}_{element_type}_{loops}")
+    x = comp.add_parameter(0, Shape(element_type, dims))
+    e = comp.create("exponential", [x])
+    results = [reduce(comp, e, reduced), e,
+               reduce(comp, x, reduced, "maximum", float("-inf"))]
+    if loops == 2:
+        y = comp.add_parameter(1, Shape(element_type, dims))
+        results.append(comp.create("add", [comp.create("multiply", [x, y]), y]))
+    finish(comp, results)
+    return module
+
+
+# Multi-output fusions whose loop results the reduction loop cannot store, as XLA's
+# optimized HLO could hold them (`multi-output-fusion` makes none of them): a result of
+# the reduce's output shape, one reading a reduce of the fusion (x - its row max), and a
+# full reduction (one block) with a result of its input shape of more than
+# `kernels.ONE_BLOCK_LOOP_MAX` elements.
+LOOPS_APART_HLO = """HloModule loops_apart
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %sum = f32[] add(%a, %b)
+}
+
+%fused_output_shape (p0: f32[20,70], p1: f32[20]) -> (f32[20], f32[20]) {
+  %p0 = f32[20,70]{1,0} parameter(0)
+  %p1 = f32[20]{0} parameter(1)
+  %zero = f32[] constant(0)
+  %total = f32[20]{0} reduce(%p0, %zero), dimensions={1}, to_apply=%add
+  %e = f32[20]{0} exponential(%p1)
+  ROOT %tuple = (f32[20]{0}, f32[20]{0}) tuple(%total, %e)
+}
+
+%max (c: f32[], d: f32[]) -> f32[] {
+  %c = f32[] parameter(0)
+  %d = f32[] parameter(1)
+  ROOT %larger = f32[] maximum(%c, %d)
+}
+
+%fused_reads_reduce (q0: f32[20,70]) -> (f32[20], f32[20,70]) {
+  %q0 = f32[20,70]{1,0} parameter(0)
+  %zero.1 = f32[] constant(-inf)
+  %total.1 = f32[20]{0} reduce(%q0, %zero.1), dimensions={1}, to_apply=%max
+  %spread = f32[20,70]{1,0} broadcast(%total.1), dimensions={0}
+  %centered = f32[20,70]{1,0} subtract(%q0, %spread)
+  ROOT %tuple.1 = (f32[20]{0}, f32[20,70]{1,0}) tuple(%total.1, %centered)
+}
+
+%fused_full (r0: f32[160,128]) -> (f32[], f32[160,128]) {
+  %r0 = f32[160,128]{1,0} parameter(0)
+  %zero.2 = f32[] constant(0)
+  %total.2 = f32[] reduce(%r0, %zero.2), dimensions={0,1}, to_apply=%add
+  %e.2 = f32[160,128]{1,0} exponential(%r0)
+  ROOT %tuple.2 = (f32[], f32[160,128]{1,0}) tuple(%total.2, %e.2)
+}
+
+ENTRY %main (x: f32[20,70], z: f32[20], w: f32[20,70], v: f32[160,128]) -> RESULTS {
+  %x = f32[20,70]{1,0} parameter(0)
+  %z = f32[20]{0} parameter(1)
+  %w = f32[20,70]{1,0} parameter(2)
+  %v = f32[160,128]{1,0} parameter(3)
+  %first = (f32[20]{0}, f32[20]{0}) fusion(%x, %z), kind=kInput, calls=%fused_output_shape
+  %second = (f32[20]{0}, f32[20,70]{1,0}) fusion(%w), kind=kInput, calls=%fused_reads_reduce
+  %third = (f32[], f32[160,128]{1,0}) fusion(%v), kind=kInput, calls=%fused_full
+  %g0 = f32[20]{0} get-tuple-element(%first), index=0
+  %g1 = f32[20]{0} get-tuple-element(%first), index=1
+  %g2 = f32[20]{0} get-tuple-element(%second), index=0
+  %g3 = f32[20,70]{1,0} get-tuple-element(%second), index=1
+  %g4 = f32[] get-tuple-element(%third), index=0
+  %g5 = f32[160,128]{1,0} get-tuple-element(%third), index=1
+  ROOT %out = RESULTS tuple(%g0, %g1, %g2, %g3, %g4, %g5)
+}
+""".replace(
+    "RESULTS", "(f32[20]{0}, f32[20]{0}, f32[20]{0}, f32[20,70]{1,0}, f32[], f32[160,128]{1,0})")
+
+
+def loops_apart() -> HloModule:
+    from tfxla_lite.hlo.parser import parse_module
+
+    return parse_module(LOOPS_APART_HLO)
+
+
 def argmax(dims: tuple[int, ...], axis: int, element_type: str = "f32") -> HloModule:
     """TF's ArgMax as XLA lowers it: a variadic reduce over (values, iota) whose reducer
     keeps the larger value and, on ties, the smaller index."""
@@ -401,6 +490,37 @@ def argmax(dims: tuple[int, ...], axis: int, element_type: str = "f32") -> HloMo
     x = comp.add_parameter(0, Shape(element_type, dims))
     positions = comp.create("iota", shape=Shape("s32", dims), iota_dimension=axis)
     reduced = comp.create("reduce", [x, positions, comp.add_constant(float("-inf"), element_type),
+                                     comp.add_constant(0, "s32")],
+                          called_computations=[reducer], dimensions=(axis,))
+    finish(comp, [comp.create("get-tuple-element", [reduced], index=1),
+                  comp.create("get-tuple-element", [reduced], index=0)])
+    return module
+
+
+def arg_reduce(dims: tuple[int, ...], axis: int, element_type: str = "f32",
+               kind: str = "max") -> HloModule:
+    """TF's ArgMax (ArgMin with `kind="min"`) as TF's XLA prints it (`minmax_func`: GE or
+    LE keeps the left pair, EQ takes the smaller index), over `axis` of `dims`: a 1-D
+    input is a full reduction. Returns the index and the value."""
+    name = f"arg{kind}_{'x'.join(map(str, dims))}_axis{axis}_{element_type}"
+    module, comp = new_module(name)
+    reducer = module.new_computation(f"{name}_reducer")
+    scalar, index = Shape(element_type, ()), Shape("s32", ())
+    lhs_value = reducer.add_parameter(0, scalar, "lhs_value")
+    lhs_index = reducer.add_parameter(1, index, "lhs_index")
+    rhs_value = reducer.add_parameter(2, scalar, "rhs_value")
+    rhs_index = reducer.add_parameter(3, index, "rhs_index")
+    keep = reducer.create("compare", [lhs_value, rhs_value],
+                          direction="GE" if kind == "max" else "LE")
+    tie = reducer.create("compare", [lhs_value, rhs_value], direction="EQ")
+    value = reducer.create("select", [keep, lhs_value, rhs_value])
+    chosen = reducer.create("select", [tie, reducer.create("minimum", [lhs_index, rhs_index]),
+                                       reducer.create("select", [keep, lhs_index, rhs_index])])
+    reducer.root = reducer.create("tuple", [value, chosen])
+    x = comp.add_parameter(0, Shape(element_type, dims))
+    positions = comp.create("iota", shape=Shape("s32", dims), iota_dimension=axis)
+    init = float("-inf") if kind == "max" else float("inf")
+    reduced = comp.create("reduce", [x, positions, comp.add_constant(init, element_type),
                                      comp.add_constant(0, "s32")],
                           called_computations=[reducer], dimensions=(axis,))
     finish(comp, [comp.create("get-tuple-element", [reduced], index=1),
@@ -507,9 +627,26 @@ MODULES.update({
     "multi_output_rows_warp": lambda: row_statistics(64, 300),
     "multi_output_rows_block": lambda: row_statistics(16, 3000),
     "multi_output_columns": lambda: row_statistics(500, 40, (0,)),
+    # Multi-output fusions whose reduction loop also stores elementwise results (one or
+    # two; widths off the vector and block multiples), and ones that keep a second kernel.
+    "loops_rows_warp_f32": lambda: reduce_with_loops((37, 301), (1,)),
+    "loops_rows_warp_f32_two": lambda: reduce_with_loops((9, 64), (1,), loops=2),
+    "loops_rows_warp_f16_two": lambda: reduce_with_loops((13, 44), (1,), "f16", 2),
+    "loops_rows_block_bf16": lambda: reduce_with_loops((5, 1030), (1,), "bf16"),
+    "loops_rows_block_f32_two": lambda: reduce_with_loops((3, 2000), (1,), loops=2),
+    "loops_columns_f32": lambda: reduce_with_loops((70, 45), (0,)),
+    "loops_columns_f16_two": lambda: reduce_with_loops((33, 40), (0,), "f16", 2),
+    "loops_middle_bf16_two": lambda: reduce_with_loops((7, 33, 5), (1,), "bf16", 2),
+    "loops_columns_one_block": lambda: reduce_with_loops((128, 10), (0,)),  # a bias gradient
+    "loops_apart": loops_apart,
     "argmax_rows": lambda: argmax((40, 70), 1),
     "argmax_wide_rows": lambda: argmax((6, 5000), 1, "f16"),
     "argmax_columns": lambda: argmax((300, 20), 0, "f64"),
+    # Variadic reductions split over blocks: all elements, and a few long rows.
+    "argmax_full_split": lambda: arg_reduce((70001,), 0),
+    "argmin_full_split_f16": lambda: arg_reduce((66000,), 0, "f16", "min"),
+    "argmax_few_rows_split": lambda: arg_reduce((3, 65600), 1),
+    "argmin_few_rows_split_bf16": lambda: arg_reduce((2, 70000), 1, "bf16", "min"),
     # Tiled transposes (32x32 tiles: edge tiles wherever a side is not a multiple of 32).
     "transpose_2d": lambda: transpose((64, 96), (1, 0)),
     "transpose_edges_f16": lambda: transpose((33, 70), (1, 0), "f16"),
@@ -537,6 +674,14 @@ MODULES.update({
     "row_vector_softmax_f16": lambda: softmax(4, 48, "f16"),
     "row_vector_softmax_odd_f32": lambda: softmax(6, 30),
     "row_vector_layer_norm": lambda: layer_norm(4, 36),
+    # Column kernels' vector loads (`test_gpu_column_vectors.py`): G outputs a thread where
+    # the kept minor dimension is a multiple of G (4 floats, 8 halves).
+    "column_vector_sum_f32": lambda: reduction((50, 64), (0,)),
+    "column_vector_sum_f16": lambda: reduction((40, 48), (0,), "f16"),
+    "column_vector_max_bf16": lambda: reduction((6, 7, 16), (0, 1), "bf16", "maximum"),
+    "column_vector_partial_tile": lambda: reduction((9, 136), (0,)),  # tiles of 128 + 8
+    "column_vector_argmax_f32": lambda: argmax((100, 24), 0),
+    "column_vector_odd_f32": lambda: reduction((50, 30), (0,)),  # 30 columns: no vectors
     "row_vector_mixed": row_vector_mixed,
     "row_vector_of_product": row_vector_of_product,
 })
@@ -559,6 +704,8 @@ TEMPLATE_OF = {
     "multi_output_columns": "multi-output",
     "argmax_rows": "row-reduction",
     "argmax_columns": "column-reduction",
+    "argmax_full_split": "split-reduction",
+    "argmax_few_rows_split": "split-reduction",
     "transpose_2d": "transpose",
     "transpose_fused_f16": "transpose",
     "transpose_heads_merged": "transpose",

@@ -79,9 +79,10 @@ def _stages(name: str) -> int:
     return 3 if "softmax" in name or "layer_norm" in name else 1
 
 
-def test_gpu_vector_loads_only_in_row_kernels() -> None:
-    """An elementwise loop, a column reduction and a split reduction of the same f32
-    buffer keep their element loads; only the row reduction reads by vector."""
+def test_gpu_vector_loads_only_in_row_and_column_kernels() -> None:
+    """An elementwise loop and a split reduction of the same f32 buffer keep their
+    element loads; the row reduction and the column reduction (256 columns: 4 a thread,
+    `test_gpu_column_vectors.py`) read by vector."""
     program, _, _ = emit_module(MODULES["row_vector_mixed"](), verify=True)
     assert sorted(t.plan.kind for t in program.thunks) == [
         "column-reduction", "loop", "row-reduction", "split-reduction"]
@@ -89,7 +90,8 @@ def test_gpu_vector_loads_only_in_row_kernels() -> None:
     texts = _kernels(program.body)
     assert sorted(texts) == sorted(kinds)
     for kernel, text in texts.items():
-        assert ("tl_load_vector" in text) == (kinds[kernel] == "row-reduction"), kernel
+        assert ("tl_load_vector" in text) == (kinds[kernel] in ("row-reduction",
+                                                               "column-reduction")), kernel
 
 
 def test_gpu_temp_alignment_is_proven_from_the_buffer_plan() -> None:
