@@ -221,7 +221,9 @@ class Function:
 
         Stages: 'hlo' (as lowered from TF), 'optimized_hlo' (after the passes,
         fusion computations included), 'buffer_assignment', 'llvm' (optimized
-        LLVM IR) and 'llvm_unoptimized'; one block per compiled cluster.
+        LLVM IR) and 'llvm_unoptimized'; one block per compiled cluster. GPU
+        clusters have 'cuda' and 'kernel_plan' instead of the 'llvm' stages
+        (`Program.compiler_ir`).
         """
         args, kwargs = self._canonical(args, kwargs)
         program = self._program(args, kwargs)

@@ -143,19 +143,43 @@ class Program:
         return found
 
     def compiler_ir(self, stage: str) -> str:
+        """`stage`'s text of every compiled cluster, in order. CPU clusters have 'llvm'
+        and 'llvm_unoptimized', GPU clusters 'cuda' and 'kernel_plan' instead: another
+        device's cluster gets a comment line saying where its code is, and a stage no
+        cluster has raises ValueError naming the stages there are."""
         texts = {
             "hlo": lambda c: c.hlo_text,
             "optimized_hlo": lambda c: c.executable.optimized_hlo_text,
             "buffer_assignment": lambda c: c.executable.assignment.to_text(),
             "llvm": lambda c: c.executable.llvm_ir_optimized,
             "llvm_unoptimized": lambda c: c.executable.llvm_ir,
+            "cuda": lambda c: c.executable.cuda_source,
+            "kernel_plan": lambda c: c.executable.kernel_plan,
         }
         if stage not in texts:
             raise ValueError(f"unknown stage {stage!r}; stages are {', '.join(texts)}")
         compiled = self.all_artifacts()
         if not compiled:
             return ""
-        return "\n".join(texts[stage](c) for c in compiled)
+        from tfxla_lite.codegen.gpu.inspection import STAGES as GPU_STAGES
+
+        # 'CPU', or 'GPU:i' for a cluster the GPU backend compiled, and its stages.
+        devices = [f"GPU:{c.executable.device_id}"
+                   if hasattr(type(c.executable), "cuda_source") else "CPU" for c in compiled]
+        cpu_stages = tuple(s for s in texts if s not in ("cuda", "kernel_plan"))
+        stages = {d: cpu_stages if d == "CPU" else GPU_STAGES for d in devices}
+        if not any(stage in stages[d] for d in devices):
+            where = []
+            for device in stages:
+                names = ", ".join(c.name for c, d in zip(compiled, devices) if d == device)
+                where.append(f"{names} on {device} (stages {', '.join(stages[device])})")
+            raise ValueError(f"stage {stage!r} does not apply to this function's compiled "
+                             f"clusters: {'; '.join(where)}")
+        comment = {"llvm": ";", "llvm_unoptimized": ";", "cuda": "//"}.get(stage, "#")
+        return "\n".join(
+            texts[stage](c) if stage in stages[d] else
+            f"{comment} {c.name} runs on {d}: no {stage} stage; its code is stage "
+            f"'{'llvm' if d == 'CPU' else 'cuda'}'\n" for c, d in zip(compiled, devices))
 
 
 @dataclass
@@ -425,6 +449,9 @@ def _compile_graph(graph: tf.Graph, function_name: str, settings: _Settings,
             if gpu is not None:
                 executable = gpu_launch.compile_cluster(module, gpu, options.effective_pipeline,
                                                         options.verify)
+                dump.dump_cluster(options, function_name, cluster.name, executable.hlo_text,
+                                  executable, time.perf_counter() - started,
+                                  title=f"{cluster.name} on GPU:{gpu}")
             else:
                 executable = compile_module(module, pipeline=options.effective_pipeline,
                                             verify=options.verify,

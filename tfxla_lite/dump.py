@@ -14,6 +14,8 @@ Files, named as XLA names its own (`NNNN` a process-wide counter, zero-padded):
     module_NNNN.<function>_<cluster>.buffer-assignment.txt      BufferAssignment.to_text()
     module_NNNN.<function>_<cluster>.ir-no-opt.ll               LLVM IR as emitted
     module_NNNN.<function>_<cluster>.ir-with-opt.ll             after LLVM's O3
+    module_NNNN.<function>_<cluster>.cu                 a GPU cluster's CUDA C (instead of .ll)
+    module_NNNN.<function>_<cluster>.kernel-plan.txt    its kernels: template, launch, why
     <function>.before_marking.pbtxt     the traced GraphDef
     <function>.after_marking.pbtxt      the same, `_tfxla_lite_cluster` on clustered nodes
     <function>.clustering.txt, .json    every node: its cluster, or why it stays in TF
@@ -104,8 +106,12 @@ def _dump_cluster(directory: str, function_name: str, cluster_name: str, hlo_tex
         sys.stdout.flush()
         return
     texts[f"{prefix}.buffer-assignment.txt"] = executable.assignment.to_text()
-    texts[f"{prefix}.ir-no-opt.ll"] = executable.llvm_ir
-    texts[f"{prefix}.ir-with-opt.ll"] = executable.llvm_ir_optimized
+    gpu = gpu_texts(executable, prefix)
+    if gpu is None:
+        texts[f"{prefix}.ir-no-opt.ll"] = executable.llvm_ir
+        texts[f"{prefix}.ir-with-opt.ll"] = executable.llvm_ir_optimized
+    else:
+        texts.update(gpu)
     os.makedirs(directory, exist_ok=True)
     for name, text in texts.items():
         _write(directory, name, text)
@@ -123,12 +129,28 @@ def _dump_cluster(directory: str, function_name: str, cluster_name: str, hlo_tex
         title=title, hlo_before=hlo_text, hlo_after=executable.optimized_hlo_text,
         module=executable.module, assignment=executable.assignment,
         compile_seconds=compile_seconds, kernel_count=executable.kernel_count, flops=flops,
-        transcendentals=transcendentals, bytes_accessed=bytes_accessed, files=list(texts))
+        transcendentals=transcendentals, bytes_accessed=bytes_accessed, files=list(texts),
+        device="CPU" if gpu is None else f"GPU:{executable.device_id}",
+        cuda_source=gpu[f"{prefix}.cu"] if gpu else "",
+        kernel_plan=gpu[f"{prefix}.kernel-plan.txt"] if gpu else "")
     with _lock:
         session = _session(directory)
         session.clusters.setdefault(function_name, []).append(record)
         if any(trace.function_name == function_name for trace in session.traces):
             _write_report(directory, session)
+
+
+def gpu_texts(executable: Any, prefix: str) -> dict[str, str] | None:
+    """A GPU cluster's files in place of the CPU's LLVM IR: its CUDA C and its kernel
+    plan (`codegen/gpu/inspection.py`); None for a CPU executable."""
+    if not hasattr(type(executable), "cuda_source"):
+        return None
+    from tfxla_lite.codegen.gpu.inspection import kernel_plan_text
+
+    cu = f"{prefix}.cu"
+    plan = kernel_plan_text(executable.program, executable.temp_bytes,
+                            f"GPU:{executable.device_id}", cu_name=cu)
+    return {cu: executable.cuda_source, f"{prefix}.kernel-plan.txt": plan}
 
 
 # -- per traced function ---------------------------------------------------------------

@@ -131,6 +131,13 @@ class GpuExecutable:
     def cuda_source(self) -> str:
         return self.program.source
 
+    @property
+    def kernel_plan(self) -> str:
+        """Each thunk's template, launch shape and why (`inspection.kernel_plan_text`)."""
+        from tfxla_lite.codegen.gpu.inspection import kernel_plan_text
+
+        return kernel_plan_text(self.program, self.temp_bytes, f"GPU:{self.device_id}")
+
     @staticmethod
     def build(module: HloModule, assignment: Any, program: GpuProgram, hlo_text: str = "",
               optimized_hlo_text: str = "", cache: bool | None = None) -> GpuExecutable:

@@ -10,7 +10,8 @@ Layout: a sidebar lists traces and their clusters; each trace shows its TF graph
 (nodes colored by cluster, TF nodes dashed and grey, reasons on hover and in the
 legend), then a card per compiled cluster: compile time, cost analysis, the fusion
 graph of the optimized entry computation, the temp-arena timeline, and the HLO
-before and after optimization side by side.
+before and after optimization side by side; for a GPU cluster also its kernel plan
+and its CUDA C (folded).
 """
 
 from __future__ import annotations
@@ -84,6 +85,9 @@ class ClusterRecord:
     transcendentals: int
     bytes_accessed: int
     files: list[str] = field(default_factory=list)
+    device: str = "CPU"  # or "GPU:i"
+    cuda_source: str = ""  # a GPU cluster's CUDA C
+    kernel_plan: str = ""  # ... and its kernel plan (codegen/gpu/inspection.py)
     _fragment: str | None = field(default=None, repr=False)
 
     @property
@@ -225,7 +229,8 @@ def cluster_fragment(cluster: ClusterRecord, color: tuple[str, str], anchor: str
              if assignment.temp_bytes_without_reuse else "")
     stats = "".join([
         _stat("compile", f"{cluster.compile_seconds * 1e3:.1f} ms",
-              "lowering, passes, buffer assignment and LLVM"),
+              "lowering, passes, buffer assignment and "
+              + ("LLVM" if not cluster.cuda_source else "CUDA emission and NVRTC")),
         _stat("run", "not measured", "run time is not measured: it would take a timed call"),
         _stat("kernels", str(cluster.kernel_count)),
         _stat("flops", _count(cluster.flops), f"{cluster.flops} (cost analysis)"),
@@ -241,7 +246,7 @@ def cluster_fragment(cluster: ClusterRecord, color: tuple[str, str], anchor: str
     count = len(entry.instructions) if entry is not None else 0
     fusion = fusion_graph_svg(cluster.module, f"fusion-{cluster.anchor}")
     timeline = buffer_timeline_svg(assignment, count, f"timeline-{cluster.anchor}")
-    files = " ".join(f'<a href="{escape(name)}">{escape(name.split(".")[-2])}</a>'
+    files = " ".join(f'<a href="{escape(name)}">{escape(_file_label(name))}</a>'
                      for name in cluster.files if name.count(".") >= 2)
     fill, stroke = color
     cluster._fragment = (
@@ -259,8 +264,28 @@ def cluster_fragment(cluster: ClusterRecord, color: tuple[str, str], anchor: str
         '<div class="pane-title">before optimizations</div>'
         '<div class="pane-title">after optimizations (fusions in orange)</div>'
         f'<pre class="hlo">{_hlo_html(cluster.hlo_before)}</pre>'
-        f'<pre class="hlo">{_hlo_html(cluster.hlo_after)}</pre></div></section>')
+        f'<pre class="hlo">{_hlo_html(cluster.hlo_after)}</pre></div>'
+        f'{_gpu_fragment(cluster)}</section>')
     return cluster._fragment
+
+
+def _file_label(name: str) -> str:
+    """A dump file's link text: its kind (`after_optimizations`, `ir-no-opt`), or the
+    extension of a file of one kind only (`cu`)."""
+    stem, extension = name.rsplit(".", 1)
+    return stem.rsplit(".", 1)[-1] if extension in ("txt", "ll") else extension
+
+
+def _gpu_fragment(cluster: ClusterRecord) -> str:
+    """A GPU cluster's kernel plan and CUDA C (nothing for a CPU cluster)."""
+    if not cluster.cuda_source:
+        return ""
+    lines = cluster.cuda_source.count("\n") + 1
+    return (f'<h4>GPU kernels <small>({escape(cluster.device)}: each kernel with its template, '
+            'launch shape and why)</small></h4>'
+            f'<pre class="hlo kernel-plan">{escape(cluster.kernel_plan)}</pre>'
+            f'<details class="cuda"><summary>CUDA C ({lines} lines)</summary>'
+            f'<pre class="hlo cuda-source">{escape(cluster.cuda_source)}</pre></details>')
 
 
 # -- the page --------------------------------------------------------------------------
@@ -400,6 +425,7 @@ h4 { margin:12px 0 4px; font-size:13px; }
 pre.hlo { margin:0; max-height:380px; overflow:auto; font:11px/1.35 ui-monospace, monospace;
   background:#0f172a; color:#e2e8f0; padding:8px; border-radius:8px; }
 .hlo-head { color:#fbbf24; } .hlo-fusion { color:#fb923c; font-weight:700; }
+pre.kernel-plan { white-space:pre-wrap; } details.cuda { margin:6px 0; }
 details.nodes-table { margin:8px 0; } details summary { cursor:pointer; color:#334155; }
 table { border-collapse:collapse; font-size:12px; margin-top:6px; width:100%; }
 th, td { text-align:left; padding:3px 8px; border-bottom:1px solid var(--line);
