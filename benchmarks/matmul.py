@@ -5,9 +5,13 @@ Run: .venv/bin/python benchmarks/matmul.py [SHAPE ...]
      --dense: each shape as a dense layer, relu(x @ w + b) (tfxla-lite: one kOutput kernel)
      --split TMxTN,...: also tfxla-lite's kernel with each split forced (`--split 4x4,2x1`),
        timed in the same interleaved bursts (compiled without the caches)
+     --strategy NAME,...: also tfxla-lite's kernel with each strategy of `dot.choose_strategy`
+       forced (`--strategy library,blocked`), its units as `dot.schedule` cuts them for it
      --split-cost [--split TMxTN,...]: nothing of TF timed; the CPU time of one thread running
        the shape's units as the kernel does (one OpenBLAS call per tile) against one call
-       of the whole product, and the same for each --split given (`--split 4x4,2x2`)
+       of the whole product, and the same for each --split given (`--split 4x4,2x2`);
+       "(schedule)" marks the tiles `dot.schedule` gives the library (also for shapes
+       that register blocks compute)
 
 Prints GFLOP/s of tf.function, TF's XLA and tfxla-lite (float32), tfxla-lite's share of
 tf.function's throughput (the goal: at least 95% on large shapes), and the strategy and
@@ -137,7 +141,7 @@ def main_split_cost(shapes: list[tuple[int, int, int]], extra: list[tuple[int, i
         plan = dot_codegen.GemmPlan(m=m, n=n, k=k, transpose_a=False, lda=k,
                                     transpose_b=False, ldb=n, batch_sizes=(),
                                     lhs_batch_strides=(), rhs_batch_strides=())
-        sched = dot_codegen.schedule(plan)
+        sched = dot_codegen.schedule(plan, "library")  # the tiles the library would run
         chosen = (sched.tiles_m, sched.tiles_n)
         splits = [chosen, *[s for s in extra if s != chosen]]
         samples = split_cost(m, k, n, splits)
@@ -173,18 +177,36 @@ def forced_schedule(m: int, k: int, n: int, tiles_m: int, tiles_n: int
     return schedule
 
 
+def forced_strategy(m: int, k: int, n: int, strategy: str
+                    ) -> Callable[[dot_codegen.GemmPlan], str]:
+    """`dot.choose_strategy`, except that an m×k by k×n plan gets `strategy`."""
+    chosen = dot_codegen.choose_strategy
+
+    def choose(plan: dot_codegen.GemmPlan) -> str:
+        if (plan.m, plan.k, plan.n, plan.batch_sizes) != (m, k, n, ()):
+            return chosen(plan)
+        return strategy
+    return choose
+
+
 def compile_forced(fn: Callable[..., tf.Tensor], args: tuple[tf.Tensor, ...],
-                   m: int, k: int, n: int, split: tuple[int, int]) -> Callable[[], tf.Tensor]:
-    """`fn` under tfxla-lite with `split` forced on its m×k by k×n dot, compiled now
-    without the caches (they key by the HLO, not by the schedule)."""
+                   m: int, k: int, n: int, split: tuple[int, int] | str
+                   ) -> Callable[[], tf.Tensor]:
+    """`fn` under tfxla-lite with `split` (tiles, or a strategy's name) forced on its
+    m×k by k×n dot, compiled now without the caches (they key by the HLO, not by the
+    schedule)."""
     lite = tl.function(fn, jit_compile=True)
-    chosen, cache = dot_codegen.schedule, os.environ.get("TFXLA_LITE_CACHE")
-    dot_codegen.schedule = forced_schedule(m, k, n, *split)
+    chosen, choose = dot_codegen.schedule, dot_codegen.choose_strategy
+    cache = os.environ.get("TFXLA_LITE_CACHE")
+    if isinstance(split, str):
+        dot_codegen.choose_strategy = forced_strategy(m, k, n, split)
+    else:
+        dot_codegen.schedule = forced_schedule(m, k, n, *split)
     os.environ["TFXLA_LITE_CACHE"] = "0"
     try:
         lite(*args)
     finally:
-        dot_codegen.schedule = chosen
+        dot_codegen.schedule, dot_codegen.choose_strategy = chosen, choose
         if cache is None:
             del os.environ["TFXLA_LITE_CACHE"]
         else:
@@ -192,9 +214,9 @@ def compile_forced(fn: Callable[..., tf.Tensor], args: tuple[tf.Tensor, ...],
     return lambda: lite(*args)
 
 
-def measure(m: int, k: int, n: int, dense: bool, splits: Sequence[tuple[int, int]] = ()
-            ) -> dict[str, float]:
-    """GFLOP/s of each variant (forced splits as "TMxTN")."""
+def measure(m: int, k: int, n: int, dense: bool, splits: Sequence[tuple[int, int]] = (),
+            strategies: Sequence[str] = ()) -> dict[str, float]:
+    """GFLOP/s of each variant (forced splits as "TMxTN", forced strategies by name)."""
     rng = np.random.default_rng(m * n + k)
     a = tf.constant(rng.standard_normal((m, k)).astype(np.float32))
     w = tf.constant(rng.standard_normal((k, n)).astype(np.float32))
@@ -218,6 +240,14 @@ def measure(m: int, k: int, n: int, dense: bool, splits: Sequence[tuple[int, int
         np.testing.assert_allclose(forced().numpy(), reference, rtol=tolerance,
                                    atol=tolerance * np.sqrt(k))
         variants[f"{split[0]}x{split[1]}"] = forced
+    for strategy in strategies:
+        forced = compile_forced(layer, (a, w, b), m, k, n, strategy)
+        np.testing.assert_allclose(forced().numpy(), reference, rtol=tolerance,
+                                   atol=tolerance * np.sqrt(k))
+        variants[strategy] = forced
+    wait = getattr(tl, "wait_for_compiles", None)
+    if wait is not None:  # time the finished code, not a quick tier's
+        wait()
     times = compare(variants, repeats=15)
     flops = 2.0 * m * k * n
     return {name: flops / t / 1e9 for name, t in times.items()}
@@ -228,7 +258,7 @@ def main(argv: list[str]) -> int:
         print(__doc__)
         return 0
     unknown = [s for s in argv if s.startswith("-") and s not in ("--dense", "--split",
-                                                                  "--split-cost")]
+                                                                  "--split-cost", "--strategy")]
     if unknown:
         raise SystemExit(f"unknown option {unknown[0]}; --help lists them")
     dense = "--dense" in argv
@@ -239,6 +269,14 @@ def main(argv: list[str]) -> int:
             raise SystemExit("--split needs TMxTN[,TMxTN...], e.g. --split 4x4,2x2")
         extra = [parse_split(s) for s in argv[at + 1].split(",")]
         argv = argv[:at] + argv[at + 2:]
+    strategies: list[str] = []
+    if "--strategy" in argv:
+        at = argv.index("--strategy")
+        known = ("library", "blocked", "emitted")
+        if at + 1 >= len(argv) or not set(argv[at + 1].split(",")) <= set(known):
+            raise SystemExit(f"--strategy needs names among {', '.join(known)}")
+        strategies = argv[at + 1].split(",")
+        argv = argv[:at] + argv[at + 2:]
     names = [s for s in argv if s not in ("--dense", "--split-cost")]
     shapes = [parse_shape(s) for s in names] or [parse_shape(s) for s in DEFAULT_SHAPES]
     if "--split-cost" in argv:
@@ -247,13 +285,16 @@ def main(argv: list[str]) -> int:
     print(f"{what}, float32, GFLOP/s; lite/tf: tfxla-lite's share of tf.function's rate")
     print(f"{'M x K x N':>16}{'tf':>9}{'TF XLA':>9}{'lite':>9}{'lite/tf':>9}  schedule")
     for m, k, n in shapes:
-        rate = measure(m, k, n, dense, extra)
+        rate = measure(m, k, n, dense, extra, strategies)
         print(f"{f'{m}x{k}x{n}':>16}{rate['tf']:>9.1f}{rate['xla']:>9.1f}{rate['lite']:>9.1f}"
               f"{rate['lite'] / rate['tf']:>9.0%}  {describe_schedule(m, k, n)}")
         for split in extra:
             name = f"{split[0]}x{split[1]}"
             print(f"{'':>16}{'':>9}{'':>9}{rate[name]:>9.1f}{rate[name] / rate['tf']:>9.0%}"
                   f"  forced {name} tiles")
+        for strategy in strategies:
+            print(f"{'':>16}{'':>9}{'':>9}{rate[strategy]:>9.1f}"
+                  f"{rate[strategy] / rate['tf']:>9.0%}  forced {strategy}")
     return 0
 
 

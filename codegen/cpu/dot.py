@@ -9,9 +9,12 @@ does). Such a dot, alone or as the dot of a kOutput fusion (`passes/output_fusio
 is cut into units fixed by its shape (`schedule`): output tiles, or groups of batch
 elements. Each unit is computed by the strategy chosen per shape (`choose_strategy`):
 one call of OpenBLAS's GEMM (NumPy's, kept to one thread: the units are the kernel's parallel
-parts, `parallel.py`), or emitted row-by-row axpy loops for small dots and
-vector × matrix products; the epilogue then runs over the library call's tile while
-it is in cache, or on each sum in registers as the emitted loop finishes it.
+parts, `parallel.py`), emitted register blocks (sums of 8 rows × 32 columns held in
+vector registers over the whole K, read straight from A and B; `dot_blocks.py`) for
+products up to 512³, at least 32 columns wide, whose B rows are contiguous, or emitted
+row-by-row axpy loops for small dots and vector × matrix products; the epilogue then
+runs over the tile just computed while it is in cache, or on each sum in registers as
+the axpy loop finishes it.
 Anything else (integer dots, layouts GEMM cannot express, dots fed by fused
 producers) uses the element generator: a loop over the contracting dimensions, the
 epilogue applied in registers.
@@ -27,7 +30,7 @@ from typing import Any
 
 from llvmlite import ir
 
-from tfxla_lite.codegen.cpu import engine, parallel
+from tfxla_lite.codegen.cpu import dot_blocks, engine, parallel
 from tfxla_lite.codegen.cpu.elementwise import binary_op, convert
 from tfxla_lite.codegen.cpu.emitter import (
     I32,
@@ -274,8 +277,9 @@ SMALL_DOT_MACS = 1 << 15
 @dataclass(frozen=True)
 class DotSchedule:
     """How a GEMM-shaped dot is computed: `strategy` ("library": the BLAS GEMM per unit;
-    "emitted": generated loops) over `units` units, each a `block_m`×`block_n` tile of one
-    of `batch_per_unit` consecutive batch elements (tiles vary fastest)."""
+    "blocked": generated register blocks; "emitted": generated axpy loops) over `units`
+    units, each a `block_m`×`block_n` tile of one of `batch_per_unit` consecutive batch
+    elements (tiles vary fastest)."""
 
     strategy: str
     block_m: int
@@ -292,16 +296,22 @@ class DotSchedule:
 
 
 def choose_strategy(plan: GemmPlan) -> str:
-    """The library GEMM, or emitted loops for small dots and vector × matrix products.
+    """Emitted loops for small dots and vector × matrix products, register blocks for
+    products up to dot_blocks.MAX_MACS whose B rows are contiguous (`dot_blocks.fits`),
+    the library GEMM otherwise.
 
     A vector × matrix product (M = 1) with B's rows contiguous is a sequence of
     `axpy`s over those rows, which the emitted loop streams once through B at memory
-    speed, with the epilogue on the hot row; a library GEMM would pack B first.
+    speed, with the epilogue on the hot row; a library GEMM would pack B first. Register
+    blocks ("blocked") beat the library where its packing is a large share of the
+    work: few rows of A, or products that fit in the caches (`dot_blocks.py`).
     """
     if plan.m * plan.n * plan.k <= SMALL_DOT_MACS:
         return "emitted"
     if plan.m == 1 and not plan.transpose_b:
         return "emitted"
+    if dot_blocks.fits(plan):
+        return "blocked"
     return "library"
 
 
@@ -329,12 +339,13 @@ def split_budget(flops: int) -> float:
     return SPLIT_BUDGET * min(1.0, BALANCE_FLOPS / max(flops, 1))
 
 
-def schedule(plan: GemmPlan) -> DotSchedule:
-    """The units of `plan`, fixed by its shape (see MIN_UNIT_FLOPS)."""
+def schedule(plan: GemmPlan, strategy: str | None = None) -> DotSchedule:
+    """The units of `plan`, fixed by its shape (see MIN_UNIT_FLOPS), for `strategy`
+    (default: `choose_strategy`'s)."""
     batch = math.prod(plan.batch_sizes)
     m, n = max(plan.m, 1), max(plan.n, 1)
     per_gemm = 2 * plan.m * plan.n * max(plan.k, 1)
-    strategy = choose_strategy(plan)
+    strategy = strategy or choose_strategy(plan)
     flops = per_gemm * batch
     if per_gemm < MIN_UNIT_FLOPS:  # whole matrices, several batch elements per unit
         per_unit = max(1, min(batch, MIN_UNIT_FLOPS // max(per_gemm, 1)))
@@ -356,7 +367,8 @@ def schedule(plan: GemmPlan) -> DotSchedule:
         if 2 * candidate[0] * candidate[1] * plan.k < MIN_UNIT_FLOPS:
             break
         split_enough = batch * -(-m // block_m) * -(-n // block_n) >= min_units
-        overhead = split_overhead(m, n, max(plan.k, 1), *tiles, plan.element_bytes)
+        overhead = (0.0 if strategy == "blocked"  # nothing is packed
+                    else split_overhead(m, n, max(plan.k, 1), *tiles, plan.element_bytes))
         if split_enough and overhead > budget:
             break
         block_m, block_n = candidate
@@ -448,6 +460,9 @@ def _emit_units(ctx: KernelContext, inst: Instruction, dot: Instruction, plan: G
     n_batch, n_lhs_free = len(plan.batch_sizes), len(DotDims.of(dot).lhs_free)
     m_sizes, n_sizes = dims[n_batch:n_batch + n_lhs_free], dims[n_batch + n_lhs_free:]
     batch = math.prod(plan.batch_sizes)
+    # Every tile's row and column counts: the full block and the last one.
+    heights = {sched.block_m, plan.m - (sched.tiles_m - 1) * sched.block_m}
+    widths = {sched.block_n, plan.n - (sched.tiles_n - 1) * sched.block_n}
     with ctx.loop(end, name="unit", start=begin) as unit:
         group = b.udiv(unit, i64(sched.tiles))
         tile = b.urem(unit, i64(sched.tiles))
@@ -465,8 +480,8 @@ def _emit_units(ctx: KernelContext, inst: Instruction, dot: Instruction, plan: G
                 lhs_offset = b.add(lhs_offset, b.mul(value, i64(ls)))
                 rhs_offset = b.add(rhs_offset, b.mul(value, i64(rs)))
             out_offset = b.mul(element, i64(plan.m * plan.n))
-            tile_ = _Tile(plan, dot.shape.element_type, lhs_pointer, rhs_pointer, output,
-                          lhs_offset, rhs_offset, out_offset, row0, row1, col0, col1)
+            tile_ = Tile(plan, dot.shape.element_type, lhs_pointer, rhs_pointer, output,
+                         lhs_offset, rhs_offset, out_offset, row0, row1, col0, col1)
 
             def index_of(row: ir.Value, col: ir.Value) -> Index:
                 multi = batch_multi + _unflatten(b, row, m_sizes) + _unflatten(b, col, n_sizes)
@@ -503,14 +518,17 @@ def _emit_units(ctx: KernelContext, inst: Instruction, dot: Instruction, plan: G
                 with ctx.loop(row1, name="row", start=row0) as row:
                     _emit_row(ctx, tile_, row, finish_in_register(row))
             else:
-                _call_gemm(ctx, tile_)
-                if epilogue is not None:  # over the tile the call just wrote
+                if sched.strategy == "blocked":
+                    dot_blocks.emit_tile(ctx, tile_, heights, widths)
+                else:
+                    _call_gemm(ctx, tile_)
+                if epilogue is not None:  # over the tile just written
                     with ctx.loop(row1, name="row", start=row0) as row:
                         finish_row(row)
 
 
 @dataclass(frozen=True)
-class _Tile:
+class Tile:
     """Rows [row0, row1) × columns [col0, col1) of one batch element's product."""
 
     plan: GemmPlan
@@ -527,7 +545,7 @@ class _Tile:
     col1: ir.Value
 
 
-def _call_gemm(ctx: KernelContext, tile: _Tile) -> None:
+def _call_gemm(ctx: KernelContext, tile: Tile) -> None:
     """C[tile] = A[rows] @ B[:, columns] by one library call."""
     plan, element_type = tile.plan, tile.element_type
     routine = engine.gemm(element_type)
@@ -573,7 +591,7 @@ _K_UNROLL = 4
 Finish = Callable[[ir.Value, ir.Value, ir.Value], None]
 
 
-def _zero_row(ctx: KernelContext, tile: _Tile, row: ir.Value) -> None:
+def _zero_row(ctx: KernelContext, tile: Tile, row: ir.Value) -> None:
     b = ctx.builder
     etype = storage_type(tile.element_type)
     row_start = b.add(tile.out_offset, b.mul(row, i64(tile.plan.n)))
@@ -582,7 +600,7 @@ def _zero_row(ctx: KernelContext, tile: _Tile, row: ir.Value) -> None:
         b.store(constant(tile.element_type, 0), pointer)
 
 
-def _emit_row(ctx: KernelContext, tile: _Tile, row: ir.Value, finish: Finish) -> None:
+def _emit_row(ctx: KernelContext, tile: Tile, row: ir.Value, finish: Finish) -> None:
     """C[row, columns] = sum over k, ascending, of A[row, k] * B[k, columns], by axpys
     over B's rows (vectorized along the columns, contiguous unless B is transposed).
     K ≥ 1; `finish(column, sum, pointer)` stores each finished sum (through the
@@ -633,3 +651,4 @@ def _emit_row(ctx: KernelContext, tile: _Tile, row: ir.Value, finish: Finish) ->
     with ctx.loop(tile.col1, name="last.j", start=tile.col0) as col:
         total = b.fadd(b.load(out(col), typ=etype), b.fmul(coefficient, rhs(last, col)))
         finish(col, total, out(col))
+

@@ -1,6 +1,6 @@
 """benchmarks/matmul.py --split-cost: its tiled product covers every element of the
 output with the right sum, for splits that leave short last tiles, and its cost
-report names the schedule's split."""
+report names the schedule's split; forced splits and strategies give TF's result."""
 
 from __future__ import annotations
 
@@ -83,3 +83,22 @@ def test_forced_split_matches_tf_and_restores_the_schedule(monkeypatch: pytest.M
     assert (dot_codegen.schedule, os.environ.get("TFXLA_LITE_CACHE")) == before
     assert (2, 3) in used
     assert_close(run().numpy(), tf.nn.relu(tf.matmul(a, w)).numpy(), "MatMul", "2x3 tiles")
+
+
+def test_forced_strategy_matches_tf_and_restores_the_choice() -> None:
+    """`--strategy library` on a product register blocks would compute: the kernel then
+    calls the library, gives TF's result, and the strategy rule is back afterwards."""
+    m, k, n = 64, 96, 80
+    plan = dot_codegen.GemmPlan(m, n, k, False, k, False, n, (), (), ())
+    assert dot_codegen.choose_strategy(plan) == "blocked"
+    assert matmul.forced_strategy(m, k, n, "library")(plan) == "library"
+    other = dot_codegen.GemmPlan(m, n, 32, False, 32, False, n, (), (), ())
+    assert matmul.forced_strategy(m, k, n, "library")(other) == "blocked"
+    rng = np.random.default_rng(12)
+    a = tf.constant(rng.uniform(-1, 1, (m, k)).astype(np.float32))
+    w = tf.constant(rng.uniform(-1, 1, (k, n)).astype(np.float32))
+    before = dot_codegen.choose_strategy, dot_codegen.schedule, os.environ.get("TFXLA_LITE_CACHE")
+    run = matmul.compile_forced(lambda x, y: tf.matmul(x, y), (a, w), m, k, n, "library")
+    assert (dot_codegen.choose_strategy, dot_codegen.schedule,
+            os.environ.get("TFXLA_LITE_CACHE")) == before
+    assert_close(run().numpy(), tf.matmul(a, w).numpy(), "MatMul", "library forced")

@@ -188,11 +188,12 @@ def test_concurrent_writers_leave_one_whole_entry(kernel_dir: Path) -> None:
 
 
 def test_external_symbols_of_the_object_are_listed(kernel_dir: Path) -> None:
+    # B transposed: a library GEMM call (a plain 64³ product is emitted register blocks).
     compile_module(parse_module("""HloModule dot
 ENTRY main {
   a = f32[64,64] parameter(0)
   b = f32[64,64] parameter(1)
-  ROOT d = f32[64,64] dot(a, b), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  ROOT d = f32[64,64] dot(a, b), lhs_contracting_dims={1}, rhs_contracting_dims={1}
 }
 """))
     (entry,) = _entries(kernel_dir)

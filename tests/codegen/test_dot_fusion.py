@@ -134,9 +134,17 @@ LAYOUTS = {
 }
 
 
-@pytest.fixture(params=["library", "emitted"])
+def forced_strategy(name: str) -> Callable[[dot_codegen.GemmPlan], str]:
+    """`name` for every plan, except that register blocks need B's rows contiguous:
+    "blocked" leaves a transposed B to the library."""
+    if name == "blocked":
+        return lambda plan: "library" if plan.transpose_b else "blocked"
+    return lambda plan: name
+
+
+@pytest.fixture(params=["library", "emitted", "blocked"])
 def strategy(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    monkeypatch.setattr(dot_codegen, "choose_strategy", lambda plan: request.param)
+    monkeypatch.setattr(dot_codegen, "choose_strategy", forced_strategy(request.param))
     return request.param
 
 
@@ -147,7 +155,9 @@ def test_dot_strategies_and_layouts(strategy: str, layout: str, epilogue: str | 
     _, executable = _check(Shape("f32", lhs), Shape("f32", rhs), dims, epilogue)
     assert executable.kernel_count == 1  # the epilogue runs inside the dot's kernel
     assert ("kOutput" in executable.optimized_hlo_text) == (epilogue is not None)
-    assert ("gemm" in executable.llvm_ir) == (strategy == "library")
+    library = strategy == "library" or (strategy == "blocked" and layout == "rhs_t")
+    assert ("gemm" in executable.llvm_ir) == library
+    assert ("llvm.fmuladd.v" in executable.llvm_ir) == (strategy == "blocked" and not library)
 
 
 @pytest.mark.parametrize("epilogue", list(EPILOGUES))
@@ -189,10 +199,14 @@ def test_nan_in_a_row_reaches_only_that_row() -> None:
 
 
 def test_schedule_is_fixed_by_shape() -> None:
+    """The library's units, by its split model (`split_overhead`); each shape below that
+    is now computed by register blocks (`dot_blocks.fits`) is scheduled here as the
+    library's, which large or transposed-B products still use."""
     plan = dot_codegen.GemmPlan(m=64, n=512, k=784, transpose_a=False, lda=784,
                                 transpose_b=False, ldb=512, batch_sizes=(),
                                 lhs_batch_strides=(), rhs_batch_strides=())
-    sched = dot_codegen.schedule(plan)
+    assert dot_codegen.choose_strategy(plan) == "blocked"
+    sched = dot_codegen.schedule(plan, "library")
     assert sched.strategy == "library"
     # Splitting the columns in 4 would re-pack A's 64 rows 3 more times (5% of the
     # flops) and make 3 more calls (3% more): 1×4 tiles took 6-7% more CPU time than
@@ -204,14 +218,14 @@ def test_schedule_is_fixed_by_shape() -> None:
     # re-pack and call for about 4% more CPU time, over the budget (with them the MLP
     # step took 1.13-1.20x the time on the quiet 2-core machine; dot.py, SPLIT_BUDGET).
     short_k = dot_codegen.schedule(dot_codegen.GemmPlan(784, 512, 128, True, 784, False, 512,
-                                                        (), (), ()))
+                                                        (), (), ()), "library")
     assert (short_k.tiles_m, short_k.tiles_n, short_k.units) == (2, 1, 2)
     assert (dot_codegen.split_overhead(784, 512, 128, 2, 2) > dot_codegen.SPLIT_BUDGET
             > dot_codegen.split_overhead(784, 512, 128, 2, 1))
     # A weight gradient, 128×128 over K = 512: two units although the split re-packs
     # more than the budget, since one unit would leave the team's other threads idle.
     gradient = dot_codegen.schedule(dot_codegen.GemmPlan(128, 128, 512, True, 128, False, 128,
-                                                         (), (), ()))
+                                                         (), (), ()), "library")
     assert (gradient.units, gradient.block_m, gradient.block_n) == (2, 64, 128)
     assert dot_codegen.split_overhead(128, 128, 512, 2, 1) > dot_codegen.SPLIT_BUDGET
     # Operands beyond L2 cost about twice as much to re-pack: a 768³ product stops at
@@ -226,7 +240,7 @@ def test_schedule_is_fixed_by_shape() -> None:
     # is 2%.
     def square_tiles(size: int) -> tuple[int, int]:
         sched = dot_codegen.schedule(dot_codegen.GemmPlan(size, size, size, False, size,
-                                                          False, size, (), (), ()))
+                                                          False, size, (), (), ()), "library")
         return sched.tiles_m, sched.tiles_n
     assert square_tiles(512) == (2, 1) and square_tiles(448) == (2, 1)
     assert (dot_codegen.split_overhead(512, 512, 512, 2, 2)
@@ -252,9 +266,9 @@ def test_schedule_is_fixed_by_shape() -> None:
     f64 = dot_codegen.GemmPlan(448, 448, 448, False, 448, False, 448, (), (), (), 8)
     assert dot_codegen.split_overhead(448, 448, 448, 2, 2, 8) > dot_codegen.split_overhead(
         448, 448, 448, 2, 2, 4)
-    assert dot_codegen.schedule(f64).units == 2
+    assert dot_codegen.schedule(f64, "library").units == 2
     batched = dot_codegen.schedule(dot_codegen.GemmPlan(64, 64, 32, False, 32, False, 64,
-                                                        (32,), (2048,), (2048,)))
+                                                        (32,), (2048,), (2048,)), "library")
     # 262144 flops per GEMM: 16 whole batch elements per unit
     assert (batched.batch_per_unit, batched.units, batched.tiles) == (16, 2, 1)
     vector = dot_codegen.schedule(dot_codegen.GemmPlan(1, 512, 784, False, 784, False, 512,
@@ -307,10 +321,10 @@ def test_uneven_tiles_match_the_evaluator(strategy: str, layout: str, epilogue: 
     _check(Shape("f32", lhs), Shape("f32", rhs), dims, epilogue, threads=2, seed=7)
 
 
-@pytest.mark.parametrize("strategy_name", ["library", "emitted"])
+@pytest.mark.parametrize("strategy_name", ["library", "emitted", "blocked"])
 def test_results_do_not_depend_on_the_thread_count(strategy_name: str,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(dot_codegen, "choose_strategy", lambda plan: strategy_name)
+    monkeypatch.setattr(dot_codegen, "choose_strategy", forced_strategy(strategy_name))
     lhs, rhs, dims = Shape("f32", (300, 512)), Shape("f32", (512, 400)), MATMUL
     results = []
     for threads in (1, 2, 3):
@@ -321,10 +335,13 @@ def test_results_do_not_depend_on_the_thread_count(strategy_name: str,
         np.testing.assert_array_equal(other, results[0])
 
 
-def test_golden_llvm_of_a_dense_kernel() -> None:
+def test_golden_llvm_of_a_dense_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     """The kOutput kernel: per unit one GEMM call, then the epilogue over the tile's rows,
-    in the same range function; the launcher runs units on the team."""
+    in the same range function; the launcher runs units on the team. (The product is
+    small enough for register blocks: the library is forced.)"""
     import re
+
+    monkeypatch.setattr(dot_codegen, "choose_strategy", forced_strategy("library"))
 
     _, executable = _check(Shape("f32", (300, 200)), Shape("f32", (200, 270)), MATMUL,
                            "bias_relu", threads=2)
@@ -350,14 +367,14 @@ def test_golden_llvm_of_a_dense_kernel() -> None:
         assert at > 0, f"not found in order: {pattern}"
 
 
-@pytest.mark.parametrize("strategy_name", ["library", "emitted"])
+@pytest.mark.parametrize("strategy_name", ["library", "emitted", "blocked"])
 def test_random_dot_layouts_property(strategy_name: str, monkeypatch: pytest.MonkeyPatch
                                      ) -> None:
     """Random sizes, transposes, batch dimensions and epilogues, by each strategy."""
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    monkeypatch.setattr(dot_codegen, "choose_strategy", lambda plan: strategy_name)
+    monkeypatch.setattr(dot_codegen, "choose_strategy", forced_strategy(strategy_name))
 
     @settings(max_examples=12, deadline=None, derandomize=True)
     @given(st.integers(1, 40), st.integers(0, 40), st.integers(1, 40), st.booleans(),

@@ -1,0 +1,254 @@
+"""Register blocks of a GEMM-shaped dot (`dot.py`'s "blocked" strategy): a unit's tile
+of C computed by emitted code, BLOCK_ROWS rows × BLOCK_VECTORS vectors of columns at a
+time, each sum held in a vector register over the whole K (k ascending, one fused
+multiply-add per term) and read straight from A's and B's buffers: no packing and no
+library call.
+
+Where it sits: `dot.emit_dot_kernel` cuts a dot into units (`dot.schedule`) and calls
+`emit_tile` per unit and batch element when `dot.choose_strategy` picked "blocked"
+(`fits`); the kOutput epilogue then runs over the tile as after a library call. Every
+element is summed in one order, fixed by K alone, so results depend neither on the
+units nor on the thread count.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Collection
+from typing import TYPE_CHECKING
+
+import llvmlite.binding as llvm
+from llvmlite import ir
+
+from tfxla_lite.codegen.cpu.emitter import I32, I64, PTR, VOID, KernelContext, i64, value_type
+
+if TYPE_CHECKING:
+    from tfxla_lite.codegen.cpu.dot import GemmPlan, Tile
+
+# Where the library packs B's panel for few rows of A (M = 64: each packed element
+# serves 64 rows), its packing is a large share of the work; these blocks read B's rows
+# where they lie (a block's columns of B, K × 32 floats, stay in L2 for the tile's other
+# row blocks), A's elements broadcast one at a time. 8 rows × 2 vectors keep 16 sums
+# (16 of AVX-512's 32 registers) and issue 16 multiply-adds per 10 loads. One thread,
+# best of 30 bursts (2026-11-21, load 1): 64×784×512 113 GFLOP/s against OpenBLAS's 92,
+# 128×784×512 113 against 99, 256×512×1024 108 against 95, 512³ 111 against 105; at
+# 1024³ they are level and at 2048³ well behind (74 against 102: A's rows come from L3
+# and nothing is blocked for the caches), hence MAX_MACS. 4 rows × 4 vectors measured
+# the same. Splitting such a dot costs no packing, so `dot.schedule` cuts its units
+# down to MIN_UNIT_FLOPS.
+BLOCK_ROWS = 8
+BLOCK_VECTORS = 2
+MAX_MACS = 1 << 27
+# Rows of A (M) at most: where each packed element of B would serve few rows, the
+# library's packing is the largest share and blocks gain most (64 rows: 1.23x); at
+# 128-512 rows they gained 1.06-1.14x but each block function costs about 10 ms of
+# LLVM on the first call, and such modules compile O3 at once (no quick tier for
+# blocks: `tiers.worth_tiering`): library dots there compile at the quick tier, whose
+# speed is the library's, so the MLP's first call is 30-40 ms cheaper without blocks
+# (docs/benchmarks.md, "Register blocks only for few rows").
+MAX_ROWS = 64
+MAX_K = 2048  # B's block of columns (K × 32 floats) stays within 256 KiB
+
+
+def fits(plan: GemmPlan) -> bool:
+    """Whether register blocks should compute `plan`: B's rows contiguous (vector loads),
+    few rows (MAX_ROWS), a product small enough (MAX_MACS) and at least one full block
+    wide (a narrower one, such as a 10-class output layer, would compile a block
+    function of its own, about 10 ms of LLVM, to save a microsecond a call)."""
+    return (not plan.transpose_b and 1 <= plan.k <= MAX_K and 1 < plan.m <= MAX_ROWS
+            and plan.n >= BLOCK_VECTORS * _lanes(plan.element_bytes)
+            and plan.m * plan.n * plan.k <= MAX_MACS)
+
+
+@functools.cache
+def _vector_bits() -> int:
+    features = llvm.get_host_cpu_features().flatten().split(",")
+    return 512 if "+avx512f" in features else 256
+
+
+def _lanes(element_bytes: int) -> int:
+    return _vector_bits() // (8 * element_bytes)
+
+
+def _rows() -> int:
+    """Rows per block: BLOCK_ROWS with AVX-512's 32 vector registers, half as many with
+    AVX2's 16 (8 × 2 sums, two vectors of B and a broadcast would not fit)."""
+    return BLOCK_ROWS if _vector_bits() == 512 else BLOCK_ROWS // 2
+
+
+def emit_tile(ctx: KernelContext, tile: Tile, heights: Collection[int],
+              widths: Collection[int]) -> None:
+    """C[tile] = A[rows] @ B[:, columns] by register blocks: full blocks of
+    BLOCK_VECTORS vectors, then single vectors, then one masked vector for the last
+    columns; within each, blocks of `_rows()` rows, then single rows. `heights` and
+    `widths`: the tiles' possible row and column counts (the schedule knows them), so
+    that only the blocks some tile needs are emitted (each costs LLVM time: a 64×784×512
+    dense kernel with all six took 59 ms of compile against the library call's 31)."""
+    b = ctx.builder
+    lanes = _lanes(tile.plan.element_bytes)
+    width = BLOCK_VECTORS * lanes
+    singles = any(h % _rows() for h in heights)
+    columns = b.sub(tile.col1, tile.col0)
+    wide = b.udiv(columns, i64(width))
+    if any(w >= width for w in widths):
+        with ctx.loop(wide, name="block.j") as strip:
+            _emit_block_rows(ctx, tile, b.add(tile.col0, b.mul(strip, i64(width))),
+                             BLOCK_VECTORS, None, singles)
+    narrow_start = b.add(tile.col0, b.mul(wide, i64(width)))
+    narrow = b.udiv(b.sub(tile.col1, narrow_start), i64(lanes))
+    if any(w % width >= lanes for w in widths):
+        with ctx.loop(narrow, name="vector.j") as vector:
+            _emit_block_rows(ctx, tile, b.add(narrow_start, b.mul(vector, i64(lanes))), 1,
+                             None, singles)
+    if any(w % lanes for w in widths):
+        last = b.add(narrow_start, b.mul(narrow, i64(lanes)))
+        remainder = b.sub(tile.col1, last)
+        with b.if_then(b.icmp_signed(">", remainder, i64(0))), ctx.scope():
+            _emit_block_rows(ctx, tile, last, 1, remainder, singles)
+
+
+def _emit_block_rows(ctx: KernelContext, tile: Tile, col: ir.Value, vectors: int,
+                     remainder: ir.Value | None, singles: bool) -> None:
+    b, rows = ctx.builder, _rows()
+    full = b.udiv(b.sub(tile.row1, tile.row0), i64(rows))
+    with ctx.loop(full, name="block.i") as block:
+        _emit_block(ctx, tile, b.add(tile.row0, b.mul(block, i64(rows))), rows, col,
+                    vectors, remainder)
+    if singles:
+        with ctx.loop(tile.row1, name="single.i",
+                      start=b.add(tile.row0, b.mul(full, i64(rows)))) as row:
+            _emit_block(ctx, tile, row, 1, col, vectors, remainder)
+
+
+def _emit_block(ctx: KernelContext, tile: Tile, row: ir.Value, rows: int, col: ir.Value,
+                vectors: int, remainder: ir.Value | None) -> None:
+    """C[row + r, col + v·lanes + (0..lanes)] for r < rows, v < vectors, by a call of the
+    module's block function (`_block_function`)."""
+    plan, b = tile.plan, ctx.builder
+    scalar = value_type(tile.element_type)
+
+    def at(base: ir.Value, offset: ir.Value) -> ir.Value:
+        return b.gep(base, [offset], inbounds=True, source_etype=scalar)
+
+    row_start = row if plan.transpose_a else b.mul(row, i64(plan.lda))
+    arguments = [at(tile.lhs, b.add(tile.lhs_offset, row_start)),
+                 i64(1 if plan.transpose_a else plan.lda),
+                 i64(plan.lda if plan.transpose_a else 1),
+                 at(tile.rhs, b.add(tile.rhs_offset, col)), i64(plan.ldb), i64(plan.k),
+                 at(tile.out, b.add(tile.out_offset, b.add(b.mul(row, i64(plan.n)), col))),
+                 i64(plan.n)]
+    function = _block_function(ctx.module, tile.element_type, plan.element_bytes, rows,
+                               vectors, remainder is not None)
+    b.call(function, arguments + ([remainder] if remainder is not None else []))
+
+
+def _block_function(module: ir.Module, element_type: str, element_bytes: int, rows: int,
+                    vectors: int, masked: bool) -> ir.Function:
+    """`void block(a, a_row_stride, a_k_stride, b, ldb, k, c, ldc[, lanes])`: rows ×
+    vectors sums C[r, v·lanes + (0..lanes)] = Σ_k A[r, k]·B[k, v·lanes + ...] over k
+    ascending, each in a register (a phi of the k loop), stored once at the end; masked:
+    only the first `lanes` lanes of the one vector exist (masked loads and store).
+
+    One function per module and shape of block, called by every tile that needs it:
+    LLVM's O3 pipeline spent about 10 ms on each copy of the 8 × 2 loop (16 vector
+    phis and multiply-adds), and a module has one copy however many dots it holds."""
+    name = f"dot_block.{element_type}.{rows}x{vectors}{'.masked' if masked else ''}"
+    existing = module.globals.get(name)
+    if isinstance(existing, ir.Function):
+        return existing
+    scalar = value_type(element_type)
+    lanes = _lanes(element_bytes)
+    vector = ir.VectorType(scalar, lanes)
+    parameters = [PTR, I64, I64, PTR, I64, I64, PTR, I64] + ([I64] if masked else [])
+    function = ir.Function(module, ir.FunctionType(VOID, parameters), name=name)
+    function.linkage = "internal"
+    function.attributes.add("nounwind")
+    function.attributes.add("noinline")
+    lhs, row_stride, k_stride, rhs, ldb, count, out, ldc = function.args[:8]
+    for argument, text in zip(function.args, ("a", "a_row_stride", "a_k_stride", "b", "ldb",
+                                              "k", "c", "ldc", "lanes")):
+        argument.name = text
+    b = ir.IRBuilder(function.append_basic_block("entry"))
+    align = element_bytes
+    mask = None
+    if masked:
+        splat = _splat(b, b.trunc(function.args[8], I32), ir.VectorType(I32, lanes))
+        mask = b.icmp_unsigned("<", ir.Constant(ir.VectorType(I32, lanes), list(range(lanes))),
+                               splat)
+
+    def at(base: ir.Value, offset: ir.Value) -> ir.Value:
+        return b.gep(base, [offset], inbounds=True, source_etype=scalar)
+
+    lhs_rows = [at(lhs, b.mul(i64(r), row_stride)) for r in range(rows)]
+    preheader = b.block
+    header = function.append_basic_block("block.k.header")
+    body = function.append_basic_block("block.k.body")
+    done = function.append_basic_block("block.k.exit")
+    b.branch(header)
+    b.position_at_end(header)
+    k = b.phi(I64, name="block.k")
+    k.add_incoming(i64(0), preheader)
+    sums = [[b.phi(vector, name=f"sum.{r}.{v}") for v in range(vectors)] for r in range(rows)]
+    for line in sums:
+        for phi in line:
+            phi.add_incoming(ir.Constant(vector, None), preheader)
+    b.cbranch(b.icmp_signed("<", k, count), body, done)
+    b.position_at_end(body)
+    rhs_row = b.mul(k, ldb)
+    columns = [_vector_load(module, b, at(rhs, b.add(rhs_row, i64(v * lanes))), vector, align,
+                            mask) for v in range(vectors)]
+    fmuladd = _declare(module, f"llvm.fmuladd.{_vector_name(vector)}",
+                       ir.FunctionType(vector, [vector] * 3))
+    lhs_column = b.mul(k, k_stride)
+    for r in range(rows):
+        coefficient = _splat(b, b.load(at(lhs_rows[r], lhs_column), typ=scalar), vector)
+        for v in range(vectors):
+            sums[r][v].add_incoming(b.call(fmuladd, [coefficient, columns[v], sums[r][v]]),
+                                    body)
+    k.add_incoming(b.add(k, i64(1), flags=["nuw", "nsw"]), body)
+    b.branch(header)
+    b.position_at_end(done)
+    for r in range(rows):
+        out_row = b.mul(i64(r), ldc)
+        for v in range(vectors):
+            pointer = at(out, b.add(out_row, i64(v * lanes)))
+            if mask is None:
+                b.store(sums[r][v], pointer, align=align)
+            else:
+                store = _masked_intrinsic(module, "store", vector)
+                b.call(store, [sums[r][v], pointer, ir.Constant(I32, align), mask])
+    b.ret_void()
+    return function
+
+
+def _splat(b: ir.IRBuilder, value: ir.Value, vector: ir.VectorType) -> ir.Value:
+    one = b.insert_element(ir.Constant(vector, ir.Undefined), value, ir.Constant(I32, 0))
+    return b.shuffle_vector(one, ir.Constant(vector, ir.Undefined),
+                            ir.Constant(ir.VectorType(I32, vector.count), [0] * vector.count))
+
+
+def _vector_load(module: ir.Module, b: ir.IRBuilder, pointer: ir.Value,
+                 vector: ir.VectorType, align: int, mask: ir.Value | None) -> ir.Value:
+    if mask is None:
+        return b.load(pointer, typ=vector, align=align)
+    load = _masked_intrinsic(module, "load", vector)
+    return b.call(load, [pointer, ir.Constant(I32, align), mask, ir.Constant(vector, None)])
+
+
+def _vector_name(vector: ir.VectorType) -> str:
+    element = {"float": "f32", "double": "f64"}[str(vector.element)]
+    return f"v{vector.count}{element}"
+
+
+def _masked_intrinsic(module: ir.Module, name: str, vector: ir.VectorType) -> ir.Function:
+    mask = ir.VectorType(ir.IntType(1), vector.count)
+    if name == "load":
+        signature = ir.FunctionType(vector, [PTR, I32, mask, vector])
+    else:
+        signature = ir.FunctionType(VOID, [vector, PTR, I32, mask])
+    return _declare(module, f"llvm.masked.{name}.{_vector_name(vector)}.p0", signature)
+
+
+def _declare(module: ir.Module, name: str, signature: ir.FunctionType) -> ir.Function:
+    existing = module.globals.get(name)
+    return existing if existing is not None else ir.Function(module, signature, name=name)

@@ -1,0 +1,147 @@
+"""Register blocks (`codegen/cpu/dot_blocks.py`, dot.py's "blocked" strategy) against the
+HLO evaluator: row and column remainders (single rows, single vectors, a masked last
+vector), f32 and f64, a transposed A, a batch, with epilogues; results that do not depend
+on the units; which plans it takes and how they are cut; the emitted loop's shape."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from test_dot_fusion import MATMUL, _check, _dense, forced_strategy
+
+from tfxla_lite.codegen.cpu import dot as dot_codegen
+from tfxla_lite.codegen.cpu import dot_blocks
+from tfxla_lite.hlo.shape import Shape
+
+LHS_T = {"lhs_contracting_dims": (0,), "rhs_contracting_dims": (0,)}
+BATCHED = {"lhs_batch_dims": (0,), "rhs_batch_dims": (0,), "lhs_contracting_dims": (2,),
+           "rhs_contracting_dims": (1,)}
+
+# (lhs, rhs, dimension numbers): 13 rows = a block of 8 and 5 single rows; 53 columns =
+# a block of two vectors, a single vector and a masked one of 5 lanes (f32 on AVX-512);
+# 7 columns: only the masked vector; a transposed A (a weight gradient's layout); a batch.
+SHAPES = {
+    "remainders": ((13, 300), (300, 53), MATMUL),
+    "narrow": ((40, 500), (500, 7), MATMUL),
+    "wide": ((64, 200), (200, 96), MATMUL),
+    "lhs_t": ((300, 21), (300, 80), LHS_T),
+    "batched": ((3, 24, 100), (3, 100, 40), BATCHED),
+}
+
+
+def _plan(lhs: Shape, rhs: Shape, dims: dict[str, tuple[int, ...]]) -> dot_codegen.GemmPlan:
+    module, _ = _dense(lhs, rhs, dims, None)
+    plan = dot_codegen.plan_gemm(module.entry.root.operand(0))
+    assert plan is not None
+    return plan
+
+
+@pytest.mark.parametrize("layout", list(SHAPES))
+@pytest.mark.parametrize("element_type", ["f32", "f64"])
+@pytest.mark.parametrize("epilogue", [None, "bias_relu", "gelu"])
+def test_blocks_match_the_evaluator(layout: str, element_type: str, epilogue: str | None,
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    lhs, rhs, dims = SHAPES[layout]
+    lhs_shape, rhs_shape = Shape(element_type, lhs), Shape(element_type, rhs)
+    chosen = dot_codegen.choose_strategy(_plan(lhs_shape, rhs_shape, dims))
+    assert chosen == ("library" if layout == "narrow" else "blocked")  # narrow: forced
+    monkeypatch.setattr(dot_codegen, "choose_strategy", forced_strategy("blocked"))
+    _, executable = _check(lhs_shape, rhs_shape, dims, epilogue, threads=2, seed=4)
+    assert "gemm" not in executable.llvm_ir and "llvm.fmuladd.v" in executable.llvm_ir
+
+
+@pytest.mark.parametrize("layout", ["remainders", "lhs_t"])
+def test_blocks_of_avx2_width_match_the_evaluator(layout: str,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hosts without AVX-512 get 256-bit vectors and blocks of 4 rows (run here on any
+    x86 host: the narrower vectors are legal everywhere)."""
+    monkeypatch.setattr(dot_blocks, "_vector_bits", lambda: 256)
+    assert (dot_blocks._lanes(4), dot_blocks._rows()) == (8, 4)
+    lhs, rhs, dims = SHAPES[layout]
+    for element_type in ("f32", "f64"):
+        _, executable = _check(Shape(element_type, lhs), Shape(element_type, rhs), dims,
+                               "bias_relu", threads=2, seed=5)
+        lanes = 8 if element_type == "f32" else 4
+        assert f"llvm.fmuladd.v{lanes}f{element_type[1:]}" in executable.llvm_ir
+
+
+def test_units_do_not_change_the_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each sum runs over k ascending in one register whatever the tile: the product cut
+    in many small uneven tiles gives the bits of one unit (a library GEMM does not
+    promise this: its blocking can change with the tile's bounds)."""
+    lhs, rhs = Shape("f32", (45, 333)), Shape("f32", (333, 70))
+    plan = _plan(lhs, rhs, MATMUL)
+    assert dot_codegen.schedule(plan).units == 1
+    (whole,), _ = _check(lhs, rhs, MATMUL, "bias_relu", threads=1, seed=9)
+    monkeypatch.setattr(dot_codegen, "MIN_UNIT_FLOPS", 64)
+    sched = dot_codegen.schedule(plan)
+    assert sched.tiles_m > 1 and sched.tiles_n > 1 and plan.n % sched.block_n
+    (tiled,), _ = _check(lhs, rhs, MATMUL, "bias_relu", threads=2, seed=9)
+    np.testing.assert_array_equal(tiled, whole)
+
+
+def test_which_plans_take_blocks() -> None:
+    def plan(m: int, k: int, n: int, transpose_a: bool = False, transpose_b: bool = False
+             ) -> dot_codegen.GemmPlan:
+        return dot_codegen.GemmPlan(m, n, k, transpose_a, m if transpose_a else k,
+                                    transpose_b, k if transpose_b else n, (), (), ())
+
+    # mlp_infer_b64's hidden layers, a weight gradient over 64 rows (A transposed), 64
+    # rows at the MACs limit: blocks; more rows than MAX_ROWS (the MLP step's weight
+    # gradient, 512³: level gains that cost first-call time), B transposed (no vector
+    # loads along its rows), 1024³ and 2048³, K beyond MAX_K, fewer columns than a block
+    # (a 10-class output layer): the library; M = 1 and tiny dots keep the axpy loops.
+    assert [dot_codegen.choose_strategy(p) for p in (
+        plan(64, 784, 512), plan(64, 512, 512), plan(64, 128, 512, transpose_a=True),
+        plan(64, 2048, 1024))] == ["blocked"] * 4
+    assert [dot_codegen.choose_strategy(p) for p in (
+        plan(784, 128, 512, transpose_a=True), plan(65, 784, 512), plan(512, 512, 512),
+        plan(64, 512, 784, transpose_b=True), plan(1024, 1024, 1024), plan(2048, 2048, 2048),
+        plan(16, 4096, 64), plan(64, 512, 10))] == ["library"] * 8
+    assert dot_codegen.choose_strategy(plan(1, 784, 512)) == "emitted"
+    assert dot_codegen.choose_strategy(plan(8, 16, 8)) == "emitted"
+    assert dot_blocks.MAX_MACS == 512 ** 3 and not dot_blocks.fits(plan(64, 2048, 1025))
+    assert dot_blocks.MAX_ROWS == 64
+
+
+def test_blocked_units_are_cut_to_the_minimum_unit() -> None:
+    """No packing to repeat: a 64×784×512 layer is cut into 8 units of 64×64 (6.4 MFLOP
+    each), where the library's split model stops at 2 units of 64×256."""
+    plan = dot_codegen.GemmPlan(64, 512, 784, False, 784, False, 512, (), (), ())
+    sched = dot_codegen.schedule(plan)
+    assert (sched.strategy, sched.units, sched.block_m, sched.block_n) == ("blocked", 8, 64, 64)
+    assert dot_codegen.schedule(plan, "library").units == 2
+    gradient = dot_codegen.GemmPlan(784, 512, 128, True, 784, False, 512, (), (), ())
+    assert dot_codegen.schedule(gradient, "blocked").units == dot_codegen.MAX_UNITS
+
+
+def test_golden_llvm_of_a_blocked_kernel() -> None:
+    """Each shape of block is one internal function of the module, called per block: the
+    8 × 2 one (AVX-512) carries 16 sums as vector phis of its k loop and multiply-adds a
+    broadcast element of A by vectors of B's row; the last 5 columns load and store
+    through a mask, the last 5 rows go one at a time; the range function calls them,
+    then runs the epilogue over the tile; no library call."""
+    _, executable = _check(Shape("f32", (13, 300)), Shape("f32", (300, 53)), MATMUL,
+                           "bias_relu")
+    text = executable.llvm_ir
+    lanes, rows = dot_blocks._lanes(4), dot_blocks._rows()
+    vector = f"<{lanes} x float>"
+    assert "gemm" not in text
+    names = re.findall(r'define internal void @"(dot_block\.[\w.]+)"', text)
+    assert sorted(names) == sorted(f"dot_block.f32.{r}x{v}{m}" for r in (rows, 1)
+                                   for v, m in ((2, ""), (1, ""), (1, ".masked")))
+    wide = text[text.index(f'define internal void @"dot_block.f32.{rows}x2"'):]
+    wide = wide[:wide.index("\n}\n")]
+    header = wide.index("block.k.header:")
+    body = wide.index("block.k.body:", header)
+    phis = re.findall(rf'%"sum\.\d\.\d" = phi\s+{re.escape(vector)}', wide[header:body])
+    assert len(phis) == rows * dot_blocks.BLOCK_VECTORS
+    assert wide.count(f'call {vector} @"llvm.fmuladd.v{lanes}f32"') == len(phis)
+    masked = text[text.index(f'define internal void @"dot_block.f32.{rows}x1.masked"'):]
+    assert f'@"llvm.masked.load.v{lanes}f32.p0"' in masked[:masked.index("\n}\n")]
+    assert f'@"llvm.masked.store.v{lanes}f32.p0"' in masked[:masked.index("\n}\n")]
+    kernel = text[text.index('define internal void @"kernel.'):]
+    assert kernel.index(f'call void @"dot_block.f32.{rows}x2"') < kernel.index(
+        "epilogue.j.header:")
