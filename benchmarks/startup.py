@@ -23,6 +23,11 @@ whether the whole-rewrite cache hit (`tfxla_lite/rewrite_cache.py`).
 `--overlap-ab` measures only cold first calls, with LLVM in the background
 (`TFXLA_LITE_OVERLAP_LLVM=1`) and on the calling thread (`=0`, the default), the two
 alternating in order from repeat to repeat, each in a fresh process with an empty cache.
+`--tiered-ab` does the same with tiered compiles off and on (`TFXLA_LITE_TIERED=0/1`:
+the first call on quick-tier code, the O3 code compiled in the background), beside
+XLA's first call, and also reports each child's exit (a process that exits right after
+its first call waits at exit for its O3 compiles, so that the next one finds them
+cached) and its calling thread's CPU time during the first call.
 
 An added view, not a goal of the issue: tfxla-lite's *overhead* over plain tf.function's
 first call (cold - tf.function, warm - tf.function), i.e. what tfxla-lite adds on top
@@ -69,7 +74,7 @@ def child(variant: str, name: str, quick: bool) -> dict[str, Any]:
         tl.function(lambda x: x * 2.0 + 1.0, jit_compile=True)(tf.ones((3,)))
     fn, args = workload.make()
     before = cache.stats()
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.thread_time()
     if variant in ("xla", "tf"):
         tf.function(fn, jit_compile=variant == "xla")(*args)
     else:
@@ -78,13 +83,14 @@ def child(variant: str, name: str, quick: bool) -> dict[str, Any]:
         except tl.CompilationError:  # as benchmarks/run.py: auto-clustering then
             tl.function(fn, min_cluster_size=1)(*args)
     seconds = time.perf_counter() - started
+    cpu_seconds = time.thread_time() - cpu_started
     after = cache.stats()
     from tfxla_lite import rewrite_cache
 
     # The source hashes this process's caches were keyed with (computed once, at its
     # first compile): a tree edited between a cold and a warm process misses, rightly.
     sources = {k: v for k, v in rewrite_cache.environment().items() if k.endswith("_sources")}
-    return {"seconds": seconds, "sources": sources,
+    return {"seconds": seconds, "cpu_seconds": cpu_seconds, "sources": sources,
             "pipeline_runs": after.pipeline_runs - before.pipeline_runs,
             "llvm_compilations": after.llvm_compilations - before.llvm_compilations,
             "rewrite_hits": after.rewrite_hits - before.rewrite_hits}
@@ -102,17 +108,24 @@ def _fresh_cache() -> Path:
 
 
 def _spawn(variant: str, name: str, quick: bool, cache: Path | None) -> dict[str, Any]:
+    """Run one child; its JSON, with `process_seconds` (its whole run) and `exit_seconds`
+    (from its last statement to its end)."""
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     env.pop("TFXLA_LITE_CACHE", None)
     if cache is not None:
         env["TFXLA_LITE_CACHE_DIR"] = str(cache)
     command = [sys.executable, "-m", "benchmarks.startup", "--child", variant, name]
     command += ["--quick"] if quick else []
+    started = time.perf_counter()
     result = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT,
                             timeout=900)
+    process_seconds = time.perf_counter() - started
+    exited_at = time.time()
     if result.returncode != 0:
         raise RuntimeError(f"{variant} {name} failed:\n{result.stderr[-3000:]}")
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    return {**found, "process_seconds": process_seconds,
+            "exit_seconds": exited_at - found.get("ended_at", exited_at)}
 
 
 def measure(names: list[str], repeats: int, quick: bool) -> dict[str, dict[str, Any]]:
@@ -148,31 +161,70 @@ def measure(names: list[str], repeats: int, quick: bool) -> dict[str, dict[str, 
 def compare_overlap(names: list[str], repeats: int, quick: bool) -> str:
     """Cold first calls with LLVM on the calling thread ("0") and in the background ("1"),
     interleaved (the order alternates per repeat); medians, bests and pairs won."""
-    runs: dict[str, dict[str, list[float]]] = {name: {"0": [], "1": []} for name in names}
-    loads = []
-    saved = os.environ.get("TFXLA_LITE_OVERLAP_LLVM")
+    return compare_switch("TFXLA_LITE_OVERLAP_LLVM", "LLVM on the calling thread (off) or "
+                          "in the background (on)", names, repeats, quick)
+
+
+def compare_tiered(names: list[str], repeats: int, quick: bool) -> str:
+    """Cold first calls with tiered compiles off ("0") and on ("1"), interleaved, with
+    XLA's first call in the same rounds; also each child's whole run (exit included)."""
+    return compare_switch("TFXLA_LITE_TIERED", "tiered compiles off or on (the first call "
+                          "on quick-tier code)", names, repeats, quick, with_xla=True)
+
+
+def compare_switch(variable: str, what: str, names: list[str], repeats: int, quick: bool,
+                   with_xla: bool = False) -> str:
+    """Cold first calls with the environment switch `variable` at "0" and "1", each in a
+    fresh process with an empty cache, the order alternating per repeat."""
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {
+        name: {"0": [], "1": [], "xla": []} for name in names}
+    loads = [os.getloadavg()[0]]
+    saved = os.environ.get(variable)
     try:
         for repeat in range(repeats):
             for name in names:
+                if with_xla:
+                    runs[name]["xla"].append(_spawn("xla", name, quick, None))
                 for variant in ("0", "1") if repeat % 2 == 0 else ("1", "0"):
-                    os.environ["TFXLA_LITE_OVERLAP_LLVM"] = variant
-                    result = _spawn("lite", name, quick, _fresh_cache())
-                    runs[name][variant].append(result["seconds"] * 1e3)
+                    os.environ[variable] = variant
+                    runs[name][variant].append(_spawn("lite", name, quick, _fresh_cache()))
                 loads.append(os.getloadavg()[0])
     finally:
         if saved is None:
-            os.environ.pop("TFXLA_LITE_OVERLAP_LLVM", None)
+            os.environ.pop(variable, None)
         else:
-            os.environ["TFXLA_LITE_OVERLAP_LLVM"] = saved
-    lines = [f"Cold first calls, LLVM on the calling thread (off) or in the background (on), "
-             f"{repeats} interleaved repeats; load average {min(loads):.2f}-{max(loads):.2f}.",
-             "", "| workload | off median ms | on median ms | off best | on best | on faster |",
-             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+            os.environ[variable] = saved
+
+    def median(results: list[dict[str, Any]], field: str = "seconds") -> float:
+        return statistics.median(r[field] for r in results) * 1e3
+
+    lines = [f"Cold first calls, {what}, {repeats} interleaved repeats; load average "
+             f"{min(loads):.2f}-{max(loads):.2f}.", "",
+             "| workload | off median ms | on median ms | off best | on best | on faster "
+             + ("| XLA ms | off / XLA | on / XLA | off exit ms | on exit ms | off thread CPU ms "
+                "| on thread CPU ms " if with_xla else "")
+             + "|", "| --- " + "| ---: " * (5 + (7 if with_xla else 0)) + "|"]
+    ratios: dict[str, list[float]] = {"0": [], "1": []}
     for name, r in runs.items():
-        won = sum(on < off for off, on in zip(r["0"], r["1"]))
-        lines.append(f"| {name} | {statistics.median(r['0']):.0f} | "
-                     f"{statistics.median(r['1']):.0f} | {min(r['0']):.0f} | {min(r['1']):.0f} "
-                     f"| {won} of {repeats} |")
+        off, on = ([x["seconds"] * 1e3 for x in r[v]] for v in ("0", "1"))
+        won = sum(b < a for a, b in zip(off, on))
+        line = (f"| {name} | {statistics.median(off):.0f} | {statistics.median(on):.0f} | "
+                f"{min(off):.0f} | {min(on):.0f} | {won} of {repeats} ")
+        if with_xla:
+            xla = median(r["xla"])
+            for v in ("0", "1"):
+                ratios[v].append(median(r[v]) / xla)
+            line += (f"| {xla:.0f} | {ratios['0'][-1]:.2f} | {ratios['1'][-1]:.2f} | "
+                     f"{median(r['0'], 'exit_seconds'):.0f} | "
+                     f"{median(r['1'], 'exit_seconds'):.0f} | "
+                     f"{median(r['0'], 'cpu_seconds'):.0f} | {median(r['1'], 'cpu_seconds'):.0f} ")
+        lines.append(line + "|")
+    if with_xla:
+        lines += ["", "(exit: from the child's last statement to its end, the interpreter's exit "
+                  "with any background compile it waits for; thread CPU: the calling thread's "
+                  "CPU time during the first call, which the load moves least)"]
+        lines += ["", f"cold/XLA geometric mean: off {statistics.geometric_mean(ratios['0']):.2f}, "
+                  f"on {statistics.geometric_mean(ratios['1']):.2f}"]
     return "\n".join(lines)
 
 
@@ -231,14 +283,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--overlap-ab", action="store_true",
                         help="cold first calls only, LLVM in the background off and on")
+    parser.add_argument("--tiered-ab", action="store_true",
+                        help="cold first calls only, tiered compiles off and on, beside XLA's")
     parser.add_argument("--child", nargs=2, metavar=("VARIANT", "NAME"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        print(json.dumps(child(args.child[0], args.child[1], args.quick)))
+        # `ended_at`: what is left after it (interpreter exit, with any background
+        # compile it waits for) is the parent's `exit_seconds`.
+        print(json.dumps({**child(args.child[0], args.child[1], args.quick),
+                          "ended_at": time.time()}), flush=True)
         return
     names = args.names or (QUICK_WORKLOADS if args.quick else DEFAULT_WORKLOADS)
     if args.overlap_ab:
         print(compare_overlap(names, args.repeats, args.quick))
+        return
+    if args.tiered_ab:
+        print(compare_tiered(names, args.repeats, args.quick))
         return
     results = measure(names, args.repeats, args.quick)
     print(report(results, args.repeats))

@@ -16,7 +16,7 @@ from tfxla_lite.hlo.ir import HloModule
 def compile_module(module: HloModule, pipeline: str | None = None,
                    verify: bool = False, threads: int | None = None,
                    cache: bool | None = None, donate: Collection[int] = (),
-                   background: bool = False) -> Executable:
+                   background: bool = False, tiered: bool = False) -> Executable:
     """Optimize `module` in place, assign its buffers and compile it for this CPU.
 
     `pipeline` is handed to `tfxla_lite.passes.optimize` (None: its default
@@ -30,6 +30,8 @@ def compile_module(module: HloModule, pipeline: str | None = None,
     runs the passes but no LLVM. `donate` names the parameters whose buffers outputs
     may take over (`Executable.donations`). `background`: LLVM's work on a miss goes on
     in a background thread (`cpu.compile`; the executable waits for it when read).
+    `tiered`: on a miss the machine code is a quick tier's until the O3 compile, in the
+    background, is swapped in (`cpu.compile`, `codegen/cpu/tiers.py`).
     """
     from tfxla_lite.codegen import cache as caches_
     from tfxla_lite.codegen import cpu
@@ -56,7 +58,8 @@ def compile_module(module: HloModule, pipeline: str | None = None,
     assignment = assign_buffers(module)
     executable = cpu.compile(module, assignment, hlo_text=hlo_text,
                              optimized_hlo_text=optimized_hlo_text, threads=team,
-                             cache=cache, donate=donate, background=background)
+                             cache=cache, donate=donate, background=background,
+                             tiered=tiered)
     if policy.memory or policy.disk:
         caches_.optimized_store(key, caches_.OptimizedModule(
             optimized_hlo_text, executable.assignment_text, executable.temp_bytes,

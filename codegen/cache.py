@@ -119,6 +119,13 @@ class CacheStats:
     autograph_misses: int = 0
     autograph_writes: int = 0
     autograph_rejected: int = 0
+    # Tiered compiles (codegen/cpu/tiers.py): quick-tier objects compiled (never cached),
+    # O3 code swapped in, O3 compiles that failed (the quick code kept running) or were
+    # dropped at interpreter exit.
+    quick_compilations: int = 0
+    tier_swaps: int = 0
+    tier_failures: int = 0
+    tier_abandoned: int = 0
 
 
 @dataclass(frozen=True)
@@ -129,6 +136,8 @@ class CachePolicy:
 
 _lock = threading.Lock()
 _memory: collections.OrderedDict[str, CompiledCode] = collections.OrderedDict()
+# (process id, key) -> the future of machine code a background compile is still making
+_pending: dict[tuple[int, str], Any] = {}
 _stats = CacheStats()
 
 
@@ -176,6 +185,7 @@ def clear_memory() -> None:
     with _lock:
         _memory.clear()
         _optimized_memory.clear()
+        _pending.clear()
 
 
 def fingerprint(optimized_hlo_text: str, assignment_text: str, threads: int) -> str:
@@ -230,13 +240,39 @@ def constants_digest(module: HloModule) -> str:
 # -- in the process --------------------------------------------------------------------
 
 def memory_lookup(key: str) -> CompiledCode | None:
+    """The machine code of `key` in this process; one that a background compile is
+    still making (`memory_pending`) is waited for: a second compile of the module would
+    do LLVM's work again."""
     with _lock:
         code = _memory.get(key)
-        if code is None:
-            return None
-        _memory.move_to_end(key)
-        _stats.memory_hits += 1
-        return dataclasses.replace(code, source="memory")
+        pending = _pending.get((os.getpid(), key)) if code is None else None
+        if code is not None:
+            _memory.move_to_end(key)
+            _stats.memory_hits += 1
+            return dataclasses.replace(code, source="memory")
+    if pending is None:
+        return None
+    try:
+        code = pending.result()
+    except Exception:  # noqa: BLE001 - a failed compile: the caller compiles afresh
+        return None
+    count("memory_hits")
+    return dataclasses.replace(code, source="memory")
+
+
+def memory_pending(key: str, job: Any) -> None:
+    """Note that the future `job` will give the machine code of `key` (a tiered compile's
+    O3 code, `codegen/cpu/tiers.py`), until it is done; `memory_lookup` waits for it."""
+    pending = (os.getpid(), key)  # a forked child never waits for its parent's thread
+    with _lock:
+        _pending[pending] = job
+
+    def forget(_: Any) -> None:
+        with _lock:
+            if _pending.get(pending) is job:
+                del _pending[pending]
+
+    job.add_done_callback(forget)
 
 
 def memory_store(key: str, code: CompiledCode) -> None:

@@ -92,6 +92,13 @@ class Executable:
     def __post_init__(self) -> None:
         self._entry = ENTRY_SIGNATURE(self.entry_address)
 
+    @property
+    def tier(self) -> str:
+        """Which LLVM made the code that runs: "o3" (the optimizing compile, cached), or
+        "quick" while a tiered compile's O3 code is not swapped in yet
+        (`codegen/cpu/tiers.py`)."""
+        return "o3"
+
     def __call__(self, *arrays: Any) -> list[np.ndarray]:
         """Run on NumPy arrays (no TF involved); returns freshly allocated outputs."""
         if len(arrays) != len(self.parameter_shapes):

@@ -19,6 +19,7 @@ the same steps first, each as a graph of its own (`_compile_bodies`,
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import functools
@@ -227,6 +228,9 @@ def build_program(concrete_function: Any, jit_compile: bool | None, options: Opt
     cache_key = (rewrite_cache.rewrite_key(graph_def, jit_compile, options, dynamic,
                                            max_specializations)
                  if rewrite_cache.enabled(options) else None)
+    pending = _rewrites_pending.get((os.getpid(), cache_key))
+    if pending is not None:  # written once this process's O3 code is stored
+        pending.result()
     program = _program_from_cache(graph, function_name, settings, cache_key)
     if program is None:
         try:
@@ -330,8 +334,36 @@ def _store_in_cache(cache_key: str, graph: tf.Graph, program: Program) -> None:
             tuple(tuple(int(d) for d in s) for s in compiled.output_shapes), key,
             artifact.hlo_text))
     fallbacks = tuple((f.op_name, f.op_type, f.reason) for f in program.report.fallbacks)
-    rewrite_cache.store(cache_key, rewrite_cache.RewriteEntry(
-        tuple(clusters), tuple(program.report.clusters), fallbacks))
+    entry = rewrite_cache.RewriteEntry(tuple(clusters), tuple(program.report.clusters),
+                                       fallbacks)
+    # Written only once the machine code it refers to is in the kernel caches: a tiered
+    # or background compile stores its O3 code when done, and a warm process must find it
+    # (one that fails leaves no entry).
+    jobs = [job for a in program.clusters
+            if (job := getattr(a.executable, "job", None)) is not None]
+    if not jobs:
+        rewrite_cache.store(cache_key, entry)
+        return
+    from tfxla_lite.codegen.cpu import tiers
+
+    # On the compile thread, after those jobs (one thread, in order): `wait_for_compiles`
+    # waits for the write too, and a second trace of this graph in the process for it.
+    _rewrites_pending[(os.getpid(), cache_key)] = tiers.submit(_store_after, jobs, cache_key,
+                                                              entry)
+
+
+# Rewrite cache entries waiting for their O3 code (`_store_in_cache`), by process id (a
+# forked child never waits for its parent's thread) and key.
+_rewrites_pending: dict[tuple[int, str], Any] = {}
+
+
+def _store_after(jobs: list[Any], cache_key: str, entry: rewrite_cache.RewriteEntry) -> None:
+    try:
+        done, _ = concurrent.futures.wait(jobs)
+        if all(not job.cancelled() and job.exception() is None for job in done):
+            rewrite_cache.store(cache_key, entry)
+    finally:
+        _rewrites_pending.pop((os.getpid(), cache_key), None)
 
 
 def _store_refusal(cache_key: str, graph: tf.Graph, error: CompilationError) -> None:
@@ -423,6 +455,9 @@ def _compile_graph(graph: tf.Graph, function_name: str, settings: _Settings,
     # compile) compile LLVM in the background, overlapping the next cluster's Python work
     # and TF's trace of the rewritten graph; not with dumps, which read the code at once.
     background = library is None and overlap_llvm() and dump.dump_directory(options) is None
+    # A cache miss runs on quick-tier code until its O3 code, compiled in the background,
+    # is swapped in (codegen/cpu/tiers.py); not with dumps, which show the O3 code at once.
+    tiered = _tiered(options)
     pending: list[tuple[str, Any, list[Any], list[Any]]] = []
     for cluster in clusters:
         ops = tuple((name, graph.get_operation_by_name(name).type) for name in cluster.op_names)
@@ -456,7 +491,8 @@ def _compile_graph(graph: tf.Graph, function_name: str, settings: _Settings,
                 executable = compile_module(module, pipeline=options.effective_pipeline,
                                             verify=options.verify,
                                             donate=_forwardable(graph, cluster.inputs),
-                                            background=background)
+                                            background=background and not tiered,
+                                            tiered=tiered)
                 dump.dump_cluster(options, function_name, cluster.name, executable.hlo_text,
                                   executable, time.perf_counter() - started)
         except Exception as error:  # noqa: BLE001 - any failure means: leave it to TF
@@ -517,6 +553,28 @@ def overlap_llvm() -> bool:
     calls of five workloads were within 2 ms of it (`benchmarks.startup --overlap-ab`;
     docs/benchmarks.md, "Session 5's end")."""
     return os.environ.get("TFXLA_LITE_OVERLAP_LLVM", "0") == "1"
+
+
+def tiered_llvm() -> bool:
+    """Whether a compile-cache miss runs first on quick-tier code (the O1 pipeline, code
+    generation at level 0) while the O3 code compiles in the background:
+    `TFXLA_LITE_TIERED=1` (on), `0` (off); unset: `TIERED_DEFAULT`. Only O3 code is cached
+    either way (codegen/cpu/tiers.py; measurements in docs/benchmarks.md, "A tiered
+    LLVM compile")."""
+    value = os.environ.get("TFXLA_LITE_TIERED", "").strip().lower()
+    if not value:
+        return TIERED_DEFAULT
+    return value not in code_caches._OFF
+
+
+# The default of `TFXLA_LITE_TIERED`; docs/benchmarks.md, "A tiered LLVM compile".
+TIERED_DEFAULT = True
+
+
+def _tiered(options: Options) -> bool:
+    """Tiered compiles for this build: on by the switch, off with dumps (which show the
+    O3 code as each cluster compiles, so a quick tier would only be waste)."""
+    return tiered_llvm() and dump.dump_directory(options) is None
 
 
 def _finish_pending(program: Program) -> None:
@@ -648,6 +706,7 @@ def _plan_dynamic(graph: tf.Graph, cluster: Any, key: str, jit_compile: bool | N
     planned.pause_collector = options.pause_collector
     # Must-compile has no fallback to run: like TF's jit_compile=True, every shape compiles.
     planned.must_compile = bool(jit_compile)
+    planned.tiered = _tiered(options)
     planned.max_specializations = None if jit_compile else max_specializations
     dynamic_clusters.register(planned)
     return planned

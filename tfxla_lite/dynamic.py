@@ -101,6 +101,9 @@ class DynamicCluster:
     pause_collector: bool = True  # the option of that name: GC off while a shape compiles
     max_specializations: int | None = 10  # None: no limit (must-compile mode)
     must_compile: bool = False
+    # Quick-tier code first, O3 swapped in when compiled (codegen/cpu/tiers.py): the
+    # launch op's per-shape cache keeps the address it got, the trampoline's.
+    tiered: bool = False
     specializations: list[SpecializationArtifacts] = field(default_factory=list)
     # Called with (SpecializationArtifacts, compile seconds) after each compile (dumps).
     on_compiled: Any = None
@@ -147,7 +150,8 @@ class DynamicCluster:
                           [f"{INPUT_PREFIX}{j}:0" for j in self.param_inputs],
                           list(self.cluster.outputs))
         module = lower_cluster(graph, cluster)
-        executable = compile_module(module, pipeline=self.pipeline, verify=self.verify)
+        executable = compile_module(module, pipeline=self.pipeline, verify=self.verify,
+                                    tiered=self.tiered)
         outputs = [graph.get_tensor_by_name(t) for t in self.cluster.outputs]
         output_specs = tuple((t.dtype, known_dims(t)) for t in outputs)
         shapes = ", ".join(str(list(s)) for s in request.shapes)

@@ -12,9 +12,7 @@ keep no state: the generated code is reentrant.
 from __future__ import annotations
 
 import concurrent.futures
-import functools
 import itertools
-import os
 import re
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
@@ -36,6 +34,7 @@ from tfxla_lite.codegen.cpu import (  # noqa: F401
     reduction,
     row_kernel,
     streaming,
+    tiers,
 )
 from tfxla_lite.codegen.cpu.donation import output_donations
 from tfxla_lite.codegen.cpu.dot import emit_dot_kernel
@@ -51,6 +50,7 @@ from tfxla_lite.codegen.cpu.emitter import (
     i64,
     value_type,
 )
+from tfxla_lite.codegen.cpu.tiers import TieredExecutable
 from tfxla_lite.codegen.executable import ENTRY_SIGNATURE, Executable
 from tfxla_lite.hlo.ir import HloModule, Instruction
 from tfxla_lite.passes.buffer_assignment import leaves
@@ -384,7 +384,7 @@ def _combine_partials(ctx: KernelContext, root: Instruction, output: ir.Value,
 def compile(module: HloModule, assignment: Any, hlo_text: str = "",
             optimized_hlo_text: str = "", threads: int | None = None,
             cache: bool | None = None, donate: Collection[int] = (),
-            background: bool = False) -> Executable:
+            background: bool = False, tiered: bool = False) -> Executable:
     """Emit, optimize and JIT-compile `module` under `assignment`.
 
     `donate`: parameter numbers whose buffers outputs may take over (TF's input
@@ -401,6 +401,13 @@ def compile(module: HloModule, assignment: Any, hlo_text: str = "",
     machine code every reader waits for (`wait`, which raises LLVM's error). The caller
     overlaps its own work (the next cluster's emission, TF's trace of the rewritten
     graph) with LLVM's.
+
+    `tiered` (takes precedence over `background`): on a cache miss, the IR is emitted and
+    compiled at once by a cheap LLVM (the *quick tier*: the O1 pipeline, code generation
+    at level 0), and the O3 compile of the same IR goes on in the background; when it is
+    done the executable switches to the O3 code (`TieredExecutable`). Only the O3 code
+    goes into the caches; a cache hit has no quick tier, and neither has a module with
+    a large dot (`tiers.worth_tiering`).
     """
     team = parallel.effective_threads(threads)
     entry = module.entry
@@ -426,9 +433,22 @@ def compile(module: HloModule, assignment: Any, hlo_text: str = "",
     code = kernel_cache.memory_lookup(key) if caches.memory else None
     if code is None and caches.disk:
         code = kernel_cache.disk_load(key, signature)
+    if code is None and tiered and tiers.worth_tiering(module):
+        emitted = _emit_code(module, assignment, team, donations)
+        quick = _quick_code(emitted)
+        executable = TieredExecutable(
+            **described, kernel_count=emitted.kernel_count, llvm_ir=emitted.split.text,
+            llvm_ir_optimized=None, entry_address=quick.entry_address, engine=quick.engine,
+            compiled_from="llvm", quick=quick)
+        kernel_cache.count("llvm_compilations")  # its O3 compile, certain to be tried
+        job = _submit(_o3_tier, executable, emitted, key, signature, caches)
+        executable.start(job)
+        if caches.memory:
+            kernel_cache.memory_pending(key, job)
+        return executable
     if code is None and background:
         emitted = _emit_code(module, assignment, team, donations)
-        job = _background_pool().submit(_finish_code, emitted, key, signature, caches)
+        job = _submit(_finish_code, emitted, key, signature, caches)
         return PendingExecutable(
             **described, kernel_count=emitted.kernel_count, llvm_ir=emitted.split.text,
             llvm_ir_optimized=None, entry_address=None, engine=None, compiled_from="llvm",
@@ -465,11 +485,19 @@ def _finish_code(emitted: EmittedModule, key: str, signature: dict[str, Any],
 
 def _machine_code(emitted: EmittedModule) -> kernel_cache.CompiledCode:
     """Optimize and compile the emitted parts (one object each) and load them."""
+    kernel_cache.count("llvm_compilations")
+    return _o3_machine_code(emitted)
+
+
+def _o3_machine_code(emitted: EmittedModule, threads: int | None = None
+                     ) -> kernel_cache.CompiledCode:
+    """`_machine_code`'s work, on at most `threads` threads (`engine.compile_parts`), not
+    counted (a tiered compile counts its module when it starts)."""
     split = emitted.split
-    parts = engine.compile_parts(split.parts)
+    parts = (engine.compile_parts(split.parts) if threads is None
+             else engine.compile_parts(split.parts, threads=threads))
     execution_engine = engine.load_objects(parts.objects)
     address = execution_engine.get_function_address(ENTRY_NAME)
-    kernel_cache.count("llvm_compilations")
     return kernel_cache.CompiledCode(
         execution_engine, address, emitted.kernel_count, split.text,
         kernel_cache.optimized_text(parts.bitcode, split.exported), parts.objects,
@@ -554,18 +582,20 @@ def _emit_code(module: HloModule, assignment: Any, team: int,
     return EmittedModule(split, kernel_count)
 
 
-def _background_pool() -> concurrent.futures.ThreadPoolExecutor:
-    """The thread that runs background compiles (`compile(..., background=True)`), one
-    module after another: with the thread that emits the next module (or traces the
-    rewritten graph) it keeps two cores busy; a big module's parts add their own threads
-    (`engine.compile_parts`). One per process: a forked child does not have its
-    parent's thread, and an executor inherited from the parent would never run a task."""
-    return _pool_of_process(os.getpid())
+def _submit(function: Callable[..., Any], *args: Any) -> concurrent.futures.Future:
+    """Run `function(*args)` on the process's background compile thread (`tiers.py`)."""
+    return tiers.submit(function, *args)
 
 
-@functools.cache
-def _pool_of_process(pid: int) -> concurrent.futures.ThreadPoolExecutor:
-    return concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tfxla-lite-llvm")
+def _quick_code(emitted: EmittedModule) -> tiers.QuickCode:
+    """The quick tier of a tiered compile, on this thread (`tiers.quick_code`)."""
+    return tiers.quick_code(emitted.split.parts, ENTRY_NAME, emitted.split.exported)
+
+
+def _o3_tier(executable: TieredExecutable, emitted: EmittedModule, key: str,
+             signature: dict[str, Any], caches: kernel_cache.CachePolicy
+             ) -> kernel_cache.CompiledCode:
+    return tiers.o3_tier(executable, emitted, key, signature, caches)
 
 
 class PendingExecutable(Executable):
@@ -598,6 +628,11 @@ class PendingExecutable(Executable):
 
     def __post_init__(self) -> None:
         pass  # `_entry` is made when the code is there
+
+    @property
+    def job(self) -> concurrent.futures.Future:
+        """The background compile's future."""
+        return self.__dict__["_job"]
 
     @property
     def ready(self) -> bool:

@@ -28,11 +28,13 @@ from llvmlite.binding import ffi
 from llvmlite.binding.module import ModuleRef
 
 
-def target_machine() -> llvm.TargetMachine:
-    """A new target machine for the host (an MCJIT engine takes ownership of its own)."""
+def target_machine(codegen_level: int = 3) -> llvm.TargetMachine:
+    """A new target machine for the host (an MCJIT engine takes ownership of its own).
+    `codegen_level`: the code generator's optimization level (0: fast instruction
+    selection, the quick tier's; 3: everything cached and every engine's)."""
     triple, cpu, features = _host_cpu()
     return llvm.Target.from_triple(triple).create_target_machine(
-        cpu=cpu, features=features, opt=3, codemodel="jitdefault", jit=True)
+        cpu=cpu, features=features, opt=codegen_level, codemodel="jitdefault", jit=True)
 
 
 @functools.cache
@@ -112,11 +114,19 @@ class CompiledParts:
     bitcode: tuple[bytes, ...]
 
 
-def compile_parts(texts: list[str], speed_level: int = 3) -> CompiledParts:
+def compile_parts(texts: list[str], speed_level: int = 3, codegen_level: int = 3,
+                  threads: int | None = None) -> CompiledParts:
     """Parse, verify, optimize (as `optimize` does) and compile to machine code each of
     `texts` (the parts of one module, `module_split.py`), on one thread per part; the
     objects are loaded together by `load_objects`, whose linker resolves the calls
     between parts. A single part is compiled on this thread.
+
+    `speed_level` is the IR pipeline's level, `codegen_level` the code generator's (the
+    quick tier of a tiered compile uses 1 and 0: `cpu.compiler`, docs/benchmarks.md).
+    `threads`: at most this many threads (None: one per part); the parts left over are
+    compiled one after another, with the same objects (each part has its own context,
+    target machine and pass builder either way). A background compile uses 1, so that
+    it never holds more than one core beside the launches it runs with.
 
     llvmlite serializes every call into LLVM behind one process-wide lock, which keeps
     its threads from ever running LLVM at once. LLVM itself allows it for modules in
@@ -135,17 +145,18 @@ def compile_parts(texts: list[str], speed_level: int = 3) -> CompiledParts:
     jobs = []
     try:
         for text, context in zip(texts, contexts):
-            machine = target_machine()
+            machine = target_machine(codegen_level)
             refs.append(machine)
             builder = llvm.create_pass_builder(machine, _tuning_options(speed_level))
             refs.append(builder)
             manager = builder.getModulePassManager()
             refs.append(manager)
             jobs.append((context, text.encode(), manager, builder, machine))
-        if len(jobs) == 1:
-            results = [_compile_part(*jobs[0])]
+        workers = len(jobs) if threads is None else max(1, min(threads, len(jobs)))
+        if workers == 1:
+            results = [_compile_part(*job) for job in jobs]
         else:
-            with concurrent.futures.ThreadPoolExecutor(len(jobs) - 1) as pool:
+            with concurrent.futures.ThreadPoolExecutor(workers - 1) as pool:
                 started = [pool.submit(_compile_part, *job) for job in jobs[1:]]
                 results = [_compile_part(*jobs[0])] + [f.result() for f in started]
     finally:

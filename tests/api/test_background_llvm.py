@@ -29,6 +29,7 @@ def _no_compile_caches(cache_root, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every test compiles: a cache hit would run no LLVM, in the background or not."""
     monkeypatch.setenv("TFXLA_LITE_CACHE", "0")
     monkeypatch.setenv("TFXLA_LITE_OVERLAP_LLVM", "1")
+    monkeypatch.setenv("TFXLA_LITE_TIERED", "0")  # tiered compiles take precedence
 
 
 def _input() -> np.ndarray:

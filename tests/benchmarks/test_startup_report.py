@@ -47,3 +47,25 @@ def test_the_overlap_comparison_alternates_the_variants(monkeypatch) -> None:
     assert [v for _, v in calls] == ["0", "1", "1", "0", "0", "1"]
     assert "| gelu | 90 | 80 | 90 | 80 | 3 of 3 |" in text
     assert "TFXLA_LITE_OVERLAP_LLVM" not in startup.os.environ
+
+
+def test_the_tiered_comparison_alternates_and_reports_xla_and_exits(monkeypatch) -> None:
+    calls: list[tuple[str, str | None]] = []
+
+    def spawn(variant: str, name: str, quick: bool, cache: object) -> dict:
+        tiered = startup.os.environ.get("TFXLA_LITE_TIERED") if variant == "lite" else None
+        calls.append((variant, tiered))
+        seconds = {"xla": 0.100, "0": 0.120, "1": 0.090}[tiered or variant]
+        return {"seconds": seconds, "exit_seconds": seconds + (0.5 if tiered else 0.0),
+                "cpu_seconds": seconds / 2}
+
+    monkeypatch.setattr(startup, "_spawn", spawn)
+    monkeypatch.setattr(startup, "_fresh_cache", lambda: None)
+    monkeypatch.delenv("TFXLA_LITE_TIERED", raising=False)
+    text = startup.compare_tiered(["gelu"], 2, quick=True)
+    assert calls == [("xla", None), ("lite", "0"), ("lite", "1"),
+                     ("xla", None), ("lite", "1"), ("lite", "0")]
+    assert ("| gelu | 120 | 90 | 120 | 90 | 2 of 2 | 100 | 1.20 | 0.90 | 620 | 590 | 60 | 45 |"
+            in text)
+    assert "cold/XLA geometric mean: off 1.20, on 0.90" in text
+    assert "TFXLA_LITE_TIERED" not in startup.os.environ

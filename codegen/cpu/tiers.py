@@ -1,0 +1,347 @@
+"""Background LLVM work of the CPU backend: the thread it runs on, the tiered compile, exit.
+
+Where it sits: `cpu.compile` hands LLVM's work on a compile-cache miss to a background
+thread in two ways. `background=True` (`TFXLA_LITE_OVERLAP_LLVM`) gives a
+`PendingExecutable` that waits for the O3 code when read. `tiered=True`
+(`TFXLA_LITE_TIERED`) compiles the emitted IR at once with a cheap LLVM, the *quick
+tier* (the O1 pipeline and code generation at level 0, 20-35% less LLVM time for
+kernels 1.1-2.8x slower: docs/benchmarks.md, "What a cheaper LLVM level would give a
+cold first call"), and the O3 compile of the same IR in the background; once that is
+done the executable runs the O3 code. Only O3 code reaches the kernel caches, so a
+warm process never loads quick code. Modules with register-blocked dots get no quick
+tier (`worth_tiering`), and the compile thread runs at a lower priority
+(`BACKGROUND_NICE`; `TFXLA_LITE_BACKGROUND_NICE` overrides it, for A/B runs).
+
+The swap. The quick tier's object holds, beside the module, a trampoline that is the
+executable's entry (the address the launch op and `Executable.__call__` call) and a
+slot, a pointer that starts null::
+
+    entry_tiered(params, outputs, temp):
+        next = load atomic acquire slot
+        if next == null: entry(params, outputs, temp)   # the quick code
+        else:            next(params, outputs, temp)    # the O3 code
+
+Storing the O3 entry's address in the slot (an atomic release store, by a function of
+the same object) switches every later call, whoever made it and through whatever key
+or specialization it was registered (the launch op's per-shape cache of a dynamic
+cluster holds the address it was given, so re-registering would not reach it); a
+launch already running on the quick code finishes on it. The quick engine stays alive
+as long as the executable, since its trampoline is the entry (a few KB to a few tens
+of KB of code per cluster); the O3 engine likewise once swapped in. The cost after the
+swap is one load and one indirect call per launch.
+
+A failure of the O3 compile after a quick success keeps the quick code, which is the
+same IR compiled by the same LLVM with the same IEEE float semantics: it is logged as
+a warning, counted (`cache.stats().tier_failures`) and kept in `tier_error`, and
+nothing is cached. At interpreter exit, the background thread finishes the compile
+it is running and those queued before `EXIT_WAIT_SECONDS` have passed, so that the
+next process finds the O3 code on disk; the rest are dropped before they start (no
+entry written: writes are atomic renames anyway).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import ctypes
+import functools
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from tfxla_lite.codegen import cache as kernel_cache
+from tfxla_lite.codegen.cpu import engine
+from tfxla_lite.codegen.executable import Executable
+
+logger = logging.getLogger("tfxla_lite")
+
+# The quick tier's LLVM: the IR pipeline's level and the code generator's.
+QUICK_SPEED_LEVEL = 1
+QUICK_CODEGEN_LEVEL = 0
+# At interpreter exit, background compiles queued to start within this many seconds
+# still run (their results go to the disk cache); later ones are dropped. Measured:
+# docs/benchmarks.md, "A tiered LLVM compile".
+EXIT_WAIT_SECONDS = 10.0
+# How much nicer than the process the compile thread runs (`_lower_priority`). At 0 the
+# O3 compile took a core from the first call (MLP 1.8x slower than without tiers); at
+# 19 it starved behind a loop of calls right after (softmax's 1000 calls +40-90 ms, the
+# MLP step's 300 +300 ms, on slow quick code); 10 is between (docs/benchmarks.md).
+BACKGROUND_NICE = 10
+
+# A module with a dot that register blocks compute (`dot_blocks.py`) gets no quick tier:
+# blocks ran 3-7x slower at the quick tier's levels (mlp_infer_b64 1.63 against 0.42
+# ms; at code generation level 1 as fast as O3 but as costly to compile), and a
+# training loop started at once paid more in slow steps until the swap than its first
+# call saved. Dots by the library GEMM ran at O3's speed at the quick tier (MLP 2.33
+# against 2.44 ms, the MLP step 3.16 against 3.32) and emitted small dots and
+# vector-matrix products within 1.15x (batch-1 inference 0.060 against 0.054 ms).
+
+TIER_ENTRY = "tfxla_lite.tier.entry"
+TIER_SET = "tfxla_lite.tier.set"
+_TIER_SLOT = "tfxla_lite.tier.slot"
+_SETTER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+
+def _trampoline(entry_name: str) -> str:
+    """The IR appended to the quick tier's entry part: the slot, the trampoline that
+    calls the quick `entry` until the slot is set, and the slot's setter."""
+    return f"""
+@"{_TIER_SLOT}" = internal global ptr null, align 8
+
+define void @"{TIER_ENTRY}"(ptr %params, ptr %outputs, ptr %temp) nounwind {{
+start:
+  %next = load atomic ptr, ptr @"{_TIER_SLOT}" acquire, align 8
+  %quick = icmp eq ptr %next, null
+  br i1 %quick, label %run_quick, label %run_next
+run_quick:
+  call void @"{entry_name}"(ptr %params, ptr %outputs, ptr %temp) noinline
+  ret void
+run_next:
+  call void %next(ptr %params, ptr %outputs, ptr %temp)
+  ret void
+}}
+
+define void @"{TIER_SET}"(ptr %next) nounwind {{
+start:
+  store atomic ptr %next, ptr @"{_TIER_SLOT}" release, align 8
+  ret void
+}}
+"""
+
+
+@dataclass(frozen=True)
+class QuickCode:
+    """The quick tier's machine code: its engine, the trampoline (the executable's entry)
+    and the slot's setter, and its parts' optimized bitcode (shown only if O3 fails)."""
+
+    engine: Any
+    entry_address: int
+    setter_address: int
+    bitcode: tuple[bytes, ...]
+    internal: frozenset[str]
+
+
+def worth_tiering(module: Any) -> bool:
+    """Whether `module` (optimized) gets a quick tier: none of its kernels is a dot that
+    register blocks compute (`dot.choose_strategy` "blocked")."""
+    from tfxla_lite.codegen.cpu import dot  # it imports the engine this module imports
+
+    entry = module.entry
+    for inst in entry.instructions if entry is not None else ():
+        product = dot.kernel_dot(inst)
+        plan = dot.plan_gemm(product) if product is not None else None
+        if plan is not None and dot.choose_strategy(plan) == "blocked":
+            return False
+    return True
+
+
+def quick_code(parts: list[str], entry_name: str, internal: frozenset[str]) -> QuickCode:
+    """Compile a module's emitted `parts` at the quick tier's levels, with the trampoline
+    added to the part that defines `entry_name`, and load them into one engine."""
+    parts = list(parts)
+    marker = f'define void @"{entry_name}"('
+    owner = next((n for n, text in enumerate(parts) if marker in text), None)
+    if owner is None:
+        raise RuntimeError(f"tiered compile: no part defines {entry_name!r}")
+    parts[owner] += _trampoline(entry_name)
+    compiled = engine.compile_parts(parts, QUICK_SPEED_LEVEL, QUICK_CODEGEN_LEVEL)
+    llvm_engine = engine.load_objects(compiled.objects)
+    entry = llvm_engine.get_function_address(TIER_ENTRY)
+    setter = llvm_engine.get_function_address(TIER_SET)
+    if not entry or not setter:
+        raise RuntimeError("tiered compile: the quick object lacks its trampoline")
+    kernel_cache.count("quick_compilations")
+    return QuickCode(llvm_engine, entry, setter, compiled.bitcode, internal)
+
+
+class AbandonedCompile(RuntimeError):
+    """A background compile dropped at interpreter exit (`EXIT_WAIT_SECONDS`)."""
+
+
+class TieredExecutable(Executable):
+    """An `Executable` that runs quick-tier code until its O3 code, compiled in the
+    background, is swapped in (see the module docstring). `tier` says which runs:
+    "quick", then "o3". `entry_address` and `engine` are the quick tier's trampoline and
+    engine throughout (the trampoline forwards to the O3 code); `llvm_ir_optimized`
+    waits for the O3 compile and shows its module (the quick tier's, under a comment
+    saying so, when O3 failed). `wait()` waits for the O3 compile."""
+
+    def __init__(self, *args: Any, quick: QuickCode, **kwargs: Any) -> None:
+        self.__dict__.update(_quick=quick, _tier="quick", _o3=None, _tier_error=None,
+                             _job=None)
+        super().__init__(*args, **kwargs)
+
+    @property  # type: ignore[override]
+    def llvm_ir_optimized(self) -> str:
+        self.wait()
+        code = self.__dict__["_o3"]
+        if code is not None:
+            text = code.llvm_ir_optimized
+            return text if isinstance(text, str) else text()
+        quick = self.__dict__["_quick"]
+        return (f"; tfxla-lite: the O3 compile failed ({self.tier_error}); this is the "
+                "quick tier's code\n" + engine.linked_text(quick.bitcode, quick.internal))
+
+    @llvm_ir_optimized.setter
+    def llvm_ir_optimized(self, value: Any) -> None:
+        pass  # always the O3 code's (or the quick tier's)
+
+    @property
+    def tier(self) -> str:
+        return self.__dict__["_tier"]
+
+    @property
+    def tier_error(self) -> BaseException | None:
+        """The O3 compile's error, when it failed (the quick code keeps running)."""
+        return self.__dict__["_tier_error"]
+
+    def start(self, job: concurrent.futures.Future) -> None:
+        """Take the background O3 compile's future (`o3_job`)."""
+        self.__dict__["_job"] = job
+        job.add_done_callback(self._finished)
+
+    @property
+    def job(self) -> concurrent.futures.Future | None:
+        return self.__dict__["_job"]
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for the O3 compile (at most `timeout` seconds); whether it is over,
+        swapped in or failed. Never raises the compile's error (`tier_error`)."""
+        job = self.__dict__["_job"]
+        if job is None:
+            return True
+        done, _ = concurrent.futures.wait([job], timeout)
+        return bool(done)
+
+    def swap(self, code: kernel_cache.CompiledCode) -> None:
+        """Run `code` (the O3 compile's) from now on."""
+        self.__dict__["_o3"] = code  # held as long as the executable: launches call it
+        _SETTER(self.__dict__["_quick"].setter_address)(code.entry_address)
+        self.__dict__["_tier"] = "o3"
+        kernel_cache.count("tier_swaps")
+
+    def _finished(self, job: concurrent.futures.Future) -> None:
+        error = job.exception() if not job.cancelled() else AbandonedCompile("cancelled")
+        if error is None:
+            return
+        self.__dict__["_tier_error"] = error
+        if isinstance(error, AbandonedCompile):
+            kernel_cache.count("tier_abandoned")
+            return
+        kernel_cache.count("tier_failures")
+        logger.warning("tfxla-lite: the O3 compile of %s failed, its quick-tier code keeps "
+                       "running: %s: %s", self.module_name, type(error).__name__, error)
+
+    @property
+    def module_name(self) -> str:
+        module = self.__dict__.get("module")
+        return getattr(module, "name", "a module")
+
+
+def o3_tier(executable: TieredExecutable, emitted: Any, key: str, signature: dict[str, Any],
+            caches: kernel_cache.CachePolicy) -> kernel_cache.CompiledCode:
+    """The background half of a tiered compile: O3 machine code on one thread, the kernel
+    caches' writes, then the swap."""
+    from tfxla_lite.codegen.cpu import compiler  # it imports this module
+
+    if _exit_deadline is not None and time.monotonic() > _exit_deadline:
+        raise AbandonedCompile("the interpreter is exiting")
+    code = compiler._o3_machine_code(emitted, threads=1)
+    if caches.disk:
+        kernel_cache.disk_store(key, signature, code)
+    if caches.memory:
+        kernel_cache.memory_store(key, code)
+    executable.swap(code)
+    return code
+
+
+# -- the background thread ---------------------------------------------------------------
+
+_exit_deadline: float | None = None
+
+
+def submit(function: Callable[..., Any], *args: Any) -> concurrent.futures.Future:
+    """Run `function(*args)` on the process's background compile thread; the future is
+    one `wait_for_background` waits for."""
+    job = _pool_of_process(os.getpid()).submit(function, *args)
+    jobs = _outstanding_of_process(os.getpid())
+    with _outstanding_lock:
+        jobs.add(job)
+    job.add_done_callback(_forget)
+    return job
+
+
+def _forget(job: concurrent.futures.Future) -> None:
+    with _outstanding_lock:
+        _outstanding_of_process(os.getpid()).discard(job)
+
+
+def wait_for_background(timeout: float | None = None) -> bool:
+    """Wait until every background compile of this process submitted so far (and any
+    they lead to) is over; whether they all are (False: `timeout` seconds passed)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        with _outstanding_lock:
+            jobs = [job for job in _outstanding_of_process(os.getpid()) if not job.done()]
+        if not jobs:
+            return True
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        _, running = concurrent.futures.wait(jobs, left)
+        if running and deadline is not None and time.monotonic() >= deadline:
+            return False
+
+
+def wait_for_compiles(timeout: float | None = None) -> bool:
+    """`tfxla_lite.wait_for_compiles()`: wait until every background LLVM compile of the
+    process is over, so that from then on every executable runs its O3 code
+    (`TFXLA_LITE_TIERED`) and the disk caches hold it; benchmarks call it before timing
+    steady state. False when `timeout` seconds passed first. An O3 compile that failed
+    is not raised here: it was logged, and its executable keeps its quick-tier code
+    (`Executable.tier`, `tier_error`)."""
+    return wait_for_background(timeout)
+
+
+@functools.cache
+def _outstanding_of_process(pid: int) -> set[concurrent.futures.Future]:
+    return set()
+
+
+_outstanding_lock = threading.Lock()
+
+
+@functools.cache
+def _pool_of_process(pid: int) -> concurrent.futures.ThreadPoolExecutor:
+    """One compile thread per process: with the thread that emits the next module (or
+    runs the launches) it keeps two cores busy, and a background O3 compile cuts no
+    parts of its own (`o3_tier`: one thread). A forked child does not have its parent's
+    thread, and an executor inherited from the parent would never run a task."""
+    register = getattr(threading, "_register_atexit", None)
+    if register is not None:  # before concurrent.futures joins the thread at exit
+        register(_at_exit)
+    return concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tfxla-lite-llvm",
+                                                 initializer=_lower_priority)
+
+
+def _lower_priority() -> None:
+    """Run the compile thread at `BACKGROUND_NICE` above the process's nice value (Linux
+    sets it per thread), so that a first call's own work and its launches, which need
+    both cores, come first; the O3 compile takes what they leave."""
+    nice = int(os.environ.get("TFXLA_LITE_BACKGROUND_NICE", BACKGROUND_NICE))
+    if nice <= 0 or not hasattr(os, "setpriority"):
+        return
+    try:
+        thread = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, thread, min(19, os.getpriority(os.PRIO_PROCESS, thread)
+                                                    + nice))
+    except OSError:
+        pass
+
+
+def _at_exit() -> None:
+    """At interpreter exit, before the compile thread is joined: compiles that have not
+    started within `EXIT_WAIT_SECONDS` are dropped (`o3_tier`)."""
+    global _exit_deadline
+    _exit_deadline = time.monotonic() + EXIT_WAIT_SECONDS
