@@ -465,19 +465,18 @@ def _compile_graph(graph: tf.Graph, function_name: str, settings: _Settings,
         gpu = gpu_launch.placed_gpu(cluster.device)
         try:
             if dynamic and not dynamic_clusters.is_static(graph, cluster):
-                if gpu is not None:
-                    raise NotImplementedError(f"GPU:{gpu} clusters need static shapes")
                 key = f"{function_name}/{cluster.name}/{next(_executable_ids)}"
                 dynamic_cluster = _plan_dynamic(graph, cluster, key, jit_compile, options,
-                                                settings.max_specializations)
-                dynamic_cluster.on_compiled = _dump_specialization(options, function_name)
+                                                settings.max_specializations, gpu)
+                dynamic_cluster.on_compiled = _dump_specialization(options, function_name, gpu)
                 compiled.append(_dynamic_compiled_cluster(cluster, dynamic_cluster,
                                                           fallback=not jit_compile))
                 planned.append(dynamic_cluster)
                 report.clusters.append(ClusterReport(
                     cluster.name, ops, len(dynamic_cluster.inputs), len(cluster.outputs), True))
                 logger.info("tfxla-lite: %s of %s has unknown dimensions: compiled per input "
-                            "shape at run time", cluster.name, function_name)
+                            "shape at run time%s", cluster.name, function_name,
+                            "" if gpu is None else f" for GPU:{gpu}")
                 continue
             started = time.perf_counter()
             module = lower_cluster(graph, cluster)
@@ -697,9 +696,10 @@ def _forwardable(graph: tf.Graph, inputs: list[str] | tuple[str, ...]) -> list[i
 
 
 def _plan_dynamic(graph: tf.Graph, cluster: Any, key: str, jit_compile: bool | None,
-                  options: Options, max_specializations: int | None
+                  options: Options, max_specializations: int | None, gpu: int | None = None
                   ) -> dynamic_clusters.DynamicCluster:
-    """Plan a cluster with unknown dimensions and register its compile callback."""
+    """Plan a cluster with unknown dimensions and register its compile callback (with the
+    launch op; a GPU cluster's launch calls it itself: `_dynamic_compiled_cluster`)."""
     planned = dynamic_clusters.plan_dynamic_cluster(graph, cluster, key, cluster.name)
     planned.pipeline = options.effective_pipeline
     planned.verify = options.verify
@@ -708,30 +708,42 @@ def _plan_dynamic(graph: tf.Graph, cluster: Any, key: str, jit_compile: bool | N
     planned.must_compile = bool(jit_compile)
     planned.tiered = _tiered(options)
     planned.max_specializations = None if jit_compile else max_specializations
-    dynamic_clusters.register(planned)
+    planned.gpu = gpu
+    if gpu is None:
+        dynamic_clusters.register(planned)
     return planned
 
 
-def _dump_specialization(options: Options, function_name: str) -> Callable | None:
+def _dump_specialization(options: Options, function_name: str,
+                         gpu: int | None = None) -> Callable | None:
     """The hook a dynamic cluster calls as each shape compiles, when dumps are on."""
     if dump.dump_directory(options) is None:
         return None
+    device = "" if gpu is None else f" on GPU:{gpu}"  # titled as a static GPU cluster
 
     def on_compiled(artifacts: Any, seconds: float) -> None:
         dump.dump_cluster(options, function_name, artifacts.name.split(" ")[0],
-                          artifacts.hlo_text, artifacts.executable, seconds, artifacts.name)
+                          artifacts.hlo_text, artifacts.executable, seconds,
+                          artifacts.name + device)
 
     return on_compiled
 
 
 def _dynamic_compiled_cluster(cluster: Any, planned: dynamic_clusters.DynamicCluster,
                               fallback: bool) -> CompiledCluster:
+    launch_on_gpu = None
+    if planned.gpu is not None:  # its fallback runs inside the launch, not in an If
+        launch_on_gpu = gpu_launch.GpuDynamicLaunch(
+            planned.key, planned.gpu, list(zip(planned.input_dtypes, planned.input_shapes)),
+            list(zip(planned.output_dtypes, planned.output_shapes)), planned.value_inputs,
+            planned, planned.original_function() if fallback else None)
     return CompiledCluster(
         name=cluster.name, op_names=tuple(cluster.op_names), inputs=planned.inputs,
         outputs=tuple(cluster.outputs), control_inputs=tuple(cluster.control_inputs),
         key=planned.key, output_dtypes=planned.output_dtypes,
         output_shapes=planned.output_shapes, input_dtypes=planned.input_dtypes,
-        fallback=planned.branch_functions() if fallback else None)
+        fallback=planned.branch_functions() if fallback and launch_on_gpu is None else None,
+        gpu_launch=launch_on_gpu)
 
 
 def _must_compile_message(function_name: str, offending: list[FallbackNode]) -> str:

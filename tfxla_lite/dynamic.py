@@ -22,6 +22,11 @@ signature: it failed to compile, or the cluster met `max_specializations` distin
 signatures already (XLA's megamorphic clusters, device_compiler.h), which is logged
 once. In must-compile mode there is no limit and no fallback: a failure is the op's
 error.
+
+A cluster on a GPU (`DynamicCluster.gpu`) is planned and bounded the same way, compiles
+each signature with the GPU backend, and is called by its GPU launch
+(`runtime/gpu_launch.py: GpuDynamicLaunch`), not the launch op: the launch runs the
+original ops (`original_function`) itself for a refused signature.
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ from tfxla_lite.clustering.registry import OP_RULES, constant_value, known_dims
 from tfxla_lite.codegen import compile_module
 from tfxla_lite.collector import collector_paused
 from tfxla_lite.hlo import HloModule
-from tfxla_lite.runtime import loader
+from tfxla_lite.runtime import gpu_launch, loader
 
 logger = logging.getLogger("tfxla_lite")
 
@@ -104,6 +109,10 @@ class DynamicCluster:
     # Quick-tier code first, O3 swapped in when compiled (codegen/cpu/tiers.py): the
     # launch op's per-shape cache keeps the address it got, the trampoline's.
     tiered: bool = False
+    # The GPU TF runs the cluster on, None for the CPU: a GPU cluster compiles each
+    # signature with the GPU backend and its launch (runtime/gpu_launch.py:
+    # `GpuDynamicLaunch`) calls this object, not the launch op.
+    gpu: int | None = None
     specializations: list[SpecializationArtifacts] = field(default_factory=list)
     # Called with (SpecializationArtifacts, compile seconds) after each compile (dumps).
     on_compiled: Any = None
@@ -150,8 +159,11 @@ class DynamicCluster:
                           [f"{INPUT_PREFIX}{j}:0" for j in self.param_inputs],
                           list(self.cluster.outputs))
         module = lower_cluster(graph, cluster)
-        executable = compile_module(module, pipeline=self.pipeline, verify=self.verify,
-                                    tiered=self.tiered)
+        if self.gpu is None:
+            executable = compile_module(module, pipeline=self.pipeline, verify=self.verify,
+                                        tiered=self.tiered)
+        else:
+            executable = gpu_launch.compile_cluster(module, self.gpu, self.pipeline, self.verify)
         outputs = [graph.get_tensor_by_name(t) for t in self.cluster.outputs]
         output_specs = tuple((t.dtype, known_dims(t)) for t in outputs)
         shapes = ", ".join(str(list(s)) for s in request.shapes)
@@ -161,6 +173,8 @@ class DynamicCluster:
             self.on_compiled(self.specializations[-1], time.perf_counter() - started)
         logger.info("tfxla-lite: compiled %s for input shapes %s: %d kernels", self.key, shapes,
                     executable.kernel_count)
+        if self.gpu is not None:
+            return gpu_launch.GpuSpecialization(executable, self.param_inputs, output_specs)
         return loader.Specialization(executable.entry_address, executable.temp_bytes,
                                      self.param_inputs, output_specs, owner=executable)
 
@@ -187,23 +201,28 @@ class DynamicCluster:
     def branch_functions(self) -> tuple[Any, Any]:
         """ConcreteFunctions of (launch, original ops) over the launch inputs, for the
         rewrite's `StatelessIf`."""
-        specs = [tf.TensorSpec(s, d) for s, d in zip(self.input_shapes, self.input_dtypes)]
-        template, outputs = self.template, list(self.cluster.outputs)
-        input_names = [f"{INPUT_PREFIX}{j}:0" for j in range(len(self.inputs))]
 
         def compiled(*args: tf.Tensor) -> list[tf.Tensor]:
             return loader.launch(args, self.key, self.output_dtypes, self.output_shapes)
+
+        return self._over_inputs(compiled), self.original_function()
+
+    def original_function(self) -> Any:
+        """A ConcreteFunction of the cluster's own TF ops over the launch inputs: the
+        fallback (the CPU's else branch; what a GPU launch runs for a refused signature)."""
+        template, outputs = self.template, list(self.cluster.outputs)
+        input_names = [f"{INPUT_PREFIX}{j}:0" for j in range(len(self.inputs))]
 
         def original(*args: tf.Tensor) -> list[tf.Tensor]:
             return tf.graph_util.import_graph_def(template, input_map=dict(zip(input_names, args)),
                                                   return_elements=outputs, name="original")
 
-        functions = []
-        for body in (compiled, original):
-            body.__name__ = f"tfxla_lite_{self.name}_{body.__name__}"
-            concrete = tf.function(body, autograph=False).get_concrete_function(*specs)
-            functions.append(concrete)
-        return functions[0], functions[1]
+        return self._over_inputs(original)
+
+    def _over_inputs(self, body: Any) -> Any:
+        specs = [tf.TensorSpec(s, d) for s, d in zip(self.input_shapes, self.input_dtypes)]
+        body.__name__ = f"tfxla_lite_{self.name}_{body.__name__}"
+        return tf.function(body, autograph=False).get_concrete_function(*specs)
 
 
 def plan_dynamic_cluster(graph: tf.Graph, cluster: Cluster, key: str, name: str

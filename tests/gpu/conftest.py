@@ -64,3 +64,21 @@ def fake_gpu(monkeypatch: pytest.MonkeyPatch) -> object:
     """CuPy replaced by `fake_cupy` that records launches without running kernels (its
     cuBLAS model still computes); returns the recorder."""
     return _use_fake_cupy(monkeypatch, emulate=False)
+
+
+@pytest.fixture
+def emulated_gpu(monkeypatch: pytest.MonkeyPatch) -> object:
+    """TF 'has' GPU:0 (`EmulatedGpuBackend`); CuPy is the emulating stand-in. Yields the
+    launch recorder. Skips without TF, and where TF has a real GPU (whose tensors the
+    emulator cannot read: test_gpu_function_on_a_real_gpu runs instead)."""
+    tf = pytest.importorskip("tensorflow", reason="no TensorFlow: the TF entry is not tested")
+    if tf.config.list_logical_devices("GPU"):
+        pytest.skip("TF has a real GPU, whose tensors the emulator cannot read: "
+                    "test_gpu_function_on_a_real_gpu runs instead")
+    from emulated_backend import EmulatedGpuBackend
+
+    from tfxla_lite.runtime import gpu_launch
+
+    recorder = _use_fake_cupy(monkeypatch, emulate=True)
+    with gpu_launch.use_backend(EmulatedGpuBackend()):
+        yield recorder

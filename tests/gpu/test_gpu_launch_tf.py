@@ -25,24 +25,12 @@ tf = pytest.importorskip("tensorflow", reason="no TensorFlow: the TF entry is no
 from emulated_backend import EmulatedGpuBackend  # noqa: E402
 
 import tfxla_lite as tl  # noqa: E402
-from tfxla_lite.codegen.gpu import executable as executable_module  # noqa: E402
 from tfxla_lite.runtime import gpu_launch  # noqa: E402
 
 needs_gxx = pytest.mark.skipif(cuda_emulator.find_compiler() is None, reason="no g++")
 
 
-@pytest.fixture
-def emulated_gpu(monkeypatch: pytest.MonkeyPatch) -> fake_cupy.Recorder:
-    """TF 'has' GPU:0; CuPy is the emulating stand-in. Yields the launch recorder."""
-    if tf.config.list_logical_devices("GPU"):
-        pytest.skip("TF has a real GPU, whose tensors the emulator cannot read: "
-                    "test_gpu_function_on_a_real_gpu runs instead")
-    monkeypatch.setitem(sys.modules, "cupy", fake_cupy.module(emulate=True))
-    monkeypatch.setattr(executable_module, "_modules", {})
-    recorder = fake_cupy.Recorder()
-    monkeypatch.setattr(fake_cupy, "RECORDER", recorder)
-    with gpu_launch.use_backend(EmulatedGpuBackend()):
-        yield recorder
+# `emulated_gpu` (tests/gpu/conftest.py): TF 'has' GPU:0, CuPy is the emulating stand-in.
 
 
 def _model(x: tf.Tensor, n: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, ...]:
@@ -293,8 +281,10 @@ def test_gpu_cluster_nvrtc_refuses_falls_back_to_tf_on_the_gpu(
 
 
 @needs_gxx
-def test_gpu_cluster_with_unknown_dimensions_stays_in_tf(emulated_gpu: fake_cupy.Recorder
-                                                         ) -> None:
+def test_gpu_cluster_with_unknown_dimensions_compiles_at_run_time(
+        emulated_gpu: fake_cupy.Recorder) -> None:
+    """A dimension known only at run time: the GPU cluster compiles for the shape it meets
+    (tests/gpu/test_gpu_dynamic_tf.py covers the run-time specialization)."""
     @tl.function(min_cluster_size=1)
     def unknown(x: tf.Tensor) -> tf.Tensor:
         positive = tf.boolean_mask(x, x > 0.0)  # a dimension known only at run time
@@ -305,9 +295,15 @@ def test_gpu_cluster_with_unknown_dimensions_stays_in_tf(emulated_gpu: fake_cupy
     expected = tf.nn.relu(tf.boolean_mask(x, x > 0.0) * 2.0 - 1.0)
     np.testing.assert_array_equal(unknown(x).numpy(), expected.numpy())
     report = unknown.explain(x)
-    gpu = [c for c in report.clusters if "Relu" in dict(c.ops).values()]
-    assert gpu and not gpu[0].compiled and "GPU:0 clusters need static shapes" in gpu[0].error
-    # (`x > 0`, unplaced, is on the default GPU: its static cluster compiles there.)
+    assert [c.compiled for c in report.clusters] == [True, True, True]
+    # `x > 0`, unplaced, is on the default GPU: its static cluster compiles there; so do,
+    # at run time, boolean_mask's gather after TF's Where (12 elements) and the Relu.
+    (program,) = [p for p in unknown._programs.values()
+                  if any(c.gpu_launch is not None and c.gpu_launch.calls for c in p.compiled)]
+    kinds = [type(c.gpu_launch).__name__ for c in program.compiled]
+    assert kinds == ["GpuLaunch", "GpuDynamicLaunch", "GpuDynamicLaunch"]
+    assert all(c.gpu_launch.calls == 1 for c in program.compiled)
+    assert [c.gpu_launch.stats().compiled for c in program.compiled[1:]] == [1, 1]
 
 
 @needs_gxx

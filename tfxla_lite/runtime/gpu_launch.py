@@ -27,6 +27,11 @@ A cluster on a GPU that does not compile (no CuPy, an unsupported op, NVRTC refu
 source) is left to TF, on the GPU where TF placed it; the clustering report says why
 (the driver's usual fallback). CPU clusters are untouched.
 
+A GPU cluster with unknown dimensions becomes a `GpuDynamicLaunch`: the same nodes, and
+a call compiles its input signature at first sight through the cluster's
+`tfxla_lite.dynamic.DynamicCluster` (bounded in auto mode, after which the cluster's TF
+ops run), as the CPU launch op does with its compile callback.
+
 `GpuBackend` is how this module meets devices: which GPUs TF has, where a tensor lives,
 and the `cupy` module the executable runs with. The default one is CuPy on CUDA; the
 tests install one that runs the same code on the CPU emulator of `tests/gpu`
@@ -42,12 +47,14 @@ import functools
 import logging
 import re
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import tensorflow as tf
 
 from tfxla_lite.hlo.ir import HloModule
+from tfxla_lite.runtime import loader
 
 logger = logging.getLogger("tfxla_lite")
 
@@ -234,8 +241,18 @@ def _invalid(message: str) -> LaunchArgumentError:
     return LaunchArgumentError(None, None, message)
 
 
-def _shape_text(dtype: tf.DType, shape: Sequence[int]) -> str:
-    return f"{dtype.name}[{','.join(str(d) for d in shape)}]"
+def _shape_text(dtype: tf.DType, shape: Sequence[int | None]) -> str:
+    return f"{dtype.name}[{','.join('?' if d is None else str(d) for d in shape)}]"
+
+
+def _fits(dims: tuple[int, ...], shape: tuple[int | None, ...]) -> bool:
+    """Whether concrete `dims` fit `shape`, whose unknown dimensions are None."""
+    return len(dims) == len(shape) and all(w is None or d == w for d, w in zip(dims, shape))
+
+
+def _dims(shape: Any) -> tuple[int | None, ...]:
+    """Static or partial dims (None where unknown) of a shape-like of known rank."""
+    return tuple(tf.TensorShape(shape).as_list())
 
 
 class GpuLaunch:
@@ -256,9 +273,8 @@ class GpuLaunch:
         self.executable = executable
         self.device = device
         self.backend = _backend
-        self.input_specs = [(tf.as_dtype(d), tuple(int(n) for n in s)) for d, s in input_specs]
-        self.output_specs = [(tf.as_dtype(d), tuple(int(n) for n in s))
-                             for d, s in output_specs]
+        self.input_specs = [(tf.as_dtype(d), _dims(s)) for d, s in input_specs]
+        self.output_specs = [(tf.as_dtype(d), _dims(s)) for d, s in output_specs]
         self._check_outputs()
         # What EagerPyFunc hands over and takes back, and the NumPy dtype to view each
         # array as inside (None: as it comes).
@@ -297,7 +313,8 @@ class GpuLaunch:
             raise _invalid(f"tfxla-lite GPU launch {self.key}: {len(self.input_specs)} "
                            f"inputs expected, got {len(tensors)}")
         for i, (tensor, (dtype, shape)) in enumerate(zip(tensors, self._wire_inputs)):
-            if tensor.dtype != dtype or tuple(tensor.shape) != shape:
+            dims = tuple(tensor.shape)
+            if tensor.dtype != dtype or (dims != shape and not _fits(dims, shape)):
                 raise _invalid(f"tfxla-lite GPU launch {self.key}: input {i} is "
                                f"{_shape_text(tensor.dtype, tensor.shape)}, compiled for "
                                f"{_shape_text(dtype, shape)}")
@@ -305,6 +322,11 @@ class GpuLaunch:
     def __call__(self, *tensors: Any) -> list[Any]:
         """Run on eager tensors (what TF's EagerPyFunc kernel passes); TF tensors out."""
         self.check_inputs(tensors)
+        return self._launch(self.executable, tensors, self._input_views)
+
+    def _launch(self, executable: Any, tensors: Sequence[Any],
+                input_views: Sequence[Any]) -> list[Any]:
+        """Run `executable` on `tensors` (its parameters, on the wire, checked)."""
         cupy = self._cupy
         if cupy is None:
             cupy = self._cupy = self.backend.cupy()
@@ -313,14 +335,14 @@ class GpuLaunch:
             # TF's stream has finished writing the inputs (docs/gpu.md: the two syncs).
             device.synchronize()
             arrays = []
-            for tensor, view in zip(tensors, self._input_views):
+            for tensor, view in zip(tensors, input_views):
                 if tensor_gpu(tensor) == self.device:
                     array = to_device_array(tensor, self.device, cupy)
                 else:  # defensive: TF should deliver every input on the GPU
                     self.copied_inputs += 1
                     array = cupy.asarray(tensor.numpy())
                 arrays.append(array if view is None else array.view(view))
-            outputs = self.executable.run_checked(cupy, arrays)
+            outputs = executable.run_checked(cupy, arrays)
             device.synchronize()  # ours has finished writing the outputs
         self.calls += 1
         return [to_tensor(o if view is None else o.view(view))
@@ -375,3 +397,109 @@ class GpuLaunch:
         cast.attr["T"].type = from_type.as_datatype_enum
         cast.attr["type"].type = to_type.as_datatype_enum
         return name
+
+
+# -- clusters with unknown dimensions ------------------------------------------------------
+
+@dataclass(frozen=True)
+class GpuSpecialization:
+    """A GPU executable for one input signature of a cluster with unknown dimensions.
+    `param_inputs`: the launch inputs passed to it, in order (value-keyed inputs are
+    embedded in its code); `output_specs`: its outputs' dtypes and static shapes."""
+
+    executable: Any
+    param_inputs: tuple[int, ...]
+    output_specs: tuple[TensorSpecLike, ...]
+
+
+class GpuDynamicLaunch(GpuLaunch):
+    """A GPU cluster with unknown dimensions, compiled per input signature at run time.
+
+    The same nodes as a `GpuLaunch` (the EnsureShapes keep the unknown dimensions); a call
+    works out its signature as the CPU launch op does (every input's shape, the values of
+    the value-keyed ones) and looks it up in its cache, as the op's. A new one goes to
+    `specialize` (a `tfxla_lite.dynamic.DynamicCluster` of this GPU, which compiles it with
+    `compile_cluster`, counts it against the auto-mode bound and logs the bound once),
+    which answers a `GpuSpecialization`, a `loader.Refusal`, or raises (must-compile: the
+    error, as the CPU launch op reports it). For a refused signature the cluster's own TF
+    ops (`fallback`, a ConcreteFunction over the launch inputs) run on this GPU, from
+    inside the launch: the CPU's `StatelessIf` on `TfxlaLiteCompile` needs the C++ op,
+    whose kernel is CPU-only.
+    """
+
+    def __init__(self, key: str, device: int, input_specs: Sequence[TensorSpecLike],
+                 output_specs: Sequence[TensorSpecLike], value_inputs: Sequence[int],
+                 specialize: Callable[[loader.SpecializationRequest], Any],
+                 fallback: Any = None) -> None:
+        super().__init__(key, None, device, input_specs, output_specs)
+        self.value_inputs = tuple(value_inputs)
+        self.specialize = specialize
+        self.fallback = fallback
+        self._cache: dict[Any, GpuSpecialization | None] = {}  # signature -> None: refused
+        self._lock = threading.Lock()
+        self.refuses_all_new = False
+        self.refused = 0
+        self.fallback_calls = 0
+
+    def stats(self) -> loader.DynamicStats:
+        """Signatures compiled and refused, as `loader.dynamic_stats` counts a CPU key's."""
+        compiled = sum(s is not None for s in self._cache.values())
+        return loader.DynamicStats(compiled, self.refused, self.refuses_all_new)
+
+    def __call__(self, *tensors: Any) -> list[Any]:
+        self.check_inputs(tensors)
+        values = {j: self._host_value(j, tensors[j]) for j in self.value_inputs}
+        request = loader.SpecializationRequest(
+            tuple(d for d, _ in self.input_specs), tuple(tuple(t.shape) for t in tensors),
+            values)
+        specialization = self._specialization(request)
+        if specialization is None:
+            return self._run_fallback(tensors)
+        params = [tensors[j] for j in specialization.param_inputs]
+        views = [self._input_views[j] for j in specialization.param_inputs]
+        return self._launch(specialization.executable, params, views)
+
+    def _host_value(self, j: int, tensor: Any) -> Any:
+        """A value-keyed input's value (a few integers; int32 arrives as uint32)."""
+        array = tensor.numpy()
+        view = self._input_views[j]
+        return array if view is None else array.view(view)
+
+    def _specialization(self, request: loader.SpecializationRequest
+                        ) -> GpuSpecialization | None:
+        signature = request.signature
+        found = self._cache.get(signature, False)
+        if found is not False:
+            return found
+        # Serialized, as the launch op serializes a cluster's misses: the counts stay exact.
+        with self._lock:
+            if signature in self._cache:
+                return self._cache[signature]
+            if self.refuses_all_new:
+                return None
+            try:
+                result = self.specialize(request)
+            except Exception as error:
+                raise _invalid(f"tfxla-lite GPU launch {self.key}: compiling for these input "
+                               f"shapes failed: {type(error).__name__}: {error}") from error
+            if isinstance(result, loader.Refusal):
+                self.refused += 1
+                if result.for_all_new:
+                    self.refuses_all_new = True
+                    return None
+                result = None
+            self._cache[signature] = result
+            return result
+
+    def _run_fallback(self, tensors: Sequence[Any]) -> list[Any]:
+        """The cluster's TF ops on this GPU, on the launch inputs; wire dtypes out."""
+        if self.fallback is None:
+            raise _invalid(f"tfxla-lite GPU launch {self.key}: no code for these input "
+                           "shapes and no fallback")
+        self.fallback_calls += 1
+        inputs = [t if wire_dtype(d) == d else tf.bitcast(t, d)
+                  for t, (d, _) in zip(tensors, self.input_specs)]
+        with tf.device(self.device_name):
+            outputs = self.fallback(*inputs)
+        return [o if wire_dtype(d) == d else tf.bitcast(o, wire_dtype(d))
+                for o, (d, _) in zip(tf.nest.flatten(outputs), self.output_specs)]
