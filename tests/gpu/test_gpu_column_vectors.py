@@ -12,8 +12,8 @@ import re
 
 import cuda_emulator
 import fake_cupy
-import numpy as np
 import pytest
+from emulated_runs import assert_same_bits_on_one_and_three_blocks, run_placed
 from gpu_checks import assert_matches
 from gpu_modules import MODULES
 from hlo_builders import flatten, random_arguments
@@ -58,19 +58,6 @@ def test_gpu_column_kernels_read_by_vector_where_the_minor_dimension_allows(name
     assert "(reinterpret_cast<unsigned long long>(in0) & 15) == 0" in program.body
 
 
-def _run(name: str, args: list[np.ndarray], misalign: bool = False) -> list[np.ndarray]:
-    executable = compile_module(MODULES[name](), verify=True)
-    inputs = []
-    for array in args:
-        shift = 2 if misalign else 0
-        raw = fake_cupy._aligned_zeros((array.nbytes + shift,), np.uint8)
-        view = raw[shift:shift + array.nbytes].view(array.dtype).reshape(array.shape)
-        view[...] = array
-        inputs.append(fake_cupy.FakeArray(view, raw, shift))
-    cupy = fake_cupy.module(emulate=True)
-    return [np.asarray(o.array) for o in executable.run_checked(cupy, inputs)]
-
-
 @needs_gxx
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_gpu_emulated_column_vectors_match_the_evaluator_and_the_element_kernel(
@@ -82,14 +69,14 @@ def test_gpu_emulated_column_vectors_match_the_evaluator_and_the_element_kernel(
     args = random_arguments(MODULES[name]())
     expected = flatten(evaluate(MODULES[name](), *args))
     cuda_emulator.vector_accesses()
-    aligned = _run(name, args)
+    aligned = run_placed(name, args)
     assert_matches(aligned, expected, name)
     loads, _, misaligned = cuda_emulator.vector_accesses()
     assert misaligned == 0
     elements = MODULES[name]().entry.parameters[0].shape.num_elements
     lanes = 4 if MODULES[name]().entry.parameters[0].shape.element_type == "f32" else 8
     assert loads == (elements // lanes if group > 1 else 0)
-    shifted = _run(name, args, misalign=True)
+    shifted = run_placed(name, args, misalign=True)
     assert cuda_emulator.vector_accesses()[0] == 0
     monkeypatch.setattr(kernels, "column_group", lambda inst, reduces: 1)
     one = compile_module(MODULES[name](), verify=True)
@@ -104,13 +91,7 @@ def test_gpu_emulated_column_vectors_do_not_depend_on_the_grid(
         emulated: fake_cupy.Recorder, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two tiles (128 + 8 outputs) on one block, which strides over both and reuses the
     shared arrays, and on three: the same bits."""
-    name = "column_vector_partial_tile"
-    args = random_arguments(MODULES[name]())
-    results = []
-    for blocks in (1, 3):
-        monkeypatch.setattr(cuda_emulator, "MAX_BLOCKS", blocks)
-        results.append(compile_module(MODULES[name]()).run_numpy(*args)[0])
-    assert results[0].tobytes() == results[1].tobytes()
+    assert_same_bits_on_one_and_three_blocks("column_vector_partial_tile", monkeypatch)
 
 
 @pytest.mark.skipif(find_nvcc() is None, reason="nvcc not found (CUDA toolkit)")

@@ -13,6 +13,7 @@ import cuda_emulator
 import fake_cupy
 import gpu_corpus
 import pytest
+from emulated_runs import assert_same_bits_on_one_and_three_blocks
 from gpu_checks import assert_matches, edge_arguments
 from gpu_modules import MODULES, NOT_RUN
 from hlo_builders import flatten, random_arguments
@@ -57,13 +58,7 @@ def test_gpu_every_module_emulated_matches_the_evaluator(emulated: fake_cupy.Rec
 def test_gpu_emulated_results_do_not_depend_on_the_grid(
         emulated: fake_cupy.Recorder, monkeypatch: pytest.MonkeyPatch) -> None:
     """Grid-stride loops and fixed fold trees: one block or three, the same bits."""
-    name = "row_reduce_block"
-    args = random_arguments(MODULES[name]())
-    results = []
-    for blocks in (1, 3):
-        monkeypatch.setattr(cuda_emulator, "MAX_BLOCKS", blocks)
-        results.append(compile_module(MODULES[name]()).run_numpy(*args)[0])
-    assert results[0].tobytes() == results[1].tobytes()
+    assert_same_bits_on_one_and_three_blocks("row_reduce_block", monkeypatch)
 
 
 @pytest.mark.parametrize(("rows", "width"), [(20, 100), (6, 600)])

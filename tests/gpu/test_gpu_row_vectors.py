@@ -15,8 +15,8 @@ import re
 
 import cuda_emulator
 import fake_cupy
-import numpy as np
 import pytest
+from emulated_runs import run_placed
 from gpu_checks import assert_matches
 from gpu_modules import MODULES
 from hlo_builders import flatten, random_arguments
@@ -127,21 +127,6 @@ def test_gpu_temp_alignment_is_proven_from_the_buffer_plan() -> None:
     assert re.search(r"for \(int g\d+ = lane; g\d+ < \d+;", shifted)  # the same order
 
 
-def _run(name: str, args: list[np.ndarray], misalign: bool = False) -> list[np.ndarray]:
-    """Run on the emulator with every parameter placed as CuPy would (256-byte aligned),
-    or 2 bytes off (`misalign`)."""
-    executable = compile_module(MODULES[name](), verify=True)
-    inputs = []
-    for array in args:
-        shift = 2 if misalign else 0
-        raw = fake_cupy._aligned_zeros((array.nbytes + shift,), np.uint8)
-        view = raw[shift:shift + array.nbytes].view(array.dtype).reshape(array.shape)
-        view[...] = array
-        inputs.append(fake_cupy.FakeArray(view, raw, shift))
-    cupy = fake_cupy.module(emulate=True)
-    return [np.asarray(o.array) for o in executable.run_checked(cupy, inputs)]
-
-
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_gpu_row_vector_kernels_match_the_evaluator(emulated: fake_cupy.Recorder,
                                                     name: str) -> None:
@@ -153,7 +138,7 @@ def test_gpu_row_vector_kernels_match_the_evaluator(emulated: fake_cupy.Recorder
     args = random_arguments(MODULES[name]())
     expected = flatten(evaluate(MODULES[name](), *args))
     cuda_emulator.vector_accesses()
-    aligned = _run(name, args)
+    aligned = run_placed(name, args)
     assert_matches(aligned, expected, f"{name} (emulated)")
     loads, stores, misaligned = cuda_emulator.vector_accesses()
     assert misaligned == 0
@@ -163,7 +148,7 @@ def test_gpu_row_vector_kernels_match_the_evaluator(emulated: fake_cupy.Recorder
     rows, width = MODULES[name]().entry.parameters[0].shape.dims[-2:]
     assert loads == _stages(name) * rows * width // lanes  # every element, by vector, once
     assert stores == (rows * width // lanes if _stages(name) == 3 else 0)
-    shifted = _run(name, args, misalign=True)
+    shifted = run_placed(name, args, misalign=True)
     # in0 is 2 bytes off: its loads go element by element; the output is CuPy's, aligned.
     assert cuda_emulator.vector_accesses() == (0, stores, 0)
     for one, other in zip(aligned, shifted, strict=True):
