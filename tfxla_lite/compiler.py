@@ -557,17 +557,10 @@ def overlap_llvm() -> bool:
 def tiered_llvm() -> bool:
     """Whether a compile-cache miss runs first on quick-tier code (the O1 pipeline, code
     generation at level 0) while the O3 code compiles in the background:
-    `TFXLA_LITE_TIERED=1` (on), `0` (off); unset: `TIERED_DEFAULT`. Only O3 code is cached
-    either way (codegen/cpu/tiers.py; measurements in docs/benchmarks.md, "A tiered
-    LLVM compile")."""
-    value = os.environ.get("TFXLA_LITE_TIERED", "").strip().lower()
-    if not value:
-        return TIERED_DEFAULT
-    return value not in code_caches._OFF
-
-
-# The default of `TFXLA_LITE_TIERED`; docs/benchmarks.md, "A tiered LLVM compile".
-TIERED_DEFAULT = True
+    `TFXLA_LITE_TIERED`, on unless 0, off, false, no or none (`cache.switched_off`). Only
+    O3 code is cached either way (codegen/cpu/tiers.py; measurements in
+    docs/benchmarks.md, "A tiered LLVM compile")."""
+    return not code_caches.switched_off("TFXLA_LITE_TIERED")
 
 
 def _tiered(options: Options) -> bool:

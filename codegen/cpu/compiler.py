@@ -407,7 +407,7 @@ def compile(module: HloModule, assignment: Any, hlo_text: str = "",
     at level 0), and the O3 compile of the same IR goes on in the background; when it is
     done the executable switches to the O3 code (`TieredExecutable`). Only the O3 code
     goes into the caches; a cache hit has no quick tier, and neither has a module with
-    a large dot (`tiers.worth_tiering`).
+    register-blocked dots (`tiers.worth_tiering`).
     """
     team = parallel.effective_threads(threads)
     entry = module.entry
@@ -435,20 +435,20 @@ def compile(module: HloModule, assignment: Any, hlo_text: str = "",
         code = kernel_cache.disk_load(key, signature)
     if code is None and tiered and tiers.worth_tiering(module):
         emitted = _emit_code(module, assignment, team, donations)
-        quick = _quick_code(emitted)
+        quick = tiers.quick_code(emitted.split.parts, ENTRY_NAME, emitted.split.exported)
         executable = TieredExecutable(
             **described, kernel_count=emitted.kernel_count, llvm_ir=emitted.split.text,
             llvm_ir_optimized=None, entry_address=quick.entry_address, engine=quick.engine,
             compiled_from="llvm", quick=quick)
         kernel_cache.count("llvm_compilations")  # its O3 compile, certain to be tried
-        job = _submit(_o3_tier, executable, emitted, key, signature, caches)
+        job = tiers.submit(tiers.o3_tier, executable, emitted, key, signature, caches)
         executable.start(job)
         if caches.memory:
             kernel_cache.memory_pending(key, job)
         return executable
     if code is None and background:
         emitted = _emit_code(module, assignment, team, donations)
-        job = _submit(_finish_code, emitted, key, signature, caches)
+        job = tiers.submit(_finish_code, emitted, key, signature, caches)
         return PendingExecutable(
             **described, kernel_count=emitted.kernel_count, llvm_ir=emitted.split.text,
             llvm_ir_optimized=None, entry_address=None, engine=None, compiled_from="llvm",
@@ -494,8 +494,7 @@ def _o3_machine_code(emitted: EmittedModule, threads: int | None = None
     """`_machine_code`'s work, on at most `threads` threads (`engine.compile_parts`), not
     counted (a tiered compile counts its module when it starts)."""
     split = emitted.split
-    parts = (engine.compile_parts(split.parts) if threads is None
-             else engine.compile_parts(split.parts, threads=threads))
+    parts = engine.compile_parts(split.parts, threads=threads)
     execution_engine = engine.load_objects(parts.objects)
     address = execution_engine.get_function_address(ENTRY_NAME)
     return kernel_cache.CompiledCode(
@@ -580,22 +579,6 @@ def _emit_code(module: HloModule, assignment: Any, team: int,
     split = module_split.split_module(llvm_module, ENTRY_NAME, engine.optimizer_threads(),
                                       engine.PARALLEL_IR_BYTES, kernels.texts)
     return EmittedModule(split, kernel_count)
-
-
-def _submit(function: Callable[..., Any], *args: Any) -> concurrent.futures.Future:
-    """Run `function(*args)` on the process's background compile thread (`tiers.py`)."""
-    return tiers.submit(function, *args)
-
-
-def _quick_code(emitted: EmittedModule) -> tiers.QuickCode:
-    """The quick tier of a tiered compile, on this thread (`tiers.quick_code`)."""
-    return tiers.quick_code(emitted.split.parts, ENTRY_NAME, emitted.split.exported)
-
-
-def _o3_tier(executable: TieredExecutable, emitted: EmittedModule, key: str,
-             signature: dict[str, Any], caches: kernel_cache.CachePolicy
-             ) -> kernel_cache.CompiledCode:
-    return tiers.o3_tier(executable, emitted, key, signature, caches)
 
 
 class PendingExecutable(Executable):

@@ -265,7 +265,7 @@ _exit_deadline: float | None = None
 
 def submit(function: Callable[..., Any], *args: Any) -> concurrent.futures.Future:
     """Run `function(*args)` on the process's background compile thread; the future is
-    one `wait_for_background` waits for."""
+    one `wait_for_compiles` waits for."""
     job = _pool_of_process(os.getpid()).submit(function, *args)
     jobs = _outstanding_of_process(os.getpid())
     with _outstanding_lock:
@@ -279,9 +279,13 @@ def _forget(job: concurrent.futures.Future) -> None:
         _outstanding_of_process(os.getpid()).discard(job)
 
 
-def wait_for_background(timeout: float | None = None) -> bool:
-    """Wait until every background compile of this process submitted so far (and any
-    they lead to) is over; whether they all are (False: `timeout` seconds passed)."""
+def wait_for_compiles(timeout: float | None = None) -> bool:
+    """`tfxla_lite.wait_for_compiles()`: wait until every background LLVM compile of the
+    process submitted so far (and any they lead to) is over, so that from then on every
+    executable runs its O3 code (`TFXLA_LITE_TIERED`) and the disk caches hold it;
+    benchmarks call it before timing steady state. False when `timeout` seconds passed
+    first. An O3 compile that failed is not raised here: it was logged, and its
+    executable keeps its quick-tier code (`Executable.tier`, `tier_error`)."""
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         with _outstanding_lock:
@@ -292,16 +296,6 @@ def wait_for_background(timeout: float | None = None) -> bool:
         _, running = concurrent.futures.wait(jobs, left)
         if running and deadline is not None and time.monotonic() >= deadline:
             return False
-
-
-def wait_for_compiles(timeout: float | None = None) -> bool:
-    """`tfxla_lite.wait_for_compiles()`: wait until every background LLVM compile of the
-    process is over, so that from then on every executable runs its O3 code
-    (`TFXLA_LITE_TIERED`) and the disk caches hold it; benchmarks call it before timing
-    steady state. False when `timeout` seconds passed first. An O3 compile that failed
-    is not raised here: it was logged, and its executable keeps its quick-tier code
-    (`Executable.tier`, `tier_error`)."""
-    return wait_for_background(timeout)
 
 
 @functools.cache

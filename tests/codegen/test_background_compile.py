@@ -32,8 +32,8 @@ def test_a_background_compile_makes_the_same_code_and_bits(monkeypatch) -> None:
     objects: list[tuple[bytes, ...]] = []
     compile_parts = engine.compile_parts
 
-    def keeping(texts: list[str], *rest: Any) -> engine.CompiledParts:
-        compiled = compile_parts(texts, *rest)
+    def keeping(texts: list[str], *rest: Any, **options: Any) -> engine.CompiledParts:
+        compiled = compile_parts(texts, *rest, **options)
         objects.append(compiled.objects)
         return compiled
 
@@ -83,7 +83,7 @@ def test_readers_wait_until_llvm_is_done(monkeypatch) -> None:
 
 
 def test_llvms_error_reaches_every_reader(monkeypatch) -> None:
-    def failing(texts: list[str], *rest: Any) -> engine.CompiledParts:
+    def failing(texts: list[str], *rest: Any, **options: Any) -> engine.CompiledParts:
         raise RuntimeError("LLVM IR parsing error: made up for the test")
 
     monkeypatch.setattr(engine, "compile_parts", failing)

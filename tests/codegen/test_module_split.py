@@ -167,9 +167,9 @@ def test_an_executable_optimized_in_parts_computes_the_same_bits(monkeypatch) ->
     part_counts = []
     compile_parts = engine.compile_parts
 
-    def counting(texts: list[str], *rest: Any) -> engine.CompiledParts:
+    def counting(texts: list[str], *rest: Any, **options: Any) -> engine.CompiledParts:
         part_counts.append(len(texts))
-        return compile_parts(texts, *rest)
+        return compile_parts(texts, *rest, **options)
 
     monkeypatch.setattr(engine, "PARALLEL_IR_BYTES", 0)
     monkeypatch.setattr(engine, "optimizer_threads", lambda: 3)
@@ -222,8 +222,8 @@ def test_the_parts_objects_hold_the_whole_modules_machine_code(monkeypatch) -> N
     compiled: list[tuple[list[str], engine.CompiledParts]] = []
     compile_parts = engine.compile_parts
 
-    def keeping(texts: list[str], *rest: Any) -> engine.CompiledParts:
-        compiled.append((texts, compile_parts(texts, *rest)))
+    def keeping(texts: list[str], *rest: Any, **options: Any) -> engine.CompiledParts:
+        compiled.append((texts, compile_parts(texts, *rest, **options)))
         return compiled[-1][1]
 
     monkeypatch.setattr(engine, "PARALLEL_IR_BYTES", 0)
