@@ -651,4 +651,3 @@ def _emit_row(ctx: KernelContext, tile: Tile, row: ir.Value, finish: Finish) -> 
     with ctx.loop(tile.col1, name="last.j", start=tile.col0) as col:
         total = b.fadd(b.load(out(col), typ=etype), b.fmul(coefficient, rhs(last, col)))
         finish(col, total, out(col))
-

@@ -308,16 +308,20 @@ class GpuLaunch:
                              f"{[_shape_text(*m) for m in made]}, the graph expects "
                              f"{[_shape_text(*o) for o in self.output_specs]}")
 
-    def check_inputs(self, tensors: Sequence[Any]) -> None:
+    def check_inputs(self, tensors: Sequence[Any]) -> tuple[tuple[int, ...], ...]:
+        """Raises unless `tensors` are what the launch was compiled for; their shapes."""
         if len(tensors) != len(self._wire_inputs):
             raise _invalid(f"tfxla-lite GPU launch {self.key}: {len(self.input_specs)} "
                            f"inputs expected, got {len(tensors)}")
+        shapes = []
         for i, (tensor, (dtype, shape)) in enumerate(zip(tensors, self._wire_inputs)):
             dims = tuple(tensor.shape)
             if tensor.dtype != dtype or (dims != shape and not _fits(dims, shape)):
                 raise _invalid(f"tfxla-lite GPU launch {self.key}: input {i} is "
                                f"{_shape_text(tensor.dtype, tensor.shape)}, compiled for "
                                f"{_shape_text(dtype, shape)}")
+            shapes.append(dims)
+        return tuple(shapes)
 
     def __call__(self, *tensors: Any) -> list[Any]:
         """Run on eager tensors (what TF's EagerPyFunc kernel passes); TF tensors out."""
@@ -435,6 +439,7 @@ class GpuDynamicLaunch(GpuLaunch):
         self.value_inputs = tuple(value_inputs)
         self.specialize = specialize
         self.fallback = fallback
+        self._input_dtypes = tuple(d for d, _ in self.input_specs)
         self._cache: dict[Any, GpuSpecialization | None] = {}  # signature -> None: refused
         self._lock = threading.Lock()
         self.refuses_all_new = False
@@ -447,11 +452,9 @@ class GpuDynamicLaunch(GpuLaunch):
         return loader.DynamicStats(compiled, self.refused, self.refuses_all_new)
 
     def __call__(self, *tensors: Any) -> list[Any]:
-        self.check_inputs(tensors)
+        shapes = self.check_inputs(tensors)
         values = {j: self._host_value(j, tensors[j]) for j in self.value_inputs}
-        request = loader.SpecializationRequest(
-            tuple(d for d, _ in self.input_specs), tuple(tuple(t.shape) for t in tensors),
-            values)
+        request = loader.SpecializationRequest(self._input_dtypes, shapes, values)
         specialization = self._specialization(request)
         if specialization is None:
             return self._run_fallback(tensors)
