@@ -164,9 +164,7 @@ class Program:
             return ""
         from tfxla_lite.codegen.gpu.inspection import STAGES as GPU_STAGES
 
-        # 'CPU', or 'GPU:i' for a cluster the GPU backend compiled, and its stages.
-        devices = [f"GPU:{c.executable.device_id}"
-                   if hasattr(type(c.executable), "cuda_source") else "CPU" for c in compiled]
+        devices = [dump.device_of(c.executable) for c in compiled]  # and their stages:
         cpu_stages = tuple(s for s in texts if s not in ("cuda", "kernel_plan"))
         stages = {d: cpu_stages if d == "CPU" else GPU_STAGES for d in devices}
         if not any(stage in stages[d] for d in devices):

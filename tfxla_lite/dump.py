@@ -130,7 +130,7 @@ def _dump_cluster(directory: str, function_name: str, cluster_name: str, hlo_tex
         module=executable.module, assignment=executable.assignment,
         compile_seconds=compile_seconds, kernel_count=executable.kernel_count, flops=flops,
         transcendentals=transcendentals, bytes_accessed=bytes_accessed, files=list(texts),
-        device="CPU" if gpu is None else f"GPU:{executable.device_id}",
+        device=device_of(executable),
         cuda_source=gpu[f"{prefix}.cu"] if gpu else "",
         kernel_plan=gpu[f"{prefix}.kernel-plan.txt"] if gpu else "")
     with _lock:
@@ -140,16 +140,24 @@ def _dump_cluster(directory: str, function_name: str, cluster_name: str, hlo_tex
             _write_report(directory, session)
 
 
+def device_of(executable: Any) -> str:
+    """"CPU", or "GPU:i" for an executable the GPU backend built (it has CUDA source):
+    the device dumps, the report and `experimental_get_compiler_ir` name."""
+    if hasattr(type(executable), "cuda_source"):
+        return f"GPU:{executable.device_id}"
+    return "CPU"
+
+
 def gpu_texts(executable: Any, prefix: str) -> dict[str, str] | None:
     """A GPU cluster's files in place of the CPU's LLVM IR: its CUDA C and its kernel
     plan (`codegen/gpu/inspection.py`); None for a CPU executable."""
-    if not hasattr(type(executable), "cuda_source"):
+    device = device_of(executable)
+    if device == "CPU":
         return None
     from tfxla_lite.codegen.gpu.inspection import kernel_plan_text
 
     cu = f"{prefix}.cu"
-    plan = kernel_plan_text(executable.program, executable.temp_bytes,
-                            f"GPU:{executable.device_id}", cu_name=cu)
+    plan = kernel_plan_text(executable.program, executable.temp_bytes, device, cu_name=cu)
     return {cu: executable.cuda_source, f"{prefix}.kernel-plan.txt": plan}
 
 
