@@ -108,24 +108,21 @@ def _fresh_cache() -> Path:
 
 
 def _spawn(variant: str, name: str, quick: bool, cache: Path | None) -> dict[str, Any]:
-    """Run one child; its JSON, with `process_seconds` (its whole run) and `exit_seconds`
-    (from its last statement to its end)."""
+    """Run one child; its JSON, with `exit_seconds` (from its last statement to its
+    end)."""
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     env.pop("TFXLA_LITE_CACHE", None)
     if cache is not None:
         env["TFXLA_LITE_CACHE_DIR"] = str(cache)
     command = [sys.executable, "-m", "benchmarks.startup", "--child", variant, name]
     command += ["--quick"] if quick else []
-    started = time.perf_counter()
     result = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT,
                             timeout=900)
-    process_seconds = time.perf_counter() - started
     exited_at = time.time()
     if result.returncode != 0:
         raise RuntimeError(f"{variant} {name} failed:\n{result.stderr[-3000:]}")
     found = json.loads(result.stdout.strip().splitlines()[-1])
-    return {**found, "process_seconds": process_seconds,
-            "exit_seconds": exited_at - found.get("ended_at", exited_at)}
+    return {**found, "exit_seconds": exited_at - found.get("ended_at", exited_at)}
 
 
 def measure(names: list[str], repeats: int, quick: bool) -> dict[str, dict[str, Any]]:
