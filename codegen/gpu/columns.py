@@ -26,6 +26,7 @@ from tfxla_lite.codegen.gpu.templates import (
     _output_names,
     _parts,
     _signature,
+    _split_by_reduce,
     store_groups,
     store_values,
 )
@@ -98,7 +99,7 @@ def fold_columns(ctx: KernelContext, reduces: list[Instruction], outputs: list[l
             accumulators = [w.fresh("acc") for _ in inits]
             for c_type, accumulator, init in zip(types, accumulators, init_values):
                 w.line(f"{c_type} {accumulator} = {init};")
-            lanes.append(_split_by_reduce(accumulators, parts))
+            lanes.append(_split_by_reduce(accumulators, reduces))
         w.line("bool has = false;")
         w.open(f"if (o < {outputs_count})")
         with ctx.scope():
@@ -146,30 +147,20 @@ def fold_columns(ctx: KernelContext, reduces: list[Instruction], outputs: list[l
                 w.open(f"for (int s = 0; s < {tile_y}; ++s)")
                 w.open(f"if ({shared_has}[s][{tx}])")
                 with ctx.scope():
-                    partials = _split_by_reduce([f"{a}[s][{column}]" for a in shared], parts)
+                    partials = _split_by_reduce([f"{a}[s][{column}]" for a in shared], reduces)
                     for r, accumulators, values in zip(
-                            reduces, _split_by_reduce(results, parts), partials):
+                            reduces, _split_by_reduce(results, reduces), partials):
                         _fold_into(ctx, r, accumulators, values, "true")
                 w.close()
                 w.close()
                 at = "o" if e == 0 else f"o + {e}"
                 for pointers, init_list, accumulators in zip(
-                        outputs, [i for _, i in parts], _split_by_reduce(results, parts)):
+                        outputs, [i for _, i in parts], _split_by_reduce(results, reduces)):
                     for pointer, init, result in zip(pointers, init_list, accumulators):
                         w.line(f"{pointer}[{at}] = {to_storage(init.shape.element_type, result)};")
         w.close()
         w.line("__syncthreads();")
     w.close()
-
-
-def _split_by_reduce(names: list[str], parts: list[tuple[list[Instruction], list[Instruction]]]
-                     ) -> list[list[str]]:
-    """`names` (one per init value of every reduce, in order) grouped by reduce."""
-    groups, start = [], 0
-    for _, inits in parts:
-        groups.append(names[start:start + len(inits)])
-        start += len(inits)
-    return groups
 
 
 __all__ = ["emit_column_reduction", "fold_columns"]

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tfxla_lite.codegen.gpu.cuda_source import identifier
-from tfxla_lite.codegen.gpu.row_vectors import VECTOR_BYTES, VECTOR_TYPES
+from tfxla_lite.codegen.gpu.row_vectors import VECTOR_BYTES, VECTOR_TYPES, read_at_own_index
 from tfxla_lite.hlo.ir import Instruction
 from tfxla_lite.hlo.opcodes import is_elementwise
 from tfxla_lite.passes.row_fusion import plan_row_fusion
@@ -195,7 +195,8 @@ def column_group(inst: Instruction, reduces: list[Instruction]) -> int:
     reduces' inputs read at their own index (through elementwise ops, reshapes and
     bitcasts), when the operand's minor dimension is kept and a multiple of G (so each
     thread's G outputs are G consecutive elements of every reduced row, from a multiple
-    of G); else 1. `columns.fold_columns` finds the same buffers in its context."""
+    of G); else 1. The buffers are found by `row_vectors.read_at_own_index`, the walk
+    `columns.fold_columns` makes again in its context."""
     operand = reduces[0].operand(0)
     dims = operand.shape.dims
     if not dims or any(len(dims) - 1 in r.dimensions for r in reduces):
@@ -204,23 +205,11 @@ def column_group(inst: Instruction, reduces: list[Instruction]) -> int:
         buffers = {id(p) for p in inst.fused_computation.parameters}
     else:
         buffers = {id(o) for o in inst.operands}
-    sizes, seen = [], set()
-    stack = [i for r in reduces for i in r.operands[:len(r.operands) // 2]]
-    while stack:
-        node = stack.pop()
-        if id(node) in seen or node.shape.is_tuple or \
-                node.shape.num_elements != operand.shape.num_elements:
-            continue
-        seen.add(id(node))
-        if id(node) in buffers:
-            if node.shape.element_type in VECTOR_TYPES and node.shape.dims:
-                sizes.append(VECTOR_TYPES[node.shape.element_type])
-            continue
-        if is_elementwise(node.opcode) or node.opcode in ("reshape", "bitcast"):
-            stack.extend(node.operands)
-    if not sizes:
+    read = read_at_own_index([i for r in reduces for i in r.operands[:len(r.operands) // 2]],
+                             buffers)
+    if not read:
         return 1
-    group = VECTOR_BYTES // min(sizes)
+    group = VECTOR_BYTES // min(VECTOR_TYPES[b.shape.element_type] for b in read)
     return group if dims[-1] % group == 0 else 1
 
 
@@ -514,10 +503,12 @@ def _column_groups(inst: Instruction, leaves: list[Instruction],
 
 
 def _loop_phase(inst: Instruction, leaves: list[Instruction], n: int,
-                groups: list[list[int]], assignment: Any) -> tuple[int | None, str]:
+                groups: list[list[int]], column_groups: dict[int, int],
+                assignment: Any) -> tuple[int | None, str]:
     """The phase group (its first reduce result) whose fold also computes and stores loop
     result `n` (XLA's reduction emitter writes such roots from the reduction loop, so the
-    inputs are read once), or (None, why not): the second kernel computes it."""
+    inputs are read once), or (None, why not): the second kernel computes it
+    (`column_groups`: `_column_groups` of `groups`)."""
     leaf = leaves[n]
     group = next((g for g in groups if leaves[g[0]].operand(0).shape.dims == leaf.shape.dims),
                  None)
@@ -527,13 +518,12 @@ def _loop_phase(inst: Instruction, leaves: list[Instruction], n: int,
         return None, "not of a reduction's input shape"
     if _reads_a_reduce(leaf):
         return None, "reads a reduce of the fusion"
-    blocks = phase_blocks(leaves[group[0]], _column_groups(inst, leaves, [group])[group[0]])
+    blocks = phase_blocks(leaves[group[0]], column_groups[group[0]])
     if blocks == 1 and leaf.shape.num_elements > ONE_BLOCK_LOOP_MAX:
         return None, "its reduction runs on one block"
-    if assignment is not None:
-        written = assignment.slice_of(inst, (n,))
-        if any(written.may_overlap(assignment.slice_of(o)) for o in inst.operands):
-            return None, "written in place of an input"
+    written = assignment.slice_of(inst, (n,))
+    if any(written.may_overlap(assignment.slice_of(o)) for o in inst.operands):
+        return None, "written in place of an input"
     return group[0], ""
 
 
@@ -549,6 +539,7 @@ def plan_multi_output(inst: Instruction, name: str, leaves: list[Instruction],
     outputs and no loop leaf joins a phase."""
     reduces = [n for n, leaf in enumerate(leaves) if leaf.opcode == "reduce"]
     groups = phase_groups(leaves, reduces)
+    column_groups = _column_groups(inst, leaves, groups)
     phase_loops: dict[int, list[int]] = {}
     apart: dict[int, str] = {}
     for n, leaf in enumerate(leaves):
@@ -557,7 +548,7 @@ def plan_multi_output(inst: Instruction, name: str, leaves: list[Instruction],
         if assignment is None:
             apart[n] = "no buffer assignment"
             continue
-        first, why = _loop_phase(inst, leaves, n, groups, assignment)
+        first, why = _loop_phase(inst, leaves, n, groups, column_groups, assignment)
         if first is None:
             apart[n] = why
         else:
@@ -566,7 +557,6 @@ def plan_multi_output(inst: Instruction, name: str, leaves: list[Instruction],
     if len({leaves[n].shape.dims for n in loops}) > 1:
         raise NotImplementedError(f"GPU backend: multi-output fusion %{inst.name} with loop "
                                   "results of different shapes")
-    column_groups = _column_groups(inst, leaves, groups)
     blocks = max((phase_blocks(leaves[g[0]], column_groups[g[0]]) for g in groups), default=0)
     elements = leaves[loops[0]].shape.num_elements if loops else 0
     return KernelPlan("multi-output", name, [inst], Launch((BLOCK_SIZE, 1), elements,

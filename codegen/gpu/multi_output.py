@@ -50,11 +50,12 @@ def emit_multi_output(plan: KernelPlan, assignment: Any,
     if plan.extra["reduces"]:
         w = Writer()
         w.open(_header(plan.name + "_reduce", params, 256))
+        aligned = pointer_alignment(plan, assignment, names)
         for group in phase_groups(leaves, plan.extra["reduces"]):
             w.line("// " + ", ".join(f"result {n}: {leaves[n].name}" for n in group))
             w.open("")
             ctx = _member_context(w, inst, names, idx, tables)
-            ctx.aligned = pointer_alignment(plan, assignment, names)
+            ctx.aligned = aligned
             stores = [(leaves[n], names[(id(inst), (n,))])
                       for n in plan.extra["phase_loops"].get(group[0], [])]
             _reduction_phase(ctx, [leaves[n] for n in group],

@@ -31,6 +31,7 @@ so the bits are the same either way. The 16-byte alignment of a group's first el
 
 from __future__ import annotations
 
+from collections.abc import Container
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,9 +75,12 @@ def pointer_alignment(plan: Any, assignment: Any, names: dict[Any, str]) -> dict
     return aligned
 
 
-def _read_at_own_index(ctx: KernelContext, inputs: list[Instruction]) -> list[Instruction]:
-    """The buffers (in `ctx.buffers`) that `inputs` read at their own linear index: reached
-    through elementwise ops, reshapes and bitcasts of the same element count."""
+def read_at_own_index(inputs: list[Instruction], buffers: Container[int],
+                      bound: Container[int] = ()) -> list[Instruction]:
+    """The vector-typed arrays among a kernel's `buffers` (ids) that `inputs` read at their
+    own linear index: reached through elementwise ops, reshapes and bitcasts of the same
+    element count, not through values already `bound` (ids). Shared by the fold's emitter
+    (`plan_row_vector`) and the column plan (`kernels.column_group`)."""
     count = inputs[0].shape.num_elements
     found: list[Instruction] = []
     seen: set[int] = set()
@@ -86,22 +90,23 @@ def _read_at_own_index(ctx: KernelContext, inputs: list[Instruction]) -> list[In
         if id(node) in seen or node.shape.is_tuple or node.shape.num_elements != count:
             continue
         seen.add(id(node))
-        if id(node) in ctx.bound:
+        if id(node) in bound:
             continue
-        if id(node) in ctx.buffers:
+        if id(node) in buffers:
             if node.shape.element_type in VECTOR_TYPES and node.shape.dims:
                 found.append(node)
             continue
         if is_elementwise(node.opcode) or node.opcode in ("reshape", "bitcast"):
             stack.extend(node.operands)
-    return sorted(found, key=lambda n: ctx.buffers[id(n)])
+    return found
 
 
 def plan_row_vector(ctx: KernelContext, inputs: list[Instruction], width: int,
                     aligned: dict[str, str]) -> RowVector | None:
     """The grouped order and vector loads of a fold of rows of `width` elements of
     `inputs` (the reduces' inputs), or None for the element-per-step order."""
-    buffers = _read_at_own_index(ctx, inputs)
+    buffers = sorted(read_at_own_index(inputs, ctx.buffers, ctx.bound),
+                     key=lambda n: ctx.buffers[id(n)])
     if not buffers:
         return None
     group = VECTOR_BYTES // min(VECTOR_TYPES[b.shape.element_type] for b in buffers)

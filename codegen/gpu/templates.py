@@ -197,6 +197,17 @@ def _parts(reduce: Instruction) -> tuple[list[Instruction], list[Instruction]]:
     return list(reduce.operands[:count]), list(reduce.operands[count:])
 
 
+def _split_by_reduce(names: list[str], reduces: list[Instruction]) -> list[list[str]]:
+    """`names` (one per init value of every reduce of `reduces`, in order) grouped by
+    reduce."""
+    groups, start = [], 0
+    for reduce in reduces:
+        count = len(reduce.operands) // 2
+        groups.append(names[start:start + count])
+        start += count
+    return groups
+
+
 def _fold_into(ctx: KernelContext, reduce: Instruction, accumulators: list[str],
                values: list[str], has: str) -> None:
     """accumulators = has ? reducer(accumulators, values) : values."""
@@ -283,10 +294,7 @@ def _team_fold_all(ctx: KernelContext, reduces: list[Instruction],
     accumulators = [w.fresh("acc") for _ in inits]
     for c_type, accumulator, init in zip(types, accumulators, init_values):
         w.line(f"{c_type} {accumulator} = {init};")
-    groups: list[list[str]] = []  # each reduce's accumulators
-    for reduce in reduces:
-        start = sum(len(g) for g in groups)
-        groups.append(accumulators[start:start + len(reduce.operands) // 2])
+    groups = _split_by_reduce(accumulators, reduces)  # each reduce's accumulators
     has = w.fresh("has")
     w.line(f"bool {has} = false;")
     if vector is None:
@@ -322,10 +330,9 @@ def _team_fold_all(ctx: KernelContext, reduces: list[Instruction],
         w.line(f"const bool {other_has} = tl_shfl_down({has}, offset);")
         w.open(f"if ({other_has})")
         with ctx.scope():
-            start = 0
-            for reduce, group in zip(reduces, groups):
-                _fold_into(ctx, reduce, group, others[start:start + len(group)], has)
-                start += len(group)
+            for reduce, group, values in zip(reduces, groups,
+                                             _split_by_reduce(others, reduces)):
+                _fold_into(ctx, reduce, group, values, has)
         w.line(f"{has} = true;")
         w.close()
         w.close()
@@ -573,12 +580,13 @@ def _emit_row_group(plan: KernelPlan, assignment: Any, tables: ModuleTables) -> 
     w.open(_header(plan.name, params, _threads(plan)))
     row, lane = _row_loop(w, plan.team, plan.rows, idx)
     sync = "__syncwarp();" if plan.team == WARP else "__syncthreads();"
+    aligned = pointer_alignment(plan, assignment, names)
     for member in plan.members:
         root, _ = kernel_body(member)
         w.line(f"// {member.name}")
         w.open("")
         ctx = _member_context(w, member, names, idx, tables)
-        ctx.aligned = pointer_alignment(plan, assignment, names)
+        ctx.aligned = aligned
         output = names[id(member)]
         if root.opcode == "reduce":
             _fold_row_into(ctx, root, row, lane, plan.team, idx, [output])
