@@ -5,6 +5,8 @@ for the third column):
 
     python benchmarks/gpu.py [--repeat 50] [--json gpu.json] [--markdown gpu.md]
     python benchmarks/gpu.py --dlpack dlpack.json   # only the TF-free DLPack round trip
+    python benchmarks/gpu.py --cublaslt-ab lt.json  # only dot epilogues: cuBLASLt vs
+                                                    # cuBLAS + loop kernel
 
 (`scripts/gpu_check.sh` runs it with the GPU tests and keeps the results.) Each workload
 is built once as an HLO module, compiled by `tfxla_lite.codegen.gpu`, written the
@@ -114,15 +116,17 @@ def layer_norm_module(rows: int, width: int) -> HloModule:
     return module
 
 
-def dense_module(m: int, k: int, n: int) -> HloModule:
-    module, comp = _module("dense_bias_relu")
-    x = comp.add_parameter(0, Shape("f32", (m, k)))
-    w = comp.add_parameter(1, Shape("f32", (k, n)))
-    b = comp.add_parameter(2, Shape("f32", (n,)))
+def dense_module(m: int, k: int, n: int, relu: bool = True,
+                 element_type: str = "f32") -> HloModule:
+    module, comp = _module("dense_bias_relu" if relu else "dense_bias")
+    x = comp.add_parameter(0, Shape(element_type, (m, k)))
+    w = comp.add_parameter(1, Shape(element_type, (k, n)))
+    b = comp.add_parameter(2, Shape(element_type, (n,)))
     product = comp.create("dot", [x, w], lhs_contracting_dims=(1,), rhs_contracting_dims=(0,))
     biased = comp.create("add", [product, comp.create("broadcast", [b], shape=product.shape,
                                                       dimensions=(1,))])
-    comp.root = comp.create("maximum", [biased, _scalar(comp, 0.0, product.shape)])
+    comp.root = comp.create("maximum", [biased, _scalar(comp, 0.0, product.shape)]) \
+        if relu else biased
     return module
 
 
@@ -382,7 +386,7 @@ def dlpack_round_trip(cupy: Any, repeat: int) -> dict[str, Any]:
         checks["jax -> cupy: no copy"] = _pointer(borrowed) == produced.unsafe_buffer_pointer()
         cupy.cuda.Device().synchronize()  # as the launch does: JAX's writes are done
         (result,) = executable.run_checked(cupy, [borrowed])
-        cupy.cuda.Device().synchronize()  # ours are
+        cupy.cuda.get_current_stream().synchronize()  # ours are (CuPy's stream)
         back = jax.dlpack.from_dlpack(result)
         checks["cupy -> jax: no copy"] = back.unsafe_buffer_pointer() == _pointer(result)
         checks["jax sees the softmax"] = bool(np.allclose(np.asarray(back), expected,
@@ -401,6 +405,9 @@ def dlpack_round_trip(cupy: Any, repeat: int) -> dict[str, Any]:
     device = cupy.cuda.Device()
     device.synchronize()
     host["device.synchronize() on an idle GPU"] = median_us(device.synchronize)
+    stream = cupy.cuda.get_current_stream()
+    host["stream.synchronize() on an idle GPU (the launch's second wait)"] = median_us(
+        stream.synchronize)
     host["cupy.from_dlpack(array)"] = median_us(lambda: cupy.from_dlpack(x))
     host["executable(x): checks + launches, no wait"] = median_us(lambda: executable(x))
     device.synchronize()
@@ -410,6 +417,61 @@ def dlpack_round_trip(cupy: Any, repeat: int) -> dict[str, Any]:
     host["executable(x) + synchronize"] = median_us(
         lambda: (executable(x), device.synchronize()))
     return {"checks": checks, "host_us": host}
+
+
+# (m, k, n, relu, element type): the benchmark's dense layer, the MLP workloads' layers
+# (batch 256 and 1), a bias without relu, and f16.
+LT_SHAPES = [(2048, 2048, 2048, True, "f32"), (256, 512, 1024, True, "f32"),
+             (256, 1024, 256, False, "f32"), (1, 512, 512, True, "f32"),
+             (2048, 2048, 2048, True, "f16")]
+
+
+def cublaslt_ab(cupy: Any, repeat: int, shapes: list[tuple[Any, ...]] | None = None
+                ) -> list[dict[str, Any]]:
+    """Each dot epilogue compiled twice, fused by cuBLASLt (TFXLA_LITE_CUBLASLT unset) and
+    as a cuBLAS product plus a loop kernel (=0); both checked against unfused CuPy, then
+    timed interleaved (CUDA events, rounds of both in turn), medians in ms."""
+    import os
+
+    from tfxla_lite.codegen.gpu import compile_module
+
+    rows = []
+    rng = np.random.default_rng(1)
+    for m, k, n, relu, element_type in shapes or LT_SHAPES:
+        built = {}
+        for label, value in (("cublaslt", None), ("cublas+loop", "0")):
+            saved = os.environ.pop("TFXLA_LITE_CUBLASLT", None)
+            if value is not None:
+                os.environ["TFXLA_LITE_CUBLASLT"] = value
+            try:
+                built[label] = compile_module(dense_module(m, k, n, relu, element_type))
+            finally:
+                os.environ.pop("TFXLA_LITE_CUBLASLT", None)
+                if saved is not None:
+                    os.environ["TFXLA_LITE_CUBLASLT"] = saved
+        dtype = np.float16 if element_type == "f16" else np.float32
+        x, w, b = (cupy.asarray(rng.standard_normal(dims).astype(dtype) / 8)
+                   for dims in ((m, k), (k, n), (n,)))
+        wanted = (x.astype(np.float32) @ w.astype(np.float32) + b.astype(np.float32))
+        wanted = cupy.maximum(wanted, 0) if relu else wanted
+        tolerance = 2e-2 if element_type == "f16" else 2e-3
+        arrays = (x, w, b)
+        times: dict[str, list[float]] = {label: [] for label in built}
+        for label, executable in built.items():
+            got = executable(x, w, b)[0]
+            np.testing.assert_allclose(cupy.asnumpy(got).astype(np.float32),
+                                       cupy.asnumpy(wanted), rtol=tolerance, atol=tolerance,
+                                       err_msg=f"{label} {m}x{k}x{n}")
+        for _ in range(max(1, repeat // 10)):  # interleaved rounds
+            for label, executable in built.items():
+                times[label].append(time_gpu(cupy, lambda e=executable, a=arrays: e(*a), 10))
+        fused = built["cublaslt"]
+        rows.append({"shape": f"{m}x{k}x{n}", "relu": relu, "type": element_type,
+                     "cublaslt_ms": statistics.median(times["cublaslt"]),
+                     "cublas_loop_ms": statistics.median(times["cublas+loop"]),
+                     "how": list(fused.lt_status.values()),
+                     "launches": [fused.kernel_count, built["cublas+loop"].kernel_count]})
+    return rows
 
 
 def _tf_sees_a_gpu() -> bool:
@@ -428,6 +490,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dlpack", type=Path, default=None,
                         help="only the TF-free DLPack round trip and host costs, to this "
                              "JSON file")
+    parser.add_argument("--cublaslt-ab", type=Path, default=None,
+                        help="only the dot-epilogue A/B (cuBLASLt against cuBLAS + loop "
+                             "kernel), to this JSON file")
     args = parser.parse_args(argv)
     try:
         import cupy
@@ -454,6 +519,20 @@ def main(argv: list[str] | None = None) -> int:
         args.dlpack.parent.mkdir(parents=True, exist_ok=True)
         args.dlpack.write_text(json.dumps(found, indent=2) + "\n")
         return 0 if all(found["checks"].values()) else 1
+    if args.cublaslt_ab is not None:
+        found_ab = cublaslt_ab(cupy, args.repeat)
+        print(f"# {device}: dot epilogues, median ms (interleaved rounds)\n")
+        print("| dot + epilogue | type | cuBLASLt | cuBLAS + loop kernel | ratio | how |")
+        print("| --- | --- | ---: | ---: | ---: | --- |")
+        for row in found_ab:
+            print(f"| {row['shape']} {'bias+relu' if row['relu'] else 'bias'} | "
+                  f"{row['type']} | {row['cublaslt_ms']:.3f} | {row['cublas_loop_ms']:.3f} | "
+                  f"{row['cublas_loop_ms'] / row['cublaslt_ms']:.2f}x | "
+                  f"{'; '.join(row['how'])} |")
+        args.cublaslt_ab.parent.mkdir(parents=True, exist_ok=True)
+        args.cublaslt_ab.write_text(json.dumps({"device": device, "rows": found_ab},
+                                               indent=2) + "\n")
+        return 0
     lines: list[str] = []
 
     def emit(line: str) -> None:

@@ -8,18 +8,20 @@
 #      cache, NVRTC; DLPack and tfxla_lite.function on GPU tensors where TF sees the GPU;
 #   3. dlpack.*: the TF-free DLPack round trip (CuPy, and JAX where it sees the GPU) and
 #      the host cost of a launch (benchmarks/gpu.py --dlpack);
-#   4. benchmark.*: benchmarks/gpu.py (fused kernels against unfused CuPy, JAX's XLA:GPU
+#   4. cublaslt_ab.*: dot epilogues fused by cuBLASLt against cuBLAS + a loop kernel
+#      (benchmarks/gpu.py --cublaslt-ab, interleaved);
+#   5. benchmark.*: benchmarks/gpu.py (fused kernels against unfused CuPy, JAX's XLA:GPU
 #      where JAX sees the GPU, TF's tf.function / XLA where TF does);
-#   5. pytest-offline.*: the tests that need no GPU (emitter, nvcc PTX, wiring, the CPU
+#   6. pytest-offline.*: the tests that need no GPU (emitter, nvcc PTX, wiring, the CPU
 #      emulator), last, in whatever time is left.
 # Usage: scripts/gpu_check.sh [RESULTS_DIR]   (default: $OUT if set, else
 #        benchmarks/results/gpu). Everything lands there: environment.txt, pytest-device.txt
-#        and .xml, dlpack.txt and .json, benchmark.txt, .md and .json, pytest-offline.txt and
+#        and .xml, dlpack.txt and .json, cublaslt_ab.txt and .json, benchmark.txt, .md and .json, pytest-offline.txt and
 #        .xml, summary.txt (each step's exit status; 124: it hit its time bound, and pytest
 #        still wrote what had run).
 # PYTHON picks the interpreter (default: .venv/bin/python when it has CuPy, else python3);
-# REPEAT the benchmark's repeats (30); DEVICE_TESTS_S, DLPACK_S, BENCH_S, OFFLINE_S the
-# steps' bounds in seconds (240, 45, 150, 100).
+# REPEAT the benchmark's repeats (30); DEVICE_TESTS_S, DLPACK_S, LT_AB_S, BENCH_S,
+# OFFLINE_S the steps' bounds in seconds (240, 45, 45, 150, 85).
 # The package is not installed: its folders are mirrored into a temporary package tree
 # as setup.py's package_dir maps them, so a machine with CuPy but without TensorFlow
 # (the lent GPU machines) runs everything that does not need TF.
@@ -91,6 +93,10 @@ bounded "${DLPACK_S:-45}" "$PYTHON" $NO_CWD benchmarks/gpu.py --repeat 200 \
     --dlpack "$RESULTS/dlpack.json" 2>&1 | tee "$RESULTS/dlpack.txt"
 dlpack=${PIPESTATUS[0]}
 
+bounded "${LT_AB_S:-45}" "$PYTHON" $NO_CWD benchmarks/gpu.py --repeat "${REPEAT:-30}" \
+    --cublaslt-ab "$RESULTS/cublaslt_ab.json" 2>&1 | tee "$RESULTS/cublaslt_ab.txt"
+lt_ab=${PIPESTATUS[0]}
+
 bounded "${BENCH_S:-150}" "$PYTHON" $NO_CWD benchmarks/gpu.py --repeat "${REPEAT:-30}" \
     --json "$RESULTS/benchmark.json" --markdown "$RESULTS/benchmark.md" 2>&1 \
     | tee "$RESULTS/benchmark.txt"
@@ -100,7 +106,7 @@ OFFLINE=()
 for file in tests/gpu/test_gpu_*.py; do
     case " ${DEVICE_TESTS[*]} " in *" $file "*) ;; *) OFFLINE+=("$file") ;; esac
 done
-bounded "${OFFLINE_S:-100}" "$PYTHON" $NO_CWD -c \
+bounded "${OFFLINE_S:-85}" "$PYTHON" $NO_CWD -c \
     'import sys, pytest; sys.exit(pytest.main(sys.argv[1:]))' "${OFFLINE[@]}" -rs -q \
     -p no:cacheprovider --junitxml "$RESULTS/pytest-offline.xml" 2>&1 \
     | tee "$RESULTS/pytest-offline.txt"
@@ -109,8 +115,10 @@ offline=${PIPESTATUS[0]}
 {
     echo "device tests exit $device_tests"
     echo "dlpack round trip exit $dlpack"
+    echo "cuBLASLt epilogue A/B exit $lt_ab"
     echo "benchmark exit $bench"
     echo "offline tests exit $offline"
 } | tee "$RESULTS/summary.txt"
 echo "results in $RESULTS"
-[ "$device_tests" -eq 0 ] && [ "$dlpack" -eq 0 ] && [ "$bench" -eq 0 ] && [ "$offline" -eq 0 ]
+[ "$device_tests" -eq 0 ] && [ "$dlpack" -eq 0 ] && [ "$lt_ab" -eq 0 ] && [ "$bench" -eq 0 ] \
+    && [ "$offline" -eq 0 ]

@@ -6,7 +6,9 @@ Takes the same optimized, fused, buffer-assigned HLO module as the CPU backend
 `kernels.py` (which template each kernel uses, row groups, launch geometry),
 `templates.py` (the `__global__` functions), `compiler.py` (the module's source and thunk
 list), `executable.py` (`GpuExecutable`: the buffer plan on one device arena, NVRTC
-through `cupy.RawModule`, launches), `nvcc.py` (offline PTX checks with nvcc).
+through `cupy.RawModule`, launches), `gemm.py` (dots as cuBLAS strided-batched GEMMs),
+`lt_epilogue.py` and `cublaslt.py` (dot epilogues cuBLASLt fuses, and its ctypes
+binding), `nvcc.py` (offline PTX checks with nvcc).
 
 Everything up to the CUDA text is plain Python: it imports neither CuPy nor TensorFlow,
 so it is tested (and its output compiled by nvcc) on machines without a GPU. CuPy is

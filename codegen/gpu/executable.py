@@ -16,7 +16,10 @@ built: the rest of `tfxla_lite.codegen.gpu` runs without it.
 - Run: the thunks in order on CuPy's current stream: kernel launches (grid-stride, so
   the grid is capped at 32 blocks per multiprocessor; a `float4` variant when every
   pointer is 16-byte aligned) and dots through cuBLAS's strided-batched GEMM (`gemm.py`:
-  operands read where they lie wherever strides describe them). Where each thunk's
+  operands read where they lie wherever strides describe them); a dot epilogue cuBLASLt
+  fuses (`lt_epilogue.py`) is one `cublasLtMatmul` (`cublaslt.py`, workspace at the end
+  of the arena), or, where cuBLASLt is missing or offers no algorithm, the cuBLAS product
+  and the loop kernel (`lt_status` says which). Where each thunk's
   arrays live (buffer assignment's slices, each dot's GEMM plan) is worked out at
   build (`_plan_calls`), so a call only turns those recipes into arrays.
 
@@ -35,8 +38,9 @@ from typing import Any
 
 import numpy as np
 
+from tfxla_lite.codegen.gpu import cublaslt
 from tfxla_lite.codegen.gpu.compiler import SCRATCH_ALIGNMENT, GpuProgram, Thunk
-from tfxla_lite.codegen.gpu.gemm import StridedGemm, plan_gemm, run_gemm
+from tfxla_lite.codegen.gpu.gemm import StridedGemm, dense_copy, plan_gemm, run_gemm
 from tfxla_lite.codegen.gpu.kernels import split_scratch
 from tfxla_lite.hlo.ir import HloModule, Instruction
 from tfxla_lite.hlo.shape import Shape
@@ -117,6 +121,9 @@ class GpuExecutable:
     _constant_names: dict[str, int] = field(default_factory=dict, repr=False)
     _grid_cap: int = 0
     _dot_scratch_bytes: int = 0  # epilogue products and dot operand copies (at build)
+    _lt_workspace_bytes: int = 0  # cuBLASLt's workspace, when a fusion runs through it
+    # Per dot-epilogue thunk (by plan name): how it runs, "cuBLASLt" or why not.
+    lt_status: dict[str, str] = field(default_factory=dict)
     # Worked out at build (`_plan_calls`): per thunk, where its arrays live.
     _calls_plan: list[tuple[Any, ...]] | None = field(default=None, repr=False)
     _copies_plan: list[tuple[int, tuple[Any, ...]]] = field(default_factory=list, repr=False)
@@ -166,7 +173,7 @@ class GpuExecutable:
                     np.ascontiguousarray(inst.literal))
         # Where each thunk's arrays live and how cuBLAS reads each dot: now, so that a dot
         # cuBLAS cannot take fails the build (and the caller falls back), not a call.
-        executable._calls_plan = executable._plan_calls()
+        executable._calls_plan = executable._plan_calls(cupy)
         return executable
 
     # -- running ---------------------------------------------------------------------------
@@ -228,10 +235,11 @@ class GpuExecutable:
                     self._constants[self._constant_names[_resolve(self.assignment, inst)]])
         return ("temp", buffer.offset, shape.dims, shape.numpy_dtype)
 
-    def _plan_calls(self) -> list[tuple[Any, ...]]:
+    def _plan_calls(self, cupy: Any = None) -> list[tuple[Any, ...]]:
         """Per thunk: (its arguments' recipes, the dot's operand recipes and output recipe
-        or None, the scratch shape it takes or None). Buffer assignment's lookups and the
-        plans' operand lists are walked here once, not on every call."""
+        or None, the scratch shape it takes or None, the cuBLASLt call and its bias recipe
+        or None). Buffer assignment's lookups and the plans' operand lists are walked here
+        once, not on every call."""
         entry = self.module.entry
         assert entry is not None and entry.root is not None
         calls = []
@@ -239,7 +247,7 @@ class GpuExecutable:
             plan = thunk.plan
             args = [self._argument(m, index) for m, index in plan.outputs] + \
                 [self._argument(i) for i in plan.inputs]
-            dot, scratch = None, None
+            dot, scratch, lt = None, None, None
             if plan.kind == "dot":
                 (inst,) = plan.members
                 gemm = plan_gemm(inst)
@@ -253,9 +261,10 @@ class GpuExecutable:
                 dot = (gemm, self._argument(operands[0]), self._argument(operands[1]), None,
                        self._copy_views(gemm, product, _aligned(product.shape.byte_size)))
                 scratch = product.shape
+                lt = self._lt_call(cupy, plan, gemm)
             elif plan.kind == "split-reduction":
                 scratch = Shape("u8", (split_scratch(plan)[1],))
-            calls.append((args, dot, scratch))
+            calls.append((args, dot, scratch, lt))
         # Outputs living in another buffer (a parameter, a constant): none after the
         # `add-output-copies` pass, but a module compiled without it may have them.
         root = entry.root
@@ -267,14 +276,42 @@ class GpuExecutable:
         self._copies_plan = copies
         return calls
 
+    def _lt_call(self, cupy: Any, plan: Any, gemm: StridedGemm) -> tuple[Any, Any] | None:
+        """The cuBLASLt matmul running dot-epilogue `plan` whole, and its bias recipe; None
+        (the reason in `lt_status`) where the plan says no or cuBLASLt is not there."""
+        epilogue = plan.extra.get("lt")
+        if isinstance(epilogue, str) or epilogue is None:
+            self.lt_status[plan.name] = f"cuBLAS + loop kernel: {epilogue}"
+            return None
+        if gemm.batch * gemm.m * gemm.n * gemm.calls == 0 or gemm.k == 0:
+            self.lt_status[plan.name] = "cuBLAS + loop kernel: an empty product"
+            return None
+        library, why = cublaslt.library(cupy) if cupy is not None else (None, "no CuPy")
+        if library is None:
+            self.lt_status[plan.name] = f"cuBLAS + loop kernel: {why}"
+            return None
+        (inst,) = plan.members
+        bias = None if epilogue.bias_operand is None else \
+            self._argument(inst.operand(epilogue.bias_operand))
+        try:
+            matmul = cublaslt.LtMatmul(library, gemm, epilogue, self.device_id)
+        except RuntimeError as error:  # a descriptor cuBLASLt refuses: run it unfused
+            self.lt_status[plan.name] = f"cuBLAS + loop kernel: {error}"
+            return None
+        self._lt_workspace_bytes = cublaslt.WORKSPACE_BYTES
+        self.lt_status[plan.name] = f"cuBLASLt (CUBLASLT_EPILOGUE_{epilogue.name})"
+        return matmul, bias
+
     # -- running ---------------------------------------------------------------------------
     def _run(self, cupy: Any, inputs: list[Any], outputs: list[Any]) -> None:
         if self._calls_plan is None:
-            self._calls_plan = self._plan_calls()
+            self._calls_plan = self._plan_calls(cupy)
         scratch_offset = _aligned(self.temp_bytes)
         scratch_bytes = max(self.program.scratch_bytes, self._dot_scratch_bytes)
-        arena = cupy.empty(scratch_offset + scratch_bytes, dtype=np.uint8) \
-            if scratch_offset + scratch_bytes else None
+        workspace_offset = scratch_offset + _aligned(scratch_bytes)
+        total = workspace_offset + self._lt_workspace_bytes if self._lt_workspace_bytes \
+            else scratch_offset + scratch_bytes
+        arena = cupy.empty(total, dtype=np.uint8) if total else None
         temps: dict[tuple[Any, ...], Any] = {}  # one view per temp per call
 
         def array(recipe: tuple[Any, ...]) -> Any:
@@ -297,8 +334,11 @@ class GpuExecutable:
                 temps[recipe] = found
             return found
 
-        for thunk, (recipes, dot, scratch) in zip(self.program.thunks, self._calls_plan):
+        for thunk, (recipes, dot, scratch, lt) in zip(self.program.thunks, self._calls_plan):
             args = [array(r) for r in recipes]
+            if lt is not None and self._run_lt(cupy, lt, dot, args[0], array, arena,
+                                               scratch_offset, workspace_offset):
+                continue
             product = None if scratch is None else _arena_view(
                 cupy, arena, scratch_offset, scratch.dims, scratch.numpy_dtype)
             if dot is not None:
@@ -311,6 +351,25 @@ class GpuExecutable:
             self._run_thunk(thunk, args, product)
         for j, recipe in self._copies_plan:
             outputs[j][...] = array(recipe)
+
+    def _run_lt(self, cupy: Any, lt: tuple[Any, Any], dot: tuple[Any, ...], out: Any,
+                array: Any, arena: Any, scratch_offset: int, workspace_offset: int) -> bool:
+        """A dot-epilogue as one cuBLASLt call writing the fusion's output `out`; False
+        where cuBLASLt refuses these pointers (nothing but operand copies launched)."""
+        matmul, bias = lt
+        gemm, lhs, rhs, _, copies = dot
+        lhs, rhs = array(lhs), array(rhs)
+        if gemm.lhs.copy_order is not None or gemm.rhs.copy_order is not None:
+            views = [None if c is None else _arena_view(cupy, arena, scratch_offset + c[0],
+                                                        c[1], c[2]) for c in copies]
+            if gemm.lhs.copy_order is not None:
+                lhs = dense_copy(cupy, lhs.transpose(gemm.lhs.copy_order), views[0])
+            if gemm.rhs.copy_order is not None:
+                rhs = dense_copy(cupy, rhs.transpose(gemm.rhs.copy_order), views[1])
+        return matmul.run(int(lhs.data.ptr), int(rhs.data.ptr), int(out.data.ptr),
+                          None if bias is None else int(array(bias).data.ptr),
+                          int((arena.data + workspace_offset).ptr),
+                          int(cupy.cuda.get_current_stream().ptr))
 
     def _copy_views(self, gemm: StridedGemm, dot: Instruction,
                     start: int) -> tuple[Any, Any]:

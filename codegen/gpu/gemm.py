@@ -250,9 +250,9 @@ def run_gemm(cupy: Any, gemm: StridedGemm, lhs: Any, rhs: Any, out: Any,
         out[...] = 0
         return
     if g.lhs.copy_order is not None:
-        lhs = _dense_copy(cupy, lhs.transpose(g.lhs.copy_order), copies[0])
+        lhs = dense_copy(cupy, lhs.transpose(g.lhs.copy_order), copies[0])
     if g.rhs.copy_order is not None:
-        rhs = _dense_copy(cupy, rhs.transpose(g.rhs.copy_order), copies[1])
+        rhs = dense_copy(cupy, rhs.transpose(g.rhs.copy_order), copies[1])
     constants = _constants(cupy, g.element_type)
     ops, data_type, one, zero, compute_type, algo = constants
     cublas = cupy.cuda.cublas
@@ -272,7 +272,7 @@ def run_gemm(cupy: Any, gemm: StridedGemm, lhs: Any, rhs: Any, out: Any,
             g.batch, compute_type, algo)
 
 
-def _dense_copy(cupy: Any, view: Any, into: Any) -> Any:
+def dense_copy(cupy: Any, view: Any, into: Any) -> Any:
     if into is None:
         return cupy.ascontiguousarray(view)
     into[...] = view  # one elementwise copy kernel into the scratch area

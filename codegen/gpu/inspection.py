@@ -32,6 +32,7 @@ from tfxla_lite.codegen.gpu.kernels import (
     is_row_reduction,
     kernel_body,
 )
+from tfxla_lite.codegen.gpu.lt_epilogue import describe as describe_lt
 
 # The stages of a GPU cluster in `experimental_get_compiler_ir`, in pipeline order.
 STAGES = ("hlo", "optimized_hlo", "buffer_assignment", "cuda", "kernel_plan")
@@ -88,6 +89,8 @@ def launch_text(plan: KernelPlan) -> str:
                  f"256 per row ({plan.rows} blocks)")
     if plan.kind == "dot-epilogue":
         text = "cuBLAS product to scratch; then " + text
+        if not isinstance(plan.extra.get("lt", ""), str):
+            text = "one cublasLtMatmul (no generated kernel); fallback: " + text
     return text
 
 
@@ -113,9 +116,13 @@ def why(plan: KernelPlan) -> str:
         return _why_dot(inst)
     if kind == "dot-epilogue":
         dot = plan.extra["dot"]
-        return (f"a dot ({_gemm_text(dot)}) with an elementwise epilogue (kOutput fusion): "
-                "cuBLAS writes the product to scratch, one loop kernel applies the "
-                "epilogue reading it once per element (cuBLAS cannot fuse epilogues)")
+        lt = plan.extra.get("lt", "not planned")
+        unfused = ("cuBLAS writes the product to scratch, one loop kernel applies the "
+                   "epilogue reading it once per element")
+        head = f"a dot ({_gemm_text(dot)}) with an elementwise epilogue (kOutput fusion): "
+        if isinstance(lt, str):
+            return f"{head}{unfused}; {describe_lt(lt)}"
+        return f"{head}{describe_lt(lt)}; fallback: {unfused}"
     if kind == "row-fusion":
         return (f"a row fusion of fuse-rows (softmax, layer norm): {plan.rows} rows of "
                 f"{plan.width} elements, every reduce folded in order by {_team(plan)}; "
@@ -139,13 +146,17 @@ def why(plan: KernelPlan) -> str:
         for n, reason in sorted(extra["apart"].items()):
             text += f"; loop result {n} in a second kernel: {reason}"
         return text
-    root, computed = kernel_body(inst)
     if kind == "split-reduction":
-        return (f"{plan.rows} row(s) of {plan.width} elements: at least {SPLIT_MIN} "
+        siblings = plan.extra.get("siblings")
+        what = "" if not siblings else (
+            f"{len(siblings)} sibling reductions of a multi-output fusion, folded together "
+            "(each in its own split kernel's order), over ")
+        return (f"{what}{plan.rows} row(s) of {plan.width} elements: at least {SPLIT_MIN} "
                 f"elements and at most {SPLIT_MAX_ROWS} rows, too few rows to fill a GPU "
                 f"with a block each, so {plan.chunks} chunk(s) of {plan.chunk} elements a "
                 "row fold into partials, then a second kernel folds each row's partials "
                 "in chunk order")
+    root, computed = kernel_body(inst)
     if kind == "row-reduction":
         variadic = " (variadic: values and indices)" if root.shape.is_tuple else ""
         return (f"a reduce{variadic} whose reduced dimensions are innermost: {plan.rows} "

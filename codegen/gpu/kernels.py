@@ -13,8 +13,9 @@ its multi-output fusions and `softmax rewriter`). Templates:
   a warp per row (W <= 512) or a block per row, warp shuffles then shared memory; rows
   read by 16-byte vector loads where W allows (`row_vectors.py`, as in `row-fusion`).
 - `split-reduction`: a reduction to one element, or to a few long rows, maybe variadic
-  (ArgMax): blocks fold fixed chunks of the rows into partials (scratch memory), a
-  second kernel folds each row's partials.
+  (ArgMax), or sibling reductions of a multi-output fusion folded together: blocks fold
+  fixed chunks of the rows into partials (scratch memory), a second kernel folds each
+  row's partials.
 - `column-reduction`: any other reduce: 32·G outputs per block (G consecutive outputs a
   thread, read by 16-byte vector loads, where the kept minor dimension allows:
   `column_group`), 8 slices of the reduced elements per output, combined in shared
@@ -37,7 +38,8 @@ its multi-output fusions and `softmax rewriter`). Templates:
 - `dot`: a library call (cuBLAS through CuPy), no generated kernel.
 - `dot-epilogue`: a kOutput fusion (a dot and its elementwise epilogue): cuBLAS writes
   the product to scratch memory, then a loop kernel applies the epilogue (bias,
-  activation, scale) reading it once per element.
+  activation, scale) reading it once per element; or, for a bias and/or relu
+  (`lt_epilogue.py`), one cuBLASLt call computes the product and the epilogue.
 
 Every reduction folds in a fixed tree order that depends only on the shapes (never on the
 grid size or the device), so results are deterministic run to run and device to device.
@@ -49,6 +51,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tfxla_lite.codegen.gpu.cuda_source import identifier
+from tfxla_lite.codegen.gpu.lt_epilogue import lt_epilogue
 from tfxla_lite.codegen.gpu.row_vectors import VECTOR_BYTES, VECTOR_TYPES, read_at_own_index
 from tfxla_lite.hlo.ir import Instruction
 from tfxla_lite.hlo.opcodes import is_elementwise
@@ -242,10 +245,10 @@ def split_scratch(plan: KernelPlan) -> tuple[list[int], int]:
     """Where a split reduction's partials lie in the scratch area: one array per
     accumulator (two for an ArgMax: values and indices) of `rows * chunks` slots of 8
     bytes (the widest compute type), each from a 256-byte boundary; (offsets, bytes)."""
-    root, _ = kernel_body(plan.members[0])
+    reduces = plan.extra.get("siblings") or [kernel_body(plan.members[0])[0]]
     size = plan.rows * plan.chunks * 8
     offsets, end = [], 0
-    for _ in range(len(root.operands) // 2):
+    for _ in range(sum(len(r.operands) // 2 for r in reduces)):
         offsets.append(-(-end // 256) * 256)
         end = offsets[-1] + size
     return offsets, end
@@ -285,7 +288,8 @@ def plan_instruction(inst: Instruction, name: str, assignment: Any = None) -> Ke
         raise NotImplementedError(f"GPU backend: {inst.opcode} in the entry computation "
                                   f"(%{inst.name})")
     if (leaves := multi_output_leaves(inst)) is not None:
-        return plan_multi_output(inst, name, leaves, assignment)
+        return _sibling_split(inst, name, leaves) or \
+            plan_multi_output(inst, name, leaves, assignment)
     root, computed = kernel_body(inst)
     if root.shape.is_tuple and root.opcode != "reduce":
         raise NotImplementedError(f"GPU backend: {root.opcode} (%{inst.name}) returns a tuple")
@@ -309,8 +313,10 @@ def plan_instruction(inst: Instruction, name: str, assignment: Any = None) -> Ke
         return KernelPlan("dot", name, [inst])
     if inst.opcode == "fusion" and (dot := epilogue_dot(inst)) is not None:
         # cuBLAS writes the product to scratch memory; a loop kernel applies the epilogue.
+        # Or one cuBLASLt call computes both (`lt_epilogue.py`; "lt": its epilogue, or why
+        # not), the loop kernel kept for executables that cannot bind cuBLASLt.
         return KernelPlan("dot-epilogue", name, [inst], loop_launch(inst.shape.num_elements),
-                          extra={"dot": dot})
+                          extra={"dot": dot, "lt": lt_epilogue(inst, dot)})
     if (row_plan := plan_row_fusion(inst)) is not None:
         rows, width = row_plan.spec.rows, row_plan.spec.width
         team = row_team(width)
@@ -350,6 +356,22 @@ def _split_reduction(inst: Instruction, name: str, rows: int, width: int) -> Ker
     chunk, chunks = split_plan(width)
     return KernelPlan("split-reduction", name, [inst], Launch((256, 1), rows * chunks, 1),
                       256, rows, width, chunk=chunk, chunks=chunks)
+
+
+def _sibling_split(inst: Instruction, name: str, leaves: list[Instruction]) -> KernelPlan | None:
+    """A multi-output fusion of sibling reductions only (no loop results) that would split
+    alone: the split template, every sibling folded per chunk in one pass (a phase of one
+    block per row otherwise); `extra["siblings"]`: the reduces, in output order."""
+    if not all(leaf.opcode == "reduce" and is_row_reduction(leaf) for leaf in leaves) or \
+            len(phase_groups(leaves, list(range(len(leaves))))) != 1:
+        return None
+    rows = leaves[0].shape.num_elements
+    width = leaves[0].operand(0).shape.num_elements // max(rows, 1)
+    if not rows or not splits(rows, width):
+        return None
+    plan = _split_reduction(inst, name, rows, width)
+    plan.extra["siblings"] = list(leaves)
+    return plan
 
 
 @dataclass(frozen=True)

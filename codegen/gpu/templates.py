@@ -495,14 +495,15 @@ def _kept_elements(reduce: Instruction) -> int:
 
 def _emit_split_reduction(plan: KernelPlan, assignment: Any,
                           tables: ModuleTables) -> KernelSource:
-    """A reduction to a few long rows (one row: a full reduction), maybe variadic: kernel 1
-    folds each chunk of a row into partials (one array per accumulator in scratch
-    memory), kernel 2 folds each row's partials in chunk order, then the init values.
-    The chunks are fixed by the row width alone, and every fold is in a fixed tree, so
-    the bits do not depend on the grid."""
+    """A reduction to a few long rows (one row: a full reduction), maybe variadic, or
+    sibling reductions of a multi-output fusion (`extra["siblings"]`, folded together):
+    kernel 1 folds each chunk of a row into partials (one array per accumulator in
+    scratch memory), kernel 2 folds each row's partials in chunk order, then the init
+    values. The chunks are fixed by the row width alone, and every fold is in a fixed
+    tree, so the bits do not depend on the grid (nor, for a sibling, on its siblings)."""
     (inst,) = plan.members
-    reduce, _ = kernel_body(inst)
-    inputs, inits = _parts(reduce)
+    reduces = plan.extra.get("siblings") or [kernel_body(inst)[0]]
+    inits = [i for reduce in reduces for i in _parts(reduce)[1]]
     types = [compute_type(i.shape.element_type) for i in inits]
     offsets, _ = split_scratch(plan)
     idx = _index_type(plan)
@@ -531,13 +532,14 @@ def _emit_split_reduction(plan: KernelPlan, assignment: Any,
     length = ctx.bind(f"min(({idx}){plan.chunk}, ({idx}){plan.width} - {offset})", idx,
                       "length")
 
-    def element(j: str) -> list[str]:
+    def element(j: str) -> list[list[str]]:
         linear = ctx.bind(f"{start} + {j}", idx, "lin")
-        return [ctx.value(i, Index(i.shape.dims, linear=linear)) for i in inputs]
+        return [[ctx.value(i, Index(i.shape.dims, linear=linear)) for i in _parts(r)[0]]
+                for r in reduces]
 
-    accumulators, _ = _team_fold(ctx, reduce, element, length, team, "lane", idx)
+    folded, _ = _team_fold_all(ctx, reduces, element, length, team, "lane", idx)
     w.open("if (lane == 0)")
-    for array, accumulator in zip(arrays, accumulators):
+    for array, accumulator in zip(arrays, [a for group in folded for a in group]):
         w.line(f"{array}[unit] = {accumulator};")
     w.close()
     w.close()
@@ -549,15 +551,18 @@ def _emit_split_reduction(plan: KernelPlan, assignment: Any,
     w = Writer()
     w.open(_header(plan.name, params, team))
     arrays = partial_arrays(w, "const ")
+    by_reduce = _split_by_reduce(arrays, reduces)
     w.line("const int lane = threadIdx.x;")
     w.open(f"for ({idx} row = blockIdx.x; row < {plan.rows}; row += gridDim.x)")
     ctx = _member_context(w, inst, names, idx, tables)
-    accumulators, has = _team_fold(
-        ctx, reduce, lambda j: [f"{a}[row * {plan.chunks} + {j}]" for a in arrays],
+    folded, has = _team_fold_all(
+        ctx, reduces,
+        lambda j: [[f"{a}[row * {plan.chunks} + {j}]" for a in group] for group in by_reduce],
         str(plan.chunks), team, "lane", idx)
     w.open("if (lane == 0)")
     with ctx.scope():
-        results = _with_init(ctx, reduce, accumulators, has)
+        results = [result for reduce, group in zip(reduces, folded)
+                   for result in _with_init(ctx, reduce, group, has)]
         for output, init, result in zip(_output_names(inst, names), inits, results):
             w.line(f"{output}[row] = {to_storage(init.shape.element_type, result)};")
     w.close()

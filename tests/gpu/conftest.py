@@ -43,10 +43,15 @@ def cuda_device() -> object:
 def _use_fake_cupy(monkeypatch: pytest.MonkeyPatch, emulate: bool) -> object:
     import fake_cupy
 
+    from tfxla_lite.codegen.gpu import cublaslt
     from tfxla_lite.codegen.gpu import executable as executable_module
 
     monkeypatch.setitem(sys.modules, "cupy", fake_cupy.module(emulate=emulate))
     monkeypatch.setattr(executable_module, "_modules", {})
+    # The stand-in CuPy's pointers are host memory: never the real libcublasLt. Fusions
+    # cuBLASLt would take run unfused unless a test asks for the model (`fake_lt`).
+    if not cublaslt._override:  # `fake_lt` may have installed the model first
+        monkeypatch.setattr(cublaslt, "_override", [(None, "fake CuPy: no cuBLASLt")])
     recorder = fake_cupy.Recorder()
     monkeypatch.setattr(fake_cupy, "RECORDER", recorder)
     return recorder
@@ -82,3 +87,19 @@ def emulated_gpu(monkeypatch: pytest.MonkeyPatch) -> object:
     recorder = _use_fake_cupy(monkeypatch, emulate=True)
     with gpu_launch.use_backend(EmulatedGpuBackend()):
         yield recorder
+
+
+@pytest.fixture
+def fake_lt(monkeypatch: pytest.MonkeyPatch) -> object:
+    """cuBLASLt replaced by its model (`fake_cublaslt`), bound through the backend's own
+    ctypes prototypes; use with `fake_gpu` or `emulated` (after them). Returns the model;
+    the test fails if a callback raised. Either order with those fixtures works."""
+    import fake_cublaslt
+
+    from tfxla_lite.codegen.gpu import cublaslt
+
+    model = fake_cublaslt.FakeCublasLt()
+    monkeypatch.setattr(cublaslt, "_override",
+                        [(cublaslt.Library(model.address_of, "fake_cublaslt"), "")])
+    yield model
+    assert not model.errors, model.errors

@@ -132,6 +132,9 @@ class Recorder:
     launches: list[Launch] = field(default_factory=list)
     gemms: list[Gemm] = field(default_factory=list)
     operand_copies: int = 0  # strided arrays copied densely (a copy kernel on a GPU)
+    # Host waits: `Device.synchronize` (the whole device) and `Stream.synchronize`.
+    device_syncs: int = 0
+    stream_syncs: int = 0
 
 
 RECORDER = Recorder()
@@ -306,7 +309,19 @@ class Device:
         return None
 
     def synchronize(self) -> None:
-        return None
+        RECORDER.device_syncs += 1
+
+
+class Stream:
+    """CuPy's current stream (the legacy default stream: pointer 0)."""
+
+    ptr = 0
+
+    def synchronize(self) -> None:
+        RECORDER.stream_syncs += 1
+
+
+_STREAM = Stream()
 
 
 def module(emulate: bool = False) -> types.ModuleType:
@@ -332,6 +347,7 @@ def module(emulate: bool = False) -> types.ModuleType:
         CUBLAS_GEMM_DEFAULT=CUBLAS_GEMM_DEFAULT,
         gemmStridedBatchedEx=gemm_strided_batched_ex)
     cuda.get_cublas_handle = lambda: 1  # type: ignore[attr-defined]
+    cuda.get_current_stream = lambda: _STREAM  # type: ignore[attr-defined]
     cuda.get_cuda_path = lambda: None  # type: ignore[attr-defined]
     fake.cuda = cuda  # type: ignore[attr-defined]
     return fake

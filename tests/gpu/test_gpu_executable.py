@@ -167,3 +167,39 @@ def test_gpu_benchmark_workloads_agree() -> None:
                                    atol=1e-4, err_msg=workload.name)
         got = functions[workload.name](*[tf.constant(a) for a in args]).numpy()
         np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4, err_msg=workload.name)
+
+
+def _lt_cases() -> list[tuple[str, str, dict, str]]:
+    from test_gpu_cublaslt import FUSED
+
+    return FUSED
+
+
+@pytest.mark.parametrize("case", range(len(_lt_cases())))
+def test_gpu_cublaslt_epilogues_match_the_evaluator(cuda_device: object, case: int) -> None:
+    """Dot epilogues fused by the real cuBLASLt (`codegen/gpu/cublaslt.py`): the library
+    must bind here, the result match the evaluator, also with the operands 4 bytes off
+    256 (another alignment, asked of cuBLASLt's heuristic again, or the unfused path)."""
+    from test_gpu_cublaslt import _build
+
+    kind, element_type, layout, name = _lt_cases()[case]
+    args = random_arguments(_build(kind, element_type, layout), seed=3)
+    expected = flatten(evaluate(_build(kind, element_type, layout), *args))
+    executable = compile_module(_build(kind, element_type, layout))
+    assert list(executable.lt_status.values()) == [f"cuBLASLt (CUBLASLT_EPILOGUE_{name})"]
+    assert_matches(executable.run_numpy(*args), expected, f"cuBLASLt {case}")
+    matmul = executable._calls_plan[0][3][0]  # noqa: SLF001 - the fused call itself
+    if not matmul.gemm.outer:  # pointers 256-byte aligned: cuBLASLt must have run it
+        assert matmul.calls == 1 and matmul.refused == 0, matmul.failures
+    if element_type == "bf16":  # CuPy allocates no bfloat16 arrays of its own
+        return
+    cupy = cuda_device
+    shifted = []
+    for array in args:
+        flat = np.ascontiguousarray(array).reshape(-1)
+        room = cupy.empty(flat.size + 8, dtype=flat.dtype)  # type: ignore[attr-defined]
+        step = max(1, 4 // flat.dtype.itemsize)
+        room[step:step + flat.size] = cupy.asarray(flat)  # type: ignore[attr-defined]
+        shifted.append(room[step:step + flat.size].reshape(array.shape))
+    got = [cupy.asnumpy(o) for o in executable(*shifted)]  # type: ignore[attr-defined]
+    assert_matches(got, expected, f"cuBLASLt {case}, operands 4 bytes off")

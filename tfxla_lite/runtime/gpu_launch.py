@@ -20,8 +20,9 @@ int32 (`wire_dtype`).
 (`tf.errors.InvalidArgumentError`), turns the TF tensors into CuPy arrays over the same
 memory (DLPack), runs the `GpuExecutable` and turns its CuPy outputs into TF tensors the
 same way. TF and CuPy use different CUDA streams, so the device is synchronized before
-(TF's writes are done) and after (ours are); docs/gpu.md says why neither can go while
-the launch runs through EagerPyFunc.
+(TF's writes are done: TF's stream is out of reach) and CuPy's stream after (ours are);
+docs/gpu.md ("Host synchronizations per launch") says why those two waits stay and what
+orders the rest.
 
 A cluster on a GPU that does not compile (no CuPy, an unsupported op, NVRTC refusing the
 source) is left to TF, on the GPU where TF placed it; the clustering report says why
@@ -187,8 +188,11 @@ def to_device_array(tensor: Any, device: int, cupy: Any) -> Any:
 
 
 def to_tensor(array: Any) -> Any:
-    """A CuPy array as a TF tensor over the same memory (no copy)."""
-    return tf.experimental.dlpack.from_dlpack(array.__dlpack__())
+    """A CuPy array as a TF tensor over the same memory (no copy). `stream=-1`: DLPack's
+    "establish no order"; the launch has waited for CuPy's stream already, and CuPy would
+    otherwise record an event on its stream and make the legacy stream wait on it, per
+    output, whenever its current stream is not the legacy one."""
+    return tf.experimental.dlpack.from_dlpack(array.__dlpack__(stream=-1))
 
 
 def run_on_tensors(executable: Any, tensors: Sequence[Any], cupy: Any,
@@ -205,7 +209,7 @@ def run_on_tensors(executable: Any, tensors: Sequence[Any], cupy: Any,
         arrays = [to_device_array(t, executable.device_id, cupy) if there
                   else cupy.asarray(t.numpy()) for t, there in zip(tensors, on_device)]
         outputs = executable(*arrays)
-        device.synchronize()  # ours has finished writing the outputs
+        cupy.cuda.get_current_stream().synchronize()  # ours has written the outputs
         return [to_tensor(o) for o in outputs]
 
 
@@ -347,7 +351,9 @@ class GpuLaunch:
                     array = cupy.asarray(tensor.numpy())
                 arrays.append(array if view is None else array.view(view))
             outputs = executable.run_checked(cupy, arrays)
-            device.synchronize()  # ours has finished writing the outputs
+            # Ours has written the outputs: only CuPy's stream, not the whole device (TF's
+            # consumers are enqueued after this host call returns, so they follow it).
+            cupy.cuda.get_current_stream().synchronize()
         self.calls += 1
         return [to_tensor(o if view is None else o.view(view))
                 for o, view in zip(outputs, self._output_views)]
