@@ -10,10 +10,13 @@ read from /proc/self/maps), else found by name or in the pip wheels (`nvidia/cub
 `LtMatmul` is the call for one fusion: the descriptors are made once (the GEMM's
 transposes, leading dimensions and batch strides from `gemm.plan_gemm`'s plan, the
 epilogue from `lt_epilogue.py`), the algorithm is asked of cuBLASLt's heuristic once per
-pointer alignment seen, and a call sets the bias pointer and runs. Where cuBLASLt offers no
-algorithm, answers a status instead of running, or cannot be loaded, the executable runs
-the fusion as before (cuBLAS product into scratch, then the loop kernel), so a fused plan
-never fails a build.
+pointer alignment and bias alignment seen, and a call sets the bias pointer and runs.
+Where cuBLASLt offers no algorithm, answers a status instead of running, cannot be loaded,
+or the plan or the pointers are ones public users keep away from cuBLASLt (`refusal`, a
+bias less than 16 bytes aligned), the executable runs the fusion as before (cuBLAS product
+into scratch, then the loop kernel), so a fused plan never fails a build. Each enumerator,
+attribute type, prototype and rule used here, with the public source it was checked
+against, is listed in docs/gpu.md ("cuBLASLt: the facts the binding relies on").
 
 The function table goes through `ctypes.CFUNCTYPE` prototypes made from addresses, so the
 tests can hand it a model of cuBLASLt written against the header on its own
@@ -49,6 +52,16 @@ PREF_MAX_WORKSPACE_BYTES = 1
 PREF_MIN_ALIGNMENT = (5, 6, 7, 8)  # A, B, C, D bytes
 WORKSPACE_BYTES = 4 << 20  # cuBLASLt's workspace, from the executable's arena
 MAX_ALIGNMENT = 256  # cuBLASLt's default alignment preference
+# cuBLAS's documentation of cublasLtMatmul: "The workspace pointer must be aligned to at least
+# a multiple of 256 bytes".
+WORKSPACE_ALIGNMENT = 256
+# The bias pointer has no alignment preference (the heuristic reads it from the descriptor);
+# Marian (src/tensors/gpu/prod.cpp) met misaligned-address failures below 8, then 16 bytes
+# (A100), and llm.c refuses any cuBLASLt pointer not 16-byte aligned: less runs unfused.
+BIAS_ALIGNMENT = 16
+# PyTorch keeps cuBLASLt away from dimensions of 65535 * 32 or more before CUDA 12.1
+# (aten/src/ATen/native/cuda/Blas.cpp); this binding does not read the library's version.
+MAX_DIMENSION = 65535 * 32
 
 
 class MatmulAlgo(ctypes.Structure):
@@ -198,12 +211,31 @@ def use_library(replacement: Library | None, reason: str = "") -> Iterator[Libra
         _override.remove(entry)
 
 
-def _alignment(*pointers: int) -> int:
-    """The largest power of two up to MAX_ALIGNMENT dividing every pointer."""
-    combined = MAX_ALIGNMENT
-    for pointer in pointers:
-        combined |= pointer
-    return combined & -combined
+def _stored_dims(gemm: StridedGemm) -> tuple[tuple[int, int], tuple[int, int]]:
+    """(rows, columns) of A = op(rhs^T) and B = op(lhs^T) as stored, column-major (the
+    layouts' dimensions: for op T the stored matrix is the transpose of op(X))."""
+    g = gemm
+    return ((g.k, g.n) if g.rhs.transpose else (g.n, g.k),
+            (g.m, g.k) if g.lhs.transpose else (g.k, g.m))
+
+
+def refusal(gemm: StridedGemm) -> str | None:
+    """Why `gemm`'s plan is not given to cuBLASLt at all, or None. Before CUDA 12.1,
+    PyTorch's addmm takes its cuBLASLt path only where every dimension is below 65535 * 32
+    and 16-bit operands are dense (its comment: to "skip 16b transA and non-trans-B having
+    leading dim >> rows when they are sliced from a large tensor"); the binding does not
+    read the library's version, so both hold for every version here."""
+    g = gemm
+    if max(g.m, g.n, g.k) >= MAX_DIMENSION:
+        return (f"a dimension of {max(g.m, g.n, g.k)} (m, n, k = {g.m}, {g.n}, {g.k}) is not "
+                f"below 65535 * 32")
+    if g.element_type in ("f16", "bf16"):
+        for name, operand, (rows, _) in zip(("rhs", "lhs"), (g.rhs, g.lhs), _stored_dims(g),
+                                            strict=True):
+            if operand.ld != max(1, rows):
+                return (f"the {g.element_type} {name} is read with leading dimension "
+                        f"{operand.ld} over {rows} rows (not dense)")
+    return None
 
 
 class LtMatmul:
@@ -225,15 +257,15 @@ class LtMatmul:
         set_attribute(lib, desc_attr, self.desc, MATMUL_DESC_EPILOGUE,
                       ctypes.c_uint32(epilogue.code))
         data = DATA_TYPES[g.element_type]
-        a_dims = (g.k, g.n) if g.rhs.transpose else (g.n, g.k)  # rows, columns as stored
-        b_dims = (g.m, g.k) if g.lhs.transpose else (g.k, g.m)
+        a_dims, b_dims = _stored_dims(g)
         self.layouts = [self._layout(data, *a_dims, g.rhs.ld, g.rhs.batch_stride),
                         self._layout(data, *b_dims, g.lhs.ld, g.lhs.batch_stride),
                         self._layout(data, g.n, g.m, max(1, g.n), g.m * g.n)]
         self.preference = lib.create("cublasLtMatmulPreferenceCreate")
         set_attribute(lib, "cublasLtMatmulPreferenceSetAttribute", self.preference,
                       PREF_MAX_WORKSPACE_BYTES, ctypes.c_uint64(WORKSPACE_BYTES))
-        self._algorithms: dict[int, HeuristicResult | None] = {}
+        # Per (alignment of A, B, C, D and the bias, the bias's own alignment).
+        self._algorithms: dict[tuple[int, int], HeuristicResult | None] = {}
         self._lock = threading.Lock()
         self._one, self._zero = ctypes.byref(ctypes.c_float(1.0)), ctypes.byref(ctypes.c_float(0.0))
         # Byte offsets of lhs, rhs and out per looped batch index (none: one call).
@@ -256,10 +288,13 @@ class LtMatmul:
                           LAYOUT_STRIDED_BATCH_OFFSET, ctypes.c_int64(stride))
         return layout
 
-    def _algorithm(self, alignment: int) -> HeuristicResult | None:
-        """cuBLASLt's first algorithm for pointers of `alignment` bytes (the bias pointer
-        is set already: the heuristic reads its alignment from the descriptor)."""
-        if alignment not in self._algorithms:
+    def _algorithm(self, key: tuple[int, int]) -> HeuristicResult | None:
+        """cuBLASLt's first algorithm for pointers of `key[0]` bytes' alignment and a bias
+        of `key[1]`'s. The bias pointer is set already: cublasLt.h says the heuristic
+        "depend[s] on its value to determine expected pointer alignment", so an algorithm
+        found for one bias alignment is not reused for a less aligned bias."""
+        alignment = key[0]
+        if key not in self._algorithms:
             lib = self.library
             for attribute in PREF_MIN_ALIGNMENT:
                 set_attribute(lib, "cublasLtMatmulPreferenceSetAttribute", self.preference,
@@ -274,27 +309,38 @@ class LtMatmul:
                 self.failures.append(f"cublasLtMatmulAlgoGetHeuristic: cublasStatus_t {status}")
             usable = status == CUBLAS_STATUS_SUCCESS and count.value > 0 and \
                 result.state == CUBLAS_STATUS_SUCCESS and result.workspace_size <= WORKSPACE_BYTES
-            self._algorithms[alignment] = result if usable else None
-        return self._algorithms[alignment]
+            self._algorithms[key] = result if usable else None
+        return self._algorithms[key]
 
     def run(self, lhs: int, rhs: int, out: int, bias: int | None, workspace: int,
             stream: int) -> bool:
         """`out = epilogue(dot(lhs, rhs))` on device pointers (dense operands as the plan
         reads them, copies made); False, having done nothing, where cuBLASLt has no
-        algorithm for these pointers' alignment (the caller then runs the unfused path)."""
+        algorithm for these pointers' alignment, or the bias is less than BIAS_ALIGNMENT or
+        the workspace less than WORKSPACE_ALIGNMENT bytes aligned (the caller then runs the
+        unfused path)."""
+        # Alignments: the largest power of two up to MAX_ALIGNMENT dividing the pointers
+        # (x & -x of x | MAX_ALIGNMENT), inline since this runs per call.
+        combined = lhs | rhs | out | MAX_ALIGNMENT
+        bias_alignment = MAX_ALIGNMENT
+        if bias is not None:
+            bias_alignment = (bias | MAX_ALIGNMENT) & -(bias | MAX_ALIGNMENT)
+            combined |= bias
+        if bias_alignment < BIAS_ALIGNMENT or workspace % WORKSPACE_ALIGNMENT:
+            self.refused += 1
+            return False
         shifts = self._shifts
-        combined = lhs | rhs | out | (bias or 0)
         if len(shifts) > 1:
             for shift in shifts:
                 combined |= shift[0] | shift[1] | shift[2]
-        alignment = _alignment(combined)
+        key = (combined & -combined, bias_alignment)
         lib, (a, b, d) = self.library, self.layouts
         with self._lock:  # the descriptor's bias pointer is per call
             if bias is not None and bias != self._bias:
                 set_attribute(lib, "cublasLtMatmulDescSetAttribute", self.desc,
                               MATMUL_DESC_BIAS_POINTER, ctypes.c_void_p(bias))
                 self._bias = bias
-            found = self._algorithm(alignment)
+            found = self._algorithm(key)
             if found is None:
                 self.refused += 1
                 return False
@@ -309,7 +355,7 @@ class LtMatmul:
                     # the caller's unfused path rewrites the whole output; this alignment
                     # is not tried again.
                     self.failures.append(f"cublasLtMatmul: cublasStatus_t {status}")
-                    self._algorithms[alignment] = None
+                    self._algorithms[key] = None
                     self.refused += 1
                     return False
             self.calls += 1

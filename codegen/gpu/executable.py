@@ -286,6 +286,10 @@ class GpuExecutable:
         if gemm.batch * gemm.m * gemm.n * gemm.calls == 0 or gemm.k == 0:
             self.lt_status[plan.name] = "cuBLAS + loop kernel: an empty product"
             return None
+        refused = cublaslt.refusal(gemm)
+        if refused is not None:
+            self.lt_status[plan.name] = f"cuBLAS + loop kernel: {refused}"
+            return None
         library, why = cublaslt.library(cupy) if cupy is not None else (None, "no CuPy")
         if library is None:
             self.lt_status[plan.name] = f"cuBLAS + loop kernel: {why}"

@@ -12,6 +12,16 @@ rows from the bias pointer, relu as max(x, 0)), in f32, rounded once into D's ty
 wrong transpose, layout or epilogue attribute gives wrong numbers. Accesses are checked to
 stay inside one live allocation (`fake_cupy._memory_at`).
 
+Documented rules it keeps: the workspace pointer must be 256-byte aligned (cuBLAS's
+documentation of cublasLtMatmul), else CUBLAS_STATUS_INVALID_VALUE; the heuristic reads the
+bias pointer from the descriptor "to determine expected pointer alignment" (cublasLt.h), so
+the algorithm it returns records that alignment and refuses a less aligned bias.
+Observed by public users, kept as such: the heuristic answers INVALID_VALUE for a GEMM with
+a dimension of 1 (PyTorch's addmm, aten/src/ATen/native/cuda/Blas.cpp), and a bias pointer
+less than 16-byte aligned fails with a misaligned address at run time (Marian's
+src/tensors/gpu/prod.cpp; llm.c checks 16): recorded in `errors` (a test fails) and
+answered CUBLAS_STATUS_EXECUTION_FAILED, since a device fault is not a refusal.
+
 Model choices, not cuBLASLt facts: the heuristic offers one algorithm, whose workspace is
 `workspace` bytes and which needs every pointer aligned to the preference's minimum
 alignment; it offers none below `min_alignment` (2 bytes by default: any element-aligned
@@ -31,6 +41,8 @@ import fake_cupy
 import numpy as np
 
 SUCCESS, NOT_INITIALIZED, INVALID_VALUE, NOT_SUPPORTED, INTERNAL_ERROR = 0, 1, 7, 15, 14
+EXECUTION_FAILED = 13
+WORKSPACE_ALIGNMENT, BIAS_FAULT_ALIGNMENT = 256, 16
 # attribute -> size in bytes (cublasLt.h: the attribute's type).
 DESC_SIZES = {0: 4, 1: 4, 2: 4, 3: 4, 4: 4, 5: 4, 6: 4, 7: 4, 8: 8, 10: 8, 11: 8, 12: 8,
               13: 8, 14: 8, 15: 4}
@@ -178,23 +190,28 @@ class FakeCublasLt:
                                 preference: int | None, requested: int, results: int | None,
                                 count: int | None) -> int:
         self._object(handle, "handle")
-        self._shapes(desc, a, b, c, d)  # raises on inconsistent descriptors
+        *_, m, n, k, _ = self._shapes(desc, a, b, c, d)  # raises on inconsistent ones
         prefs = self._object(preference, "preference").get("attributes", {})
         self.heuristic_queries += 1
         if self.heuristic_status != SUCCESS:
             return self.heuristic_status
         if requested < 1 or not results or not count:
             return INVALID_VALUE
+        if min(m, n, k) == 1:
+            return INVALID_VALUE
         alignment = min(prefs.get(attr, 256) for attr in (5, 6, 7, 8))
-        epilogue = self._object(desc, "desc").get("attributes", {}).get(7, EPILOGUE_DEFAULT)
+        attrs = self._object(desc, "desc").get("attributes", {})
+        epilogue = attrs.get(7, EPILOGUE_DEFAULT)
+        bias = attrs.get(8, 0) if epilogue & EPILOGUE_BIAS else 0
+        bias_alignment = min(256, bias & -bias) if bias else 256
         offered = alignment >= self.min_alignment and epilogue in (
             EPILOGUE_DEFAULT, EPILOGUE_RELU, EPILOGUE_BIAS, EPILOGUE_RELU_BIAS) and \
             prefs.get(1, 0) >= self.workspace
         ctypes.c_int.from_address(count).value = int(offered)
         if offered:
             ctypes.memset(results, 0, HEURISTIC_RESULT_BYTES)
-            struct.pack_into("<QQ", (ctypes.c_char * 16).from_address(results), 0, ALGO_MARK,
-                             alignment)
+            struct.pack_into("<QQQ", (ctypes.c_char * 24).from_address(results), 0, ALGO_MARK,
+                             alignment, bias_alignment)
             struct.pack_into("<Qif",
                              (ctypes.c_char * 16).from_address(results + 64), 0,
                              self.workspace, SUCCESS, 1.0)
@@ -226,13 +243,20 @@ class FakeCublasLt:
             return self.matmul_status
         attrs, layouts, transa, transb, m, n, k, batch = self._shapes(desc, a_desc, b_desc,
                                                                       c_desc, d_desc)
-        mark, alignment = struct.unpack("<QQ", ctypes.string_at(algo, 16)) if algo else (0, 0)
+        mark, alignment, bias_alignment = struct.unpack("<QQQ", ctypes.string_at(algo, 24)) \
+            if algo else (0, 0, 0)
         if mark != ALGO_MARK:
             return INVALID_VALUE
         epilogue, bias = attrs.get(7, EPILOGUE_DEFAULT), attrs.get(8, 0)
         pointers = [p or 0 for p in (a, b, c, d)] + ([bias] if epilogue & 4 else [])
-        if any(p % alignment for p in pointers) or workspace_size < self.workspace:
+        if any(p % alignment for p in pointers) or workspace_size < self.workspace or \
+                (workspace or 0) % WORKSPACE_ALIGNMENT:
             return INVALID_VALUE
+        if epilogue & EPILOGUE_BIAS and bias % BIAS_FAULT_ALIGNMENT:
+            self.errors.append(f"misaligned address: a bias at {bias:#x} (not 16-byte aligned)")
+            return EXECUTION_FAILED
+        if epilogue & EPILOGUE_BIAS and bias % bias_alignment:
+            return INVALID_VALUE  # an algorithm chosen for a more aligned bias
         fake_cupy._memory_at(workspace or 0, np.dtype(np.uint8), workspace_size)
         dtype = np.dtype(fake_cupy.CUDA_TYPES[layouts[0]["type"]])
 
