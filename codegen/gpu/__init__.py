@@ -3,7 +3,8 @@
 Takes the same optimized, fused, buffer-assigned HLO module as the CPU backend
 (`tfxla_lite.codegen.cpu`). Layout: `cuda_source.py` (types, literals, the prelude),
 `elemental.py` and `data_movement.py` (element generators, one per opcode: `EMITTERS`),
-`kernels.py` (which template each kernel uses, row groups, launch geometry),
+`kernels.py` (which template each kernel uses, launch geometry), `row_groups.py`
+(consecutive kernels over the same rows merged into one),
 `templates.py` (the `__global__` functions), `compiler.py` (the module's source and thunk
 list), `executable.py` (`GpuExecutable`: the buffer plan on one device arena, NVRTC
 through `cupy.RawModule`, launches), `gemm.py` (dots as cuBLAS strided-batched GEMMs),

@@ -1,9 +1,9 @@
 """The GPU backend's driver: an optimized, buffer-assigned HLO module → CUDA C → executable.
 
-`emit_program` is pure Python (no CuPy, no GPU): it plans the kernels (`kernels.py`),
-writes one CUDA translation unit (the prelude, the reducers and constant arrays the
-kernels share, then every kernel) and the *thunk list* the executable runs: a kernel
-launch, or a cuBLAS dot, per plan, in the entry computation's order. `compile` adds
+`emit_program` is pure Python (no CuPy, no GPU): it plans the kernels (`kernels.py`, then
+`row_groups.py`), writes one CUDA translation unit (the prelude, the reducers and constant
+arrays the kernels share, then every kernel) and the *thunk list* the executable runs: a
+kernel launch, or a cuBLAS dot, per plan, in the entry computation's order. `compile` adds
 the device side: NVRTC through `cupy.RawModule`, cached by a fingerprint of the module.
 """
 
@@ -16,6 +16,7 @@ from typing import Any
 from tfxla_lite.codegen.gpu.cuda_source import prelude
 from tfxla_lite.codegen.gpu.elemental import ModuleTables
 from tfxla_lite.codegen.gpu.kernels import KernelPlan, describe, plan_kernels, split_scratch
+from tfxla_lite.codegen.gpu.row_groups import merge_row_groups
 from tfxla_lite.codegen.gpu.templates import emit_plan
 from tfxla_lite.hlo.ir import HloModule, Instruction
 
@@ -71,7 +72,7 @@ def emit_program(module: HloModule, assignment: Any) -> GpuProgram:
     """The CUDA source and thunks of `module` (already optimized) under `assignment`."""
     entry = module.entry
     assert entry is not None and entry.root is not None
-    plans = plan_kernels(list(entry.instructions), assignment)
+    plans = merge_row_groups(plan_kernels(list(entry.instructions), assignment), assignment)
     tables = ModuleTables()
     kernels, thunks = [], []
     scratch = 0

@@ -2,10 +2,8 @@
 its launch geometry.
 
 The step between the buffer-assigned HLO module and the CUDA text. Every entry instruction
-that computes is one *kernel plan*, except that consecutive kernels over the same rows are
-merged into one *row group* (a softmax or layer norm: row reductions and their
-elementwise consumers, one block or warp per row; XLA's GPU backend gets the same from
-its multi-output fusions and `softmax rewriter`). Templates:
+that computes is one *kernel plan*; consecutive kernels over the same rows are then merged
+into one *row group* (`row_groups.py`). Templates:
 
 - `loop`: one thread per output element, grid-stride; a flat elementwise f32 kernel also
   gets a `float4` variant used when every buffer is 16-byte aligned.
@@ -26,7 +24,7 @@ its multi-output fusions and `softmax rewriter`). Templates:
   coalesced along the operand's minor dimension and written coalesced along the
   output's, XLA's transpose emitter. Transposes too small to pay for the tile (XLA's
   rule) stay `loop` kernels.
-- `row-group`: see above.
+- `row-group`: consecutive kernels over the same rows, one team per row (`row_groups.py`).
 - `row-fusion`: a kCustom fusion of the `fuse-rows` pass (softmax, layer norm): a team
   per row folds each of its reduces in order (the results shared through shared memory),
   then computes the row's outputs; wide values between stages are recomputed, not stored.
@@ -68,7 +66,6 @@ SPLIT_MAX_ROWS = 64  # ... when there are at most this many (a guess, never meas
 SPLIT_CHUNK = 1 << 14  # elements per partial (at least)
 SPLIT_MAX_CHUNKS = 1024
 COLUMN_TILE = (32, 8)  # outputs x slices of a column-reduction block
-ROW_GROUP_MAX_WIDTH = 1 << 16  # a single-row group (R = 1) must stay this small
 # A multi-output fusion's loop result is stored by a reduction phase that runs on one
 # block only up to this many elements (64 KiB of f32): one multiprocessor's stores of
 # that much cost about a kernel launch (a few us at tens of GB/s). A guess, never measured.
@@ -614,8 +611,9 @@ def epilogue_dot(fusion: Instruction) -> Instruction | None:
 
 
 def plan_kernels(entry_instructions: list[Instruction], assignment: Any) -> list[KernelPlan]:
-    """The kernels of an entry computation, in execution order (`assignment`: its buffers,
-    which decide whether a row group may merge kernels)."""
+    """The kernel of each entry instruction that computes, on its own, in execution order
+    (`assignment`: its buffers). `row_groups.merge_row_groups` then merges runs of them
+    over the same rows (`compiler.emit_program` does both)."""
     root = entry_instructions[-1] if entry_instructions else None
     plans: list[KernelPlan] = []
     used: set[str] = set()
@@ -631,148 +629,7 @@ def plan_kernels(entry_instructions: list[Instruction], assignment: Any) -> list
             name += "_"
         used.update(name + suffix for suffix in DERIVED_SUFFIXES)
         plans.append(plan_instruction(inst, name, assignment))
-    return merge_row_groups(plans, assignment)
-
-
-# -- row groups ----------------------------------------------------------------------------
-
-def _group_rows(plan: KernelPlan) -> int | None:
-    """The rows a reduction plan could lead a row group with, if any."""
-    if plan.kind not in ("row-reduction", "loop") or len(plan.members) != 1:
-        return None
-    root, _ = kernel_body(plan.members[0])
-    if root.opcode != "reduce" or root.shape.is_tuple or not is_row_reduction(root):
-        return None
-    rows = root.shape.num_elements
-    width = root.operand(0).shape.num_elements // max(rows, 1)
-    if rows == 0 or width < 2 or (rows == 1 and width > ROW_GROUP_MAX_WIDTH):
-        return None
-    return rows
-
-
-def _can_join(plan: KernelPlan, rows: int, group: list[Instruction]) -> bool:
-    """Whether `plan` may run in a row group of `rows` rows after `group`'s members."""
-    if len(plan.members) != 1 or plan.kind not in ("loop", "row-reduction"):
-        return False
-    inst = plan.members[0]
-    if inst.shape.is_tuple:
-        return False
-    root, computed = kernel_body(inst)
-    if root.opcode == "reduce":
-        if not is_row_reduction(root) or root.shape.num_elements != rows:
-            return False
-    elif not (inst.opcode == "fusion" and inst.attributes.get("kind") == "kLoop"
-              or is_elementwise(inst.opcode)):
-        return False
-    elif inst.shape.num_elements % rows or not inst.shape.num_elements:
-        return False
-    reads = [n for n, o in enumerate(inst.operands) if any(o is m for m in group)]
-    return bool(reads) and all(reads_row_local(inst, n, rows) for n in reads)
-
-
-def reads_row_local(inst: Instruction, operand_number: int, rows: int) -> bool:
-    """Whether `inst` (an entry kernel) reads operand `operand_number` only in row r when it
-    computes row r, both viewed as `rows` rows of contiguous elements."""
-    if rows == 1:
-        return True
-    if inst.opcode != "fusion":
-        return _edge_is_row_local(inst, inst.operand(operand_number), rows)
-    computation = inst.fused_computation
-    start = computation.parameter(operand_number)
-    stack, seen = [start], {id(start)}
-    while stack:
-        node = stack.pop()
-        for user in node.users:
-            if not _edge_is_row_local(user, node, rows):
-                return False
-            if id(user) not in seen:
-                seen.add(id(user))
-                stack.append(user)
-    return True
-
-
-def _edge_is_row_local(user: Instruction, operand: Instruction, rows: int) -> bool:
-    if user.shape.is_tuple or operand.shape.num_elements % rows or \
-            user.shape.num_elements % rows:
-        return False
-    if user.opcode == "reduce":
-        return user.operand(0) is operand and operand is not user.operand(1) and \
-            is_row_reduction(user) and user.shape.num_elements == rows
-    if is_elementwise(user.opcode):
-        return operand.shape.dims == user.shape.dims
-    if user.opcode in ("reshape", "bitcast"):
-        return True  # the linear index, hence the row, is kept
-    if user.opcode == "broadcast":
-        dimensions = user.dimensions
-        product = 1
-        for k in range(user.shape.rank + 1):
-            if product == rows:
-                if len(dimensions) >= k and all(dimensions[i] == i for i in range(k)) \
-                        and operand.shape.dims[:k] == user.shape.dims[:k] \
-                        and all(d >= k for d in dimensions[k:]):
-                    return True
-            if k < user.shape.rank:
-                product *= user.shape.dims[k]
-    return False
-
-
-def _buffers_allow(group: list[Instruction], assignment: Any) -> bool:
-    """Merged kernels run interleaved, a team per row: no member may write where any
-    member reads an outside value. Two members may share a buffer (buffer assignment
-    reuses a dead member's bytes, or writes one in place of another) only when row r of
-    each lies on the same bytes (same offset and size), every reader of the earlier one
-    runs before the later one writes (or is the later one, reading in place: at its own
-    index only), so each team has finished with its row before it overwrites it."""
-    outputs = [assignment.slice_of(m) for m in group]
-    member_ids = {id(m) for m in group}
-    inputs = [assignment.slice_of(o) for m in group for o in m.operands
-              if id(o) not in member_ids]
-    in_place: dict[str, str] = getattr(assignment, "in_place", {}) or {}
-    position = {id(m): n for n, m in enumerate(group)}
-    for n, (member, out) in enumerate(zip(group, outputs)):
-        if any(out.may_overlap(value) for value in inputs):
-            return False
-        for later, other in zip(group[n + 1:], outputs[n + 1:]):
-            if not out.may_overlap(other):
-                continue
-            if (out.offset, out.size) != (other.offset, other.size):
-                return False
-            readers = [position.get(id(user)) for user in member.users]
-            if any(r is None or r > position[id(later)] for r in readers):
-                return False
-            if any(o is member for o in later.operands) and in_place.get(later.name) != \
-                    member.name:
-                return False
-    return True
-
-
-def merge_row_groups(plans: list[KernelPlan], assignment: Any) -> list[KernelPlan]:
-    """Merge runs of consecutive kernels over the same rows (module docstring)."""
-    merged: list[KernelPlan] = []
-    n = 0
-    while n < len(plans):
-        rows = _group_rows(plans[n])
-        if rows is None:
-            merged.append(plans[n])
-            n += 1
-            continue
-        group = [plans[n].members[0]]
-        end = n + 1
-        while end < len(plans) and _can_join(plans[end], rows, group) and \
-                _buffers_allow(group + plans[end].members, assignment):
-            group.append(plans[end].members[0])
-            end += 1
-        if len(group) == 1:
-            merged.append(plans[n])
-            n += 1
-            continue
-        widths = [m.shape.num_elements // rows if kernel_body(m)[0].opcode != "reduce"
-                  else kernel_body(m)[0].operand(0).shape.num_elements // rows for m in group]
-        team = row_team(max(widths))
-        merged.append(KernelPlan("row-group", plans[n].name + "_row_group", group,
-                                 row_launch(rows, team), team, rows, max(widths)))
-        n = end
-    return merged
+    return plans
 
 
 def describe(plans: list[KernelPlan]) -> str:

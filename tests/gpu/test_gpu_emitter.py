@@ -18,11 +18,11 @@ from tfxla_lite.codegen.gpu.cuda_source import literal
 from tfxla_lite.codegen.gpu.kernels import (
     SPLIT_MAX_CHUNKS,
     Launch,
-    reads_row_local,
     row_launch,
     row_team,
     split_plan,
 )
+from tfxla_lite.codegen.gpu.row_groups import reads_row_local
 from tfxla_lite.hlo.ir import HloModule
 from tfxla_lite.hlo.opcodes import OPCODES
 from tfxla_lite.hlo.shape import Shape
@@ -132,7 +132,7 @@ def test_gpu_row_locality_rules() -> None:
 
 
 def test_gpu_row_group_buffer_sharing_rules() -> None:
-    from tfxla_lite.codegen.gpu.kernels import _buffers_allow
+    from tfxla_lite.codegen.gpu.row_groups import _buffers_allow
     from tfxla_lite.passes import optimize
     from tfxla_lite.passes.buffer_assignment import BufferSlice
 
