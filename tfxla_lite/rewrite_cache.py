@@ -297,17 +297,67 @@ def _escape(text: str) -> str:  # as the HLO printer escapes strings
     return text.replace("\\", "\\\\").replace('"', '\\"')
 
 
-def fallbacks_from(entry: RewriteEntry, graph: tf.Graph) -> list[FallbackNode]:
+def fallbacks_from(entry: RewriteEntry, graph: tf.Graph, lazy: bool = False
+                   ) -> list[FallbackNode]:
     """The entry's nodes left to TF, their source lines looked up in `graph` (KeyError
-    or ValueError for a name `graph` lacks)."""
+    or ValueError for a name `graph` lacks); with `lazy`, when each is first read."""
     from tfxla_lite.clustering.mark import format_source
 
-    return [FallbackNode(name, op_type, reason, format_source(graph.get_operation_by_name(name)))
-            for name, op_type, reason in entry.fallbacks]
+    nodes: list[FallbackNode] = []
+    for name, op_type, reason in entry.fallbacks:
+        operation = graph.get_operation_by_name(name)
+        nodes.append(_TraceFallbackNode(name, op_type, reason, operation=operation) if lazy else
+                     FallbackNode(name, op_type, reason, format_source(operation)))
+    return nodes
 
 
 def report_from(entry: RewriteEntry, function_name: str, jit_compile: bool | None,
                 graph: tf.Graph) -> ClusteringReport:
-    """The entry's clustering report, its source lines looked up in `graph`."""
+    """The entry's clustering report, its source lines looked up in `graph` when read."""
     return ClusteringReport(function_name, jit_compile, list(entry.report_clusters),
-                            fallbacks_from(entry, graph))
+                            fallbacks_from(entry, graph, lazy=True))
+
+
+class _TraceFallbackNode(FallbackNode):
+    """A node of a rewrite cache hit's report whose source line is looked up in the trace
+    when first read: a warm start reads none (a Keras training step leaves its variable
+    plumbing to TF, and finding the user's frame of each of the MLP step's 28 such nodes
+    in TF's tracebacks took 1.5-1.7 ms of CPU), while a report printed, shown or compared reads the
+    same line as an eager lookup. Equal to, hashed and printed as the `FallbackNode` of
+    the same fields."""
+
+    def __init__(self, op_name: str, op_type: str, reason: str, source: str | None = None,
+                 operation: Any = None) -> None:  # `source` as the dataclass's (`replace`)
+        super().__init__(op_name, op_type, reason, source)
+        if operation is not None:
+            self.__dict__["_operation"] = operation
+
+    @property  # type: ignore[override]
+    def source(self) -> str | None:
+        operation = self.__dict__.get("_operation")
+        if operation is not None:
+            from tfxla_lite.clustering.mark import format_source
+
+            # The line is set before the operation goes: a reader on another thread finds
+            # one or the other.
+            self.__dict__["_source"] = format_source(operation)
+            self.__dict__.pop("_operation", None)
+        return self.__dict__["_source"]
+
+    @source.setter
+    def source(self, value: str | None) -> None:  # the dataclass's __init__
+        self.__dict__["_source"] = value
+
+    def _fields(self) -> tuple[Any, ...]:
+        return self.op_name, self.op_type, self.reason, self.source
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, FallbackNode):
+            return NotImplemented
+        return self._fields() == (other.op_name, other.op_type, other.reason, other.source)
+
+    def __hash__(self) -> int:
+        return hash(self._fields())  # as the frozen dataclass hashes its fields
+
+    def __repr__(self) -> str:
+        return repr(FallbackNode(*self._fields()))

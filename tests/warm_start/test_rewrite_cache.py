@@ -101,6 +101,33 @@ def test_source_lines_are_the_current_functions(cache_root: Path) -> None:
     np.testing.assert_array_equal(values[0], _expected()[0])
 
 
+def test_a_hit_looks_the_fallbacks_source_lines_up_only_when_read(
+        cache_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib
+
+    # The module: the package's own `mark` is the function.
+    mark = importlib.import_module("tfxla_lite.clustering.mark")
+    _compile(first)
+    cache.clear_memory()
+    looked_up: list[str] = []
+    format_source = mark.format_source
+    monkeypatch.setattr(mark, "format_source",
+                        lambda op: looked_up.append(op.name) or format_source(op))
+    before = cache.stats()
+    function, _ = _compile(second)
+    assert _delta(before)["rewrite_hits"] == 1
+    report = function.explain(tf.constant(X))
+    assert report.fallbacks and looked_up == []  # a warm start reads none of them
+    graph = function._programs[next(iter(function._programs))].graph
+    sources = [f.source for f in report.fallbacks]
+    assert sorted(looked_up) == sorted(f.op_name for f in report.fallbacks)
+    assert sources == [format_source(graph.get_operation_by_name(f.op_name))
+                       for f in report.fallbacks]
+    assert any(s and s.endswith(f":{_line(second)}") for s in sources), sources
+    assert [f.source for f in report.fallbacks] == sources  # read again: looked up once
+    assert len(looked_up) == len(report.fallbacks)
+
+
 def _damage(path: Path, how: str) -> None:
     data = path.read_bytes()
     if how == "truncated":
