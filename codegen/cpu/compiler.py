@@ -406,8 +406,8 @@ def compile(module: HloModule, assignment: Any, hlo_text: str = "",
     compiled at once by a cheap LLVM (the *quick tier*: the O1 pipeline, code generation
     at level 0), and the O3 compile of the same IR goes on in the background; when it is
     done the executable switches to the O3 code (`TieredExecutable`). Only the O3 code
-    goes into the caches; a cache hit has no quick tier, and neither has a module with
-    register-blocked dots (`tiers.worth_tiering`).
+    goes into the caches; a cache hit has no quick tier. Register-blocked dots' block
+    functions are compiled at O3 in the quick tier too (`tiers.O3_EVEN_WHEN_QUICK`).
     """
     team = parallel.effective_threads(threads)
     entry = module.entry
@@ -433,9 +433,11 @@ def compile(module: HloModule, assignment: Any, hlo_text: str = "",
     code = kernel_cache.memory_lookup(key) if caches.memory else None
     if code is None and caches.disk:
         code = kernel_cache.disk_load(key, signature)
-    if code is None and tiered and tiers.worth_tiering(module):
-        emitted = _emit_code(module, assignment, team, donations)
-        quick = tiers.quick_code(emitted.split.parts, ENTRY_NAME, emitted.split.exported)
+    if code is None and tiered:
+        emitted = _emit_code(module, assignment, team, donations, tiered=True)
+        quick_split = emitted.quick_split or emitted.split
+        quick = tiers.quick_code(quick_split.parts, ENTRY_NAME, quick_split.exported,
+                                 o3_last=quick_split.apart)
         executable = TieredExecutable(
             **described, kernel_count=emitted.kernel_count, llvm_ir=emitted.split.text,
             llvm_ir_optimized=None, entry_address=quick.entry_address, engine=quick.engine,
@@ -470,6 +472,9 @@ class EmittedModule:
 
     split: module_split.SplitModule
     kernel_count: int
+    # The quick tier's parts, when they differ from `split`'s: the functions it compiles
+    # at O3 all the same set apart in the last part (`tiers.o3_even_when_quick`).
+    quick_split: module_split.SplitModule | None = None
 
 
 def _finish_code(emitted: EmittedModule, key: str, signature: dict[str, Any],
@@ -504,8 +509,10 @@ def _o3_machine_code(emitted: EmittedModule, threads: int | None = None
 
 
 def _emit_code(module: HloModule, assignment: Any, team: int,
-               donations: tuple[tuple[int, int], ...] = ()) -> EmittedModule:
-    """The module's LLVM IR (kernels and `entry`), cut into parts (`module_split`)."""
+               donations: tuple[tuple[int, int], ...] = (),
+               tiered: bool = False) -> EmittedModule:
+    """The module's LLVM IR (kernels and `entry`), cut into parts (`module_split`);
+    `tiered`: also the quick tier's parts, if any function must be set apart."""
     entry = module.entry
     assert entry is not None and entry.root is not None
     root = entry.root
@@ -578,7 +585,13 @@ def _emit_code(module: HloModule, assignment: Any, team: int,
     # (module_split.py); one engine links the objects.
     split = module_split.split_module(llvm_module, ENTRY_NAME, engine.optimizer_threads(),
                                       engine.PARALLEL_IR_BYTES, kernels.texts)
-    return EmittedModule(split, kernel_count)
+    apart = tiers.o3_even_when_quick(llvm_module.globals) if tiered else []
+    quick_split = None
+    if apart:
+        quick_split = module_split.split_module(
+            llvm_module, ENTRY_NAME, engine.optimizer_threads(), engine.PARALLEL_IR_BYTES,
+            kernels.texts, apart=apart)
+    return EmittedModule(split, kernel_count, quick_split)
 
 
 class PendingExecutable(Executable):

@@ -26,6 +26,10 @@ the parallel runtime; a global symbol of its part's object, which the other part
 calls; `engine.link_parts` makes it internal again when the optimized text is asked
 for); constants (internal globals) are copied into each part that reads them, since a
 declared constant could not be folded (each object holds its own copy).
+
+Functions can also be *set apart* (`apart`): they go into a last part of their own,
+whatever the cut of the rest, so that LLVM can compile that part at other levels (the
+quick tier of a tiered compile keeps register-blocked dots at O3: `tiers.py`).
 """
 
 from __future__ import annotations
@@ -48,6 +52,12 @@ _ADDRESS_TAKEN = re.compile(
 # own cost (contexts, the bitcode link, a thread's start) takes most of that (softmax:
 # one task holding 96% of the module, 50 ms slower in parts).
 MAX_LARGEST_SHARE = 0.75
+# Units are packed by IR size plus this much per unit: LLVM's time is not proportional
+# to IR text. Each task's loops cost the vectorizer and the code generator about as much
+# as 6 KB of `entry`'s straight-line launches (the MLP step's parts at the quick tier:
+# `entry` alone, 39 KB, 35 ms; its 11 tasks, 2-4.5 KB each, 6-11 ms each alone and 77 ms
+# together; packed by size alone the second part took 2.2x the first's time).
+UNIT_BYTES = 6 * 1024
 
 
 @dataclass(frozen=True)
@@ -60,15 +70,23 @@ class SplitModule:
     # Functions that were internal and are external in the parts, for the calls
     # between parts; internal again once the parts' IR is linked (`engine.link_parts`).
     exported: frozenset[str] = frozenset()
+    # Whether the last part holds the functions set apart (`split_module`'s `apart`).
+    apart: bool = False
 
 
 def split_module(module: ir.Module, entry_name: str, parts: int,
-                 min_bytes: int = 0, printed: dict[str, str] | None = None) -> SplitModule:
+                 min_bytes: int = 0, printed: dict[str, str] | None = None,
+                 apart: Collection[str] = ()) -> SplitModule:
     """`module`'s text, and the same cut into at most `parts` modules. It is not cut
     when `parts` < 2, when its text is shorter than `min_bytes`, when it has a single
     unit, when one part would hold most of it (`MAX_LARGEST_SHARE`), or when one of
     its global variables is not an internal constant (it would need one definition
-    and declarations). `printed`: globals' texts already printed (not changed since)."""
+    and declarations). `printed`: globals' texts already printed (not changed since).
+
+    `apart`: functions (other than the entry) defined in a part of their own, the last,
+    added to the cut above (or to the whole module when it is not cut); `apart` in the
+    result says whether that was done (not when none is defined, nor when a global
+    variable keeps the module whole)."""
     functions = {f.name: f for f in module.functions if not f.is_declaration}
     printed = printed or {}
     texts = {name: printed.get(name) or str(value) for name, value in module.globals.items()}
@@ -81,30 +99,51 @@ def split_module(module: ir.Module, entry_name: str, parts: int,
     metadata += [str(node) for node in module.metadata]
     whole = "\n".join(header + types + list(texts.values()) + metadata)
     variables = [g for g in module.globals.values() if isinstance(g, ir.GlobalVariable)]
-    if parts < 2 or len(whole) < min_bytes or entry_name not in functions or any(
-            g.linkage not in ("internal", "private") for g in variables):
+    set_apart = sorted(n for n in apart if n in functions and n != entry_name)
+    if entry_name not in functions or any(g.linkage not in ("internal", "private")
+                                          for g in variables):
+        return SplitModule(whole, [whole])
+    cut = parts >= 2 and len(whole) >= min_bytes
+    if not cut and not set_apart:
         return SplitModule(whole, [whole])
     references = {name: _names(_GLOBAL_REFERENCE, texts[name], module.globals)
                   for name in functions}
-    taken = set().union(*(_names(_ADDRESS_TAKEN, texts[n], functions) for n in functions))
-    units = _units(entry_name, functions, references, taken - {entry_name})
-    if len(units) < 2:
-        return SplitModule(whole, [whole])
-    bins: list[list[str]] = [[] for _ in range(min(parts, len(units)))]
-    sizes = [0] * len(bins)
-    for unit in sorted(units, key=lambda u: -sum(len(texts[n]) for n in u)):
-        smallest = sizes.index(min(sizes))
-        bins[smallest] += unit
-        sizes[smallest] += sum(len(texts[n]) for n in unit)
-    if max(sizes) > MAX_LARGEST_SHARE * sum(sizes):
-        return SplitModule(whole, [whole])
+    rest = {name: f for name, f in functions.items() if name not in set_apart}
+    taken = set().union(*(_names(_ADDRESS_TAKEN, texts[n], rest) for n in rest))
+    units = _units(entry_name, rest, references, taken - {entry_name})
+    bins = _packed(units, parts, texts, 0) if cut and len(units) >= 2 else None
+    if bins is not None:
+        bins = _packed(units, parts, texts, UNIT_BYTES) or bins
+    if bins is None:
+        if not set_apart:
+            return SplitModule(whole, [whole])
+        bins = [[name for unit in units for name in unit]]
+    if set_apart:
+        bins.append(set_apart)
     owner = {name: number for number, names in enumerate(bins) for name in names}
     exported = {name for caller, called in references.items() for name in called
                 if name in functions and owner[name] != owner[caller]}
     body = header + types
     return SplitModule(whole, [
         "\n".join(body + _part_lines(module, set(names), texts, references, exported)
-                  + metadata) for names in bins], frozenset(exported))
+                  + metadata) for names in bins], frozenset(exported), bool(set_apart))
+
+
+def _packed(units: list[list[str]], parts: int, texts: dict[str, str],
+            unit_bytes: int) -> list[list[str]] | None:
+    """`units` packed into at most `parts` bins by IR size plus `unit_bytes` each,
+    largest first, each into the smallest bin so far; None when one bin would hold
+    most of that (`MAX_LARGEST_SHARE`). Whether to cut is decided by size alone (the
+    caller packs with 0 first), how to cut with `UNIT_BYTES`."""
+    bins: list[list[str]] = [[] for _ in range(min(parts, len(units)))]
+    sizes = [0] * len(bins)
+    for unit in sorted(units, key=lambda u: -sum(len(texts[n]) for n in u)):
+        smallest = sizes.index(min(sizes))
+        bins[smallest] += unit
+        sizes[smallest] += sum(len(texts[n]) for n in unit) + unit_bytes
+    if max(sizes) > MAX_LARGEST_SHARE * sum(sizes):
+        return None
+    return bins
 
 
 def _names(pattern: re.Pattern[str], text: str, known: Collection[str]) -> set[str]:

@@ -8,9 +8,10 @@ tier* (the O1 pipeline and code generation at level 0, 20-35% less LLVM time for
 kernels 1.1-2.8x slower: docs/benchmarks.md, "What a cheaper LLVM level would give a
 cold first call"), and the O3 compile of the same IR in the background; once that is
 done the executable runs the O3 code. Only O3 code reaches the kernel caches, so a
-warm process never loads quick code. Modules with register-blocked dots get no quick
-tier (`worth_tiering`), and the compile thread runs at a lower priority
-(`BACKGROUND_NICE`; `TFXLA_LITE_BACKGROUND_NICE` overrides it, for A/B runs).
+warm process never loads quick code. Register-blocked dots' block functions are
+compiled at O3 even in the quick tier, in a part of their own (`O3_EVEN_WHEN_QUICK`),
+and the compile thread runs at a lower priority (`BACKGROUND_NICE`;
+`TFXLA_LITE_BACKGROUND_NICE` overrides it, for A/B runs).
 
 The swap. The quick tier's object holds, beside the module, a trampoline that is the
 executable's entry (the address the launch op and `Executable.__call__` call) and a
@@ -48,7 +49,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,13 +72,20 @@ EXIT_WAIT_SECONDS = 10.0
 # MLP step's 300 +300 ms, on slow quick code); 10 is between (docs/benchmarks.md).
 BACKGROUND_NICE = 10
 
-# A module with a dot that register blocks compute (`dot_blocks.py`) gets no quick tier:
-# blocks ran 3-7x slower at the quick tier's levels (mlp_infer_b64 1.63 against 0.42
-# ms; at code generation level 1 as fast as O3 but as costly to compile), and a
-# training loop started at once paid more in slow steps until the swap than its first
-# call saved. Dots by the library GEMM ran at O3's speed at the quick tier (MLP 2.33
-# against 2.44 ms, the MLP step 3.16 against 3.32) and emitted small dots and
-# vector-matrix products within 1.15x (batch-1 inference 0.060 against 0.054 ms).
+# Functions (by name prefix) that the quick tier compiles at O3 all the same, in a part
+# of their own (`module_split`'s `apart`), beside the rest at the quick levels: the
+# register blocks of dots (`dot_blocks.py`, one noinline function per block shape) ran
+# 3-7x slower at the quick tier's levels (mlp_infer_b64 1.63 against 0.42 ms; at code
+# generation level 1 as fast as O3 but as costly to compile), and a training loop
+# started at once paid more in slow steps until the swap than its first call saved.
+# The block's callers (the tile loops) and the rest of such a module take the quick
+# tier: self-attention's module costs 91 ms of LLVM at O3 and 66 at the quick levels,
+# its block alone 12 at O3 (docs/benchmarks.md, "Register blocks at O3 inside the quick
+# tier"). Dots by
+# the library GEMM ran at O3's speed at the quick tier (MLP 2.33 against 2.44 ms, the MLP
+# step 3.16 against 3.32) and emitted small dots and vector-matrix products within
+# 1.15x (batch-1 inference 0.060 against 0.054 ms).
+O3_EVEN_WHEN_QUICK = ("dot_block.",)
 
 TIER_ENTRY = "tfxla_lite.tier.entry"
 TIER_SET = "tfxla_lite.tier.set"
@@ -124,30 +132,31 @@ class QuickCode:
     internal: frozenset[str]
 
 
-def worth_tiering(module: Any) -> bool:
-    """Whether `module` (optimized) gets a quick tier: none of its kernels is a dot that
-    register blocks compute (`dot.choose_strategy` "blocked")."""
-    from tfxla_lite.codegen.cpu import dot  # it imports the engine this module imports
-
-    entry = module.entry
-    for inst in entry.instructions if entry is not None else ():
-        product = dot.kernel_dot(inst)
-        plan = dot.plan_gemm(product) if product is not None else None
-        if plan is not None and dot.choose_strategy(plan) == "blocked":
-            return False
-    return True
+def o3_even_when_quick(names: Iterable[str]) -> list[str]:
+    """The functions among `names` that the quick tier compiles at O3 (`O3_EVEN_WHEN_QUICK`)."""
+    return [name for name in names if name.startswith(O3_EVEN_WHEN_QUICK)]
 
 
-def quick_code(parts: list[str], entry_name: str, internal: frozenset[str]) -> QuickCode:
+def quick_code(parts: list[str], entry_name: str, internal: frozenset[str],
+               o3_last: bool = False) -> QuickCode:
     """Compile a module's emitted `parts` at the quick tier's levels, with the trampoline
-    added to the part that defines `entry_name`, and load them into one engine."""
+    added to the part that defines `entry_name`, and load them into one engine.
+    `o3_last`: the last part (the functions `o3_even_when_quick` set apart) is compiled
+    at O3 on a thread of its own, beside the others."""
     parts = list(parts)
     marker = f'define void @"{entry_name}"('
     owner = next((n for n, text in enumerate(parts) if marker in text), None)
-    if owner is None:
-        raise RuntimeError(f"tiered compile: no part defines {entry_name!r}")
+    if owner is None or (o3_last and owner == len(parts) - 1):
+        raise RuntimeError(f"tiered compile: no quick part defines {entry_name!r}")
     parts[owner] += _trampoline(entry_name)
-    compiled = engine.compile_parts(parts, QUICK_SPEED_LEVEL, QUICK_CODEGEN_LEVEL)
+    if o3_last:
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            o3 = pool.submit(engine.compile_parts, parts[-1:])
+            quick = engine.compile_parts(parts[:-1], QUICK_SPEED_LEVEL, QUICK_CODEGEN_LEVEL)
+            compiled = engine.CompiledParts(quick.objects + o3.result().objects,
+                                            quick.bitcode + o3.result().bitcode)
+    else:
+        compiled = engine.compile_parts(parts, QUICK_SPEED_LEVEL, QUICK_CODEGEN_LEVEL)
     llvm_engine = engine.load_objects(compiled.objects)
     entry = llvm_engine.get_function_address(TIER_ENTRY)
     setter = llvm_engine.get_function_address(TIER_SET)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -58,18 +59,24 @@ def _tiered(cache_root: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 _GATES: list[Any] = []
 
 
-def _gate_o3(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """Hold every O3 compile until the returned event is set (the quick tier is not held)."""
+def _gate_o3(monkeypatch: pytest.MonkeyPatch, calls: list[Any] | None = None) -> Any:
+    """Hold every background O3 compile until the returned event is set (the quick tier,
+    O3 parts of its own included, is not held); `calls` gets (speed level, code
+    generation level, texts, thread name) of every compile."""
     import threading
 
     release = threading.Event()
     _GATES.append(release)
     compile_parts = engine.compile_parts
 
-    def gated(texts: list[str], speed_level: int = 3, *args: Any, **kwargs: Any) -> Any:
-        if speed_level == 3:
+    def gated(texts: list[str], speed_level: int = 3, codegen_level: int = 3,
+              *args: Any, **kwargs: Any) -> Any:
+        thread = threading.current_thread().name
+        if calls is not None:
+            calls.append((speed_level, codegen_level, list(texts), thread))
+        if speed_level == 3 and thread.startswith("tfxla-lite-llvm"):
             assert release.wait(60)
-        return compile_parts(texts, speed_level, *args, **kwargs)
+        return compile_parts(texts, speed_level, codegen_level, *args, **kwargs)
 
     monkeypatch.setattr(engine, "compile_parts", gated)
     return release
@@ -276,17 +283,39 @@ def _dense(x: Any, w: Any) -> Any:
     return tf.nn.relu(tf.matmul(x, w) + 1.0)
 
 
-def test_a_module_with_register_blocked_dots_gets_no_quick_tier() -> None:
-    """Blocks ran 3-7x slower at the quick tier's levels (tiers.worth_tiering)."""
+def test_register_blocks_compile_at_o3_inside_the_quick_tier(monkeypatch) -> None:
+    """Blocks ran 3-7x slower at the quick tier's levels: their functions are set apart
+    in a part compiled at O3 (tiers.O3_EVEN_WHEN_QUICK), the rest of the module at the
+    quick levels; the result is TF's, and the O3 code swapped in gives the same bits."""
+    calls: list[Any] = []
+    release = _gate_o3(monkeypatch, calls)
     x = _input(15)  # 64 rows: register blocks (dot_blocks.MAX_ROWS)
     w = np.ascontiguousarray(np.resize(_input(16), (128, 64)))
     before = cache.stats()
     f = tl.function(_dense, jit_compile=True, options=NO_VERIFY)
-    got = f(x, w).numpy()
-    assert cache.stats().quick_compilations == before.quick_compilations
-    assert all(e.tier == "o3" and not isinstance(e, tiers.TieredExecutable)
-               for e in _executables(f))
-    assert_close(got, tf.function(_dense)(x, w).numpy(), "MatMul")
+    quick = f(x, w).numpy()
+    executables = _executables(f)
+    assert executables and all(e.tier == "quick" for e in executables)
+    assert cache.stats().quick_compilations - before.quick_compilations == len(executables)
+    assert_close(quick, tf.function(_dense)(x, w).numpy(), "MatMul")
+    foreground = [c for c in calls if not c[3].startswith("tfxla-lite-llvm")]
+    at_o3 = [c for c in foreground if c[:2] == (3, 3)]
+    at_quick = [c for c in foreground if c[:2] == (tiers.QUICK_SPEED_LEVEL,
+                                                   tiers.QUICK_CODEGEN_LEVEL)]
+    assert len(at_o3) == len(at_quick) == len(executables)
+    for _, _, texts, _ in at_o3:  # the blocks alone, defined and external
+        (text,) = texts
+        defined = re.findall(r'^define (?:internal )?void @"([^"]+)"', text, re.M)
+        assert defined and all(name.startswith("dot_block.") for name in defined)
+        assert "define internal" not in text
+    for _, _, texts, _ in at_quick:  # the rest: the tile loops call the blocks declared
+        assert not any('define void @"dot_block.' in t or 'define internal void @"dot_block.'
+                       in t for t in texts)
+        assert any('declare void @"dot_block.' in t for t in texts)
+    release.set()
+    assert tl.wait_for_compiles(60)
+    assert all(e.tier == "o3" and e.tier_error is None for e in executables)
+    np.testing.assert_array_equal(f(x, w).numpy(), quick)
 
 
 def test_a_library_dot_runs_on_the_quick_tier_like_tf(monkeypatch) -> None:

@@ -7,6 +7,7 @@ module computes, bit for bit, and what the NumPy evaluator computes."""
 from __future__ import annotations
 
 import ctypes
+import re
 import struct
 import sys
 from typing import Any
@@ -128,6 +129,79 @@ def test_a_module_with_a_mutable_global_stays_whole() -> None:
     ir.GlobalVariable(module, F32, name="state").initializer = F32(0.0)
     split = module_split.split_module(module, "entry", parts=2)
     assert split.parts == [split.text]
+
+
+def _tasks_and_a_long_serial_kernel(tasks: int, stores: int) -> ir.Module:
+    """entry → `tasks` launches of parallel tasks, and one serial kernel of `stores`
+    stores (inlined into entry's unit: straight-line code, cheap for LLVM per byte)."""
+    module = ir.Module(name="uneven")
+    run_parallel = ir.Function(module, ir.FunctionType(VOID, [PTR, PTR]), name="run_parallel")
+    entry = ir.Function(module, ir.FunctionType(VOID, [PTR]), name="entry")
+    builder = ir.IRBuilder(entry.append_basic_block("entry"))
+    for n in range(tasks):
+        task = ir.Function(module, ir.FunctionType(VOID, [PTR]), name=f"kernel.{n}.task")
+        task.linkage = "internal"
+        body = ir.IRBuilder(task.append_basic_block("entry"))
+        body.store(body.fmul(body.load(task.args[0], typ=F32), F32(float(n))), task.args[0])
+        body.ret_void()
+        builder.call(run_parallel, [task, entry.args[0]])
+    for _ in range(stores):
+        builder.store(builder.fadd(builder.load(entry.args[0], typ=F32), F32(1.0)),
+                      entry.args[0])
+    builder.ret_void()
+    return module
+
+
+def test_units_are_packed_by_size_plus_a_cost_per_unit(monkeypatch) -> None:
+    """`entry`'s straight-line unit is larger than all tasks together, but each task's
+    loops cost LLVM more per byte (`UNIT_BYTES`): the entry's part also takes tasks;
+    packed by size alone it would hold none. Whether to cut is decided by size."""
+    module = _tasks_and_a_long_serial_kernel(tasks=10, stores=25)
+    entry_bytes = len(str(module.get_global("entry")))
+    task_bytes = sum(len(str(f)) for f in module.functions if f.name.endswith(".task"))
+    assert task_bytes < entry_bytes < 2.9 * task_bytes  # cut by size: entry < 75%
+
+    def tasks_beside_entry() -> int:
+        split = module_split.split_module(module, "entry", parts=2)
+        assert len(split.parts) == 2
+        (owner,) = [part for part in split.parts if 'define void @"entry"' in part]
+        return len(re.findall(r'^define (?:internal )?void @"kernel\.\d+\.task"', owner, re.M))
+
+    assert tasks_beside_entry() >= 2
+    monkeypatch.setattr(module_split, "UNIT_BYTES", 0)
+    assert tasks_beside_entry() == 0
+
+
+@pytest.mark.parametrize("parts", [1, 3])
+def test_functions_set_apart_get_the_last_part(parts: int) -> None:
+    """`apart` (the quick tier's O3 functions): those functions alone in a last part,
+    external there and declared where called; the rest cut as without it (or whole)."""
+    module = _kernel_module()
+    plain = module_split.split_module(module, "entry", parts)
+    split = module_split.split_module(module, "entry", parts, apart=["kernel.2", "missing"])
+    assert split.apart and not plain.apart
+    assert len(split.parts) == len(plain.parts) + 1
+    defined = [_defined(part) for part in split.parts]
+    assert defined[-1] == {"kernel.2": "external"}
+    assert all("kernel.2" not in part for part in defined[:-1])
+    assert "kernel.2" in split.exported
+    caller = next(part for part in split.parts[:-1] if 'define internal void @"kernel.2.launch"'
+                  in part)
+    assert 'declare void @"kernel.2"(ptr' in caller
+    assert sorted(name for part in defined for name in part) == sorted(
+        f.name for f in module.functions if not f.is_declaration)
+    linked = engine.optimize_parts(split.parts, split.exported)
+    linked.verify()
+    assert linked.get_function("entry").linkage.name == "external"
+
+
+def test_nothing_to_set_apart_or_a_mutable_global_changes_nothing() -> None:
+    module = _kernel_module()
+    assert module_split.split_module(module, "entry", 1, apart=["missing", "entry"]) == \
+        module_split.split_module(module, "entry", 1)
+    ir.GlobalVariable(module, F32, name="state").initializer = F32(0.0)
+    split = module_split.split_module(module, "entry", 3, apart=["kernel.2"])
+    assert split.parts == [split.text] and not split.apart
 
 
 def test_parts_optimize_and_link_into_one_module() -> None:
