@@ -6,7 +6,8 @@ Run: .venv/bin/python benchmarks/matmul.py [SHAPE ...]
      --split TMxTN,...: also tfxla-lite's kernel with each split forced (`--split 4x4,2x1`),
        timed in the same interleaved bursts (compiled without the caches)
      --strategy NAME,...: also tfxla-lite's kernel with each strategy of `dot.choose_strategy`
-       forced (`--strategy library,blocked`), its units as `dot.schedule` cuts them for it
+       forced (`--strategy library,blocked,packed`), its units as `dot.schedule` cuts them
+       for it ("packed": the emitted packed GEMM, `codegen/cpu/gemm_packed.py`, f32 only)
      --split-cost [--split TMxTN,...]: nothing of TF timed; the CPU time of one thread running
        the shape's units as the kernel does (one OpenBLAS call per tile) against one call
        of the whole product, and the same for each --split given (`--split 4x4,2x2`);
@@ -272,7 +273,7 @@ def main(argv: list[str]) -> int:
     strategies: list[str] = []
     if "--strategy" in argv:
         at = argv.index("--strategy")
-        known = ("library", "blocked", "emitted")
+        known = ("library", "blocked", "emitted", "packed")
         if at + 1 >= len(argv) or not set(argv[at + 1].split(",")) <= set(known):
             raise SystemExit(f"--strategy needs names among {', '.join(known)}")
         strategies = argv[at + 1].split(",")

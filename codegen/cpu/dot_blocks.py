@@ -42,10 +42,12 @@ MAX_MACS = 1 << 27
 # Rows of A (M) at most: where each packed element of B would serve few rows, the
 # library's packing is the largest share and blocks gain most (64 rows: 1.23x); at
 # 128-512 rows they gained 1.06-1.14x but each block function costs about 10 ms of
-# LLVM on the first call, and such modules compile O3 at once (no quick tier for
-# blocks: `tiers.worth_tiering`): library dots there compile at the quick tier, whose
-# speed is the library's, so the MLP's first call is 30-40 ms cheaper without blocks
-# (docs/benchmarks.md, "Register blocks only for few rows").
+# LLVM on the first call at O3, which blocks take even in the quick tier
+# (`tiers.O3_EVEN_WHEN_QUICK`): library dots compile at the quick tier, whose speed is
+# the library's, so the MLP's first call was 30-40 ms cheaper without blocks
+# (docs/benchmarks.md, "Register blocks only for few rows"; measured when a module with
+# blocks compiled wholly at O3 on the calling thread, before blocks got a part of their
+# own on a second thread: worth measuring again).
 MAX_ROWS = 64
 MAX_K = 2048  # B's block of columns (K × 32 floats) stays within 256 KiB
 

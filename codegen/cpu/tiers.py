@@ -8,8 +8,9 @@ tier* (the O1 pipeline and code generation at level 0, 20-35% less LLVM time for
 kernels 1.1-2.8x slower: docs/benchmarks.md, "What a cheaper LLVM level would give a
 cold first call"), and the O3 compile of the same IR in the background; once that is
 done the executable runs the O3 code. Only O3 code reaches the kernel caches, so a
-warm process never loads quick code. Register-blocked dots' block functions are
-compiled at O3 even in the quick tier, in a part of their own (`O3_EVEN_WHEN_QUICK`),
+warm process never loads quick code. Register-blocked dots' block functions and the
+packed GEMM's are compiled at O3 even in the quick tier, in a part of their own
+(`O3_EVEN_WHEN_QUICK`),
 and the compile thread runs at a lower priority (`BACKGROUND_NICE`;
 `TFXLA_LITE_BACKGROUND_NICE` overrides it, for A/B runs).
 
@@ -81,11 +82,14 @@ BACKGROUND_NICE = 10
 # The block's callers (the tile loops) and the rest of such a module take the quick
 # tier: self-attention's module costs 91 ms of LLVM at O3 and 66 at the quick levels,
 # its block alone 12 at O3 (docs/benchmarks.md, "Register blocks at O3 inside the quick
-# tier"). Dots by
-# the library GEMM ran at O3's speed at the quick tier (MLP 2.33 against 2.44 ms, the MLP
-# step 3.16 against 3.32) and emitted small dots and vector-matrix products within
-# 1.15x (batch-1 inference 0.060 against 0.054 ms).
-O3_EVEN_WHEN_QUICK = ("dot_block.",)
+# tier"). The packed GEMM's functions (`gemm_packed.py`: micro-kernel, panels, packing)
+# likewise: 21 GFLOP/s at the quick levels against 102 at O3 (2048³, one thread); the
+# first six 2048³ calls took 1228, 1122, 1073, 752, 317, 355 ms tiered without them
+# here, 717, 381, 336, 372, 420, 376 with them, 612, 293, 320, 312, 298, 310 with tiers
+# off (load 3.5). Dots by the library GEMM ran at O3's speed at the quick tier (MLP 2.33
+# against 2.44 ms, the MLP step 3.16 against 3.32) and emitted small dots and
+# vector-matrix products within 1.15x (batch-1 inference 0.060 against 0.054 ms).
+O3_EVEN_WHEN_QUICK = ("dot_block.", "gemm_packed.")
 
 TIER_ENTRY = "tfxla_lite.tier.entry"
 TIER_SET = "tfxla_lite.tier.set"

@@ -13,12 +13,21 @@ import tensorflow as tf
 
 import tfxla_lite as tl
 from tfxla_lite.codegen.cpu import dot as dot_codegen
-from tfxla_lite.codegen.cpu import engine
+from tfxla_lite.codegen.cpu import engine, gemm_packed
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tolerances import assert_close  # noqa: E402 - tests/tolerances.py, by path
 
 pytestmark = pytest.mark.skipif(engine.gemm("f32") is None, reason="no OpenBLAS")
+
+
+@pytest.fixture(autouse=True)
+def library_dots(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These dots take the packed GEMM where it is available (tests/codegen/
+    test_gemm_packed.py, tests/api/test_packed_gemm_tf.py); here the library's schedule
+    is tested, so the packed GEMM is off (caches off: a cached kernel could be packed)."""
+    monkeypatch.setattr(gemm_packed, "fits", lambda plan: False)
+    monkeypatch.setenv("TFXLA_LITE_CACHE", "0")
 
 
 @pytest.mark.parametrize(("m", "k", "n", "transpose_b", "tiles"),

@@ -22,6 +22,7 @@ from tolerances import assert_close
 
 from tfxla_lite.codegen import compile_module
 from tfxla_lite.codegen.cpu import dot as dot_codegen
+from tfxla_lite.codegen.cpu import gemm_packed
 from tfxla_lite.hlo.evaluator import evaluate
 from tfxla_lite.hlo.ir import Computation, HloModule, Instruction
 from tfxla_lite.hlo.shape import Shape
@@ -248,8 +249,9 @@ def test_schedule_is_fixed_by_shape() -> None:
     # Above BALANCE_FLOPS the budget shrinks with the flops, down to BALANCED_UNITS
     # units: a 2048³ product, whose 2×2 tiles would re-pack within SPLIT_BUDGET, is cut
     # in 2×2 tiles, although they re-pack more than its shrunken budget.
+    # (the library's schedule; such dots take the packed GEMM where it is available)
     large = dot_codegen.schedule(dot_codegen.GemmPlan(2048, 2048, 2048, False, 2048, False,
-                                                      2048, (), (), ()))
+                                                      2048, (), (), ()), "library")
     assert (large.units, large.tiles_m, large.block_m, large.block_n) == (4, 2, 1024, 1024)
     assert dot_codegen.split_overhead(2048, 2048, 2048, 2, 2) < dot_codegen.SPLIT_BUDGET
     assert dot_codegen.split_budget(large.flops) < dot_codegen.split_overhead(
@@ -257,7 +259,7 @@ def test_schedule_is_fixed_by_shape() -> None:
     assert dot_codegen.split_budget(dot_codegen.BALANCE_FLOPS) == dot_codegen.SPLIT_BUDGET
     # A tall product: 8192 rows over K = 784 in 4 tiles of rows, not 16 as before.
     tall = dot_codegen.schedule(dot_codegen.GemmPlan(8192, 512, 784, False, 784, False, 512,
-                                                     (), (), ()))
+                                                     (), (), ()), "library")
     assert (tall.tiles_m, tall.tiles_n) == (4, 1)
     assert dot_codegen.split_overhead(8192, 512, 784, 8, 1) > dot_codegen.split_budget(
         tall.flops)
@@ -277,9 +279,12 @@ def test_schedule_is_fixed_by_shape() -> None:
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_large_product_in_balanced_units_matches_the_evaluator(threads: int) -> None:
+def test_large_product_in_balanced_units_matches_the_evaluator(
+        threads: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """A product above BALANCE_FLOPS with odd sizes, relu(x @ w + b): 2×2 tiles, the last
-    row and column shorter, each one library call with its epilogue."""
+    row and column shorter, each one library call with its epilogue (the packed GEMM,
+    which takes it where available, is off: tests/codegen/test_gemm_packed.py)."""
+    monkeypatch.setattr(gemm_packed, "fits", lambda plan: False)
     lhs, rhs = Shape("f32", (1100, 1000)), Shape("f32", (1000, 1030))
     _, plain = _dense(lhs, rhs, MATMUL, "bias_relu")
     plan = dot_codegen.plan_gemm(plain.entry.root.operand(0))
