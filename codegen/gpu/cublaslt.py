@@ -371,9 +371,12 @@ class LtMatmul:
         self.layouts = []
 
     def __del__(self) -> None:
-        with contextlib.suppress(Exception):
+        # No module globals here (contextlib...): at interpreter exit they may be None.
+        try:
             if self.layouts:
                 self.close()
+        except Exception:  # a finalizer must not raise
+            pass
 
 
 def _outer_indices(outer: tuple[int, ...]) -> Iterator[tuple[int, ...]]:
