@@ -68,9 +68,13 @@ ALLOCATOR = "aligned_alloc"
 # thread, thread CPU (load 2.7), 640³ ran level with OpenBLAS (103.6 against 102.0 GFLOP
 # per CPU second, best), 768³ 2-4% ahead, 1024³ 8% ahead; the packed GEMM's functions
 # cost about 140 ms more of compile (process CPU) than a library call, which a dot of a
-# GFLOP or more (5 ms a call on two cores) repays sooner. The benchmark workloads' dots
-# (at most 0.27 GFLOP) stay below it.
-MIN_FLOPS = 1 << 30
+# GFLOP or more (5 ms a call on two cores) repays sooner. Through TF on two threads
+# (quiet machine, load 1.3-1.8, `benchmarks/matmul.py 1024 1536 --strategy library`,
+# three runs) the library's tiles led at 1024³ (107-110% of tf.matmul against 98-99%)
+# and the packed GEMM at 1536³ (95-98% against 91-95%), so the threshold sits between
+# them (1 << 32: about 1290³). The benchmark workloads' dots (at most 0.27 GFLOP) stay
+# below it.
+MIN_FLOPS = 1 << 32
 
 
 def nr() -> int:

@@ -92,7 +92,7 @@ def test_which_plans_take_blocks() -> None:
     # rows at the MACs limit: blocks; more rows than MAX_ROWS (the MLP step's weight
     # gradient, 512³: level gains that cost first-call time), B transposed (no vector
     # loads along its rows), K beyond MAX_K, fewer columns than a block (a 10-class
-    # output layer): the library; 1024³ and 2048³ the packed GEMM where it is available
+    # output layer): the library, 1024³ too; 1536³ and 2048³ the packed GEMM where it is available
     # (tests/codegen/test_gemm_packed.py); M = 1 and tiny dots keep the axpy loops.
     assert [dot_codegen.choose_strategy(p) for p in (
         plan(64, 784, 512), plan(64, 512, 512), plan(64, 128, 512, transpose_a=True),
@@ -102,8 +102,9 @@ def test_which_plans_take_blocks() -> None:
         plan(64, 512, 784, transpose_b=True), plan(16, 4096, 64), plan(64, 512, 10))
     ] == ["library"] * 6
     large = "packed" if gemm_packed.available() else "library"
+    assert dot_codegen.choose_strategy(plan(1024, 1024, 1024)) == "library"
     assert [dot_codegen.choose_strategy(p) for p in (
-        plan(1024, 1024, 1024), plan(2048, 2048, 2048))] == [large] * 2
+        plan(1536, 1536, 1536), plan(2048, 2048, 2048))] == [large] * 2
     assert dot_codegen.choose_strategy(plan(1, 784, 512)) == "emitted"
     assert dot_codegen.choose_strategy(plan(8, 16, 8)) == "emitted"
     assert dot_blocks.MAX_MACS == 512 ** 3 and not dot_blocks.fits(plan(64, 2048, 1025))

@@ -70,7 +70,7 @@ def test_without_scratch_the_library_tiles_compute_it(packed: None,
     assert "gemm_packed.kernel" in executable.llvm_ir and "cblas_sgemm" in executable.llvm_ir
 
 
-@pytest.mark.parametrize(("m", "k", "n"), [(1000, 1100, 1030), (2049, 2051, 2047)])
+@pytest.mark.parametrize(("m", "k", "n"), [(1300, 1400, 1290), (2049, 2051, 2047)])
 def test_large_dots_take_the_packed_gemm(m: int, k: int, n: int) -> None:
     """Shapes of no multiple above MIN_FLOPS, by the default strategy: fails if the packed
     GEMM is not chosen or is wrong."""
@@ -120,15 +120,16 @@ def test_which_plans_take_the_packed_gemm() -> None:
                                     element_bytes)
 
     assert [dot_codegen.choose_strategy(p) for p in (
-        plan(1024, 1024, 1024), plan(2048, 2048, 2048), plan(3072, 3072, 3072),
+        plan(1536, 1536, 1536), plan(2048, 2048, 2048), plan(3072, 3072, 3072),
         plan(2048, 2048, 2048, transpose_a=True), plan(2048, 2048, 2048, transpose_b=True),
-        plan(1024, 512, 1024, batch=(4,)))] == ["packed"] * 6
+        plan(1536, 1024, 1536, batch=(4,)))] == ["packed"] * 6
     # Below MIN_FLOPS (every dot of the benchmark workloads: at most 0.27 GFLOP), f64,
     # and dots narrower than a strip or shorter than a sliver keep their strategies.
     assert gemm_packed.MIN_FLOPS > 0.27e9
     assert [dot_codegen.choose_strategy(p) for p in (
-        plan(512, 512, 512), plan(1024, 512, 512), plan(2048, 2048, 2048, element_bytes=8),
-        plan(4, 1 << 20, 4096), plan(1 << 20, 1024, 16))] == ["library"] * 5
+        plan(512, 512, 512), plan(1024, 1024, 1024), plan(1024, 512, 1024, batch=(4,)),
+        plan(2048, 2048, 2048, element_bytes=8), plan(4, 1 << 20, 4096),
+        plan(1 << 20, 1024, 16))] == ["library"] * 6
     assert dot_codegen.choose_strategy(plan(64, 2048, 1024)) == "blocked"
 
 
@@ -138,11 +139,11 @@ def test_packed_units_are_row_panels() -> None:
     sched = dot_codegen.schedule(dot_codegen.GemmPlan(2048, 2048, 2048, False, 2048, False,
                                                       2048, (), (), ()))
     assert (sched.strategy, sched.units, sched.block_m, sched.tiles_n) == ("packed", 16, 128, 1)
-    odd = dot_codegen.schedule(dot_codegen.GemmPlan(1000, 1030, 1100, False, 1100, False,
-                                                    1030, (3,), (1100000,), (1133000,)))
+    odd = dot_codegen.schedule(dot_codegen.GemmPlan(1300, 1290, 1400, False, 1400, False,
+                                                    1290, (3,), (1820000,), (1806000,)))
     assert odd.strategy == "packed" and odd.block_m % gemm_packed.MR == 0
-    assert odd.units == 3 * odd.tiles_m and odd.tiles_m * odd.block_m >= 1000
-    assert (odd.tiles_m - 1) * odd.block_m < 1000
+    assert odd.units == 3 * odd.tiles_m and odd.tiles_m * odd.block_m >= 1300
+    assert (odd.tiles_m - 1) * odd.block_m < 1300
 
 
 def test_fusion_with_the_bias_first_matches_the_evaluator(packed: None) -> None:
