@@ -199,7 +199,7 @@ def _block_function(module: ir.Module, element_type: str, element_bytes: int, ro
     rhs_row = b.mul(k, ldb)
     columns = [_vector_load(module, b, at(rhs, b.add(rhs_row, i64(v * lanes))), vector, align,
                             mask) for v in range(vectors)]
-    fmuladd = _declare(module, f"llvm.fmuladd.{_vector_name(vector)}",
+    fmuladd = declare(module, f"llvm.fmuladd.{_vector_name(vector)}",
                        ir.FunctionType(vector, [vector] * 3))
     lhs_column = b.mul(k, k_stride)
     for r in range(rows):
@@ -217,7 +217,7 @@ def _block_function(module: ir.Module, element_type: str, element_bytes: int, ro
             if mask is None:
                 b.store(sums[r][v], pointer, align=align)
             else:
-                store = _masked_intrinsic(module, "store", vector)
+                store = masked_intrinsic(module, "store", vector)
                 b.call(store, [sums[r][v], pointer, ir.Constant(I32, align), mask])
     b.ret_void()
     return function
@@ -233,7 +233,7 @@ def _vector_load(module: ir.Module, b: ir.IRBuilder, pointer: ir.Value,
                  vector: ir.VectorType, align: int, mask: ir.Value | None) -> ir.Value:
     if mask is None:
         return b.load(pointer, typ=vector, align=align)
-    load = _masked_intrinsic(module, "load", vector)
+    load = masked_intrinsic(module, "load", vector)
     return b.call(load, [pointer, ir.Constant(I32, align), mask, ir.Constant(vector, None)])
 
 
@@ -242,15 +242,15 @@ def _vector_name(vector: ir.VectorType) -> str:
     return f"v{vector.count}{element}"
 
 
-def _masked_intrinsic(module: ir.Module, name: str, vector: ir.VectorType) -> ir.Function:
+def masked_intrinsic(module: ir.Module, name: str, vector: ir.VectorType) -> ir.Function:
     mask = ir.VectorType(ir.IntType(1), vector.count)
     if name == "load":
         signature = ir.FunctionType(vector, [PTR, I32, mask, vector])
     else:
         signature = ir.FunctionType(VOID, [vector, PTR, I32, mask])
-    return _declare(module, f"llvm.masked.{name}.{_vector_name(vector)}.p0", signature)
+    return declare(module, f"llvm.masked.{name}.{_vector_name(vector)}.p0", signature)
 
 
-def _declare(module: ir.Module, name: str, signature: ir.FunctionType) -> ir.Function:
+def declare(module: ir.Module, name: str, signature: ir.FunctionType) -> ir.Function:
     existing = module.globals.get(name)
     return existing if existing is not None else ir.Function(module, signature, name=name)

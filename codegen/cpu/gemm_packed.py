@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING
 import llvmlite.binding as llvm
 from llvmlite import ir
 
+from tfxla_lite.codegen.cpu.dot_blocks import declare, masked_intrinsic
 from tfxla_lite.codegen.cpu.emitter import I1, I32, I64, PTR, VOID, KernelContext, i64
 
 if TYPE_CHECKING:
@@ -161,11 +162,6 @@ def _at(b: ir.IRBuilder, base: ir.Value, offset: ir.Value) -> ir.Value:
     return b.gep(base, [offset], inbounds=True, source_etype=F32)
 
 
-def _declare(module: ir.Module, name: str, signature: ir.FunctionType) -> ir.Function:
-    existing = module.globals.get(name)
-    return existing if existing is not None else ir.Function(module, signature, name=name)
-
-
 def _internal(module: ir.Module, name: str, parameters: list[ir.Type], names: list[str]
               ) -> tuple[ir.Function | None, ir.Function]:
     """(None, the existing function) or (the new function, itself) to fill."""
@@ -205,7 +201,7 @@ def micro_kernel(module: ir.Module) -> ir.Function:
     function.attributes.add("noinline")
     pa, pb, kc, c, ldc, accumulate = function.args
     vector = _vector()
-    fma = _declare(module, "llvm.fma.v16f32", ir.FunctionType(vector, [vector] * 3))
+    fma = declare(module, "llvm.fma.v16f32", ir.FunctionType(vector, [vector] * 3))
     b = ir.IRBuilder(function.append_basic_block("entry"))
     load_block = function.append_basic_block("load_c")
     start = function.append_basic_block("start")
@@ -284,15 +280,6 @@ def micro_kernel(module: ir.Module) -> ir.Function:
 
 # -- packing ---------------------------------------------------------------------------------
 
-def _masked(module: ir.Module, name: str) -> ir.Function:
-    vector, mask = _vector(), ir.VectorType(I1, LANES)
-    if name == "load":
-        signature = ir.FunctionType(vector, [PTR, I32, mask, vector])
-    else:
-        signature = ir.FunctionType(VOID, [vector, PTR, I32, mask])
-    return _declare(module, f"llvm.masked.{name}.v16f32.p0", signature)
-
-
 def _lane_mask(b: ir.IRBuilder, first: int, count: ir.Value) -> ir.Value:
     """Lanes first + (0..LANES) < count, as a <LANES x i1>."""
     lanes = ir.Constant(ir.VectorType(I64, LANES), [first + j for j in range(LANES)])
@@ -349,7 +336,7 @@ def pack_b(module: ir.Module, transposed: bool) -> ir.Function:
             with _loop(b, i64(0), kc, name="k") as kk:
                 for v in range(VECTORS):
                     at = b.add(b.mul(kk, ldb), b.add(col0, i64(v * LANES)))
-                    value = b.call(_masked(module, "load"), [
+                    value = b.call(masked_intrinsic(module, "load", _vector()), [
                         _at(b, source, at), ir.Constant(I32, 4), masks[v],
                         ir.Constant(_vector(), None)])
                     b.store(value, _at(b, dest, b.add(strip_dest, b.add(
@@ -461,7 +448,7 @@ def _edge_tile(b: ir.IRBuilder, kernel: ir.Function, edge: ir.Value, sliver_a: i
     with _loop(b, i64(0), i64(MR), name="edge.in") as r:
         load = b.and_(b.icmp_signed("<", r, present), accumulate)
         for v in range(VECTORS):
-            value = b.call(_masked(module, "load"), [
+            value = b.call(masked_intrinsic(module, "load", _vector()), [
                 _at(b, c_tile, b.add(b.mul(r, ldc), i64(v * LANES))), ir.Constant(I32, 4),
                 b.select(load, masks[v], off), none])
             b.store(value, _edge_vector(b, edge, r, v), align=ALIGN)
@@ -469,7 +456,7 @@ def _edge_tile(b: ir.IRBuilder, kernel: ir.Function, edge: ir.Value, sliver_a: i
     with _loop(b, i64(0), present, name="edge.out") as r:
         for v in range(VECTORS):
             value = b.load(_edge_vector(b, edge, r, v), typ=_vector(), align=ALIGN)
-            b.call(_masked(module, "store"), [
+            b.call(masked_intrinsic(module, "store", _vector()), [
                 value, _at(b, c_tile, b.add(b.mul(r, ldc), i64(v * LANES))),
                 ir.Constant(I32, 4), masks[v]])
 
