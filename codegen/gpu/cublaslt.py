@@ -33,6 +33,7 @@ import glob
 import itertools
 import os
 import site
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -107,6 +108,10 @@ class Library:
 
     def __init__(self, address_of: Callable[[str], int], name: str = "libcublasLt") -> None:
         self.name = name
+        # Kept: a model's `address_of` is a bound method, and its object owns the
+        # callbacks the addresses point at (freed with it, a call would jump into freed
+        # memory).
+        self._address_of = address_of
         self._functions = {fn: ctypes.CFUNCTYPE(ctypes.c_int, *args)(address_of(fn))
                            for fn, args in PROTOTYPES.items()}
         self._handles: dict[int, int] = {}
@@ -370,8 +375,12 @@ class LtMatmul:
         lib.call("cublasLtMatmulDescDestroy", self.desc)
         self.layouts = []
 
-    def __del__(self) -> None:
-        # No module globals here (contextlib...): at interpreter exit they may be None.
+    def __del__(self, _finalizing: Callable[[], bool] = sys.is_finalizing) -> None:
+        # Not at interpreter exit: the library's functions (or a model's callbacks) may be
+        # gone by then, and module globals (contextlib...) may be None; the process's end
+        # frees the descriptors anyway.
+        if _finalizing():
+            return
         try:
             if self.layouts:
                 self.close()
