@@ -44,6 +44,7 @@ from tfxla_lite.codegen.cpu.emitter import (
     KernelContext,
     constant,
     i64,
+    minimum,
     register,
     row_major_strides,
     storage_type,
@@ -529,13 +530,13 @@ def _emit_packed_kernel(module: ir.Module, pool: Any, inst: Instruction, dot: In
     b = ctx.builder
     arguments = list(ctx.function.args[:-2])
     tiles = i64(sched.tiles)
-    compute_end = _minimum(b, end, tiles)
+    compute_end = minimum(b, end, tiles)
     computing = gemm_packed.block_of(b, arguments[-1], plan, 0)[4]
     with b.if_then(b.and_(computing, b.icmp_signed("<", begin, compute_end))):
         b.call(compute_function, [*arguments, begin, compute_end])
     pack_begin = b.sub(b.select(b.icmp_signed(">", begin, tiles), begin, tiles), tiles)
     pack_begin = b.mul(pack_begin, i64(per_group))
-    pack_end = _minimum(b, b.mul(b.sub(end, tiles), i64(per_group)), i64(strips))
+    pack_end = minimum(b, b.mul(b.sub(end, tiles), i64(per_group)), i64(strips))
     with b.if_then(b.icmp_signed("<", pack_begin, pack_end)):
         b.call(pack_function, [*arguments, pack_begin, pack_end])
     b.ret_void()
@@ -586,10 +587,6 @@ def _unflatten(b: ir.IRBuilder, value: ir.Value, sizes: tuple[int, ...]) -> list
     return multi
 
 
-def _minimum(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
-    return b.select(b.icmp_signed("<", x, y), x, y)
-
-
 def _emit_units(ctx: KernelContext, inst: Instruction, dot: Instruction, plan: GemmPlan,
                 sched: DotSchedule, output: ir.Value, begin: ir.Value, end: ir.Value,
                 scratch: ir.Value | None = None, last_block: ir.Value | None = None) -> None:
@@ -613,11 +610,11 @@ def _emit_units(ctx: KernelContext, inst: Instruction, dot: Instruction, plan: G
         group = b.udiv(unit, i64(sched.tiles))
         tile = b.urem(unit, i64(sched.tiles))
         row0 = b.mul(b.udiv(tile, i64(sched.tiles_n)), i64(sched.block_m))
-        row1 = _minimum(b, b.add(row0, i64(sched.block_m)), i64(plan.m))
+        row1 = minimum(b, b.add(row0, i64(sched.block_m)), i64(plan.m))
         col0 = b.mul(b.urem(tile, i64(sched.tiles_n)), i64(sched.block_n))
-        col1 = _minimum(b, b.add(col0, i64(sched.block_n)), i64(plan.n))
+        col1 = minimum(b, b.add(col0, i64(sched.block_n)), i64(plan.n))
         first = b.mul(group, i64(sched.batch_per_unit))
-        last = _minimum(b, b.add(first, i64(sched.batch_per_unit)), i64(batch))
+        last = minimum(b, b.add(first, i64(sched.batch_per_unit)), i64(batch))
         with ctx.loop(last, name="batch", start=first) as element:
             batch_multi = _unflatten(b, element, plan.batch_sizes)
             lhs_offset, rhs_offset = i64(0), i64(0)

@@ -174,9 +174,9 @@ def _block_function(module: ir.Module, element_type: str, element_bytes: int, ro
     align = element_bytes
     mask = None
     if masked:
-        splat = _splat(b, b.trunc(function.args[8], I32), ir.VectorType(I32, lanes))
+        limit = splat(b, b.trunc(function.args[8], I32), ir.VectorType(I32, lanes))
         mask = b.icmp_unsigned("<", ir.Constant(ir.VectorType(I32, lanes), list(range(lanes))),
-                               splat)
+                               limit)
 
     def at(base: ir.Value, offset: ir.Value) -> ir.Value:
         return b.gep(base, [offset], inbounds=True, source_etype=scalar)
@@ -203,7 +203,7 @@ def _block_function(module: ir.Module, element_type: str, element_bytes: int, ro
                        ir.FunctionType(vector, [vector] * 3))
     lhs_column = b.mul(k, k_stride)
     for r in range(rows):
-        coefficient = _splat(b, b.load(at(lhs_rows[r], lhs_column), typ=scalar), vector)
+        coefficient = splat(b, b.load(at(lhs_rows[r], lhs_column), typ=scalar), vector)
         for v in range(vectors):
             sums[r][v].add_incoming(b.call(fmuladd, [coefficient, columns[v], sums[r][v]]),
                                     body)
@@ -223,7 +223,7 @@ def _block_function(module: ir.Module, element_type: str, element_bytes: int, ro
     return function
 
 
-def _splat(b: ir.IRBuilder, value: ir.Value, vector: ir.VectorType) -> ir.Value:
+def splat(b: ir.IRBuilder, value: ir.Value, vector: ir.VectorType) -> ir.Value:
     one = b.insert_element(ir.Constant(vector, ir.Undefined), value, ir.Constant(I32, 0))
     return b.shuffle_vector(one, ir.Constant(vector, ir.Undefined),
                             ir.Constant(ir.VectorType(I32, vector.count), [0] * vector.count))

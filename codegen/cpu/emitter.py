@@ -114,6 +114,11 @@ def i64(value: int) -> ir.Constant:
     return ir.Constant(I64, int(value))
 
 
+def minimum(builder: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
+    """The smaller of two signed integers (a tile's or a range's clamped end)."""
+    return builder.select(builder.icmp_signed("<", x, y), x, y)
+
+
 def row_major_strides(dims: tuple[int, ...]) -> list[int]:
     strides = [1] * len(dims)
     for d in range(len(dims) - 2, -1, -1):

@@ -40,8 +40,8 @@ from typing import TYPE_CHECKING
 import llvmlite.binding as llvm
 from llvmlite import ir
 
-from tfxla_lite.codegen.cpu.dot_blocks import declare, masked_intrinsic
-from tfxla_lite.codegen.cpu.emitter import I1, I32, I64, PTR, VOID, KernelContext, i64
+from tfxla_lite.codegen.cpu.dot_blocks import declare, masked_intrinsic, splat
+from tfxla_lite.codegen.cpu.emitter import I1, I32, I64, PTR, VOID, KernelContext, i64, minimum
 
 if TYPE_CHECKING:
     from tfxla_lite.codegen.cpu.dot import GemmPlan, Tile
@@ -57,9 +57,8 @@ MC = 64  # rows of a row panel at least (`dot._packed_schedule`)
 # read once per panel: 3072³ (192-row panels) on two threads ran at 102.9 GFLOP per CPU
 # second against 99.0 when packing 64 rows at a time (2048³'s 128-row panels level).
 MAX_A_ROWS = 256
-# k steps per loop iteration: 4 ran no faster than 1 (2048³ and 3072³, one thread) and
-# doubled the kernel's LLVM time (47 against 25 ms).
-K_UNROLL = 1
+# The micro-kernel steps k by one: unrolled by 4 it ran no faster (2048³ and 3072³, one
+# thread) and doubled its LLVM time (47 against 25 ms).
 ALIGN = 64
 # The scratch (header, two packed K blocks of B, packed A per panel) comes from the C
 # library's allocator on each call; where it answers null, the launcher runs the
@@ -154,10 +153,6 @@ def _loop(b: ir.IRBuilder, start: ir.Value, stop: ir.Value, step: int = 1, name:
     b.position_at_end(after)
 
 
-def _minimum(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
-    return b.select(b.icmp_signed("<", x, y), x, y)
-
-
 def _at(b: ir.IRBuilder, base: ir.Value, offset: ir.Value) -> ir.Value:
     return b.gep(base, [offset], inbounds=True, source_etype=F32)
 
@@ -178,13 +173,6 @@ def _internal(module: ir.Module, name: str, parameters: list[ir.Type], names: li
 
 def _vector() -> ir.VectorType:
     return ir.VectorType(F32, LANES)
-
-
-def _splat(b: ir.IRBuilder, value: ir.Value) -> ir.Value:
-    vector = _vector()
-    one = b.insert_element(ir.Constant(vector, ir.Undefined), value, ir.Constant(I32, 0))
-    return b.shuffle_vector(one, ir.Constant(vector, ir.Undefined),
-                            ir.Constant(ir.VectorType(I32, LANES), [0] * LANES))
 
 
 # -- the micro-kernel ------------------------------------------------------------------------
@@ -222,54 +210,32 @@ def micro_kernel(module: ir.Module) -> ir.Function:
             line.append(phi)
         sums.append(line)
 
-    def steps(first_k: ir.Value, count: int, current: list[list[ir.Value]]
-              ) -> list[list[ir.Value]]:
-        for u in range(count):
-            k = b.add(first_k, i64(u)) if u else first_k
-            columns = [b.load(_at(b, pb, b.add(b.mul(k, i64(nr())), i64(v * LANES))),
-                              typ=vector, align=ALIGN) for v in range(VECTORS)]
-            a_base = b.mul(k, i64(MR))
-            current = [[b.call(fma, [_splat(b, b.load(_at(b, pa, b.add(a_base, i64(r))),
-                                                      typ=F32)),
-                                     columns[v], current[r][v]])
-                        for v in range(VECTORS)] for r in range(MR)]
-        return current
-
-    def k_loop(first: ir.Value, stop: ir.Value, step: int, current: list[list[ir.Value]],
-               label: str) -> tuple[ir.Value, list[list[ir.Value]]]:
-        preheader = b.block
-        header = function.append_basic_block(f"{label}.header")
-        body = function.append_basic_block(f"{label}.body")
-        after = function.append_basic_block(f"{label}.after")
-        b.branch(header)
-        b.position_at_end(header)
-        k = b.phi(I64, name=label)
-        k.add_incoming(first, preheader)
-        phis = []
-        for r in range(MR):
-            line = []
-            for v in range(VECTORS):
-                phi = b.phi(vector)
-                phi.add_incoming(current[r][v], preheader)
-                line.append(phi)
-            phis.append(line)
-        b.cbranch(b.icmp_signed("<", k, stop), body, after)
-        b.position_at_end(body)
-        updated = steps(k, step, phis)
-        for r in range(MR):
-            for v in range(VECTORS):
-                phis[r][v].add_incoming(updated[r][v], b.block)
-        k.add_incoming(b.add(k, i64(step), flags=["nsw"]), b.block)
-        b.branch(header)
-        b.position_at_end(after)
-        return k, phis
-
-    if K_UNROLL > 1:
-        whole = b.mul(b.sdiv(kc, i64(K_UNROLL)), i64(K_UNROLL))
-        k, current = k_loop(i64(0), whole, K_UNROLL, sums, f"k{K_UNROLL}")
-        _, current = k_loop(k, kc, 1, current, "k1")
-    else:
-        _, current = k_loop(i64(0), kc, 1, sums, "k")
+    # The k loop: the MR × VECTORS sums are phis of its header, one fma each per k.
+    preheader = b.block
+    header = function.append_basic_block("k.header")
+    body = function.append_basic_block("k.body")
+    after = function.append_basic_block("k.after")
+    b.branch(header)
+    b.position_at_end(header)
+    k = b.phi(I64, name="k")
+    k.add_incoming(i64(0), preheader)
+    current = [[b.phi(vector) for _ in range(VECTORS)] for _ in range(MR)]
+    for r in range(MR):
+        for v in range(VECTORS):
+            current[r][v].add_incoming(sums[r][v], preheader)
+    b.cbranch(b.icmp_signed("<", k, kc), body, after)
+    b.position_at_end(body)
+    columns = [b.load(_at(b, pb, b.add(b.mul(k, i64(nr())), i64(v * LANES))),
+                      typ=vector, align=ALIGN) for v in range(VECTORS)]
+    a_base = b.mul(k, i64(MR))
+    for r in range(MR):
+        coefficient = splat(b, b.load(_at(b, pa, b.add(a_base, i64(r))), typ=F32), vector)
+        for v in range(VECTORS):
+            current[r][v].add_incoming(b.call(fma, [coefficient, columns[v], current[r][v]]),
+                                       body)
+    k.add_incoming(b.add(k, i64(1), flags=["nsw"]), body)
+    b.branch(header)
+    b.position_at_end(after)
     for r in range(MR):
         for v in range(VECTORS):
             b.store(current[r][v], _at(b, c, b.add(b.mul(i64(r), ldc), i64(v * LANES))),
@@ -283,11 +249,7 @@ def micro_kernel(module: ir.Module) -> ir.Function:
 def _lane_mask(b: ir.IRBuilder, first: int, count: ir.Value) -> ir.Value:
     """Lanes first + (0..LANES) < count, as a <LANES x i1>."""
     lanes = ir.Constant(ir.VectorType(I64, LANES), [first + j for j in range(LANES)])
-    limit = b.insert_element(ir.Constant(ir.VectorType(I64, LANES), ir.Undefined), count,
-                             ir.Constant(I32, 0))
-    limit = b.shuffle_vector(limit, ir.Constant(ir.VectorType(I64, LANES), ir.Undefined),
-                             ir.Constant(ir.VectorType(I32, LANES), [0] * LANES))
-    return b.icmp_signed("<", lanes, limit)
+    return b.icmp_signed("<", lanes, splat(b, count, ir.VectorType(I64, LANES)))
 
 
 def _gathered(b: ir.IRBuilder, width: int, load: Callable[[int], ir.Value]) -> ir.Value:
@@ -315,7 +277,7 @@ def pack_b(module: ir.Module, transposed: bool) -> ir.Function:
     width = nr()
     with _loop(b, s0, s1, name="strip") as strip:
         col0 = b.mul(strip, i64(width))
-        columns = _minimum(b, i64(width), b.sub(n, col0))
+        columns = minimum(b, i64(width), b.sub(n, col0))
         strip_dest = b.mul(b.mul(strip, kc), i64(width))
         if transposed:
             # Column j of the strip is a contiguous row of B^T. Columns past N repeat the
@@ -323,7 +285,7 @@ def pack_b(module: ir.Module, transposed: bool) -> ir.Function:
             # columns past N are never stored.
             with _loop(b, i64(0), i64(VECTORS), name="vector") as v:
                 first = b.mul(v, i64(LANES))
-                starts = [b.mul(b.add(col0, _minimum(b, b.add(first, i64(j)),
+                starts = [b.mul(b.add(col0, minimum(b, b.add(first, i64(j)),
                                                      b.sub(columns, i64(1)))), ldb)
                           for j in range(LANES)]
                 with _loop(b, i64(0), kc, name="k") as kk:
@@ -364,7 +326,7 @@ def pack_a(module: ir.Module, transposed: bool) -> ir.Function:
         present = b.sub(rows, row0)
         # Rows past the end repeat the last present row (every load in bounds): the
         # tiles they feed are edge tiles, whose rows past `rows` are never stored.
-        lines = [b.add(row0, _minimum(b, i64(r), b.sub(present, i64(1)))) for r in range(MR)]
+        lines = [b.add(row0, minimum(b, i64(r), b.sub(present, i64(1)))) for r in range(MR)]
         starts = lines if transposed else [b.mul(line, lda) for line in lines]
         with _loop(b, i64(0), kc, name="k") as kk:
             step = b.mul(kk, lda) if transposed else kk
@@ -405,17 +367,17 @@ def panel(module: ir.Module, transpose_a: bool, packed_rows: int) -> ir.Function
     strip_count = b.sdiv(b.add(n, i64(width - 1)), i64(width))
     accumulate = b.icmp_signed(">", pc, i64(0))
     with _loop(b, i64(0), rows, step=packed_rows, name="ic") as ic:
-        mc = _minimum(b, i64(packed_rows), b.sub(rows, ic))
+        mc = minimum(b, i64(packed_rows), b.sub(rows, ic))
         a_start = b.add(b.mul(pc, lda), ic) if transpose_a else b.add(b.mul(ic, lda), pc)
         b.call(packer, [_at(b, a, a_start), lda, mc, kc, pa])
         slivers = b.sdiv(b.add(mc, i64(MR - 1)), i64(MR))
         with _loop(b, i64(0), strip_count, name="strip") as strip:
             col0 = b.mul(strip, i64(width))
-            columns = _minimum(b, i64(width), b.sub(n, col0))
+            columns = minimum(b, i64(width), b.sub(n, col0))
             strip_b = _at(b, pb, b.mul(b.mul(strip, kc), i64(width)))
             with _loop(b, i64(0), slivers, name="sliver") as sliver:
                 row0 = b.add(ic, b.mul(sliver, i64(MR)))
-                present = _minimum(b, i64(MR), b.sub(mc, b.mul(sliver, i64(MR))))
+                present = minimum(b, i64(MR), b.sub(mc, b.mul(sliver, i64(MR))))
                 sliver_a = _at(b, pa, b.mul(b.mul(sliver, kc), i64(MR)))
                 c_tile = _at(b, c, b.add(b.mul(row0, ldc), col0))
                 whole = b.and_(b.icmp_signed("==", present, i64(MR)),
@@ -479,7 +441,7 @@ def block_of(b: ir.IRBuilder, scratch: ir.Value, plan: GemmPlan, which: int
     count = k_blocks(plan)
     element = b.sdiv(block, i64(count))
     pc = b.mul(b.srem(block, i64(count)), i64(k_block(plan)))
-    kc = _minimum(b, i64(k_block(plan)), b.sub(i64(plan.k), pc))
+    kc = minimum(b, i64(k_block(plan)), b.sub(i64(plan.k), pc))
     buffer = b.add(i64(HEADER_FLOATS), b.mul(b.srem(block, i64(2)), i64(packed_b_floats(plan))))
     return element, pc, kc, _at(b, scratch, buffer), present
 

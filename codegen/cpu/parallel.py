@@ -197,7 +197,3 @@ def _task(module: ir.Module, range_function: ir.Function, count: int, total: int
     b.position_at_end(done)
     b.ret_void()
     return function
-
-
-def _minimum(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
-    return b.select(b.icmp_signed("<", x, y), x, y)
