@@ -12,12 +12,11 @@ one call of OpenBLAS's GEMM (NumPy's, kept to one thread: the units are the kern
 parts, `parallel.py`), emitted register blocks (sums of 8 rows × 32 columns held in
 vector registers over the whole K, read straight from A and B; `dot_blocks.py`) for
 products up to 512³, at least 32 columns wide, whose B rows are contiguous, an emitted
-packed GEMM for f32 products of at least a GFLOP on AVX-512 hosts (`gemm_packed.py`: B
+packed GEMM for f32 products of 2^32 flops or more on AVX-512 hosts (`gemm_packed.py`: B
 packed once for all units, a K block ahead, its bits independent of the units), or
-emitted row-by-row axpy loops for small dots and vector × matrix
-products; the epilogue then
-runs over the tile just computed while it is in cache, or on each sum in registers as
-the axpy loop finishes it.
+emitted row-by-row axpy loops for small dots and vector × matrix products; the epilogue
+then runs over the tile just computed while it is in cache, or on each sum in registers
+as the axpy loop finishes it.
 Anything else (integer dots, layouts GEMM cannot express, dots fed by fused
 producers) uses the element generator: a loop over the contracting dimensions, the
 epilogue applied in registers.
@@ -304,7 +303,8 @@ def choose_strategy(plan: GemmPlan) -> str:
     """Emitted loops for small dots and vector × matrix products, register blocks for
     products up to dot_blocks.MAX_MACS whose B rows are contiguous (`dot_blocks.fits`),
     the packed GEMM for f32 products of at least gemm_packed.MIN_FLOPS on AVX-512
-    (`gemm_packed.fits`: 3-6% more GFLOP per CPU second than OpenBLAS at 1024³-3072³),
+    (`gemm_packed.fits`: 4-5% more GFLOP per CPU second than OpenBLAS at 2048³-3072³;
+    at 1024³ the library's tiles led on two threads),
     the library GEMM otherwise.
 
     A vector × matrix product (M = 1) with B's rows contiguous is a sequence of
@@ -546,10 +546,9 @@ def _emit_packed_kernel(module: ir.Module, pool: Any, inst: Instruction, dot: In
     b = launcher.builder
     floats = gemm_packed.scratch_floats(plan, sched.tiles, sched.block_m)
     size = -(-4 * floats // gemm_packed.ALIGN)
-    allocate = module.globals.get(gemm_packed.ALLOCATOR) or ir.Function(
-        module, ir.FunctionType(PTR, [I64, I64]), name=gemm_packed.ALLOCATOR)
-    release = module.globals.get("free") or ir.Function(
-        module, ir.FunctionType(VOID, [PTR]), name="free")
+    allocate = dot_blocks.declare(module, gemm_packed.ALLOCATOR,
+                                  ir.FunctionType(PTR, [I64, I64]))
+    release = dot_blocks.declare(module, "free", ir.FunctionType(VOID, [PTR]))
     buffer = b.call(allocate, [i64(gemm_packed.ALIGN), i64(size * gemm_packed.ALIGN)],
                     name="scratch")
     # Where the scratch cannot be had (aligned_alloc answers null), the same product by
