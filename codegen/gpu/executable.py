@@ -40,7 +40,7 @@ import numpy as np
 
 from tfxla_lite.codegen.gpu import cublaslt
 from tfxla_lite.codegen.gpu.compiler import SCRATCH_ALIGNMENT, GpuProgram, Thunk
-from tfxla_lite.codegen.gpu.gemm import StridedGemm, dense_copy, plan_gemm, run_gemm
+from tfxla_lite.codegen.gpu.gemm import StridedGemm, dense_operands, plan_gemm, run_gemm
 from tfxla_lite.codegen.gpu.kernels import split_scratch
 from tfxla_lite.hlo.ir import HloModule, Instruction
 from tfxla_lite.hlo.shape import Shape
@@ -340,36 +340,30 @@ class GpuExecutable:
 
         for thunk, (recipes, dot, scratch, lt) in zip(self.program.thunks, self._calls_plan):
             args = [array(r) for r in recipes]
-            if lt is not None and self._run_lt(cupy, lt, dot, args[0], array, arena,
-                                               scratch_offset, workspace_offset):
-                continue
+            if dot is not None:
+                gemm, lhs, rhs, out, copies = dot
+                lhs, rhs = array(lhs), array(rhs)
+                views = tuple(None if c is None else _arena_view(
+                    cupy, arena, scratch_offset + c[0], c[1], c[2]) for c in copies)
+                if lt is not None and self._run_lt(cupy, lt, gemm, lhs, rhs, views, args[0],
+                                                   array, arena, workspace_offset):
+                    continue
             product = None if scratch is None else _arena_view(
                 cupy, arena, scratch_offset, scratch.dims, scratch.numpy_dtype)
             if dot is not None:
-                gemm, lhs, rhs, out, copies = dot
-                run_gemm(cupy, gemm, array(lhs), array(rhs),
-                         array(out) if out is not None else product,
-                         tuple(None if c is None else _arena_view(
-                             cupy, arena, scratch_offset + c[0], c[1], c[2])
-                             for c in copies))
+                run_gemm(cupy, gemm, lhs, rhs, array(out) if out is not None else product,
+                         views)
             self._run_thunk(thunk, args, product)
         for j, recipe in self._copies_plan:
             outputs[j][...] = array(recipe)
 
-    def _run_lt(self, cupy: Any, lt: tuple[Any, Any], dot: tuple[Any, ...], out: Any,
-                array: Any, arena: Any, scratch_offset: int, workspace_offset: int) -> bool:
+    def _run_lt(self, cupy: Any, lt: tuple[Any, Any], gemm: StridedGemm, lhs: Any, rhs: Any,
+                copies: tuple[Any, Any], out: Any, array: Any, arena: Any,
+                workspace_offset: int) -> bool:
         """A dot-epilogue as one cuBLASLt call writing the fusion's output `out`; False
         where cuBLASLt refuses these pointers (nothing but operand copies launched)."""
         matmul, bias = lt
-        gemm, lhs, rhs, _, copies = dot
-        lhs, rhs = array(lhs), array(rhs)
-        if gemm.lhs.copy_order is not None or gemm.rhs.copy_order is not None:
-            views = [None if c is None else _arena_view(cupy, arena, scratch_offset + c[0],
-                                                        c[1], c[2]) for c in copies]
-            if gemm.lhs.copy_order is not None:
-                lhs = dense_copy(cupy, lhs.transpose(gemm.lhs.copy_order), views[0])
-            if gemm.rhs.copy_order is not None:
-                rhs = dense_copy(cupy, rhs.transpose(gemm.rhs.copy_order), views[1])
+        lhs, rhs = dense_operands(cupy, gemm, lhs, rhs, copies)
         return matmul.run(int(lhs.data.ptr), int(rhs.data.ptr), int(out.data.ptr),
                           None if bias is None else int(array(bias).data.ptr),
                           int((arena.data + workspace_offset).ptr),

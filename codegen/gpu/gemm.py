@@ -249,10 +249,7 @@ def run_gemm(cupy: Any, gemm: StridedGemm, lhs: Any, rhs: Any, out: Any,
     if g.k == 0:
         out[...] = 0
         return
-    if g.lhs.copy_order is not None:
-        lhs = dense_copy(cupy, lhs.transpose(g.lhs.copy_order), copies[0])
-    if g.rhs.copy_order is not None:
-        rhs = dense_copy(cupy, rhs.transpose(g.rhs.copy_order), copies[1])
+    lhs, rhs = dense_operands(cupy, g, lhs, rhs, copies)
     constants = _constants(cupy, g.element_type)
     ops, data_type, one, zero, compute_type, algo = constants
     cublas = cupy.cuda.cublas
@@ -272,7 +269,19 @@ def run_gemm(cupy: Any, gemm: StridedGemm, lhs: Any, rhs: Any, out: Any,
             g.batch, compute_type, algo)
 
 
-def dense_copy(cupy: Any, view: Any, into: Any) -> Any:
+def dense_operands(cupy: Any, gemm: StridedGemm, lhs: Any, rhs: Any,
+                   copies: tuple[Any, Any] = (None, None)) -> tuple[Any, Any]:
+    """`lhs` and `rhs` as the GEMM reads them: each operand the plan copies
+    (`copy_order`) copied dense into its `copies` array (or CuPy's pool), the others as
+    they are."""
+    if gemm.lhs.copy_order is not None:
+        lhs = _dense_copy(cupy, lhs.transpose(gemm.lhs.copy_order), copies[0])
+    if gemm.rhs.copy_order is not None:
+        rhs = _dense_copy(cupy, rhs.transpose(gemm.rhs.copy_order), copies[1])
+    return lhs, rhs
+
+
+def _dense_copy(cupy: Any, view: Any, into: Any) -> Any:
     if into is None:
         return cupy.ascontiguousarray(view)
     into[...] = view  # one elementwise copy kernel into the scratch area
