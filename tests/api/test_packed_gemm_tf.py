@@ -15,6 +15,7 @@ import tfxla_lite as tl
 from tfxla_lite.codegen.cpu import gemm_packed
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from test_blocked_dots import _uniform  # noqa: E402 - this folder's
 from tolerances import assert_close  # noqa: E402 - tests/tolerances.py, by path
 
 pytestmark = pytest.mark.skipif(not gemm_packed.available(), reason="no AVX-512")
@@ -36,11 +37,6 @@ def packed_tiles(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
 
     monkeypatch.setattr(gemm_packed, "emit_tile", recorded)
     return emitted
-
-
-def _uniform(rng: np.random.Generator, shape: tuple[int, ...], scale: float = 1.0
-             ) -> tf.Tensor:
-    return tf.constant((rng.uniform(-1, 1, shape) * scale).astype(np.float32))
 
 
 @pytest.mark.parametrize(("transpose_a", "transpose_b"),

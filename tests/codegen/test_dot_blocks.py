@@ -9,15 +9,12 @@ import re
 
 import numpy as np
 import pytest
-from test_dot_fusion import MATMUL, _check, _dense, forced_strategy
+from test_dot_fusion import BATCHED, LHS_T, MATMUL, _check, _dense, forced_strategy
+from test_dot_fusion import gemm_plan as plan
 
 from tfxla_lite.codegen.cpu import dot as dot_codegen
 from tfxla_lite.codegen.cpu import dot_blocks, gemm_packed
 from tfxla_lite.hlo.shape import Shape
-
-LHS_T = {"lhs_contracting_dims": (0,), "rhs_contracting_dims": (0,)}
-BATCHED = {"lhs_batch_dims": (0,), "rhs_batch_dims": (0,), "lhs_contracting_dims": (2,),
-           "rhs_contracting_dims": (1,)}
 
 # (lhs, rhs, dimension numbers): 13 rows = a block of 8 and 5 single rows; 53 columns =
 # a block of two vectors, a single vector and a masked one of 5 lanes (f32 on AVX-512);
@@ -83,11 +80,6 @@ def test_units_do_not_change_the_bits(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_which_plans_take_blocks() -> None:
-    def plan(m: int, k: int, n: int, transpose_a: bool = False, transpose_b: bool = False
-             ) -> dot_codegen.GemmPlan:
-        return dot_codegen.GemmPlan(m, n, k, transpose_a, m if transpose_a else k,
-                                    transpose_b, k if transpose_b else n, (), (), ())
-
     # mlp_infer_b64's hidden layers, a weight gradient over 64 rows (A transposed), 64
     # rows at the MACs limit: blocks; more rows than MAX_ROWS (the MLP step's weight
     # gradient, 512³: level gains that cost first-call time), B transposed (no vector

@@ -119,14 +119,27 @@ def _check(lhs: Shape, rhs: Shape, dims: dict[str, tuple[int, ...]], epilogue: s
 
 
 MATMUL = {"lhs_contracting_dims": (1,), "rhs_contracting_dims": (0,)}
+LHS_T = {"lhs_contracting_dims": (0,), "rhs_contracting_dims": (0,)}  # a weight gradient's
+RHS_T = {"lhs_contracting_dims": (1,), "rhs_contracting_dims": (1,)}
+BATCHED = {"lhs_batch_dims": (0,), "rhs_batch_dims": (0,), "lhs_contracting_dims": (2,),
+           "rhs_contracting_dims": (1,)}
+
+
+def gemm_plan(m: int, k: int, n: int, transpose_a: bool = False, transpose_b: bool = False,
+              element_bytes: int = 4, batch: tuple[int, ...] = ()) -> dot_codegen.GemmPlan:
+    """The plan of a dense m × k by k × n product (`batch` elements of them), either
+    operand transposed, for strategy and schedule tests."""
+    return dot_codegen.GemmPlan(m, n, k, transpose_a, m if transpose_a else k,
+                                transpose_b, k if transpose_b else n, batch,
+                                (m * k,) * len(batch), (k * n,) * len(batch), element_bytes)
 
 # (lhs, rhs, dimension numbers): plain, transposed either side, batched with the batch
 # dimension in the middle of the rhs, a vector times a matrix, sizes that leave
 # partial tiles (and several units: more than MIN_UNIT_FLOPS).
 LAYOUTS = {
     "small": ((5, 7), (7, 3), MATMUL),
-    "lhs_t": ((33, 20), (33, 40), {"lhs_contracting_dims": (0,), "rhs_contracting_dims": (0,)}),
-    "rhs_t": ((20, 33), (40, 33), {"lhs_contracting_dims": (1,), "rhs_contracting_dims": (1,)}),
+    "lhs_t": ((33, 20), (33, 40), LHS_T),
+    "rhs_t": ((20, 33), (40, 33), RHS_T),
     "batched": ((3, 9, 17), (17, 3, 11), {"lhs_batch_dims": (0,), "rhs_batch_dims": (1,),
                                           "lhs_contracting_dims": (2,),
                                           "rhs_contracting_dims": (0,)}),
@@ -301,8 +314,8 @@ def test_large_product_in_balanced_units_matches_the_evaluator(
 # and column of tiles shorter than the others.
 UNEVEN = {
     "odd": ((37, 23), (23, 53), MATMUL),
-    "lhs_t": ((29, 45), (29, 34), {"lhs_contracting_dims": (0,), "rhs_contracting_dims": (0,)}),
-    "rhs_t": ((45, 29), (34, 29), {"lhs_contracting_dims": (1,), "rhs_contracting_dims": (1,)}),
+    "lhs_t": ((29, 45), (29, 34), LHS_T),
+    "rhs_t": ((45, 29), (34, 29), RHS_T),
     "batched": ((2, 40, 17), (17, 2, 35), {"lhs_batch_dims": (0,), "rhs_batch_dims": (1,),
                                            "lhs_contracting_dims": (2,),
                                            "rhs_contracting_dims": (0,)}),

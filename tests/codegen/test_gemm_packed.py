@@ -11,7 +11,18 @@ import llvmlite.binding as llvm
 import numpy as np
 import pytest
 from codegen_helpers import build
-from test_dot_fusion import MATMUL, _arguments, _assert_dot_close, _check, _dense, forced_strategy
+from test_dot_fusion import (
+    BATCHED,
+    LHS_T,
+    MATMUL,
+    RHS_T,
+    _arguments,
+    _assert_dot_close,
+    _check,
+    _dense,
+    forced_strategy,
+)
+from test_dot_fusion import gemm_plan as plan
 
 from tfxla_lite.codegen import compile_module
 from tfxla_lite.codegen.cpu import dot as dot_codegen
@@ -21,11 +32,6 @@ from tfxla_lite.hlo.ir import Computation, Instruction
 from tfxla_lite.hlo.shape import Shape
 
 pytestmark = pytest.mark.skipif(not gemm_packed.available(), reason="no AVX-512")
-
-LHS_T = {"lhs_contracting_dims": (0,), "rhs_contracting_dims": (0,)}
-RHS_T = {"lhs_contracting_dims": (1,), "rhs_contracting_dims": (1,)}
-BATCHED = {"lhs_batch_dims": (0,), "rhs_batch_dims": (0,), "lhs_contracting_dims": (2,),
-           "rhs_contracting_dims": (1,)}
 
 # Small shapes forced to the packed strategy: M, N, K of no multiple (edge slivers of
 # fewer than MR rows, an edge strip of fewer than NR columns, a last K block shorter than
@@ -112,13 +118,6 @@ def test_bits_do_not_depend_on_units_blocking_or_threads(
 
 
 def test_which_plans_take_the_packed_gemm() -> None:
-    def plan(m: int, k: int, n: int, transpose_a: bool = False, transpose_b: bool = False,
-             element_bytes: int = 4, batch: tuple[int, ...] = ()) -> dot_codegen.GemmPlan:
-        return dot_codegen.GemmPlan(m, n, k, transpose_a, m if transpose_a else k,
-                                    transpose_b, k if transpose_b else n, batch,
-                                    (m * k,) * len(batch), (k * n,) * len(batch),
-                                    element_bytes)
-
     assert [dot_codegen.choose_strategy(p) for p in (
         plan(1536, 1536, 1536), plan(2048, 2048, 2048), plan(3072, 3072, 3072),
         plan(2048, 2048, 2048, transpose_a=True), plan(2048, 2048, 2048, transpose_b=True),
