@@ -14,7 +14,7 @@ units nor on the thread count.
 from __future__ import annotations
 
 import functools
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING
 
 import llvmlite.binding as llvm
@@ -182,34 +182,19 @@ def _block_function(module: ir.Module, element_type: str, element_bytes: int, ro
         return b.gep(base, [offset], inbounds=True, source_etype=scalar)
 
     lhs_rows = [at(lhs, b.mul(i64(r), row_stride)) for r in range(rows)]
-    preheader = b.block
-    header = function.append_basic_block("block.k.header")
-    body = function.append_basic_block("block.k.body")
-    done = function.append_basic_block("block.k.exit")
-    b.branch(header)
-    b.position_at_end(header)
-    k = b.phi(I64, name="block.k")
-    k.add_incoming(i64(0), preheader)
-    sums = [[b.phi(vector, name=f"sum.{r}.{v}") for v in range(vectors)] for r in range(rows)]
-    for line in sums:
-        for phi in line:
-            phi.add_incoming(ir.Constant(vector, None), preheader)
-    b.cbranch(b.icmp_signed("<", k, count), body, done)
-    b.position_at_end(body)
-    rhs_row = b.mul(k, ldb)
-    columns = [_vector_load(module, b, at(rhs, b.add(rhs_row, i64(v * lanes))), vector, align,
-                            mask) for v in range(vectors)]
+
+    def operands(k: ir.Value) -> tuple[list[ir.Value], Callable[[int], ir.Value]]:
+        rhs_row = b.mul(k, ldb)
+        columns = [_vector_load(module, b, at(rhs, b.add(rhs_row, i64(v * lanes))), vector,
+                                align, mask) for v in range(vectors)]
+        lhs_column = b.mul(k, k_stride)
+        return columns, lambda r: splat(b, b.load(at(lhs_rows[r], lhs_column), typ=scalar),
+                                        vector)
+
     fmuladd = declare(module, f"llvm.fmuladd.{_vector_name(vector)}",
-                       ir.FunctionType(vector, [vector] * 3))
-    lhs_column = b.mul(k, k_stride)
-    for r in range(rows):
-        coefficient = splat(b, b.load(at(lhs_rows[r], lhs_column), typ=scalar), vector)
-        for v in range(vectors):
-            sums[r][v].add_incoming(b.call(fmuladd, [coefficient, columns[v], sums[r][v]]),
-                                    body)
-    k.add_incoming(b.add(k, i64(1), flags=["nuw", "nsw"]), body)
-    b.branch(header)
-    b.position_at_end(done)
+                      ir.FunctionType(vector, [vector] * 3))
+    zeros = [[ir.Constant(vector, None)] * vectors for _ in range(rows)]
+    sums = register_sums(b, count, zeros, operands, fmuladd, "block.k")
     for r in range(rows):
         out_row = b.mul(i64(r), ldc)
         for v in range(vectors):
@@ -221,6 +206,41 @@ def _block_function(module: ir.Module, element_type: str, element_bytes: int, ro
                 b.call(store, [sums[r][v], pointer, ir.Constant(I32, align), mask])
     b.ret_void()
     return function
+
+
+def register_sums(b: ir.IRBuilder, count: ir.Value, initial: list[list[ir.Value]],
+                  operands: Callable[[ir.Value], tuple[list[ir.Value], Callable[[int], ir.Value]]],
+                  multiply_add: ir.Function, name: str) -> list[list[ir.Value]]:
+    """The k loop of a register block, k from 0 to `count`: sums[r][v] (from `initial`)
+    held as phis of its header, each k adding coefficient(r) · columns[v] with
+    `multiply_add` (one fused multiply-add: k ascending, one rounding a term), where
+    `operands(k)` loads the columns and gives (columns, coefficient), coefficient(r)
+    loading row r's, emitted just before that row's multiply-adds; the final sums."""
+    function = b.function
+    preheader = b.block
+    header = function.append_basic_block(f"{name}.header")
+    body = function.append_basic_block(f"{name}.body")
+    done = function.append_basic_block(f"{name}.exit")
+    b.branch(header)
+    b.position_at_end(header)
+    k = b.phi(I64, name=name)
+    k.add_incoming(i64(0), preheader)
+    sums = [[b.phi(value.type, name=f"sum.{r}.{v}") for v, value in enumerate(line)]
+            for r, line in enumerate(initial)]
+    for line, start in zip(sums, initial):
+        for phi, value in zip(line, start):
+            phi.add_incoming(value, preheader)
+    b.cbranch(b.icmp_signed("<", k, count), body, done)
+    b.position_at_end(body)
+    columns, coefficient_of = operands(k)
+    for r, line in enumerate(sums):
+        coefficient = coefficient_of(r)
+        for phi, column in zip(line, columns):
+            phi.add_incoming(b.call(multiply_add, [coefficient, column, phi]), b.block)
+    k.add_incoming(b.add(k, i64(1), flags=["nuw", "nsw"]), b.block)
+    b.branch(header)
+    b.position_at_end(done)
+    return sums
 
 
 def splat(b: ir.IRBuilder, value: ir.Value, vector: ir.VectorType) -> ir.Value:

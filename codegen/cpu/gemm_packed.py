@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 import llvmlite.binding as llvm
 from llvmlite import ir
 
-from tfxla_lite.codegen.cpu.dot_blocks import declare, masked_intrinsic, splat
+from tfxla_lite.codegen.cpu.dot_blocks import declare, masked_intrinsic, register_sums, splat
 from tfxla_lite.codegen.cpu.emitter import I1, I32, I64, PTR, VOID, KernelContext, i64, minimum
 
 if TYPE_CHECKING:
@@ -210,32 +210,14 @@ def micro_kernel(module: ir.Module) -> ir.Function:
             line.append(phi)
         sums.append(line)
 
-    # The k loop: the MR × VECTORS sums are phis of its header, one fma each per k.
-    preheader = b.block
-    header = function.append_basic_block("k.header")
-    body = function.append_basic_block("k.body")
-    after = function.append_basic_block("k.after")
-    b.branch(header)
-    b.position_at_end(header)
-    k = b.phi(I64, name="k")
-    k.add_incoming(i64(0), preheader)
-    current = [[b.phi(vector) for _ in range(VECTORS)] for _ in range(MR)]
-    for r in range(MR):
-        for v in range(VECTORS):
-            current[r][v].add_incoming(sums[r][v], preheader)
-    b.cbranch(b.icmp_signed("<", k, kc), body, after)
-    b.position_at_end(body)
-    columns = [b.load(_at(b, pb, b.add(b.mul(k, i64(nr())), i64(v * LANES))),
-                      typ=vector, align=ALIGN) for v in range(VECTORS)]
-    a_base = b.mul(k, i64(MR))
-    for r in range(MR):
-        coefficient = splat(b, b.load(_at(b, pa, b.add(a_base, i64(r))), typ=F32), vector)
-        for v in range(VECTORS):
-            current[r][v].add_incoming(b.call(fma, [coefficient, columns[v], current[r][v]]),
-                                       body)
-    k.add_incoming(b.add(k, i64(1), flags=["nsw"]), body)
-    b.branch(header)
-    b.position_at_end(after)
+    def operands(k: ir.Value) -> tuple[list[ir.Value], Callable[[int], ir.Value]]:
+        columns = [b.load(_at(b, pb, b.add(b.mul(k, i64(nr())), i64(v * LANES))),
+                          typ=vector, align=ALIGN) for v in range(VECTORS)]
+        a_base = b.mul(k, i64(MR))
+        return columns, lambda r: splat(b, b.load(_at(b, pa, b.add(a_base, i64(r))), typ=F32),
+                                        vector)
+
+    current = register_sums(b, kc, sums, operands, fma, "k")
     for r in range(MR):
         for v in range(VECTORS):
             b.store(current[r][v], _at(b, c, b.add(b.mul(i64(r), ldc), i64(v * LANES))),
