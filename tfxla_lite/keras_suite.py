@@ -154,7 +154,9 @@ def pytest_command(root: Path, work: Path, targets: Sequence[str], log: Path,
                    exclude: Path, timeout: float) -> list[str]:
     # The ini file in `work` holds Keras's own pytest settings (its pyproject's warning
     # filters), so neither this repository's pytest.ini nor any other applies.
+    # A file that fails to import must not stop the others of its process.
     return [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+            "--continue-on-collection-errors",
             "-p", "tfxla_lite.keras_suite_plugin", "-c", str(work / "pytest.ini"),
             "--rootdir", str(root), "--keras-suite-log", str(log),
             "--keras-suite-exclude", str(exclude), "--keras-suite-timeout", str(timeout),
@@ -207,6 +209,9 @@ def run_tests(targets: Sequence[str], flags: str | None, work: Path, tag: str, *
             if rc in (0, 1, 5) or not _unfinished(log):
                 break
             _write_crash(log, rc)
+        if rc not in (0, 1, 5):
+            _write_unreported(log, chunk, f"pytest ended with {rc} without reporting it "
+                                          f"(see {work / (tag + '.out')})")
     return read_log(log)
 
 
@@ -243,6 +248,16 @@ def _write_crash(log: Path, rc: int) -> None:
         for nodeid in _unfinished(log):
             file.write(json.dumps({"nodeid": nodeid, "when": "crash", "outcome": "crashed",
                                    "message": f"the test process ended with {rc}"}) + "\n")
+
+
+def _write_unreported(log: Path, targets: Sequence[str], message: str) -> None:
+    # A pytest that could not start or stopped early must not read as a clean run.
+    reported = list(read_log(log))
+    with open(log, "a", encoding="utf-8") as file:
+        for target in targets:
+            if not any(nodeid.startswith(target) for nodeid in reported):
+                file.write(json.dumps({"nodeid": target, "when": "collect",
+                                       "outcome": "failed", "message": message}) + "\n")
 
 
 # --- reading the results --------------------------------------------------------------------
@@ -378,6 +393,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"keras suite: {len(files)} test files; logs in {work}", flush=True)
     result = run_suite(files, work.resolve(), root=root, flags=args.flags, timeout=args.timeout,
                        files_per_process=args.files_per_process)
+    if not result.flagged:
+        print(f"keras suite: no test reported (see {work})", file=sys.stderr)
+        return EXIT_NO_TESTS
     if args.json:
         args.json.write_text(json.dumps(result.to_json(), indent=1), encoding="utf-8")
     print("\n".join(report_lines(result)))
