@@ -122,6 +122,10 @@ class Program:
     # the launch op once it is there: (key, executable, inputs, outputs). The rewritten
     # function's trace waits for them (`_finish_pending`), before anything can launch.
     pending: list[tuple[str, Any, list[Any], list[Any]]] = field(default_factory=list)
+    # The trace holds a tf.custom_gradient (or another gradient override): its gradient
+    # function closes over tensors of the trace's own graph, so only the original trace
+    # can be differentiated (tfxla_lite/api.py runs it where a gradient may be taken).
+    custom_gradients: bool = False
 
     @property
     def has_launches(self) -> bool:
@@ -240,8 +244,17 @@ def build_program(concrete_function: Any, jit_compile: bool | None, options: Opt
         if cache_key is not None:
             _store_in_cache(cache_key, graph, program)
     program.concrete_function = concrete_function
+    program.custom_gradients = has_gradient_overrides(graph_def)
     program.run = _rewritten_function(concrete_function, program, graph_def)
     return program
+
+
+def has_gradient_overrides(graph_def: Any) -> bool:
+    """Whether a node of `graph_def` or of its function library has its gradient
+    overridden (`_gradient_op_type`, which `tf.custom_gradient` and
+    `gradient_override_map` set)."""
+    nodes = [*graph_def.node, *(n for f in graph_def.library.function for n in f.node_def)]
+    return any("_gradient_op_type" in node.attr for node in nodes)
 
 
 def _program_from_cache(graph: tf.Graph, function_name: str, settings: _Settings,

@@ -47,11 +47,13 @@ from tfxla_lite.clustering.registry import OP_RULES, constant_value, known_dims
 from tfxla_lite.codegen import compile_module
 from tfxla_lite.collector import collector_paused
 from tfxla_lite.hlo import HloModule
+from tfxla_lite.rewrite import ORIGINAL_INPUT_PREFIX, set_original
 from tfxla_lite.runtime import gpu_launch, loader
 
 logger = logging.getLogger("tfxla_lite")
 
-INPUT_PREFIX = "tfxla_lite_input_"
+# The launch node's `ORIGINAL_ATTR` template and this one are the same GraphDef.
+INPUT_PREFIX = ORIGINAL_INPUT_PREFIX
 _VALUE_DTYPES = frozenset({"int32", "int64", "bool"})
 # Attributes that name nodes outside the template, or shapes it no longer has.
 _DROPPED_ATTRS = ("_class", "_output_shapes")
@@ -203,7 +205,10 @@ class DynamicCluster:
         rewrite's `StatelessIf`."""
 
         def compiled(*args: tf.Tensor) -> list[tf.Tensor]:
-            return loader.launch(args, self.key, self.output_dtypes, self.output_shapes)
+            results = loader.launch(args, self.key, self.output_dtypes, self.output_shapes)
+            if results:  # what its gradient differentiates (tfxla_lite/gradients.py)
+                set_original(results[0].op, self.template, self.cluster.outputs)
+            return results
 
         return self._over_inputs(compiled), self.original_function()
 

@@ -28,6 +28,13 @@ import tensorflow as tf
 
 LAUNCH_OP_TYPE = "TfxlaLiteLaunch"
 COMPILE_OP_TYPE = "TfxlaLiteCompile"
+# Each launch node carries its cluster's own TF ops, as XlaLaunch names its cluster's
+# function: a GraphDef whose placeholder `ORIGINAL_INPUT_PREFIX<j>` stands for launch
+# input j, and the names of the tensors that are its outputs. The launch op's gradient
+# (tfxla_lite/gradients.py) differentiates them; the op's kernel never reads them.
+ORIGINAL_ATTR = "_tfxla_lite_original"
+ORIGINAL_OUTPUTS_ATTR = "_tfxla_lite_original_outputs"
+ORIGINAL_INPUT_PREFIX = "tfxla_lite_input_"
 
 
 @dataclass(frozen=True)
@@ -160,10 +167,75 @@ def rewrite_graph_def(graph_def: tf.compat.v1.GraphDef,
             _make_fallback_if(result, launch, cluster, inputs, input_types, output_types, shapes)
             continue
         launch.attr["key"].s = cluster.key.encode()
+        template = cluster_template(nodes_by_name, cluster)
+        if template is not None:
+            template.versions.CopyFrom(graph_def.versions)
+            set_original(launch, template, cluster.outputs)
         launch.attr["Tin"].list.type.extend(input_types)
         launch.attr["Tout"].list.type.extend(output_types)
         launch.attr["output_shapes"].list.shape.extend(shapes)
     return result
+
+
+def cluster_template(nodes_by_name: dict[str, Any], cluster: CompiledCluster
+                     ) -> tf.compat.v1.GraphDef | None:
+    """The cluster's own ops as a GraphDef over placeholders for its inputs (Const nodes
+    it reads from outside copied in), or None where it reads another outside tensor."""
+    inside = set(cluster.op_names)
+    positions = {_split_input(t)[:2]: j for j, t in enumerate(cluster.inputs)}
+    template = tf.compat.v1.GraphDef()
+    for j, dtype in enumerate(cluster.input_dtypes):
+        placeholder = template.node.add()
+        placeholder.name = f"{ORIGINAL_INPUT_PREFIX}{j}"
+        placeholder.op = "Placeholder"
+        placeholder.attr["dtype"].type = dtype.as_datatype_enum
+    copied: set[str] = set()
+    body = []
+    for name in cluster.op_names:
+        node = tf.compat.v1.NodeDef()
+        node.CopyFrom(nodes_by_name[name])
+        node.device = ""
+        for attr in ("_class", "_output_shapes"):  # name outside nodes / stale shapes
+            if attr in node.attr:
+                del node.attr[attr]
+        del node.input[:]
+        for reference in nodes_by_name[name].input:
+            op, index, control = _split_input(reference)
+            if op in inside:
+                node.input.append(reference)
+            elif control:
+                continue
+            elif (op, index) in positions:
+                node.input.append(f"{ORIGINAL_INPUT_PREFIX}{positions[op, index]}")
+            elif nodes_by_name[op].op == "Const":
+                if op not in copied:
+                    copied.add(op)
+                    constant = template.node.add()
+                    constant.CopyFrom(nodes_by_name[op])
+                    constant.device = ""
+                    for attr in ("_class", "_output_shapes"):
+                        if attr in constant.attr:
+                            del constant.attr[attr]
+                node.input.append(reference)
+            else:
+                return None
+        body.append(node)
+    template.node.extend(body)
+    return template
+
+
+def set_original(launch: Any, template: tf.compat.v1.GraphDef,
+                 outputs: Sequence[str]) -> None:
+    """Attach the cluster's own ops to `launch` (a NodeDef or an Operation)."""
+    serialized = tf.compat.v1.AttrValue(s=template.SerializeToString())
+    names = tf.compat.v1.AttrValue(list=tf.compat.v1.AttrValue.ListValue(
+        s=[name.encode() for name in outputs]))
+    if isinstance(launch, tf.Operation):
+        launch._set_attr(ORIGINAL_ATTR, serialized)  # noqa: SLF001 - no public setter
+        launch._set_attr(ORIGINAL_OUTPUTS_ATTR, names)  # noqa: SLF001
+    else:
+        launch.attr[ORIGINAL_ATTR].CopyFrom(serialized)
+        launch.attr[ORIGINAL_OUTPUTS_ATTR].CopyFrom(names)
 
 
 def _make_fallback_if(graph_def: tf.compat.v1.GraphDef, node: Any, cluster: CompiledCluster,
