@@ -12,13 +12,17 @@ process's options (`tfxla_lite.flags`) when it is made, unless given its own.
 from __future__ import annotations
 
 import functools
-import inspect
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.eager.polymorphic_function import (
+    function_type_utils,
+    polymorphic_function,
+)
+from tensorflow.python.saved_model import save_context
 
 from tfxla_lite import dump
 from tfxla_lite.autograph_cache import conversions_cached
@@ -37,6 +41,8 @@ __all__ = ["CompilationError", "ClusteringReport", "Function", "explain", "funct
 def _leaf_key(value: Any) -> Any:
     if isinstance(value, (tf.Tensor, np.ndarray)):
         return ("tensor", tuple(value.shape), str(value.dtype))
+    if isinstance(value, tf.TypeSpec):  # get_concrete_function(tf.TensorSpec(...))
+        return ("spec", value)
     if isinstance(value, tf.Variable):
         return ("variable", id(value))
     if isinstance(value, (int, float, bool, str, type(None))):
@@ -51,8 +57,14 @@ def _leaf_key(value: Any) -> Any:
     return ("object", id(value))
 
 
-class Function:
+class Function(polymorphic_function.Function):
     """A callable like `tf.function(fn)` whose clusters run as tfxla-lite executables.
+
+    It is the user's own `tf.function` (a subclass of TF's `Function`, made with the
+    same arguments), so that TF's machinery treats it as one: binding (`function_type`,
+    `input_signature`, methods through `__get__`), `pretty_printed_concrete_signatures`
+    and saving (`tf.saved_model.save` writes TF's own traces, never a launch op). Only
+    calling it (and `get_concrete_function` outside a save) goes through tfxla-lite.
 
     `jit_compile_fallback` (set for functions made through the patched `tf.function`,
     see `tfxla_lite.autojit`): when `jit_compile=True` cannot compile a trace, warn
@@ -62,27 +74,30 @@ class Function:
     def __init__(self, fn: Callable, jit_compile: bool | None = None,
                  input_signature: Sequence[tf.TensorSpec] | None = None,
                  autograph: bool = True, options: Options | None = None,
-                 name: str | None = None, jit_compile_fallback: bool = False) -> None:
-        self.python_function = fn
+                 name: str | None = None, jit_compile_fallback: bool = False,
+                 reduce_retracing: bool = False,
+                 experimental_autograph_options: Any = None,
+                 experimental_attributes: dict[str, Any] | None = None) -> None:
+        # The keywords after `jit_compile_fallback` are those TF's `__get__` passes
+        # when it makes the per-instance copy of a method (`class_method_to_instance_method`).
+        super().__init__(fn, name or getattr(fn, "__name__", "function"),
+                         input_signature=input_signature, autograph=autograph,
+                         jit_compile=jit_compile, reduce_retracing=reduce_retracing,
+                         experimental_autograph_options=experimental_autograph_options,
+                         experimental_attributes=experimental_attributes)
         self.jit_compile = jit_compile
-        self.input_signature = input_signature
         self.options = options if options is not None else get_options()
         self.jit_compile_fallback = jit_compile_fallback
         self._fallback_warned = False
+        self._method_of: Function | None = None
+        self._serializing = 0
         # Not `updated=__dict__`: a callable object's attributes (a Keras model's
         # `jit_compile`) must not overwrite this Function's own.
         functools.update_wrapper(self, fn, updated=())
-        self._name = name or getattr(fn, "__name__", "function")
-        # The user's own tf.function: it checks input_signature and is what
-        # jit_compile=False runs. Tracing for compilation uses a copy without the
-        # signature, so that every call is traced with its concrete shapes.
-        self._tf_function = tf.function(fn, input_signature=input_signature,
-                                        autograph=autograph, jit_compile=False)
+        # Tracing for compilation uses a tf.function without the signature, so that
+        # every call is traced with its concrete shapes; TF's own traces (this object's
+        # base class) are what jit_compile=False runs and what a save writes.
         self._tracer = tf.function(fn, autograph=autograph, jit_compile=False)
-        try:
-            self._signature: inspect.Signature | None = inspect.signature(fn)
-        except (TypeError, ValueError):
-            self._signature = None
         self._programs: dict[Any, Program] = {}
 
     # -- calling -------------------------------------------------------------------------
@@ -91,45 +106,38 @@ class Function:
     @tf.autograph.experimental.do_not_convert
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.jit_compile is False:
-            return self._tf_function(*args, **kwargs)
+            return super().__call__(*args, **kwargs)
+        if not kwargs and all(isinstance(a, tf.Tensor) for a in args):
+            # Positional tensors of a signature compiled before, whose binding by TF was
+            # checked then (`_flat_call`): what TF's structured call ends in, without
+            # binding the arguments again (10-20 us a call: a latency-bound step is a
+            # few hundred). Keyed as `_key` keys them.
+            program = self._programs.get(tuple((tuple(a.shape), a.dtype) for a in args))
+            if program is not None and program.flat_call:
+                run = program.concrete_run
+                return run._call_flat(list(args), run.captured_inputs)
         args, kwargs = self._canonical(args, kwargs)
         program = self._program(args, kwargs)
         run = program.concrete_run
-        if program.flat_call and not kwargs and all(isinstance(a, tf.Tensor) for a in args):
-            # What TF's structured call ends in, without binding the arguments again
-            # (10-20 us a call: a latency-bound step is a few hundred).
+        if program.flat_call:
             return run._call_flat(list(args), run.captured_inputs)
         return run(*args, **kwargs)
 
     def __get__(self, instance: Any, owner: Any = None) -> Any:
-        # Methods: bind like a function would.
-        if instance is None:
-            return self
-        return functools.partial(self.__call__, instance)
+        # TF's own: one copy per instance (weakly bound, cached while the instance
+        # lives), whose signature has no `self`; it takes this function's settings.
+        bound = super().__get__(instance, owner)
+        if isinstance(bound, Function) and bound is not self and bound._method_of is None:
+            bound._method_of = self
+            bound.options = self.options
+            bound.jit_compile_fallback = self.jit_compile_fallback
+        return bound
 
     def _canonical(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-        """Arguments bound to positions, as both traced functions will see them."""
-        if self.input_signature is not None:
-            flat = tf.nest.flatten(args)
-            specs = tf.nest.flatten(self.input_signature)
-            if len(flat) != len(specs) or kwargs:
-                raise TypeError(f"{self._name} takes {len(specs)} arguments matching its "
-                                f"input_signature, got {len(flat)}")
-            tensors = []
-            for value, spec in zip(flat, specs):
-                tensor = tf.convert_to_tensor(value, dtype=spec.dtype)
-                if not spec.shape.is_compatible_with(tensor.shape):
-                    raise ValueError(f"{self._name}: argument of shape {tensor.shape} does not "
-                                     f"match input_signature {spec}")
-                tensors.append(tensor)
-            return tuple(tf.nest.pack_sequence_as(args, tensors)), {}
-        if self._signature is None or not kwargs:
-            return args, kwargs
-        try:
-            bound = self._signature.bind(*args, **kwargs)
-        except TypeError:
-            return args, kwargs
-        bound.apply_defaults()
+        """Arguments bound as TF binds them: positions, defaults, `input_signature`
+        (values converted to its dtypes; a mismatch raises TF's `TypeError`)."""
+        bound = function_type_utils.canonicalize_function_inputs(
+            args, kwargs, self.function_type, self._default_values)
         return tuple(bound.args), dict(bound.kwargs)
 
     def _key(self, args: tuple, kwargs: dict) -> Any:
@@ -210,11 +218,42 @@ class Function:
 
     # -- inspection ----------------------------------------------------------------------
     def get_concrete_function(self, *args: Any, **kwargs: Any) -> Any:
-        """The concrete function of the rewritten program (launch ops in its graph)."""
-        if self.jit_compile is False:
-            return self._tf_function.get_concrete_function(*args, **kwargs)
+        """The concrete function of the compiled program (launch ops in its graph), for
+        tensors or `tf.TensorSpec`s; while being saved, TF's own trace instead."""
+        if (self.jit_compile is False or self._serializing
+                or save_context.in_save_context()):
+            return super().get_concrete_function(*args, **kwargs)
+        if not args and not kwargs and self.input_signature is not None:
+            args = tuple(self.input_signature)
         args, kwargs = self._canonical(args, kwargs)
         return self._program(args, kwargs).concrete_run
+
+    def experimental_get_tracing_count(self) -> int:
+        if self.jit_compile is False:
+            return super().experimental_get_tracing_count()
+        return self._tracer.experimental_get_tracing_count()
+
+    # -- saving: TF's own traces -----------------------------------------------------------
+    def _list_all_concrete_functions(self) -> list[Any]:
+        """TF's own traces of every signature called or asked for (the saver's list, and
+        `pretty_printed_concrete_signatures`'): the compiled calls traced only the tracer,
+        so each of its signatures is traced by TF's own function here."""
+        if self.input_signature is not None:
+            super().get_concrete_function()
+        elif self.jit_compile is not False:
+            for concrete in self._tracer._list_all_concrete_functions():
+                # Unnamed, as the specs of the tensors TF's own function was called with.
+                args, kwargs = tf.nest.map_structure(_unnamed, concrete.structured_input_signature)
+                super().get_concrete_function(*args, **kwargs)
+        return list(self._function_cache.values())
+
+    def _list_all_concrete_functions_for_serialization(self) -> list[Any]:
+        # TF's, whose `get_concrete_function` calls must give TF's traces, not programs.
+        self._serializing += 1
+        try:
+            return super()._list_all_concrete_functions_for_serialization()
+        finally:
+            self._serializing -= 1
 
     def experimental_get_compiler_ir(self, *args: Any, **kwargs: Any) -> Callable[..., str]:
         """As TF's: `f.experimental_get_compiler_ir(x)(stage='optimized_hlo')`.
@@ -246,7 +285,7 @@ class Function:
 def function(fn: Callable | None = None, *, jit_compile: bool | None = None,
              input_signature: Sequence[tf.TensorSpec] | None = None, autograph: bool = True,
              options: Options | None = None,
-             min_cluster_size: int | None = None) -> Any:
+             min_cluster_size: int | None = None, reduce_retracing: bool = False) -> Any:
     """`tf.function` with tfxla-lite compilation; usable as `@function` or `@function(...)`."""
     if min_cluster_size is not None:
         base = options if options is not None else get_options()
@@ -254,7 +293,8 @@ def function(fn: Callable | None = None, *, jit_compile: bool | None = None,
 
     def decorate(f: Callable) -> Function:
         return Function(f, jit_compile=jit_compile, input_signature=input_signature,
-                        autograph=autograph, options=options)
+                        autograph=autograph, options=options,
+                        reduce_retracing=reduce_retracing)
 
     return decorate(fn) if fn is not None else decorate
 
@@ -286,6 +326,10 @@ def _flat_call(concrete: Any, args: tuple, kwargs: dict) -> bool:
         return False
     return (callable(getattr(concrete, "_call_flat", None)) and len(flat) == len(args)
             and all(f is a for f, a in zip(flat, args)))
+
+
+def _unnamed(value: Any) -> Any:
+    return tf.TensorSpec(value.shape, value.dtype) if type(value) is tf.TensorSpec else value
 
 
 def _first_lines(text: str, count: int) -> str:

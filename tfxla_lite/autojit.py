@@ -165,10 +165,15 @@ def _choose(func: Callable, arguments: dict[str, Any], options: Options) -> Any:
         return None
     if hasattr(func, "python_function") and hasattr(func, "get_concrete_function"):
         func = func.python_function  # an existing tf.function: compile what it wraps
+    reduce_retracing = arguments.get("reduce_retracing") or arguments.get(
+        "experimental_relax_shapes")  # TF's deprecated spelling
     return Function(func, jit_compile=True if jit_compile else None,
                     input_signature=arguments.get("input_signature"),
                     autograph=arguments.get("autograph", True), options=options,
-                    jit_compile_fallback=not options.strict_jit_compile)
+                    jit_compile_fallback=not options.strict_jit_compile,
+                    reduce_retracing=bool(reduce_retracing),
+                    experimental_autograph_options=arguments.get(
+                        "experimental_autograph_options"))
 
 
 def _log_summary() -> None:
