@@ -59,8 +59,15 @@ def load_library() -> OpLibrary:
     global _library
     with _load_lock:
         if _library is None:
+            # build_op_library returns only a library that matches its build's record
+            # (size and SHA-256): a damaged file in the cache is rebuilt, never loaded.
             path = str(build.build_op_library())
-            module = tf.load_op_library(path)
+            try:
+                module = tf.load_op_library(path)
+            except tf.errors.NotFoundError as error:
+                raise RuntimeError(
+                    f"TensorFlow cannot load the op library {path}: {error.message}; "
+                    f"`python -m tfxla_lite.runtime.build --force` rebuilds it") from error
             cdll = ctypes.CDLL(path)
             _declare_c_functions(cdll)
             version = cdll.tfxla_lite_abi_version()
