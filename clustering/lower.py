@@ -10,6 +10,7 @@ so unused ones (axes, permutations) leave no instruction behind.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 from tfxla_lite.clustering.cluster import Cluster
@@ -19,9 +20,11 @@ from tfxla_lite.clustering.registry import (
     LoweringError,
     element_type,
     known_dims,
+    source_frames,
     tensor_shape,
 )
 from tfxla_lite.hlo import HloModule, Instruction, Shape
+from tfxla_lite.hlo.shape import MAX_ARRAY_SIZE
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -57,6 +60,7 @@ def lower_cluster(graph: tf.Graph, cluster: Cluster, name: str | None = None) ->
         value_free = rule.value_free_indices(op)
         operands: list[Any] = [None if i in value_free else value_of(t)
                                for i, t in enumerate(op.inputs)]
+        _check_sizes(op)
         ctx.begin(op)
         results = rule.lower(ctx, op, operands)
         _check_results(op, results)
@@ -81,3 +85,22 @@ def _check_results(op: tf.Operation, results: list[Instruction]) -> None:
         if result.shape != expected:
             raise LoweringError(f"lowering of {op.type} {op.name} gave {result.shape} for "
                                 f"output {tensor.name} of shape {expected}")
+
+
+def _check_sizes(op: tf.Operation) -> None:
+    """An output past the int64 limit is refused with the op's name and source line
+    before its rule runs (TF raises InvalidArgumentError for it; compiled as is, a
+    broadcast of 2^65 elements feeding a sum ran a loop nest that never ended). `Shape`
+    refuses such shapes too, but cannot say which op asked for one."""
+    for tensor in op.outputs:
+        dims = known_dims(tensor)
+        if dims is None or tensor.dtype.is_quantized or tensor.dtype.size == 0:
+            continue
+        count = math.prod(dims)
+        if count * tensor.dtype.size > MAX_ARRAY_SIZE:
+            where = source_frames(op)
+            raise LoweringError(
+                f"{op.type} {op.name}{f' ({where})' if str(where) else ''} makes "
+                f"{tensor.name} of shape {list(dims)}: {count} elements of "
+                f"{tensor.dtype.name}, more than a tensor can hold (2^63-1 elements and "
+                f"bytes)")

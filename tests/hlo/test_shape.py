@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
-from tfxla_lite.hlo.shape import Shape
+from tfxla_lite.hlo.parser import ParseError, parse_module
+from tfxla_lite.hlo.shape import MAX_ARRAY_SIZE, Shape, ShapeSizeError
 
 
 @pytest.mark.parametrize("dims, elements", [((), 1), ((0, 7), 0), ((2, 3, 4), 24),
-                                            ((1 << 20, 1 << 20, 1 << 24), 1 << 64)])
+                                            ((1 << 20, 1 << 20, 1 << 20), 1 << 60)])
 def test_num_elements_and_byte_size(dims: tuple[int, ...], elements: int) -> None:
     shape = Shape("f32", dims)
-    assert shape.num_elements == elements  # exact, beyond int64 too
+    assert shape.num_elements == elements  # exact Python ints
     assert shape.byte_size == 4 * elements
     assert Shape("f16", dims).byte_size == 2 * elements
 
@@ -39,3 +42,30 @@ def test_spellings_with_and_without_layout_are_kept_apart_per_shape() -> None:
         assert pair.to_text() == str(pair) == "(f32[2,3]{1,0}, s32[])"
         assert pair.to_text(layout=False) == "(f32[2,3], s32[])"
     assert array == Shape("f32", (2, 3)) and hash(array) == hash(Shape("f32", (2, 3)))
+
+
+@pytest.mark.parametrize(("element_type", "dims"), [
+    ("f32", (2**31, 2**31, 8)),  # 2^65 elements: wrapped to 0 in int64
+    ("f32", (2**61,)),  # 2^61 elements fit, 2^63 bytes do not
+    ("pred", (2**63,)),
+    ("s8", (0, 2**64)),  # no elements, but a dimension past int64
+])
+def test_arrays_past_the_int64_limit_are_refused(element_type: str,
+                                                 dims: tuple[int, ...]) -> None:
+    with pytest.raises(ShapeSizeError, match=r"at most 2\^63-1"):
+        Shape(element_type, dims)
+
+
+@pytest.mark.parametrize(("element_type", "dims"), [
+    ("pred", (2**63 - 1,)), ("f32", ((2**63 - 1) // 4,)), ("f64", (2**30, 2**29, 1)),
+])
+def test_arrays_up_to_the_limit_are_shapes(element_type: str, dims: tuple[int, ...]) -> None:
+    shape = Shape(element_type, dims)
+    assert shape.byte_size <= MAX_ARRAY_SIZE and shape.num_elements == math.prod(dims)
+
+
+def test_parser_refuses_a_shape_past_the_limit() -> None:
+    text = ("HloModule m\nENTRY e {\n  p = f32[8]{0} parameter(0)\n"
+            "  ROOT b = f32[4294967296,4294967296,8]{2,1,0} broadcast(p), dimensions={2}\n}")
+    with pytest.raises(ParseError, match=r"2\^63-1"):
+        parse_module(text)

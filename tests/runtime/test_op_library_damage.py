@@ -207,9 +207,8 @@ def test_damaged_library_rebuilds_with_the_real_compiler(
         monkeypatch: pytest.MonkeyPatch) -> None:
     cache = tmp_path / "cache"
     monkeypatch.setenv("TFXLA_LITE_CACHE_DIR", str(cache))
-    folder = cache / "ops" / good_library.parent.name
-    shutil.copytree(good_library.parent, folder)
-    path = folder / good_library.name
+    path = build.library_path()  # what the new process will compute
+    shutil.copytree(good_library.parent, path.parent)
     assert build.library_problem(path) is None
     DAMAGES[damage](path)
     assert _assert_ran(_run_compiled(timeout=600)) == path

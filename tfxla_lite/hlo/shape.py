@@ -45,6 +45,15 @@ SIGNED_TYPES = frozenset({"s8", "s16", "s32", "s64"})
 UNSIGNED_TYPES = frozenset({"u8", "u16", "u32", "u64"})
 INTEGER_TYPES = SIGNED_TYPES | UNSIGNED_TYPES
 
+# The most elements, and bytes, an array may have: XLA's and TF's int64 limit. Codegen
+# indexes and sizes buffers in int64, and the runtime passes sizes as int64: a shape past
+# the limit would wrap to a wrong size, or make a loop nest that never ends.
+MAX_ARRAY_SIZE = 2**63 - 1
+
+
+class ShapeSizeError(ValueError):
+    """An array shape with more elements or bytes than `MAX_ARRAY_SIZE`."""
+
 
 def numpy_dtype(element_type: str) -> np.dtype:
     """The NumPy dtype that holds values of an XLA element type."""
@@ -78,6 +87,14 @@ class Shape:
             object.__setattr__(self, "dims", tuple(int(d) for d in self.dims))
             if any(d < 0 for d in self.dims):
                 raise ValueError(f"negative dimension in {self.dims}")
+            count = math.prod(self.dims)
+            if count * _NUMPY_DTYPES[self.element_type].itemsize > MAX_ARRAY_SIZE or \
+                    any(d > MAX_ARRAY_SIZE for d in self.dims):
+                raise ShapeSizeError(
+                    f"shape {self.element_type}[{','.join(map(str, self.dims))}] has {count} "
+                    f"elements ({count * _NUMPY_DTYPES[self.element_type].itemsize} bytes): "
+                    f"an array holds at most 2^63-1 elements and bytes")
+            self.__dict__["num_elements"] = count  # the cached_property's slot
         elif self.element_type != "tuple" or self.dims:
             raise ValueError("a tuple shape has element_type 'tuple' and no dims")
 

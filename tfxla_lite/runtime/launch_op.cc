@@ -38,6 +38,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -803,6 +804,13 @@ class CompileOp : public OpKernel {
   std::string key_;
 };
 
+// Whether a temp arena of `bytes` can be asked for: the pool rounds it up to kAlignment
+// in int64, which must not overflow.
+bool IsValidTempBytes(int64_t bytes) {
+  return bytes >= 0 &&
+         bytes <= std::numeric_limits<int64_t>::max() - static_cast<int64_t>(kAlignment);
+}
+
 // Whether one spec of the extern "C" interface is usable: a real, non-reference dtype,
 // a rank of at least 0, and dims to read when the rank is positive.
 bool IsValidSpec(int dtype, int rank, const int64_t* dims_flat) {
@@ -909,7 +917,7 @@ TFXLA_LITE_EXPORT int tfxla_lite_register(const char* key, void* fn, int64_t tem
                                           const int* out_dtypes, const int* out_ranks,
                                           const int64_t* out_dims_flat,
                                           const int* forward_from) {
-  if (key == nullptr || fn == nullptr || temp_bytes < 0) return -1;
+  if (key == nullptr || fn == nullptr || !tfxla_lite::IsValidTempBytes(temp_bytes)) return -1;
   try {
     auto executable = std::make_shared<tfxla_lite::Executable>();
     executable->entry = reinterpret_cast<tfxla_lite::EntryFunction>(fn);
@@ -966,8 +974,8 @@ TFXLA_LITE_EXPORT int tfxla_lite_fulfill(void* request, void* fn, int64_t temp_b
                                          int n_params, const int* param_inputs, int n_out,
                                          const int* out_dtypes, const int* out_ranks,
                                          const int64_t* out_dims_flat) {
-  if (request == nullptr || fn == nullptr || temp_bytes < 0 || n_params < 0 ||
-      (n_params > 0 && param_inputs == nullptr)) {
+  if (request == nullptr || fn == nullptr || !tfxla_lite::IsValidTempBytes(temp_bytes) ||
+      n_params < 0 || (n_params > 0 && param_inputs == nullptr)) {
     return -1;
   }
   auto* pending = static_cast<tfxla_lite::CompileRequest*>(request);

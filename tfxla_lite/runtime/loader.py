@@ -16,6 +16,7 @@ each new input signature, and caches the `Specialization` it returns, or its ref
 from __future__ import annotations
 
 import ctypes
+import math
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -272,12 +273,33 @@ def _static_shape(shape: Any, what: str) -> tuple[int, ...]:
     return tuple(int(d) for d in dims.as_list())
 
 
+# The int64 limit of TF's sizes; ctypes wraps larger Python ints silently, so every size
+# handed to the op library is checked against it here.
+_INT64_MAX = 2**63 - 1
+# The op library rounds temp arenas up to its 64-byte alignment.
+MAX_TEMP_BYTES = _INT64_MAX - 64
+
+
+def _check_size(shape: tuple[int, ...], dtype: tf.DType, what: str) -> None:
+    count = math.prod(shape)
+    if count * max(1, dtype.size) > _INT64_MAX:
+        raise ValueError(f"{what}: shape {list(shape)} of {dtype.name} has {count} elements, "
+                         f"more than a tensor can hold (2^63-1 elements and bytes)")
+
+
+def _check_temp_bytes(temp_bytes: int, what: str) -> None:
+    if not 0 <= temp_bytes <= MAX_TEMP_BYTES:
+        raise ValueError(f"{what}: temp_bytes {temp_bytes} is not between 0 and "
+                         f"{MAX_TEMP_BYTES}")
+
+
 def _flatten_specs(specs: Sequence[TensorSpecLike], what: str) -> tuple[int, Any, Any, Any]:
     """Specs -> (count, dtype enums, ranks, all dims concatenated) as ctypes arrays."""
     dtypes, ranks, dims = [], [], []
     for index, (dtype, shape) in enumerate(specs):
         dtypes.append(as_tf_dtype(dtype).as_datatype_enum)
         static = _static_shape(shape, f"{what} {index}")
+        _check_size(static, as_tf_dtype(dtype), f"{what} {index}")
         ranks.append(len(static))
         dims.extend(static)
     # One spare element each, so that no array is empty (a NULL pointer is fine too).
@@ -312,8 +334,7 @@ def register_executable(
         raise ValueError("register_executable: the key must be a non-empty string")
     if not entry_address:
         raise ValueError(f"register_executable({key!r}): entry_address is null")
-    if temp_bytes < 0:
-        raise ValueError(f"register_executable({key!r}): temp_bytes {temp_bytes} < 0")
+    _check_temp_bytes(temp_bytes, f"register_executable({key!r})")
     n_in, in_dtypes, in_ranks, in_dims = _flatten_specs(input_specs, "input")
     n_out, out_dtypes, out_ranks, out_dims = _flatten_specs(output_specs, "output")
     forward = [-1] * n_out
@@ -552,8 +573,9 @@ def register_dynamic(
 
 def _fulfill(cdll: ctypes.CDLL, request: int, result: Specialization,
              entry: _DynamicEntry) -> int:
-    if not result.entry_address or result.temp_bytes < 0:
-        raise ValueError("a specialization needs an entry address and temp_bytes >= 0")
+    if not result.entry_address:
+        raise ValueError("a specialization needs an entry address")
+    _check_temp_bytes(result.temp_bytes, "a specialization")
     n_out, out_dtypes, out_ranks, out_dims = _flatten_specs(result.output_specs, "output")
     params = list(result.param_inputs)
     with _owners_lock:
