@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 from tensorflow.python.eager.polymorphic_function import (
+    concrete_function,
     function_type_utils,
     polymorphic_function,
 )
@@ -220,13 +221,27 @@ class Function(polymorphic_function.Function):
     def get_concrete_function(self, *args: Any, **kwargs: Any) -> Any:
         """The concrete function of the compiled program (launch ops in its graph), for
         tensors or `tf.TensorSpec`s; while being saved, TF's own trace instead."""
-        if (self.jit_compile is False or self._serializing
-                or save_context.in_save_context()):
+        if self.jit_compile is False:
             return super().get_concrete_function(*args, **kwargs)
+        if self._serializing or save_context.in_save_context():
+            return self._original_concrete_function(*args, **kwargs)
         if not args and not kwargs and self.input_signature is not None:
             args = tuple(self.input_signature)
         args, kwargs = self._canonical(args, kwargs)
-        return self._program(args, kwargs).concrete_run
+        compiled = self._program(args, kwargs).concrete_run
+        if isinstance(compiled, concrete_function.ConcreteFunction):
+            # Given to `tf.saved_model.save` (as a signature, say), it must save TF's trace.
+            specs = tf.nest.map_structure(_spec_of, (args, kwargs))
+            compiled.__class__ = _CompiledConcreteFunction
+            compiled._tfxla_lite_original = functools.partial(
+                self._original_concrete_function, *specs[0], **specs[1])
+        return compiled
+
+    def _original_concrete_function(self, *args: Any, **kwargs: Any) -> Any:
+        # The signatures called before are traced first, in their order, as plain TF
+        # traced them: a trace of wider shapes made first would serve them instead.
+        self._list_all_concrete_functions()
+        return super().get_concrete_function(*args, **kwargs)
 
     def experimental_get_tracing_count(self) -> int:
         if self.jit_compile is False:
@@ -326,6 +341,25 @@ def _flat_call(concrete: Any, args: tuple, kwargs: dict) -> bool:
         return False
     return (callable(getattr(concrete, "_call_flat", None)) and len(flat) == len(args)
             and all(f is a for f, a in zip(flat, args)))
+
+
+class _CompiledConcreteFunction(concrete_function.ConcreteFunction):
+    """A compiled program's concrete function as `Function.get_concrete_function` returns
+    it: called while TF saves (the signature functions `tf.saved_model.save` traces), it
+    calls TF's own trace of the same arguments instead, so that the SavedModel holds TF's
+    graph and no launch op. Both take the trace's flat inputs in TF's order."""
+
+    _tfxla_lite_original: Callable[[], Any]
+
+    def _call_flat(self, tensor_inputs: Any, captured_inputs: Any) -> Any:
+        if save_context.in_save_context():
+            original = self._tfxla_lite_original()
+            return original._call_flat(tensor_inputs, original.captured_inputs)
+        return super()._call_flat(tensor_inputs, captured_inputs)
+
+
+def _spec_of(value: Any) -> Any:
+    return tf.TensorSpec.from_tensor(value) if isinstance(value, tf.Tensor) else value
 
 
 def _unnamed(value: Any) -> Any:
