@@ -21,6 +21,7 @@ from tfxla_lite.clustering.registry import (
     register,
 )
 from tfxla_lite.hlo import Instruction
+from tfxla_lite.hlo.shape import FLOAT_TYPES
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -288,7 +289,9 @@ def _lower_floor_div(ctx: LoweringContext, op: tf.Operation, operands: Operands
     # where the remainder's sign is not the divisor's.
     a, b = _broadcast_all(ctx, operands)
     quotient = ctx.emit("divide", [a, b])
-    if a.shape.element_type.startswith("f"):
+    # FLOAT_TYPES, not a leading "f": bf16 took the integer path (a quotient stepped
+    # down by one where the remainder's sign differs, never floored).
+    if a.shape.element_type in FLOAT_TYPES:
         return [ctx.emit("floor", [quotient])]
     adjust = _steps_past_zero(ctx, ctx.emit("remainder", [a, b]), b)
     stepped = ctx.emit("subtract", [quotient, ctx.full(1, quotient.shape)])

@@ -93,6 +93,8 @@ def _lower_gather(ctx: LoweringContext, op: tf.Operation, operands: Operands
     vectors = parts[0] if len(parts) == 1 else ctx.emit("concatenate", parts,
                                                         dimensions=(rank,))
     starts = tuple(range(batch_dims)) + (axis,)
+    if any(params.shape.dims[d] == 0 for d in starts):
+        return [_gather_from_nothing(ctx)]
     sizes = tuple(1 if d in starts else n for d, n in enumerate(params.shape.dims))
     out_rank = params.shape.rank - 1 - batch_dims + rank
     offset_dims = tuple(range(batch_dims, axis)) + tuple(range(axis + rank - batch_dims,
@@ -100,6 +102,15 @@ def _lower_gather(ctx: LoweringContext, op: tf.Operation, operands: Operands
     return [ctx.emit("gather", [params, vectors], offset_dims=offset_dims,
                      collapsed_slice_dims=starts, start_index_map=starts,
                      index_vector_dim=rank, slice_sizes=sizes)]
+
+
+def _gather_from_nothing(ctx: LoweringContext) -> Instruction:
+    """A gather along an axis of size 0: HLO has no slice of size 1 there. With no indices
+    the result is empty; with some, TF raises and there is no element to clamp to."""
+    out = ctx.output_shape()
+    if out.num_elements:
+        raise LoweringError("gather of indices from an axis of size 0")
+    return ctx.full(0, out)
 
 
 def _check_gather_nd(op: tf.Operation) -> str | None:
@@ -121,6 +132,8 @@ def _lower_gather_nd(ctx: LoweringContext, op: tf.Operation, operands: Operands
     depth = indices.shape.dims[-1]
     batch = indices.shape.rank - 1
     named = tuple(range(depth))
+    if any(params.shape.dims[d] == 0 for d in named):
+        return [_gather_from_nothing(ctx)]
     sizes = tuple(1 if d < depth else n for d, n in enumerate(params.shape.dims))
     out_rank = batch + params.shape.rank - depth
     return [ctx.emit("gather", [params, indices], offset_dims=tuple(range(batch, out_rank)),

@@ -61,7 +61,8 @@ def _lower_rank_and_size(ctx: LoweringContext, op: tf.Operation, operands: Opera
     return [ctx.constant(np.array(value), ctx.output_shape().element_type)]
 
 
-@register("Range", dtypes=NUMERIC, static_inputs=(0, 1, 2))
+# TF's Range has no float16 (its shape function rejects it); bfloat16 it has.
+@register("Range", dtypes=NUMERIC - {"float16"}, static_inputs=(0, 1, 2))
 def _lower_range(ctx: LoweringContext, op: tf.Operation, operands: Operands
                  ) -> list[Instruction]:
     out = ctx.output_shape()
@@ -253,6 +254,8 @@ def _lower_batch_matmul(ctx: LoweringContext, op: tf.Operation, operands: Operan
 
 
 def check_bias_data_format(op: tf.Operation) -> str | None:
+    if op.type == "BiasAddV1":  # no data_format attr: always channels last
+        return None
     data_format = op.get_attr("data_format")
     data_format = data_format.decode() if isinstance(data_format, bytes) else data_format
     if data_format not in ("NHWC", "NCHW"):
