@@ -349,9 +349,14 @@ def test_while_with_a_body_of_the_wrong_shape_fails_to_verify() -> None:
 
 
 def test_conditional_with_wrong_branch_count_fails_to_verify() -> None:
-    text = WHILE_TEXT.replace(", false_computation=%exp_branch", "")
+    # The parser refuses true_computation= without false_computation=; one branch
+    # under a pred selector is still text it reads, and the verifier's to refuse.
+    text = WHILE_TEXT.replace("true_computation=%negate_branch, false_computation=%exp_branch",
+                              "branch_computations={%negate_branch}")
     with pytest.raises(VerificationError, match="true and a false"):
         verify(parse_module(text))
+    with pytest.raises(ParseError, match="false_computation"):
+        parse_module(WHILE_TEXT.replace(", false_computation=%exp_branch", ""))
 
 
 # -- parsing and printing attributes ---------------------------------------------------------

@@ -456,3 +456,147 @@ def test_random_text_raises_only_parse_error(tokens: list[str]) -> None:
 def test_resource_limits_are_parse_errors(text: str) -> None:
     with pytest.raises(ParseError):
         parse_module(text, fill_elided_constants=True)
+
+
+# -- print(parse(t)) is a fixed point for every t the parser accepts ------------------------
+
+# Every way an instruction names computations: while, both conditional forms, fusion,
+# reduce and call.
+CONTROL = """\
+HloModule control
+
+%cond (c.p: s32[]) -> pred[] {
+  %c.p = s32[] parameter(0)
+  %c.k = s32[] constant(3)
+  ROOT %c.lt = pred[] compare(%c.p, %c.k), direction=LT
+}
+
+%body (b.p: s32[]) -> s32[] {
+  %b.p = s32[] parameter(0)
+  %b.one = s32[] constant(1)
+  ROOT %b.add = s32[] add(%b.p, %b.one)
+}
+
+%sum (a.x: f32[], a.y: f32[]) -> f32[] {
+  %a.x = f32[] parameter(0)
+  %a.y = f32[] parameter(1)
+  ROOT %a.add = f32[] add(%a.x, %a.y)
+}
+
+%fused (f.p: f32[4]) -> f32[4] {
+  %f.p = f32[4]{0} parameter(0)
+  ROOT %f.neg = f32[4]{0} negate(%f.p)
+}
+
+ENTRY %main (p: s32[], x: f32[4], q: pred[]) -> (s32[], f32[], f32[4], s32[], s32[], s32[]) {
+  %p = s32[] parameter(0)
+  %x = f32[4]{0} parameter(1)
+  %q = pred[] parameter(2)
+  %w = s32[] while(%p), condition=%cond, body=%body
+  %z = f32[] constant(0)
+  %r = f32[] reduce(%x, %z), dimensions={0}, to_apply=%sum
+  %f = f32[4]{0} fusion(%x), kind=kLoop, calls=%fused
+  %c = s32[] conditional(%q, %p, %p), true_computation=%body, false_computation=%body
+  %i = s32[] conditional(%p, %p, %p), branch_computations={%body, %body}
+  %k = s32[] call(%p), to_apply=%body
+  ROOT %t = (s32[], f32[], f32[4]{0}, s32[], s32[], s32[]) tuple(%w, %r, %f, %c, %i, %k)
+}
+"""
+
+_ROUND_TRIP_CORPUS = [CONTROL, XLA_OPTIMIZED, GOOD, _assorted_module().to_text()]
+_COMPUTATION_NAMES = ("%cond", "%body", "%sum", "%fused", "%region_0.1",
+                      "%wrapped_reduce_computation")
+_CALLED_KEYS = ("to_apply", "calls", "condition", "body", "true_computation",
+                "false_computation")
+_OPCODES = ("fusion", "while", "conditional", "call", "reduce", "map", "custom-call",
+            "negate", "tuple", "sort", "add")
+
+
+@st.composite
+def _attribute_mutations(draw: st.DrawFn) -> str:
+    """A corpus module with some instructions' attributes or opcodes changed: called
+    computations added, renamed to another role, or given to another opcode; plain
+    attributes added."""
+    lines = draw(st.sampled_from(_ROUND_TRIP_CORPUS)).split("\n")
+    sites = [n for n, line in enumerate(lines) if " = " in line and line.startswith("  ")]
+    for _ in range(draw(st.integers(1, 3))):
+        n = draw(st.sampled_from(sites))
+        kind = draw(st.sampled_from(("add", "rename", "opcode", "plain")))
+        name = draw(st.sampled_from(_COMPUTATION_NAMES))
+        if kind == "add":
+            key = draw(st.sampled_from(_CALLED_KEYS + ("branch_computations",)))
+            value = "{%body, " + name + "}" if key == "branch_computations" else name
+            lines[n] += f", {key}={value}"
+        elif kind == "rename":
+            old, new = draw(st.lists(st.sampled_from(_CALLED_KEYS), min_size=2, max_size=2,
+                                     unique=True))
+            lines[n] = lines[n].replace(f"{old}=", f"{new}=")
+        elif kind == "opcode":
+            old, new = draw(st.lists(st.sampled_from(_OPCODES), min_size=2, max_size=2,
+                                     unique=True))
+            lines[n] = lines[n].replace(f" {old}(", f" {new}(")
+        else:
+            lines[n] += ", " + draw(st.sampled_from((
+                "kind=kLoop", "dimensions={0}", "index=0", "sharding={replicated}",
+                'backend_config="x"', "frontend_attributes={a=\"b\"}", "is_stable=true",
+                'metadata={op_type="T" op_name="a/b" source_line=3}', "select=" + name)))
+    return "\n".join(lines)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_attribute_mutations())
+def test_print_of_any_accepted_text_is_a_fixed_point(text: str) -> None:
+    try:
+        module = parse_module(text)
+    except ParseError:
+        return
+    for long_operands in (True, False):
+        printed = module_to_text(module, long_operands=long_operands,
+                                 print_large_constants=True)
+        again = module_to_text(parse_module(printed), long_operands=long_operands,
+                               print_large_constants=True)
+        assert again == printed
+
+
+def test_corpus_parses_and_is_a_fixed_point() -> None:
+    """The mutations start from modules the parser accepts (else the test above would
+    only ever see ParseError)."""
+    for text in _ROUND_TRIP_CORPUS:
+        _assert_fixed_point(parse_module(text))
+
+
+@pytest.mark.parametrize(("attributes", "message"), [
+    ("kind=kLoop, calls=%fused, to_apply=%sum", "fusion names .* calls=; found to_apply=, calls="),
+    ("kind=kLoop, to_apply=%fused", "found to_apply="),
+])
+def test_called_computations_an_opcode_does_not_take_are_errors(attributes: str,
+                                                                message: str) -> None:
+    """Once printed as `calls=%fused, %sum`, which the parser then refused."""
+    text = CONTROL.replace("kind=kLoop, calls=%fused", attributes)
+    with pytest.raises(ParseError, match=message):
+        parse_module(text)
+
+
+@pytest.mark.parametrize(("old", "new"), [
+    ("condition=%cond, body=%body", "body=%body"),
+    ("condition=%cond, body=%body", "to_apply=%body"),
+    ("true_computation=%body, false_computation=%body", "true_computation=%body"),
+    ("branch_computations={%body, %body}", "true_computation=%body, false_computation=%body"),
+])
+def test_incomplete_or_mixed_roles_are_errors(old: str, new: str) -> None:
+    with pytest.raises(ParseError):
+        parse_module(CONTROL.replace(old, new))
+
+
+@pytest.mark.parametrize(("old", "new"), [
+    ("ROOT %b.add = s32[] add(%b.p, %b.one)", "ROOT %b.add = s32[] call(%b.p), to_apply=%body"),
+    ("%c.k = s32[] constant(3)", "%c.k = s32[] call(%c.p), to_apply=%main"),
+    # the cycle through while's second callee
+    ("%b.one = s32[] constant(1)", "%b.one = s32[] while(%b.p), condition=%cond, body=%body"),
+])
+def test_recursive_calls_are_errors(old: str, new: str) -> None:
+    """A cycle of calls once parsed, and printed its computations in another order each
+    time (callees first has no answer for it)."""
+    assert old in CONTROL
+    with pytest.raises(ParseError, match="calls it back"):
+        parse_module(CONTROL.replace(old, new))

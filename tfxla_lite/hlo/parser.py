@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -411,12 +412,36 @@ class _Parser:
                 s.expect(",", "',' or ')' between operands")
         while s.accept(","):
             self.attribute(statement)
+        self.check_called_roles(statement)
         if len(set(statement.called_roles)) > 1:  # e.g. body= before condition=
             order = sorted(range(len(statement.called)),
                            key=lambda n: _CALLED_ROLES.index(statement.called_roles[n]))
             statement.called = [statement.called[n] for n in order]
             statement.called_roles = [statement.called_roles[n] for n in order]
         return statement
+
+    def check_called_roles(self, statement: _Statement) -> None:
+        """The IR keeps the called computations without their attribute names, and the
+        printer names them by the opcode: so each opcode takes only the combination
+        XLA's parser takes for it, the one the printer writes back (a fusion with
+        `calls=` and `to_apply=` printed as `calls=%a, %b`, which no parser reads)."""
+        roles = set(statement.called_roles)
+        if not roles:
+            return
+        opcode = statement.opcode
+        if opcode == "fusion":
+            allowed = [{"calls"}]
+        elif opcode == "while":
+            allowed = [{"condition", "body"}]
+        elif opcode == "conditional":
+            allowed = [{"true_computation", "false_computation"}, {"branch_computations"}]
+        else:
+            allowed = [{"to_apply"}]
+        if roles not in allowed:
+            expected = " or ".join(" and ".join(f"{r}=" for r in _ordered(a)) for a in allowed)
+            found = ", ".join(f"{r}=" for r in _ordered(roles))
+            raise self.error(f"{opcode} names the computations it calls with {expected}; "
+                             f"found {found}", statement.position)
 
     def operand(self) -> _Operand:
         s = self.scanner
@@ -635,7 +660,32 @@ class _Builder:
                                                              entry=text is entry_text)
         for text in texts:
             self.fill(computations[text.name], text, computations)
+        self.check_call_graph(texts, computations)
         return module
+
+    def check_call_graph(self, texts: list[_ComputationText],
+                         computations: dict[str, Computation]) -> None:
+        """HLO has no recursion (XLA refuses a computation that calls itself, directly or
+        not); the printer's callees-first order would not even be defined for it."""
+        state: dict[str, int] = {}  # 1: on the path, 2: done
+        for text in texts:
+            if text.name in state:
+                continue
+            stack = [(computations[text.name], _callees(computations[text.name]))]
+            state[text.name] = 1
+            while stack:
+                comp, callees = stack[-1]
+                callee = next((c for c in callees if state.get(c.name) != 2), None)
+                if callee is None:
+                    stack.pop()
+                    state[comp.name] = 2
+                elif state.get(callee.name) == 1:
+                    position = next(t.position for t in texts if t.name == comp.name)
+                    raise self.error(f"computation %{comp.name} calls %{callee.name}, which "
+                                     f"calls it back (HLO has no recursion)", position)
+                else:
+                    state[callee.name] = 1
+                    stack.append((callee, _callees(callee)))
 
     def fill(self, comp: Computation, text: _ComputationText,
              computations: dict[str, Computation]) -> None:
@@ -713,6 +763,11 @@ class _Builder:
             if callee not in computations:
                 raise self.error(f"computation %{callee} is not defined", position)
             called.append(computations[callee])
+        if "true_computation" in statement.called_roles and not (
+                operands and not operands[0].shape.is_tuple
+                and operands[0].shape.element_type == "pred"):
+            raise self.error("a conditional with true_computation= takes a pred selector "
+                             "first (else branch_computations=)", statement.position)
         if statement.opcode == "fusion":
             for callee_computation in called:
                 callee_computation.is_fusion_computation = True
@@ -762,6 +817,14 @@ class _Builder:
                              statement.name, metadata)
         _append(comp, result)
         return result
+
+
+def _callees(comp: Computation) -> Iterator[Computation]:
+    return (c for inst in comp.instructions for c in inst.called_computations)
+
+
+def _ordered(roles: set[str]) -> list[str]:
+    return sorted(roles, key=_CALLED_ROLES.index)
 
 
 def _is_default(layout: tuple[int, ...] | None) -> bool:
