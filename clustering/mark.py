@@ -25,7 +25,7 @@ from tfxla_lite.clustering.registry import (
     OpRule,
     constant_value,
     known_dims,
-    source_location,
+    source_frames,
 )
 
 if TYPE_CHECKING:
@@ -218,8 +218,9 @@ def _is_stateful(op: tf.Operation) -> bool:
 
 
 def format_source(op: tf.Operation) -> str | None:
-    location = source_location(op)
-    return None if location is None else f"{location[0]}:{location[1]}"
+    """'file:line' of the user's frame that made `op`, with the library frame that made it
+    for the user when there is one: 'model.py:12 (via keras/src/ops/nn.py:1539)'."""
+    return str(source_frames(op)) or None
 
 
 def mark(graph: tf.Graph, options: MarkOptions | None = None) -> dict[str, Decision]:

@@ -23,6 +23,7 @@ broadcast every operand to the op's static result shape (`ctx.broadcast_to`).
 from __future__ import annotations
 
 import functools
+import sysconfig
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -258,11 +259,42 @@ def _fold(tensor: tf.Tensor) -> np.ndarray | None:
 # -- source locations ------------------------------------------------------------------------
 _PACKAGE_DIRS = tuple(str(p) for p in (Path(__file__).resolve().parent,
                                        Path(__file__).resolve().parents[1] / "tfxla_lite"))
-_LIBRARY_MARKERS = ("/tensorflow/", "/keras/", "/tf_keras/", "/tfxla_lite/", "<frozen ")
+# Installed packages and the standard library (pytest, absl, Keras, TF: never the user's).
+_INSTALLED_DIRS = tuple(sorted({path for key in ("stdlib", "platstdlib", "purelib", "platlib")
+                                if (path := sysconfig.get_paths().get(key))}, key=len,
+                               reverse=True))
+_INSTALLED_MARKERS = ("/site-packages/", "/dist-packages/", "<frozen ", "<string>")
+# TF's own internals: the frames under the library call that made an op (not Keras's
+# `keras/src/backend/tensorflow/`, which is that library call).
+_TENSORFLOW_MARKERS = ("/site-packages/tensorflow/", "/dist-packages/tensorflow/",
+                       "/tensorflow/python/")
 
 
-def source_location(op: tf.Operation) -> tuple[str, int] | None:
-    """The user's frame that created `op`: the innermost one outside TF, Keras and us.
+@dataclass(frozen=True)
+class SourceFrames:
+    """Where an op was made: the user's frame and, when a library (Keras, ...) made the
+    op for it, that library's innermost frame, each `(filename, line)` or None."""
+
+    user: tuple[str, int] | None
+    library: tuple[str, int] | None
+
+    @property
+    def primary(self) -> tuple[str, int] | None:
+        """The frame HLO metadata and dumps name: the user's, else the library's."""
+        return self.user if self.user is not None else self.library
+
+    def __str__(self) -> str:
+        """'model.py:12 (via keras/src/layers/convolutional/base_conv.py:250)'."""
+        if self.user is None:
+            return "" if self.library is None else _short(self.library)
+        text = f"{self.user[0]}:{self.user[1]}"
+        return text if self.library is None else f"{text} (via {_short(self.library)})"
+
+
+def source_frames(op: tf.Operation) -> SourceFrames:
+    """The frames that made `op`: the user's is the innermost one outside installed
+    packages, the standard library and tfxla-lite; the library's is the innermost one
+    outside TF's own internals and tfxla-lite, kept only when it is not the user's.
 
     Marking and lowering both ask for every op, and a traceback's frames are made one
     by one on access: the answer is kept per graph, and frames are read innermost first
@@ -272,9 +304,10 @@ def source_location(op: tf.Operation) -> tuple[str, int] | None:
         known = _SOURCES.setdefault(op.graph, {})
     except TypeError:  # a graph without weak references: no memo
         known = {}
-    if op.name in known:
-        return known[op.name]
-    location = None
+    frames_of_op = known.get(op.name)
+    if frames_of_op is not None:
+        return frames_of_op
+    user = library = None
     try:
         frames = op.traceback
         count = len(frames)
@@ -283,20 +316,54 @@ def source_location(op: tf.Operation) -> tuple[str, int] | None:
     for index in range(count - 1, -1, -1):
         frame = frames[index]
         filename = str(frame.filename)
-        if not _is_library_file(filename):
-            location = (filename, int(frame.lineno))
+        if not _is_installed_file(filename):
+            user = (filename, int(frame.lineno))
             break
-    known[op.name] = location
-    return location
+        if library is None and not _is_tensorflow_file(filename):
+            library = (filename, int(frame.lineno))
+    frames_of_op = SourceFrames(user, library)
+    known[op.name] = frames_of_op
+    return frames_of_op
 
 
-_SOURCES: weakref.WeakKeyDictionary[Any, dict[str, tuple[str, int] | None]] = (
-    weakref.WeakKeyDictionary())
+def source_location(op: tf.Operation) -> tuple[str, int] | None:
+    """The frame that names `op` in HLO metadata, dumps and errors (`SourceFrames.primary`)."""
+    return source_frames(op).primary
+
+
+_SOURCES: weakref.WeakKeyDictionary[Any, dict[str, SourceFrames]] = weakref.WeakKeyDictionary()
 
 
 @functools.lru_cache(maxsize=4096)
-def _is_library_file(filename: str) -> bool:
-    return filename.startswith(_PACKAGE_DIRS) or any(m in filename for m in _LIBRARY_MARKERS)
+def _is_installed_file(filename: str) -> bool:
+    """Not the user's: tfxla-lite, the standard library, an installed package; but a test
+    file is the user's wherever it lies (Keras's own `*_test.py` in site-packages)."""
+    name = filename.rsplit("/", 1)[-1]
+    if name.endswith("_test.py") or (name.startswith("test_") and name.endswith(".py")):
+        return False
+    return (filename.startswith(_PACKAGE_DIRS) or filename.startswith(_INSTALLED_DIRS)
+            or any(marker in filename for marker in _INSTALLED_MARKERS))
+
+
+@functools.lru_cache(maxsize=4096)
+def _is_tensorflow_file(filename: str) -> bool:
+    return (filename.startswith(_PACKAGE_DIRS) or "<frozen " in filename
+            or any(marker in filename for marker in _TENSORFLOW_MARKERS))
+
+
+def _short(frame: tuple[str, int]) -> str:
+    """An installed file by its path inside site-packages ('keras/src/...'), with its line."""
+    filename = frame[0]
+    for marker in _INSTALLED_MARKERS[:2]:
+        if marker in filename:
+            filename = filename.rsplit(marker, 1)[1]
+            break
+    else:
+        for directory in _INSTALLED_DIRS:
+            if filename.startswith(directory + "/"):
+                filename = filename[len(directory) + 1:]
+                break
+    return f"{filename}:{frame[1]}"
 
 
 def op_metadata(op: tf.Operation) -> dict[str, Any]:
