@@ -25,14 +25,14 @@ from tensorflow.python.eager.polymorphic_function import (
 )
 from tensorflow.python.saved_model import save_context
 
-from tfxla_lite import dump
+from tfxla_lite import autojit, dump, xla_fallback
 from tfxla_lite.autograph_cache import conversions_cached
 from tfxla_lite.collector import collector_paused
 from tfxla_lite.compiler import CompilationError, Program, build_program
 from tfxla_lite.flags import get_options
 from tfxla_lite.options import Options
-from tfxla_lite.report import ClusteringReport
-from tfxla_lite.stats import PROCESS_STATS
+from tfxla_lite.report import ClusteringReport, JitCompileFallback
+from tfxla_lite.stats import PROCESS_STATS, compute_op_count
 
 logger = logging.getLogger("tfxla_lite")
 
@@ -67,9 +67,9 @@ class Function(polymorphic_function.Function):
     and saving (`tf.saved_model.save` writes TF's own traces, never a launch op). Only
     calling it (and `get_concrete_function` outside a save) goes through tfxla-lite.
 
-    `jit_compile_fallback` (set for functions made through the patched `tf.function`,
-    see `tfxla_lite.autojit`): when `jit_compile=True` cannot compile a trace, warn
-    once and run that trace with auto-clustering instead of raising.
+    When `jit_compile=True` cannot compile a trace, it falls back (TF's XLA for the whole
+    trace, or auto-clustering: `tfxla_lite.xla_fallback`) with one warning, unless its
+    options say `strict_jit_compile`; `jit_compile_fallback=True` falls back even then.
     """
 
     def __init__(self, fn: Callable, jit_compile: bool | None = None,
@@ -174,21 +174,63 @@ class Function(polymorphic_function.Function):
         try:
             program = self._build(concrete, self.jit_compile, self.options, args, kwargs)
         except CompilationError as error:
-            if not (self.jit_compile and self.jit_compile_fallback):
+            if not self.jit_compile or not (self.jit_compile_fallback
+                                            or not self.options.strict_jit_compile):
                 raise
-            # Through the patched tf.function, jit_compile=True asked for TF's XLA, which
-            # would compile what tfxla-lite cannot yet (unknown dimensions, ops without a
-            # lowering): compile what we can, leave the rest to TF, and say so once.
-            if not self._fallback_warned:
-                self._fallback_warned = True
-                logger.warning("tfxla-lite: %s (jit_compile=True) runs with auto-clustering: "
-                               "%s", self._name, _first_lines(str(error.message), 6))
-            PROCESS_STATS.must_compile_fallbacks += 1
-            program = self._build(concrete, None, self.options.with_changes(min_cluster_size=1),
-                                  args, kwargs)
+            # jit_compile=True asks for TF's XLA, which compiles what tfxla-lite cannot
+            # (and some programs need XLA to run at all): tfxla_lite/xla_fallback.py
+            # decides between TF's XLA for the whole trace and auto-clustering.
+            program = self._fall_back(concrete, error, args, kwargs)
         PROCESS_STATS.record(program.report)
         if self.options.clustering_debug:
             logger.info("%s", program.report)
+        return program
+
+    def _fall_back(self, concrete: Any, error: CompilationError, args: tuple,
+                   kwargs: dict) -> Program:
+        """The program of a `jit_compile=True` trace tfxla-lite cannot compile whole: TF's
+        XLA runs it, or auto-clustering does (`xla_fallback.choose`), warned once."""
+        choice = xla_fallback.choose(error.offending, concrete.graph)
+        message = str(error.message)
+        if choice.target == xla_fallback.AUTO:
+            where = "auto-clustering (TF's kernels run what tfxla-lite leaves to them)"
+            program = self._build(concrete, None, self.options.with_changes(min_cluster_size=1),
+                                  args, kwargs)
+            program.report.jit_compile_fallback = JitCompileFallback(
+                xla_fallback.AUTO, "every op tfxla-lite cannot compile is one it leaves to "
+                "TF's kernels (random numbers, TensorLists, shapes unknown when tracing)",
+                choice.deciding)
+        else:
+            where = "TF's XLA, whole"
+            xla = self.__dict__.get("_xla_fallback_function")
+            if xla is None:  # TF's own tf.function: the patched one would come back here
+                xla = autojit.original_tf_function()(
+                    self.python_function, jit_compile=True,
+                    autograph=getattr(self, "_autograph", True))
+                self.__dict__["_xla_fallback_function"] = xla
+            refusal = xla_fallback.xla_refusal(xla, concrete, args, kwargs)
+            if refusal is not None:
+                raise CompilationError(f"{message}\nTF's XLA cannot compile it either "
+                                       f"(nor can plain TF with jit_compile=True): {refusal}",
+                                       error.offending) from error
+            xla_concrete = xla.get_concrete_function(*args, **kwargs)
+            deciding = choice.deciding
+            reason = ("tfxla-lite cannot compile " + ", ".join(
+                sorted({node.op_type for node in deciding})) if deciding
+                else _first_lines(message, 1))
+            report = ClusteringReport(
+                self._name, True, fallbacks=list(error.offending),
+                note=f"whole trace runs on TF's XLA (jit_compile=True fallback): {reason}",
+                jit_compile_fallback=JitCompileFallback(
+                    xla_fallback.XLA, reason, deciding, compute_op_count(
+                        op.type for op in concrete.graph.get_operations())))
+            program = Program(xla_concrete, report, run=xla, concrete_run=xla_concrete,
+                              graph=concrete.graph)
+            dump.dump_trace(self.options, concrete.graph, report)
+        if not self._fallback_warned:
+            self._fallback_warned = True
+            logger.warning("tfxla-lite: %s (jit_compile=True) runs with %s: %s", self._name,
+                           where, _first_lines(message, 6))
         return program
 
     def _build(self, concrete: Any, jit_compile: bool | None, options: Options, args: tuple,

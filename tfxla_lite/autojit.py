@@ -8,9 +8,10 @@ through the module at fit time) both look it up there. TensorFlow's internals ca
 `polymorphic_function.function` directly and are left alone. The replacement:
 
 - `jit_compile=True`  -> `tfxla_lite.function(fn, jit_compile=True)`, which falls
-  back to auto-clustering with a warning where it cannot compile a trace (unless
-  `--strict_jit_compile`): TF's own XLA would have compiled it, so the user's
-  program must not fail because tfxla-lite cannot yet;
+  back to TF's own XLA (the original `tf.function(fn, jit_compile=True)`) for a trace
+  it cannot compile whole, or to auto-clustering where what is left is TF's by design
+  (`tfxla_lite/xla_fallback.py`), with a warning (unless `--strict_jit_compile`): the
+  user's program must not fail because tfxla-lite cannot compile it yet;
 - `jit_compile=None` with `auto_jit` 1 or 2 -> `tfxla_lite.function(fn)` (auto);
 - anything else (`jit_compile=False`, auto-jit off, options tfxla-lite does not
   implement such as `experimental_implements`) -> the original `tf.function`.

@@ -96,7 +96,7 @@ FLAGS: dict[str, Flag] = {flag.name: flag for flag in (
     Flag("verify", "", _boolean, "run the HLO verifier after every pass"),
     Flag("strict_jit_compile", "", _boolean,
          "tf.function(jit_compile=True) raises when tfxla-lite cannot compile it, "
-         "instead of falling back to auto-clustering with a warning"),
+         "instead of falling back to TF's XLA (or auto-clustering) with a warning"),
     Flag("log_level", "LEVEL", lambda text: _text(text).lower(),
          "level of the 'tfxla_lite' logger: debug, info, warning or error"),
     Flag("pause_collector", "", _boolean,

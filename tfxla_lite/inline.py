@@ -24,7 +24,8 @@ What must hold for the compiler's rewrite (`compiler._rewritten_function`), and 
 - Control inputs of a call reach every body node that has no other inputs.
 
 Not inlined: calls of functions that say not to be (`_noinline`), that name an
-implementation to be swapped (`api_implements`, `_implements`), that tfxla-lite
+implementation to be swapped (`api_implements`, `_implements`), that TF's XLA must
+compile (`_XlaMustCompile`: `jit_compile=True`, tfxla-lite's XLA fallback), that tfxla-lite
 compiled already (`is_compiled_function`), or that are not in the library; and bodies
 of control flow (If, While), which are not calls (`tfxla_lite/control_flow.py`).
 """
@@ -41,8 +42,10 @@ from tensorflow.python.framework.function_def_to_graph import function_def_to_gr
 CALL_OP_TYPES = frozenset({"PartitionedCall", "StatefulPartitionedCall"})
 # The ops tfxla-lite's rewrite puts in a graph (tfxla_lite/rewrite.py).
 COMPILED_OP_TYPES = frozenset({"TfxlaLiteLaunch", "TfxlaLiteCompile"})
-# Function attributes that ask for the call to stay a call.
-_KEEP_CALL_ATTRIBUTES = ("_noinline", "api_implements", "_implements")
+# Function attributes that ask for the call to stay a call; `_XlaMustCompile` marks a
+# `jit_compile=True` function TF's XLA runs (tfxla-lite's fallback, Keras's grouped
+# convolutions), which inlined would put ops TF's CPU kernels may refuse among TF's.
+_KEEP_CALL_ATTRIBUTES = ("_noinline", "api_implements", "_implements", "_XlaMustCompile")
 # Nested calls deeper than this stay calls (a guard against recursive libraries).
 MAX_DEPTH = 16
 

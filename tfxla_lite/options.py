@@ -38,9 +38,10 @@ class Options:
     of the process once `tfxla_lite.enable()` (or the start-up hook) is on; 0 and
     -1 leave plain `tf.function`s alone. `ops_to_cluster`: when set, only these TF op
     types may join a cluster. `clustering_debug` logs every clustering decision at
-    INFO. `strict_jit_compile`: a `tf.function(jit_compile=True)` reached through
-    the patched `tf.function` raises `CompilationError` like `tfxla_lite.function`
-    does, instead of falling back to auto-clustering with a warning. `log_level`
+    INFO. `strict_jit_compile`: a `jit_compile=True` function (through the patched
+    `tf.function` or `tfxla_lite.function`) raises `CompilationError` where tfxla-lite
+    cannot compile a trace, instead of falling back to TF's XLA (or auto-clustering)
+    with a warning (`tfxla_lite/xla_fallback.py`). `log_level`
     sets the level of the "tfxla_lite" logger (None: leave it as it is).
     `dump_to`: a directory for XLA-style dumps of every compiled cluster and every
     clustering decision, and report.html (`tfxla_lite.dump`); "-" prints the HLO to

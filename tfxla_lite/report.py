@@ -34,6 +34,21 @@ class FallbackNode:
     source: str | None
 
 
+@dataclass(frozen=True)
+class JitCompileFallback:
+    """Why a `jit_compile=True` trace did not run as one tfxla-lite program, and where it
+    ran instead (`tfxla_lite/xla_fallback.py`)."""
+
+    target: str  # "xla": TF's XLA ran the whole trace; "auto": auto-clustering
+    reason: str
+    ops: tuple[FallbackNode, ...]  # the ops tfxla-lite could not compile that decided it
+    compute_ops: int = 0  # the trace's compute ops, which TF's XLA ran ("xla")
+
+    @property
+    def runs_on_xla(self) -> bool:
+        return self.target == "xla"
+
+
 @dataclass
 class ClusteringReport:
     function_name: str
@@ -41,6 +56,12 @@ class ClusteringReport:
     clusters: list[ClusterReport] = field(default_factory=list)
     fallbacks: list[FallbackNode] = field(default_factory=list)
     note: str | None = None  # set when the whole function was left to TensorFlow
+    jit_compile_fallback: JitCompileFallback | None = None
+
+    @property
+    def runs_on_xla(self) -> bool:
+        """Whether TF's XLA runs this trace whole (a `jit_compile=True` fallback)."""
+        return self.jit_compile_fallback is not None and self.jit_compile_fallback.runs_on_xla
 
     @property
     def compiled_clusters(self) -> list[ClusterReport]:
@@ -57,6 +78,9 @@ class ClusteringReport:
         lines = [f"tfxla-lite clustering report for {self.function_name} ({mode})"]
         if self.note:
             lines.append(f"  {self.note}")
+        fallback = self.jit_compile_fallback
+        if fallback is not None and not fallback.runs_on_xla:
+            lines.append(f"  jit_compile=True fallback, auto-clustering: {fallback.reason}")
         for cluster in self.clusters:
             state = "compiled" if cluster.compiled else f"NOT compiled: {cluster.error}"
             lines.append(f"  {cluster.name}: {len(cluster.ops)} ops, {cluster.num_inputs} inputs, "
@@ -68,7 +92,8 @@ class ClusteringReport:
             for name, op_type in cluster.ops:
                 lines.append(f"    {op_type:<20} {name}")
         if self.fallbacks:
-            lines.append("  left in TensorFlow:")
+            lines.append("  cannot be compiled by tfxla-lite, so TF's XLA runs the trace:"
+                         if self.runs_on_xla else "  left in TensorFlow:")
             width = max(len(f.op_type) for f in self.fallbacks)
             for node in self.fallbacks:
                 where = f"  [{node.source}]" if node.source else ""

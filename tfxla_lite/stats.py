@@ -1,11 +1,13 @@
 """Process-wide compile counters, for the one-line summary auto-jit prints at exit.
 
 `tfxla_lite.api` records the `ClusteringReport` of every program it builds in
-`PROCESS_STATS`; `tfxla_lite.autojit` logs `summary()` at exit. TF-free.
+`PROCESS_STATS`, a `jit_compile=True` trace that TF's XLA runs included (its ops count
+as seen, not compiled); `tfxla_lite.autojit` logs `summary()` at exit. TF-free.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from tfxla_lite.report import ClusteringReport
@@ -28,10 +30,20 @@ class CompileStats:
     ops_compiled: int = 0  # compute ops inside compiled clusters
     ops_seen: int = 0  # compute ops in every traced graph
     functions_left_to_tf: int = 0  # whole traces run by TF after an internal error
-    must_compile_fallbacks: int = 0  # jit_compile=True traces run in auto mode instead
+    must_compile_fallbacks: int = 0  # jit_compile=True traces not run as one program
+    xla_fallbacks: int = 0  # of those, the traces TF's XLA ran whole
+    ops_on_xla: int = 0  # compute ops of the traces TF's XLA ran
 
     def record(self, report: ClusteringReport) -> None:
         self.functions += 1
+        fallback = report.jit_compile_fallback
+        if fallback is not None:
+            self.must_compile_fallbacks += 1
+            if fallback.runs_on_xla:
+                self.xla_fallbacks += 1
+                self.ops_on_xla += fallback.compute_ops
+                self.ops_seen += fallback.compute_ops
+                return
         if report.note:
             self.functions_left_to_tf += 1
             return
@@ -53,7 +65,14 @@ class CompileStats:
                 f"compiled (launch ops), {self.ops_compiled} of {self.ops_seen} compute ops "
                 f"compiled{share}, {self.clusters_failed} clusters failed, "
                 f"{self.functions_left_to_tf} traces left to TF, "
-                f"{self.must_compile_fallbacks} jit_compile=True fallbacks")
+                f"{self.must_compile_fallbacks} jit_compile=True fallbacks "
+                f"({self.xla_fallbacks} traces, {self.ops_on_xla} compute ops, run by TF's "
+                f"XLA; the others auto-clustered)")
 
 
 PROCESS_STATS = CompileStats()
+
+
+def compute_op_count(op_types: Iterable[str]) -> int:
+    """How many of these op types compute (the count `CompileStats` calls compute ops)."""
+    return sum(op_type not in _NOT_COMPUTE for op_type in op_types)

@@ -94,5 +94,10 @@ def test_failure_inside_tfxla_lite_falls_back_in_auto_mode(monkeypatch) -> None:
     auto = tl.function(fn)
     np.testing.assert_allclose(auto(x).numpy(), tf.function(fn)(x).numpy(), rtol=1e-6)
     assert "injected rewrite failure" in str(tl.explain(auto, x))
+    # jit_compile=True: TF's XLA runs the trace, and the report says why; strict raises.
+    must = tl.function(fn, jit_compile=True)
+    np.testing.assert_allclose(must(x).numpy(), tf.function(fn)(x).numpy(), rtol=1e-6)
+    assert must.explain(x).runs_on_xla and "injected rewrite failure" in str(must.explain(x))
+    strict = tl.function(fn, jit_compile=True, options=tl.Options(strict_jit_compile=True))
     with pytest.raises(tl.CompilationError, match="injected rewrite failure"):
-        tl.function(fn, jit_compile=True)(x)
+        strict(x)

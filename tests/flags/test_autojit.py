@@ -99,26 +99,31 @@ def unique_after_math(x):
     return tf.unique(tf.exp(x) * 2.0)[0]
 
 
-def test_jit_compile_true_through_the_patch_falls_back_with_a_warning(caplog) -> None:
+def test_jit_compile_true_through_the_patch_falls_back_to_xla_with_a_warning(caplog) -> None:
+    # tfxla-lite has no lowering of Unique; TF's XLA has: the trace runs there, whole.
     tl.enable(tl.Options(verify=True))
     f = tf.function(unique_after_math, jit_compile=True)
     x = np.array([0.0, 1.0, 0.0], np.float32)
     with caplog.at_level(logging.WARNING, logger="tfxla_lite"):
         result = f(x)
         f(x + 1.0)
-    np.testing.assert_allclose(result.numpy(), np.unique(np.exp([0.0, 1.0]) * 2.0), rtol=1e-6)
-    warnings = [r.getMessage() for r in caplog.records if "runs with auto-clustering" in
+    expected = ORIGINAL(unique_after_math, jit_compile=True)(x)
+    np.testing.assert_allclose(result.numpy(), expected.numpy(), rtol=1e-6)
+    warnings = [r.getMessage() for r in caplog.records if "runs with TF's XLA" in
                 r.getMessage()]
     assert len(warnings) == 1 and "Unique" in warnings[0]  # once per function, with why
-    assert f.explain(x).jit_compile is None and f.explain(x).compiled_clusters
+    report = f.explain(x)
+    assert report.runs_on_xla and not report.clusters
+    assert [node.op_type for node in report.jit_compile_fallback.ops] == ["Unique"]
 
 
 def test_strict_jit_compile_raises_like_tfxla_lite_function() -> None:
     tl.enable(tl.Options(strict_jit_compile=True))
     with pytest.raises(tl.CompilationError, match="Unique"):
         tf.function(unique_after_math, jit_compile=True)(np.ones(3, np.float32))
-    with pytest.raises(tl.CompilationError):  # tfxla_lite.function itself never falls back
-        tl.function(unique_after_math, jit_compile=True)(np.ones(3, np.float32))
+    strict = tl.Options(strict_jit_compile=True)
+    with pytest.raises(tl.CompilationError):  # tfxla_lite.function: the same option
+        tl.function(unique_after_math, jit_compile=True, options=strict)(np.ones(3, np.float32))
 
 
 def test_must_compile_step_called_inside_a_function_with_unknown_batch() -> None:
