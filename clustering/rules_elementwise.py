@@ -60,7 +60,11 @@ register("Div", dtypes=NUMERIC,
          note="an integer zero divisor gives HLO's value instead of TF's error")(_binary("divide"))
 register("Maximum", dtypes=NUMERIC)(_binary("maximum"))
 register("Minimum", dtypes=NUMERIC)(_binary("minimum"))
-register("Pow", dtypes=FLOAT)(_binary("power"))
+# Integers: HLO's power (exponentiation by squaring, wrapping). A negative exponent is an
+# error in TF's kernel; XLA, and so compiled code, gives 0 there (1 or -1 for bases ±1).
+register("Pow", dtypes=NUMERIC,
+         note="an integer negative exponent gives XLA's value instead of TF's error"
+         )(_binary("power"))
 register("LogicalAnd", dtypes=BOOL)(_binary("and"))
 register("LogicalOr", dtypes=BOOL)(_binary("or"))
 

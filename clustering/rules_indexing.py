@@ -10,7 +10,8 @@ Registered into `registry.OP_RULES` on import. Each follows TF's XLA bridge
 - UnsortedSegmentSum/Max/Min/Prod, ScatterNd and TensorScatterAdd/Update are one
   HLO `scatter`; an index out of range drops its update, as XLA does (TF's CPU kernel
   drops negative segment ids and raises on the rest).
-- Cumsum and Cumprod are a `reduce-window` whose window spans the whole axis, padded
+- Cumsum, Cumprod and CumulativeLogsumexp (TF's log-add-exp reducer as the window's
+  computation, from -inf) are a `reduce-window` whose window spans the whole axis, padded
   before it (and sliced when exclusive); a reverse scan reverses the axis before and
   after, so that sums accumulate in TF's order.
 - Cumsum, Cumprod and the segment reductions of float16 and bfloat16 accumulate in
@@ -26,6 +27,7 @@ import numpy as np
 
 from tfxla_lite.clustering.registry import (
     ALL,
+    FLOAT,
     NUMERIC,
     LoweringContext,
     LoweringError,
@@ -33,7 +35,7 @@ from tfxla_lite.clustering.registry import (
     register,
     value_range,
 )
-from tfxla_lite.hlo import Instruction, Shape
+from tfxla_lite.hlo import Computation, Instruction, Shape
 from tfxla_lite.hlo.attributes import Window, WindowDimension
 
 if TYPE_CHECKING:
@@ -320,14 +322,20 @@ def _check_scan(op: tf.Operation) -> str | None:
           check=_check_scan, note="constant axis; exclusive and reverse")
 def _lower_scan(ctx: LoweringContext, op: tf.Operation, operands: Operands
                 ) -> list[Instruction]:
+    x = operands[0]
+    kind, init = ("add", 0) if op.type == "Cumsum" else ("multiply", 1)
+    etype = x.shape.element_type
+    return [_scan(ctx, op, x, ctx.module.reduction_computation(kind, etype), init)]
+
+
+def _scan(ctx: LoweringContext, op: tf.Operation, x: Instruction, reducer: Computation,
+          init: Any) -> Instruction:
     # scan_ops.cc: a reduce-window over the whole axis, padded so that output i sees the
     # elements up to i (or from i, reversed); exclusive pads one more and slices it off.
-    x = operands[0]
     rank = x.shape.rank
     if rank == 0:
         raise LoweringError(f"{op.type} of a scalar")
     axis = int(ctx.static_input(1)) % rank
-    kind, init = ("add", 0) if op.type == "Cumsum" else ("multiply", 1)
     exclusive, reverse = bool(op.get_attr("exclusive")), bool(op.get_attr("reverse"))
     # A reverse scan runs forward over the reversed axis, so that it accumulates from the
     # end as TF's kernel does (a window padded on the right would sum from the start).
@@ -339,13 +347,49 @@ def _lower_scan(ctx: LoweringContext, op: tf.Operation, operands: Operands
                           for d in range(rank)))
     etype = x.shape.element_type
     scanned = ctx.emit("reduce-window", [x, ctx.constant(init, etype)],
-                       called_computations=[ctx.module.reduction_computation(kind, etype)],
-                       window=window)
+                       called_computations=[reducer], window=window)
     if exclusive:
         spec = [(0, d, 1) for d in scanned.shape.dims]
         spec[axis] = (0, n, 1)
         scanned = ctx.emit("slice", [scanned], slice=tuple(spec))
     if reverse:
         scanned = ctx.emit("reverse", [scanned], dimensions=(axis,))
-    return [scanned]
+    return scanned
 
+
+def _log_add_exp(ctx: LoweringContext, etype: str) -> Computation:
+    """TF's LogSumExp reducer (scan_ops.h) as a scalar computation:
+    hi + log1p(exp(lo - hi)), or hi itself when hi is -inf (so -inf stays -inf)."""
+    name = f"log_add_exp_{etype}"
+    for comp in ctx.module.computations:
+        if comp.name == name:
+            return comp
+    comp = ctx.module.new_computation(name)
+    # Callees before their callers, as `reduction_computation` places them: the printed
+    # module must parse back.
+    ctx.module.computations.remove(comp)
+    ctx.module.computations.insert(0, comp)
+    scalar = Shape(etype, ())
+    a = comp.add_parameter(0, scalar, name="x")
+    b = comp.add_parameter(1, scalar, name="y")
+    # Eigen's max and min without NaN propagation: a < b ? b : a, b < a ? b : a.
+    a_below = comp.create("compare", [a, b], direction="LT")
+    b_below = comp.create("compare", [b, a], direction="LT")
+    hi = comp.create("select", [a_below, b, a])
+    lo = comp.create("select", [b_below, b, a])
+    tail = comp.create("log-plus-one", [comp.create("exponential", [
+        comp.create("subtract", [lo, hi])])])
+    total = comp.create("add", [tail, hi])
+    lowest = comp.add_constant(value_range(etype)[0], etype)
+    empty = comp.create("compare", [hi, lowest], direction="LT")
+    comp.root = comp.create("select", [empty, hi, total])
+    return comp
+
+
+@register("CumulativeLogsumexp", dtypes=FLOAT, static_inputs=(1,), check=_check_scan,
+          note="constant axis; exclusive and reverse")
+def _lower_cumulative_logsumexp(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                                ) -> list[Instruction]:
+    x = operands[0]
+    etype = x.shape.element_type
+    return [_scan(ctx, op, x, _log_add_exp(ctx, etype), float("-inf"))]

@@ -15,6 +15,7 @@ import numpy as np
 
 from tfxla_lite.clustering.registry import (
     ALL,
+    BOOL,
     FLOAT,
     INTEGER,
     NUMERIC,
@@ -114,6 +115,8 @@ def _arg_reduce(kind: str) -> Any:
         # clamp the losers to the bound, take the extreme, and the first index reaching it
         # (index 0 when nothing beat the bound: every element then equals it).
         x = operands[0]
+        if x.shape.element_type == "pred":  # false < true, as TF's kernel orders bools
+            x = ctx.convert(x, "s32")
         dims = x.shape.dims
         axis = int(ctx.static_input(1)) % len(dims)
         lowest, highest = value_range(x.shape.element_type)
@@ -134,9 +137,9 @@ def _arg_reduce(kind: str) -> Any:
 
 
 _ARG_NOTE = "NaN never wins, as in TF's CPU kernel"
-register("ArgMax", dtypes=NUMERIC, static_inputs=(1,), check=_check_arg_reduce,
+register("ArgMax", dtypes=NUMERIC | BOOL, static_inputs=(1,), check=_check_arg_reduce,
          note=_ARG_NOTE)(_arg_reduce("maximum"))
-register("ArgMin", dtypes=NUMERIC, static_inputs=(1,), check=_check_arg_reduce,
+register("ArgMin", dtypes=NUMERIC | BOOL, static_inputs=(1,), check=_check_arg_reduce,
          note=_ARG_NOTE)(_arg_reduce("minimum"))
 
 

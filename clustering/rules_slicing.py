@@ -1,5 +1,6 @@
 """Lowering rules of TF's slicing and tiling ops: StridedSlice (and its gradient), Pad,
-Tile, Split, SplitV, Unpack, IdentityN.
+Tile, Split, SplitV, Unpack, IdentityN, Roll (slices and a concatenate) and MatrixBandPart
+(iotas, compares and a select).
 
 Registered into `registry.OP_RULES` on import. Pads are concatenations with broadcast
 constant blocks, strided gradients interleave zero blocks before padding, and slices
@@ -323,3 +324,77 @@ def _interleave_zeros(ctx: LoweringContext, x: Instruction, axis: int, stride: i
     spec = [(0, d, 1) for d in flat.shape.dims]
     spec[axis] = (0, (count - 1) * stride + 1, 1)
     return ctx.emit("slice", [flat], slice=tuple(spec))
+
+
+# -- roll ---------------------------------------------------------------------------------------
+def _check_roll(op: tf.Operation) -> str | None:
+    rank = op.inputs[0].shape.rank
+    axes = constant_value(op.inputs[2])
+    if rank is None or axes is None:
+        return None  # marking reports the missing constant or shape itself
+    if any(not -rank <= int(a) < rank for a in np.ravel(axes)):
+        return f"axis {np.ravel(axes).tolist()} out of range for rank {rank}"
+    return None
+
+
+@register("Roll", dtypes=ALL, static_inputs=(1, 2), check=_check_roll,
+          note="constant shift and axis")
+def _lower_roll(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                ) -> list[Instruction]:
+    # output[i] = input[(i - shift) mod n] on each axis: the last `shift` elements moved to
+    # the front, a slice pair and a concatenate (XLA's roll with a constant shift). Shifts
+    # of one axis named twice add up, as in TF's kernel.
+    x = operands[0]
+    dims = x.shape.dims
+    shifts = np.ravel(ctx.static_input(1)).astype(np.int64)
+    axes = np.ravel(ctx.static_input(2)).astype(np.int64)
+    if shifts.size != axes.size:
+        shifts, axes = np.broadcast_arrays(shifts, axes)
+    total: dict[int, int] = {}
+    for shift, axis in zip(shifts.tolist(), axes.tolist()):
+        axis %= len(dims)
+        total[axis] = total.get(axis, 0) + shift
+    for axis, shift in sorted(total.items()):
+        n = dims[axis]
+        if n == 0 or shift % n == 0:
+            continue
+        split = n - shift % n
+        head = _slice_axis(ctx, x, axis, split, n)
+        tail = _slice_axis(ctx, x, axis, 0, split)
+        x = ctx.emit("concatenate", [head, tail], dimensions=(axis,))
+    return [x]
+
+
+def _slice_axis(ctx: LoweringContext, x: Instruction, axis: int, start: int, limit: int
+                ) -> Instruction:
+    spec = [(0, d, 1) for d in x.shape.dims]
+    spec[axis] = (start, limit, 1)
+    return ctx.emit("slice", [x], slice=tuple(spec))
+
+
+# -- band part ----------------------------------------------------------------------------------
+@register("MatrixBandPart", dtypes=ALL,
+          note="runtime num_lower and num_upper; a bound past the matrix keeps the whole band "
+               "(TF raises)")
+def _lower_matrix_band_part(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                            ) -> list[Instruction]:
+    # As XLA's: iotas of row m and column n over the last two dims; an element stays where
+    # (num_lower < 0 or m - n <= num_lower) and (num_upper < 0 or n - m <= num_upper).
+    x, num_lower, num_upper = operands
+    dims = x.shape.dims
+    if len(dims) < 2:
+        raise LoweringError(f"MatrixBandPart of rank {len(dims)} (needs at least 2)")
+    index_shape = x.shape.with_element_type(num_lower.shape.element_type)
+    rows = ctx.emit("iota", [], shape=index_shape, iota_dimension=len(dims) - 2)
+    columns = ctx.emit("iota", [], shape=index_shape, iota_dimension=len(dims) - 1)
+
+    def within(bound: Instruction, distance: Instruction) -> Instruction:
+        bound = ctx.broadcast_to(bound, dims)
+        unbounded = ctx.emit("compare", [bound, ctx.full(0, index_shape)], direction="LT")
+        near = ctx.emit("compare", [distance, bound], direction="LE")
+        return ctx.emit("or", [unbounded, near])
+
+    below = within(num_lower, ctx.emit("subtract", [rows, columns]))
+    above = within(num_upper, ctx.emit("subtract", [columns, rows]))
+    keep = ctx.emit("and", [below, above])
+    return [ctx.emit("select", [keep, x, ctx.full(0, x.shape)])]

@@ -66,6 +66,10 @@ CASES: dict[str, tuple[Callable[..., Any], list[np.ndarray], str | None]] = {
     "Cast of NaN, inf and out-of-range floats to int32": (
         lambda x: tf.cast(x, tf.int32),
         [np.array([np.nan, np.inf, -np.inf, 3e9, -3e9, 2.7], np.float32)], None),
+    "Pow of integers to a negative exponent": (
+        lambda x, y: tf.pow(x, y), [np.array([2, -1, -1, 1, 3], I32),
+                                    np.array([-1, -2, -3, -5, 2], I32)],
+        "Integers to negative integer powers are not allowed"),
     "integer Mean over an empty axis": (
         lambda x: tf.reduce_mean(x, axis=1), [np.zeros((2, 0), I32)], None),
 }
