@@ -29,6 +29,7 @@ from tfxla_lite.clustering.registry import (
 )
 from tfxla_lite.clustering.rules_tensor import MATMUL_DTYPES, softmax_parts
 from tfxla_lite.hlo import Instruction, Shape
+from tfxla_lite.hlo.shape import FLOAT_TYPES
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -141,6 +142,75 @@ register("ArgMax", dtypes=NUMERIC | BOOL, static_inputs=(1,), check=_check_arg_r
          note=_ARG_NOTE)(_arg_reduce("maximum"))
 register("ArgMin", dtypes=NUMERIC | BOOL, static_inputs=(1,), check=_check_arg_reduce,
          note=_ARG_NOTE)(_arg_reduce("minimum"))
+
+
+# -- top-k (and so tf.sort, tf.argsort) ---------------------------------------------------------
+# HLO here has no `sort`: each element's place is the count of elements ahead of it, from
+# an n × n comparison per row, so the rule refuses rows whose comparisons would be large.
+_TOP_K_LIMIT = 1 << 24
+
+
+def _check_top_k(op: tf.Operation) -> str | None:
+    dims = known_dims(op.inputs[0])
+    k = constant_value(op.inputs[1])
+    if dims is None or k is None:
+        return None  # marking reports unknown shapes and non-constant inputs itself
+    if not dims:
+        return "a scalar input"
+    if not 0 <= int(k) <= dims[-1]:
+        return f"k = {int(k)} out of [0, {dims[-1]}]"
+    if int(np.prod(dims, dtype=np.int64)) * dims[-1] > _TOP_K_LIMIT:
+        return f"{dims[-1]}² comparisons a row over {dims} (no HLO sort yet)"
+    return None
+
+
+@register("TopKV2", dtypes=NUMERIC, static_inputs=(1,), check=_check_top_k,
+          note="rows of up to 2^24 / size comparisons; NaN ranks above +inf")
+def _lower_top_k(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                 ) -> list[Instruction]:
+    # Element i is ahead of element j when x_i > x_j, or when they are equal and i < j:
+    # TF's CPU kernel's stable descending order (-0.0 and 0.0 equal, kept in index order).
+    # NaN, which TF's comparator leaves unordered, ranks above +inf (TF's XLA too, for a
+    # NaN with the sign bit clear). The place of j is the count of elements ahead of it;
+    # output p takes the element whose place is p.
+    x = operands[0]
+    dims = x.shape.dims
+    k = int(ctx.static_input(1))
+    rank, n = len(dims), dims[-1]
+    batch = dims[:-1]
+    square = batch + (n, n)  # axis rank - 1: i, axis rank: j
+    x_i = ctx.emit("broadcast", [x], shape=x.shape.with_dims(square),
+                   dimensions=tuple(range(rank - 1)) + (rank - 1,))
+    x_j = ctx.emit("broadcast", [x], shape=x.shape.with_dims(square),
+                   dimensions=tuple(range(rank - 1)) + (rank,))
+    greater = ctx.emit("compare", [x_i, x_j], direction="GT")
+    equal = ctx.emit("compare", [x_i, x_j], direction="EQ")
+    if x.shape.element_type in FLOAT_TYPES:
+        nan_i = ctx.emit("compare", [x_i, x_i], direction="NE")
+        nan_j = ctx.emit("compare", [x_j, x_j], direction="NE")
+        greater = ctx.emit("or", [greater, ctx.emit("and", [nan_i, ctx.emit("not", [nan_j])])])
+        equal = ctx.emit("or", [equal, ctx.emit("and", [nan_i, nan_j])])
+    earlier = ctx.emit("compare", [_iota(ctx, "s32", square, rank - 1),
+                                   _iota(ctx, "s32", square, rank)], direction="LT")
+    ahead = ctx.emit("or", [greater, ctx.emit("and", [equal, earlier])])
+    place = ctx.reduce(ctx.convert(ahead, "s32"), [rank - 1], "add", 0)  # batch + (n,)
+    picks = batch + (k, n)  # axis rank - 1: output p, axis rank: element j
+    hit = ctx.emit("compare", [
+        ctx.emit("broadcast", [place], shape=place.shape.with_dims(picks),
+                 dimensions=tuple(range(rank - 1)) + (rank,)),
+        _iota(ctx, "s32", picks, rank - 1)], direction="EQ")
+    positions = _iota(ctx, "s32", picks, rank)
+    indices = ctx.reduce(ctx.emit("select", [hit, positions, ctx.full(0, positions.shape)]),
+                         [rank], "add", 0)
+    # Exactly one hit a row: a maximum over the rest at the type's bottom keeps it (NaN
+    # and -0.0 included).
+    etype = x.shape.element_type
+    bottom = float("-inf") if etype in FLOAT_TYPES else value_range(etype)[0]
+    spread = ctx.emit("broadcast", [x], shape=x.shape.with_dims(picks),
+                      dimensions=tuple(range(rank - 1)) + (rank,))
+    values = ctx.reduce(ctx.emit("select", [hit, spread, ctx.full(bottom, spread.shape)]),
+                        [rank], "maximum", bottom)
+    return [values, ctx.convert(indices, element_type(op.outputs[1].dtype))]
 
 
 # -- one-hot ------------------------------------------------------------------------------------

@@ -42,6 +42,9 @@ SEMANTICS: tuple[tuple[str, str, str, str], ...] = (
     ("Mean of integers over an empty axis", "0", "-1 (0 / 0)", "as XLA"),
     ("Pow of integers to a negative exponent", "raises InvalidArgumentError",
      "0, or ±1 for a base of ±1", "as XLA"),
+    ("TopKV2 (so tf.sort, tf.argsort) over NaN", "no defined order (its comparator leaves "
+     "NaN unordered)", "by sign bit: NaN above +inf, a negated NaN below -inf",
+     "NaN above +inf whatever its sign (tf.sort puts NaN first)"),
     ("MatrixBandPart: num_lower or num_upper past the matrix", "raises InvalidArgumentError",
      "keeps the whole band on that side", "as XLA"),
     ("Cast of NaN, ±inf or an out-of-range float to an integer", "INT_MIN (x86)",

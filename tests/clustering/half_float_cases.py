@@ -359,6 +359,8 @@ CASES: list[Case] = [
              [((3, 4), 1, 0), ((3, 4), [-5, 2], [1, 0]), ((0, 3), 2, 1), ((1,), 3, 0)]),
     per_case("MatrixBandPart", lambda x, lo, hi: tf.linalg.band_part(x, lo, hi),
              [((3, 4), 0, -1), ((2, 4, 3), 1, 0), ((0, 2), -1, 1), ((1, 1), 0, 0)]),
+    per_case("TopKV2", lambda x, k: tf.math.top_k(x, k), [((3, 5), 5), ((2, 1, 4), 2),
+                                                         ((0, 3), 1), ((4,), 0)], kind="f"),
     per_case("Cumprod", lambda x, a, e, r: tf.math.cumprod(x, a, exclusive=e, reverse=r),
              [((3, 4), 1, False, False), ((3, 4), 0, True, True), ((1, 0), 1, False, False)],
              compare_as="Prod"),
