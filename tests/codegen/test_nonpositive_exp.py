@@ -139,7 +139,9 @@ def test_softmax_uses_the_nonpositive_exp_with_the_same_bits(
     if dtype == "f32":
         assert not _UPPER_CLAMP.search(new.llvm_ir_optimized)
     if dtype == "f32" and dims[1] == 1024:  # the exp loop interleaved: two vectors a turn
-        assert new.llvm_ir_optimized.count("call <16 x float> @llvm.ldexp") == 2
+        # LLVM picks the vector width per CPU (256 bits on Emerald Rapids, 512 on others)
+        vectors = re.findall(r"call <(\d+) x float> @llvm\.ldexp", new.llvm_ir_optimized)
+        assert len(vectors) == 2 and int(vectors[0]) >= 8
     monkeypatch.setattr(row_kernel, "_nonpositive_exponentials", lambda plan, insts: [])
     module = build("softmax", [shape], lambda c, p: softmax(c, p[0]))
     old = compile_module(module, cache=False)
