@@ -147,6 +147,47 @@ def _transformer_train(batch: int, sequence: int, features: int, heads: int) -> 
                     flops=3.0 * (2.0 * tokens * dense + attention))
 
 
+def transformer_encoder_adam(batch: int, sequence: int, vocabulary: int, features: int,
+                              heads: int, blocks: int) -> Workload:
+    """A model-zoo step (issue 19): token embedding, `blocks` encoder blocks (attention,
+    residual, LayerNorm, gelu feed-forward), a pooled regression head, Adam."""
+    def make() -> Built:
+        import keras
+
+        tf.keras.utils.set_random_seed(0)
+        inputs = keras.Input((sequence,), dtype="int32")
+        h = keras.layers.Embedding(vocabulary, features)(inputs)
+        for _ in range(blocks):
+            attention = keras.layers.MultiHeadAttention(heads, features // heads)(h, h)
+            h = keras.layers.LayerNormalization()(h + attention)
+            ffn = keras.layers.Dense(4 * features, activation="gelu")(h)
+            h = keras.layers.LayerNormalization()(h + keras.layers.Dense(features)(ffn))
+        pooled = keras.layers.GlobalAveragePooling1D()(h)
+        model = keras.Model(inputs, keras.layers.Dense(1)(pooled))
+        optimizer = keras.optimizers.Adam(1e-3)
+        optimizer.build(model.trainable_variables)
+        rng = np.random.default_rng(4)
+        x = tf.constant(rng.integers(0, vocabulary, (batch, sequence)), tf.int32)
+        (y,) = _tensors([(batch, 1)], seed=5)
+
+        def step(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+            with tf.GradientTape() as tape:
+                loss = _mse(y, model(x, training=True))
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            return loss
+
+        return step, [x, y]
+
+    tokens = batch * sequence
+    dense = 4 * features * features + 8 * features * features
+    attention = 2 * 2 * batch * sequence * sequence * features
+    return Workload(f"transformer{blocks}_adam_b{batch}", "train",
+                    f"Transformer encoder, {blocks} blocks (embedding {vocabulary}x{features}, "
+                    f"{heads} heads, gelu, seq {sequence}), Adam train step, batch {batch}",
+                    make, flops=3.0 * blocks * (2.0 * tokens * dense + attention))
+
+
 def workloads(quick: bool = False) -> list[Workload]:
     """The suite: seed examples, layer norm and softmax at several sizes, training
     steps, and inference at batch 1 and 64. `quick`: test sizes, a few workloads."""
@@ -166,6 +207,7 @@ def workloads(quick: bool = False) -> list[Workload]:
     suite += [
         _mlp_train(128, [784, 512, 512, 10]),
         _transformer_train(8, 64, 128, 4),
+        transformer_encoder_adam(16, 64, 1000, 64, 4, 2),
         _mlp_inference(1, [784, 512, 512, 10]),
         _mlp_inference(64, [784, 512, 512, 10]),
     ]
@@ -177,4 +219,5 @@ def by_name(names: list[str], quick: bool) -> list[Workload]:
     return [table[n] for n in names]
 
 
-__all__ = ["Workload", "by_name", "layer_norm", "softmax", "workloads"]
+__all__ = ["Workload", "by_name", "layer_norm", "softmax", "transformer_encoder_adam",
+           "workloads"]

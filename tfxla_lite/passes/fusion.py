@@ -30,12 +30,17 @@ Whether a producer joins its consumer's fusion is the cost model's call
   twice) and when no member between it and the root reads each of its elements
   several times (a broadcast that expands, a gather, a reduce-window whose windows
   overlap: `element_reuse`).
-- Any other producer joins when the bytes fusion saves outweigh the recomputation:
-  fusing saves writing the producer's buffer and reading it back (only the read
-  when users outside keep the buffer, and the kernel launch too when they do not),
-  and costs its arithmetic once more for every extra evaluation of each element.
-  Data movement (broadcast, reshape, transpose, ...) costs no arithmetic and a
-  one-element producer is loop-invariant, so those always join.
+- Any other producer used only inside the fusion joins when the bytes fusion saves
+  (writing the producer's buffer, reading it back, and its kernel launch) outweigh
+  its arithmetic once more for every extra evaluation of each element.
+- A producer that other kernels read too is duplicated: each copy costs its arithmetic
+  and the reads it fans in (an elementwise op of two full-size operands reads twice
+  the bytes of its result; a broadcast operand reads only what it expands). When its
+  buffer is written anyway (an output, a user that is not fusible, a kernel formed
+  earlier that reads it), a copy saves only this fusion's read of it. Otherwise every
+  consumer would take a copy, and the copies must cost less than one kernel of its own
+  that writes the buffer and is read by each of them. A gather that several consumers
+  read is materialized. One-element producers are loop-invariant and always join.
 
 Every fused producer is cloned and the original stays until no user needs it,
 so fusion cannot create a cycle: a fusion reads only values its members read,
@@ -115,20 +120,58 @@ def _flops_per_element(inst: Instruction) -> float:
     return 1.0 if is_elementwise(inst.opcode) else 0.0  # data movement: index arithmetic
 
 
-def should_fuse(producer: Instruction, evaluations: float, exclusive: bool) -> bool:
+def _fan_in_bytes(producer: Instruction) -> float:
+    """Bytes one evaluation of `producer` over all its elements reads from its operands:
+    a broadcast operand reads what it expands, a scalar constant or an iota nothing."""
+    total = 0.0
+    for operand in producer.operands:
+        source = operand
+        while source.opcode in ("broadcast", "reshape", "bitcast") and source.operands:
+            if source.opcode == "broadcast":
+                source = source.operand(0)
+                break
+            source = source.operand(0)
+        if source.opcode in ("constant", "iota") and source.shape.num_elements <= 1:
+            continue
+        if source.opcode == "iota" or source.shape.is_tuple:
+            continue
+        itemsize = source.shape.byte_size / max(1, source.shape.num_elements)
+        total += min(source.shape.byte_size, producer.shape.num_elements * itemsize)
+    return total
+
+
+def should_fuse(producer: Instruction, evaluations: float, exclusive: bool,
+                buffer_written: bool = True) -> bool:
     """Whether to clone `producer` into a fusion that evaluates each of its elements
-    `evaluations` times; `exclusive`: no user outside the fusion needs its buffer."""
+    `evaluations` times. `exclusive`: no user outside the fusion reads it (otherwise it
+    is duplicated); `buffer_written`: a duplicated producer's buffer is written anyway."""
     if is_expensive(producer.opcode):
         return exclusive and evaluations <= 1  # XLA: never duplicate expensive work
     if producer.shape.num_elements <= 1:
         return True  # loop-invariant: LLVM hoists it out of the kernel's loops
     elements = producer.shape.num_elements
     flops = _flops_per_element(producer)
-    recomputed = (evaluations - 1 if exclusive else evaluations) * elements * flops
-    saved = (2 if exclusive else 1) * producer.shape.byte_size * FLOPS_PER_BYTE
+    own_bytes = producer.shape.byte_size * FLOPS_PER_BYTE
     if exclusive:
-        saved += KERNEL_FLOPS
-    return recomputed <= saved
+        recomputed = (evaluations - 1) * elements * flops
+        return recomputed <= 2 * own_bytes + KERNEL_FLOPS
+    if producer.opcode == "gather":
+        return False  # its table reads are scattered: one kernel, read by each consumer
+    copy = evaluations * elements * flops + _fan_in_bytes(producer) * FLOPS_PER_BYTE
+    if buffer_written:
+        return copy <= own_bytes
+    # Every consumer takes a copy, or one kernel computes it once and each reads it.
+    consumers = max(1, len(producer.users))
+    materialized = copy + own_bytes + KERNEL_FLOPS + consumers * own_bytes
+    return consumers * copy <= materialized
+
+
+def buffer_written(producer: Instruction, needed: set[int]) -> bool:
+    """Whether `producer`'s buffer is written whatever this fusion does: a kernel formed
+    earlier reads it (`needed`), or a user no fusion can take it into (a dot, a tuple)."""
+    return id(producer) in needed or any(
+        not can_be_fusion_root(user) and not can_fuse_producer(user)
+        for user in producer.users)
 
 
 def _grow_group(root: Instruction, needed: set[int]) -> list[Instruction]:
@@ -149,7 +192,7 @@ def _grow_group(root: Instruction, needed: set[int]) -> list[Instruction]:
             times = evaluations[id(member)] * element_reuse(member, number)
             exclusive = id(producer) not in needed and all(
                 _is_exclusive(user, root, member_ids) for user in producer.users)
-            if not should_fuse(producer, times, exclusive):
+            if not should_fuse(producer, times, exclusive, buffer_written(producer, needed)):
                 continue  # maybe a later member makes it exclusive
             members.append(producer)
             member_ids.add(id(producer))

@@ -23,8 +23,9 @@ row r:
 Everything else in the group (independent members: broadcasts of parameters, scalar
 constants, elementwise work on inputs) is computed at whatever index a consumer asks
 for, as in a kLoop fusion. As in `fuse`, a cheap producer with users outside the
-group is cloned into it; an expensive one, and every reduce, joins only when the group
-holds all its users, so no work is done twice. Rows wider than `max_row_bytes` are
+group is cloned into it when `fusion.should_fuse` finds the copy cheaper than reading
+its buffer; an expensive one, and every reduce, joins only when the group holds all
+its users, so no work is done twice. Rows wider than `max_row_bytes` are
 left to `fuse`: the point is that a row stays in the cache between stages.
 """
 
@@ -41,9 +42,11 @@ from tfxla_lite.passes.base import Pass
 # The fusion pass's group materialization and exclusivity test serve as they are.
 from tfxla_lite.passes.fusion import (
     _is_exclusive,
+    buffer_written,
     can_fuse_producer,
     fuse_groups,
     fusion_targets,
+    should_fuse,
 )
 
 ROW_FUSION_KIND = "kCustom"
@@ -202,9 +205,12 @@ def _grow_row_group(root: Instruction, needed: set[int], max_row_bytes: int
                     spec = this
                 elif not can_fuse_producer(producer):
                     continue
-                elif is_expensive(producer.opcode) and \
-                        not _only_read_by(producer, root, member_ids, needed):
-                    continue
+                elif is_expensive(producer.opcode):
+                    if not _only_read_by(producer, root, member_ids, needed):
+                        continue
+                elif not should_fuse(producer, 1.0, False, buffer_written(producer, needed)) \
+                        and not _only_read_by(producer, root, member_ids, needed):
+                    continue  # a copy would cost more than reading its buffer
                 members.append(producer)
                 member_ids.add(id(producer))
                 grown = True
