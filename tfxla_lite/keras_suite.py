@@ -177,6 +177,19 @@ filterwarnings =
 """
 
 
+# Keras's top-level conftest.py, which is not in the wheel, is also a module some tests
+# import (`from conftest import skip_if_backend`); `python -m pytest` puts the working folder
+# first on sys.path, so this stand-in there is what they import.
+KERAS_CONFTEST_MODULE = '''"""Stand-in for the helpers of Keras's top-level conftest.py."""
+import pytest
+from keras.src.backend import backend
+
+
+def skip_if_backend(given_backend, reason):
+    return pytest.mark.skipif(backend() == given_backend, reason=reason)
+'''
+
+
 def run_tests(targets: Sequence[str], flags: str | None, work: Path, tag: str, *,
               root: Path, timeout: float = 300.0, files_per_process: int = 8,
               echo: bool = True) -> dict[str, Outcome]:
@@ -189,6 +202,7 @@ def run_tests(targets: Sequence[str], flags: str | None, work: Path, tag: str, *
     the tests already reported."""
     work.mkdir(parents=True, exist_ok=True)
     (work / "pytest.ini").write_text(KERAS_PYTEST_INI, encoding="utf-8")
+    (work / "conftest.py").write_text(KERAS_CONFTEST_MODULE, encoding="utf-8")
     log = work / f"{tag}.jsonl"
     log.write_text("", encoding="utf-8")
     exclude = work / f"{tag}.exclude"
