@@ -62,6 +62,7 @@ class SuiteResult:
     files: list[str] = field(default_factory=list)
     seconds: float = 0.0
     flags: str = FLAGS
+    compile_stats: dict[str, int] = field(default_factory=dict)
 
     def counts(self) -> dict[str, int]:
         flagged = self.flagged.values()
@@ -76,7 +77,7 @@ class SuiteResult:
 
     def to_json(self) -> dict:
         return {"counts": self.counts(), "flags": self.flags, "files": self.files,
-                "seconds": self.seconds,
+                "seconds": self.seconds, "compile_stats": self.compile_stats,
                 "flagged": [asdict(o) for o in self.flagged.values()],
                 "plain": [asdict(o) for o in self.plain.values()],
                 "tfxla_lite_only": [asdict(o) for o in self.tfxla_lite_only]}
@@ -318,6 +319,16 @@ def read_log(log: Path) -> dict[str, Outcome]:
     return outcomes(_records(log))
 
 
+def compile_stats(log: Path) -> dict[str, int]:
+    """tfxla-lite's process counters (`tfxla_lite.stats.CompileStats`) summed over the
+    pytest processes: evidence that the flagged run compiled something."""
+    total: dict[str, int] = {}
+    for record in _records(log):
+        for name, value in record.get("compile_stats", {}).items():
+            total[name] = total.get(name, 0) + value
+    return total
+
+
 def enabled_in_every_session(log: Path) -> bool:
     """Whether every pytest process that finished had tfxla-lite's tf.function in place."""
     sessions = [r for r in _records(log) if r["when"] == "session"]
@@ -373,7 +384,8 @@ def run_suite(files: Sequence[str], work: Path, *, root: Path, flags: str = FLAG
         plain = run_tests(rerun_targets(failures), None, work, "plain", root=root,
                           timeout=timeout, files_per_process=10_000, echo=echo)
     return SuiteResult(flagged, plain, compare(flagged, plain), list(files),
-                       round(time.monotonic() - start, 1), flags)
+                       round(time.monotonic() - start, 1), flags,
+                       compile_stats(work / "flagged.jsonl"))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -413,6 +425,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps(result.to_json(), indent=1), encoding="utf-8")
     print("\n".join(report_lines(result)))
+    if result.compile_stats:
+        print("tfxla-lite under the flag: " + ", ".join(
+            f"{name} {value}" for name, value in result.compile_stats.items()))
     print(summary(result))
     return EXIT_TFXLA_LITE_ONLY if result.tfxla_lite_only else 0
 

@@ -13,6 +13,7 @@ under `TFXLA_LITE_FLAGS` the start-up hook enables tfxla-lite when Keras imports
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import signal
 import sys
@@ -50,7 +51,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     # Whether tfxla-lite's tf.function was in place: a flagged run without it would
     # compare plain TF with itself. Looked up, not imported, so plain runs stay plain.
     autojit = sys.modules.get("tfxla_lite.autojit")
-    _write({"when": "session", "tfxla_lite_enabled": bool(autojit and autojit.is_enabled())})
+    stats = sys.modules.get("tfxla_lite.stats")
+    _write({"when": "session", "tfxla_lite_enabled": bool(autojit and autojit.is_enabled()),
+            "compile_stats": dataclasses.asdict(stats.PROCESS_STATS) if stats else {}})
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
