@@ -149,3 +149,17 @@ def test_run_tests_survives_crashes_and_bounds_time(tmp_path: Path) -> None:
     assert "nonesuch_module_for_this_test" in result["import_test.py"].message
     assert result["good_test.py::test_two"].message.startswith("AssertionError: no")
     assert not ks.enabled_in_every_session(tmp_path / "work" / "t.jsonl")
+
+
+def test_compile_stats_sum_over_processes(tmp_path: Path) -> None:
+    log = tmp_path / "flagged.jsonl"
+    log.write_text(
+        '{"when": "session", "tfxla_lite_enabled": true, "compile_stats": '
+        '{"functions": 2, "clusters_compiled": 3}}\n'
+        '{"nodeid": "a::t", "when": "start"}\n'
+        '{"when": "session", "tfxla_lite_enabled": true, "compile_stats": '
+        '{"functions": 1, "clusters_compiled": 0}}\n')
+    assert ks.compile_stats(log) == {"functions": 3, "clusters_compiled": 3}
+    assert ks.enabled_in_every_session(log)
+    log.write_text(log.read_text() + '{"when": "session", "tfxla_lite_enabled": false}\n')
+    assert not ks.enabled_in_every_session(log)
