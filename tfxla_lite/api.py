@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.eager import record
 from tensorflow.python.eager.polymorphic_function import (
     concrete_function,
     function_type_utils,
@@ -25,13 +27,14 @@ from tensorflow.python.eager.polymorphic_function import (
 )
 from tensorflow.python.saved_model import save_context
 
-from tfxla_lite import autojit, dump, xla_fallback
+from tfxla_lite import autojit, dump, gradients, xla_fallback
 from tfxla_lite.autograph_cache import conversions_cached
 from tfxla_lite.collector import collector_paused
 from tfxla_lite.compiler import CompilationError, Program, build_program
 from tfxla_lite.flags import get_options
 from tfxla_lite.options import Options
 from tfxla_lite.report import ClusteringReport, JitCompileFallback
+from tfxla_lite.rewrite import COMPILE_OP_TYPE, LAUNCH_OP_TYPE
 from tfxla_lite.stats import PROCESS_STATS, compute_op_count
 
 logger = logging.getLogger("tfxla_lite")
@@ -122,6 +125,10 @@ class Function(polymorphic_function.Function):
         run = program.concrete_run
         if program.flat_call:
             return run._call_flat(list(args), run.captured_inputs)
+        if program.custom_gradients and _gradient_may_be_taken():
+            # Its custom gradient needs the trace's own graph (compiler.Program); inside
+            # another tf.function that is compiled, the trace is inlined and clustered there.
+            run = program.concrete_function
         return run(*args, **kwargs)
 
     def __get__(self, instance: Any, owner: Any = None) -> Any:
@@ -158,7 +165,8 @@ class Function(polymorphic_function.Function):
         program = self._programs.get(key) if key is not None else None
         if program is None:
             program = self._compile(args, kwargs)
-            program.flat_call = _flat_call(program.concrete_run, args, kwargs)
+            program.flat_call = (not program.custom_gradients
+                                 and _flat_call(program.concrete_run, args, kwargs))
             if key is not None:
                 self._programs[key] = program
         return program
@@ -412,3 +420,44 @@ def _first_lines(text: str, count: int) -> str:
     lines = text.splitlines()
     more = f"\n  ... {len(lines) - count} more" if len(lines) > count else ""
     return "\n".join(lines[:count]) + more
+
+
+# -- gradients of launch nodes (tfxla_lite/gradients.py) -------------------------------------
+# One compiled gradient function per distinct cluster and gradient mask, the least
+# recently used dropped past the bound (each keeps its own per-shape programs).
+_GRADIENT_FUNCTIONS: OrderedDict[gradients.LaunchGradient, Function] = OrderedDict()
+_MAX_GRADIENT_FUNCTIONS = 256
+
+
+def _gradient_function(gradient: gradients.LaunchGradient) -> Function:
+    function = _GRADIENT_FUNCTIONS.get(gradient)
+    if function is None:
+        # Auto-clustering with clusters of any size: the backward pass compiles what it
+        # can and never fails where TF's own gradient would run.
+        options = get_options().with_changes(min_cluster_size=1)
+        function = Function(gradient, jit_compile=None, autograph=False, options=options,
+                            name="tfxla_lite_launch_gradient")
+        _GRADIENT_FUNCTIONS[gradient] = function
+        while len(_GRADIENT_FUNCTIONS) > _MAX_GRADIENT_FUNCTIONS:
+            _GRADIENT_FUNCTIONS.popitem(last=False)
+    else:
+        _GRADIENT_FUNCTIONS.move_to_end(gradient)
+    return function
+
+
+@tf.RegisterGradient(LAUNCH_OP_TYPE)
+def _launch_op_gradient(op: tf.Operation, *output_gradients: Any) -> list[Any]:
+    gradient, arguments = gradients.launch_gradient(op, output_gradients)
+    if gradient is None:
+        return [None] * len(op.inputs)
+    return gradient.input_gradients(_gradient_function(gradient)(*arguments))
+
+
+# Its boolean output only selects a branch of the StatelessIf it feeds.
+tf.no_gradient(COMPILE_OP_TYPE)
+
+
+def _gradient_may_be_taken() -> bool:
+    """Whether a call now may be differentiated: a tape is recording (eager), or the call
+    goes into a graph, which TF may differentiate later."""
+    return not tf.executing_eagerly() or record.could_possibly_record()

@@ -12,9 +12,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tensorflow as tf
+from tolerances import assert_close
 
 import tfxla_lite as tl
-from tests.tolerances import assert_close
 from tfxla_lite import api
 from tfxla_lite.rewrite import LAUNCH_OP_TYPE
 

@@ -8,14 +8,18 @@ embedding table among them) and the optimized module was 3.1 times the lowered o
 from __future__ import annotations
 
 import re
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import tensorflow as tf
+from tolerances import assert_close
 
 import tfxla_lite as tl
-from benchmarks.workloads import transformer_encoder_adam
-from tests.tolerances import assert_close
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks.workloads import transformer_encoder_adam  # noqa: E402
 
 VOCABULARY, FEATURES = 100, 64
 
