@@ -38,6 +38,8 @@ _TRANSCENDENTAL = Tolerance(ulps=4, atol=1e-7)
 _ZERO_SIGN_FREE = Tolerance(ulps=1, signed_zero=True)
 _ACCUMULATING = Tolerance(ulps=4, atol=1e-5, rtol=1e-5, signed_zero=True)
 
+_CONVOLUTIONS = ("Conv2D", "Conv3D", "DepthwiseConv2dNative", "convolution")
+
 TOLERANCES: dict[str, Tolerance] = {
     # transcendental element-wise ops: TF (Eigen) and codegen use polynomial approximations
     **{op: _TRANSCENDENTAL for op in (
@@ -76,6 +78,8 @@ TOLERANCES: dict[str, Tolerance] = {
     **{op: Tolerance(ulps=4, atol=1e-7, signed_zero=True) for op in ("Xlogy", "Xlog1py")},
     "Xdivy": Tolerance(ulps=2, signed_zero=True),
     **{op: _ACCUMULATING for op in ("BiasAddGrad", "L2Loss", "Einsum", "BatchMatMulV3")},
+    # convolutions: sums over windows and input features, in another order than TF's
+    **{op: _ACCUMULATING for op in _CONVOLUTIONS},
     "SoftmaxCrossEntropyWithLogits": Tolerance(ulps=8, atol=1e-6, rtol=1e-6),
     "SparseSoftmaxCrossEntropyWithLogits": Tolerance(ulps=8, atol=1e-6, rtol=1e-6),
     # whole backward passes (GradientTape over a model): chains of accumulations and
@@ -88,7 +92,7 @@ TOLERANCES: dict[str, Tolerance] = {
 _F64_OVERRIDES: dict[str, Tolerance] = {
     **{op: Tolerance(ulps=4, atol=1e-13, rtol=1e-12, signed_zero=True) for op in (
         "Sum", "Mean", "Prod", "AddN", "MatMul", "BatchMatMulV2", "BatchMatMul", "reduce",
-        "dot", "BiasAddGrad", "L2Loss", "Einsum", "BatchMatMulV3")},
+        "dot", "BiasAddGrad", "L2Loss", "Einsum", "BatchMatMulV3", *_CONVOLUTIONS)},
 }
 
 
@@ -101,7 +105,7 @@ _F64_OVERRIDES: dict[str, Tolerance] = {
 _BF16_INTERMEDIATE_ROUNDING = frozenset({
     "Sum", "Mean", "Prod", "AddN", "MatMul", "BatchMatMulV2", "BatchMatMul", "reduce", "dot",
     "BiasAddGrad", "L2Loss", "Einsum", "BatchMatMulV3", "Softmax", "LogSoftmax",
-    "SoftmaxCrossEntropyWithLogits", "SparseSoftmaxCrossEntropyWithLogits"})
+    "SoftmaxCrossEntropyWithLogits", "SparseSoftmaxCrossEntropyWithLogits", *_CONVOLUTIONS})
 
 
 def tolerance(op_type: str, dtype: np.dtype | type | str = np.float32) -> Tolerance:

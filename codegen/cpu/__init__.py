@@ -4,6 +4,7 @@
 `Executable`; `EMITTERS` is the registry of element generators keyed by HLO opcode.
 Layout: `emitter.py` (types, indices, loops, registry), `elementwise.py`,
 `data_movement.py`, `indexing.py`, `reduction.py`, `dot.py` (the generators and kernel shapes),
+`convolution.py` and `convolution_gemm.py` (convolutions: element generator, patches + GEMM),
 `variadic_reduce.py` (variadic reduces, tuples as structs), `calls.py` (call),
 `multi_output.py` (kernels with several outputs),
 `math.py` (vectorizable f32 transcendentals), `compiler.py` (kernels and the ABI's
@@ -13,7 +14,7 @@ JIT, BLAS).
 
 from __future__ import annotations
 
-from tfxla_lite.codegen.cpu import indexing  # noqa: F401  (registers its emitters)
+from tfxla_lite.codegen.cpu import convolution, indexing  # noqa: F401  (register emitters)
 from tfxla_lite.codegen.cpu.compiler import compile
 from tfxla_lite.codegen.cpu.emitter import EMITTERS
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from tfxla_lite.codegen.gpu import data_movement  # noqa: F401  (registers its generators)
+from tfxla_lite.codegen.gpu import convolution, data_movement  # noqa: F401  (generators)
 from tfxla_lite.codegen.gpu.cuda_source import Writer, compute_type, storage_type, to_storage
 from tfxla_lite.codegen.gpu.elemental import Index, KernelContext, ModuleTables
 from tfxla_lite.codegen.gpu.kernels import (

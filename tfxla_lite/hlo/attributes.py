@@ -1,8 +1,9 @@
 """Structured attribute values of HLO instructions: padding configs, windows and
 scatter dimension numbers.
 
-`pad` carries a `PaddingConfig` (XLA text `padding=1_0x0_2_1`), `reduce-window` a
-`Window` (`window={size=1x6 stride=1x2 pad=0_0x5_0 lhs_dilate=1x2 rhs_dilate=1x1}`).
+`pad` carries a `PaddingConfig` (XLA text `padding=1_0x0_2_1`), `reduce-window` and
+`convolution` a `Window` (`window={size=1x6 stride=1x2 pad=0_0x5_0 lhs_dilate=1x2
+rhs_dilate=1x1 rhs_reversal=0x1}`; reversal means something to convolutions only).
 Both are frozen dataclasses whose `str()` is XLA's spelling, so the printer writes
 them as any other attribute and `parse_padding` / `parse_window` read them back
 (`parser.py`). A scatter's dimension numbers stay plain attributes in the IR;
@@ -65,6 +66,7 @@ class WindowDimension:
     padding_high: int = 0
     window_dilation: int = 1  # XLA text `rhs_dilate`
     base_dilation: int = 1  # XLA text `lhs_dilate`
+    window_reversal: bool = False  # XLA text `rhs_reversal`: a convolution's kernel flipped
 
     def output_size(self, input_size: int) -> int:
         """XLA's `window_util::StridedBound` over the padded, dilated input."""
@@ -102,6 +104,8 @@ class Window:
             parts.append("lhs_dilate=" + "x".join(str(d.base_dilation) for d in dims))
         if any(d.window_dilation != 1 for d in dims):
             parts.append("rhs_dilate=" + "x".join(str(d.window_dilation) for d in dims))
+        if any(d.window_reversal for d in dims):
+            parts.append("rhs_reversal=" + "x".join(str(int(d.window_reversal)) for d in dims))
         return "{" + " ".join(parts) + "}"
 
 
@@ -113,7 +117,8 @@ def parse_window(text: str) -> Window:
     fields: dict[str, list[str]] = {}
     for item in body[1:-1].split():
         key, _, value = item.partition("=")
-        if key not in ("size", "stride", "pad", "lhs_dilate", "rhs_dilate") or not value:
+        if key not in ("size", "stride", "pad", "lhs_dilate", "rhs_dilate", "rhs_reversal") \
+                or not value or key in fields:
             raise ValueError(f"bad window field {item!r} in {text!r}")
         fields[key] = value.split("x")
     if not fields:
@@ -132,11 +137,14 @@ def parse_window(text: str) -> Window:
     if len(pads) != rank or not all(re.fullmatch(r"-?\d+_-?\d+", p) for p in pads):
         raise ValueError(f"window pad of {text!r} does not give {rank} low_high pairs")
     lows_highs = [tuple(int(v) for v in p.split("_")) for p in pads]
+    reversal = ints("rhs_reversal", 0)
+    if any(r not in (0, 1) for r in reversal):
+        raise ValueError(f"window rhs_reversal of {text!r} takes 0 or 1 per dimension")
     return Window(tuple(
-        WindowDimension(size, stride, lo, hi, rhs, lhs)
-        for size, stride, (lo, hi), rhs, lhs in zip(
+        WindowDimension(size, stride, lo, hi, rhs, lhs, bool(rev))
+        for size, stride, (lo, hi), rhs, lhs, rev in zip(
             ints("size", 1), ints("stride", 1), lows_highs, ints("rhs_dilate", 1),
-            ints("lhs_dilate", 1), strict=True)))
+            ints("lhs_dilate", 1), reversal, strict=True)))
 
 
 @dataclass(frozen=True)

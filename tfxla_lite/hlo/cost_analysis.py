@@ -11,6 +11,10 @@ are those of XLA's `HloCostAnalysis` (`xla/service/hlo_cost_analysis.cc`):
   divide is a flop.
 - dot: 2 flops (one fused multiply-add) per output element per contracted
   element: `2 * elements(output) * product(contracting dims)`.
+- convolution: 2 flops per multiply-add with a real input element: input features
+  per group × output features × batch per batch group × the window positions that
+  land on the input (not in padding or base-dilation holes), per spatial dimension
+  (`convolution.flops`).
 - reduce: the `to_apply` computation's cost once per combination, where a
   reduce of N input elements to M output elements combines `N - M` times.
 - Data movement (broadcast, reshape, transpose, slice, concatenate, iota,
@@ -32,6 +36,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from tfxla_lite.hlo import convolution
 from tfxla_lite.hlo.ir import Computation, HloModule, Instruction
 from tfxla_lite.hlo.opcodes import is_elementwise
 from tfxla_lite.hlo.shape import Shape
@@ -102,6 +107,10 @@ def instruction_cost(inst: Instruction) -> Cost:
         width = math.prod(lhs.dims[d] for d in inst.attributes.get("lhs_contracting_dims", ()))
         return Cost(flops=FMA_FLOPS * _elements(inst.shape) * width,
                     bytes_accessed=_default_bytes(inst))
+    if opcode == "convolution":
+        flops = convolution.flops(inst.operand(0).shape, inst.operand(1).shape, inst.shape,
+                                  inst.attributes)
+        return Cost(flops=flops, bytes_accessed=_default_bytes(inst))
     if opcode == "reduce":
         output = inst.shape.tuple_shapes[0] if inst.shape.tuple_shapes else inst.shape
         combinations = inst.operand(0).shape.num_elements - output.num_elements

@@ -40,6 +40,9 @@ Semantics follow XLA's CPU backend where NumPy differs:
   selects (true, false), with an integer selects branch i, the last when out of range.
 - `dot` contracts after transposing to `[batch, m, k] x [batch, k, n]` with
   `np.matmul` in the operand dtype (f16/bf16 accumulate in f32).
+- `convolution` sums, per window position, the contraction over each group's input
+  features (`convolution.reference`), in the operand dtype; f16/bf16 accumulate in f32
+  and round once, as dots do.
 
 NumPy floating-point warnings are silenced: overflow to inf and NaN are results.
 """
@@ -52,6 +55,7 @@ from typing import Any
 
 import numpy as np
 
+from tfxla_lite.hlo import convolution
 from tfxla_lite.hlo.attributes import ScatterDimensions
 from tfxla_lite.hlo.ir import Computation, HloModule, Instruction
 from tfxla_lite.hlo.opcodes import OPCODES
@@ -692,6 +696,18 @@ def _dot(inst: Instruction, operands: Sequence[Any]) -> np.ndarray:
     product = np.matmul(left, right)
     dims = batch + tuple(lhs.shape[d] for d in lf) + tuple(rhs.shape[d] for d in rf)
     return _result(product.reshape(dims), inst.shape)
+
+
+@_reference("convolution")
+def _convolution(inst: Instruction, operands: Sequence[Any]) -> np.ndarray:
+    lhs, rhs = operands
+    compute = np.dtype(np.float32) if lhs.dtype.itemsize < 4 and _is_float(lhs.dtype) \
+        else lhs.dtype
+    feature_groups, batch_groups = convolution.group_counts(inst.attributes)
+    result = convolution.reference(lhs, rhs, inst.attributes["window"],
+                                   inst.attributes["dim_labels"], feature_groups, batch_groups,
+                                   compute)
+    return _result(result, inst.shape)
 
 
 # -- driver -----------------------------------------------------------------------------

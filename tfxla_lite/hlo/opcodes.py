@@ -8,7 +8,9 @@ Attribute names and meanings are XLA's (see `xla/hlo/ir/hlo_instruction.h`):
 `dimensions`, `direction`, `slice`, `index`, `iota_dimension`, `kind`,
 `lhs_batch_dims`, `lhs_contracting_dims`, `rhs_batch_dims`,
 `rhs_contracting_dims`, `parameter_number`, `literal`, `padding` (a `PaddingConfig`),
-`window` (a `Window`), `dynamic_slice_sizes`, and gather's `offset_dims`,
+`window` (a `Window`), convolution's `dim_labels` (a `ConvolutionDimensions`),
+`feature_group_count` and `batch_group_count` (`convolution.py`), `dynamic_slice_sizes`,
+and gather's `offset_dims`,
 `collapsed_slice_dims`, `start_index_map`, `index_vector_dim`, `slice_sizes`, and
 scatter's `update_window_dims`, `inserted_window_dims`, `scatter_dims_to_operand_dims`,
 `index_vector_dim` (scatter calls its combiner `to_apply`, as reduce does).
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tfxla_lite.hlo.attributes import PaddingConfig, Window
+from tfxla_lite.hlo.convolution import ConvolutionShapeError, convolution_shape
 from tfxla_lite.hlo.shape import INTEGER_TYPES, Shape
 
 ShapeRule = Callable[[list[Shape], Mapping[str, Any]], Shape]
@@ -385,6 +388,13 @@ def _reduce_window_rule(shapes: list[Shape], attributes: Mapping[str, Any]) -> S
     return results[0] if n == 1 else Shape.tuple_of(results)
 
 
+def _convolution_rule(shapes: list[Shape], attributes: Mapping[str, Any]) -> Shape:
+    try:
+        return convolution_shape(shapes, attributes)
+    except ConvolutionShapeError as error:
+        raise ShapeError(str(error)) from None
+
+
 def _while_rule(shapes: list[Shape], attributes: Mapping[str, Any]) -> Shape:
     _require(len(shapes) == 1, "while takes one operand (its initial state)")
     return shapes[0]
@@ -415,6 +425,7 @@ _register("slice", "data-movement", _slice_rule)
 _register("concatenate", "data-movement", _concatenate_rule)
 _register("reduce", "reduction", _reduce_rule)
 _register("dot", "dot", _dot_rule, expensive=True)
+_register("convolution", "convolution", _convolution_rule, expensive=True)
 _register("reverse", "data-movement", _reverse_rule)
 _register("pad", "data-movement", _pad_rule)
 _register("dynamic-slice", "data-movement", _dynamic_slice_rule)

@@ -26,7 +26,8 @@ Decisions where XLA's text carries more than the IR holds:
   into instructions of the printed shape: the verifier then reports "unknown
   opcode", and the evaluator and codegen name the opcode they lack.
 - Attributes the IR gives a meaning (`dimensions`, `slice`, `direction`, `kind`,
-  `index`, `iota_dimension`, the dot dimension lists, `padding`, `window`, the
+  `index`, `iota_dimension`, the dot dimension lists, `padding`, `window`,
+  convolution's `dim_labels` and group counts, the
   gather and scatter dimension lists, `dynamic_slice_sizes`) are parsed into values; the
   computations an instruction calls (`to_apply`, fusion `calls`, while's
   `condition` and `body`, conditional's `true_computation`/`false_computation` or
@@ -54,6 +55,7 @@ from typing import Any
 import numpy as np
 
 from tfxla_lite.hlo.attributes import parse_padding, parse_window
+from tfxla_lite.hlo.convolution import parse_dim_labels
 from tfxla_lite.hlo.ir import Computation, HloModule, Instruction
 from tfxla_lite.hlo.printer import RawAttribute
 from tfxla_lite.hlo.shape import FLOAT_TYPES, INTEGER_TYPES, Shape, numpy_dtype
@@ -81,7 +83,8 @@ _INT_LIST_ATTRIBUTES = frozenset({"dimensions", "lhs_batch_dims", "lhs_contracti
                                   "dynamic_slice_sizes", "update_window_dims",
                                   "inserted_window_dims", "scatter_dims_to_operand_dims",
                                   "input_batching_dims", "scatter_indices_batching_dims"})
-_INT_ATTRIBUTES = frozenset({"index", "iota_dimension", "index_vector_dim"})
+_INT_ATTRIBUTES = frozenset({"index", "iota_dimension", "index_vector_dim",
+                             "feature_group_count", "batch_group_count"})
 # Attributes naming called computations, in the order `called_computations` keeps them.
 _CALLED_ROLES = ("to_apply", "calls", "condition", "body", "true_computation",
                  "false_computation", "branch_computations")
@@ -474,6 +477,8 @@ class _Parser:
             statement.attributes[key] = self.structured(parse_padding)
         elif key == "window":
             statement.attributes[key] = self.structured(parse_window)
+        elif key == "dim_labels":
+            statement.attributes[key] = self.structured(parse_dim_labels)
         elif key == "branch_computations":
             s.expect("{", "'{' opening a list of computations")
             while True:
