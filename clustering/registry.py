@@ -480,6 +480,7 @@ class LoweringContext:
 def _load_rules() -> None:
     # The rule modules register themselves on import; they import this module first.
     from tfxla_lite.clustering import (  # noqa: F401
+        rules_conv,
         rules_elementwise,
         rules_gradients,
         rules_indexing,

@@ -22,6 +22,9 @@ NOT_SUPPORTED: dict[str, str] = {
                                                          "(TF's XLA draws other numbers)",
     "Einsum with an ellipsis or a repeated label": "not lowered yet (a diagonal needs a gather)",
     "If, While, StatelessIf, StatelessWhile": "control flow is not clustered yet",
+    "Conv2DBackpropInput, Conv2DBackpropFilter, the 3-D and depthwise backprops, pooling, "
+    "FusedBatchNormV3 and their gradients": "not lowered yet (issue 21: forward "
+                                            "convolutions are)",
 }
 
 # Where TF's kernels and XLA disagree: (TF ops, TF's CPU kernel, TF's XLA, tfxla-lite),

@@ -1,0 +1,168 @@
+"""Lowering rules of TF's convolutions: Conv2D, Conv3D and DepthwiseConv2dNative, forward.
+
+Registered into `registry.OP_RULES` on import. Each becomes one HLO `convolution`, as
+TF's XLA bridge builds it (tf2xla/kernels/conv_op_helpers.cc, MakeXlaForwardConvOp):
+the window from strides, dilations and padding (SAME pads `max(0, (out-1)·stride +
+(k-1)·dilation + 1 - in)`, the odd element at the end; EXPLICIT takes the op's pairs);
+a grouped convolution (input depth a multiple k of the filter's) has
+feature_group_count k (refused by the check until the gradients are lowered); a
+depthwise filter [H, W, C, M] is reshaped to [H, W, 1, C·M] with feature_group_count C
+(output channel c·M + m, TF's order). Channels-first inputs (NCHW/NCDHW) are
+transposed to channels-last around a channels-last convolution, as XLA's CPU backend
+canonicalizes them, so every convolution the backend sees has the layout its GEMM
+path reads (`codegen/cpu/convolution_gemm.py`). 2-byte floats convert to f32 for the
+convolution and round once, as `LoweringContext.dot` does.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from tfxla_lite.clustering.registry import (
+    FLOAT,
+    LoweringContext,
+    LoweringError,
+    register,
+)
+from tfxla_lite.hlo import Instruction
+from tfxla_lite.hlo.attributes import Window, WindowDimension
+from tfxla_lite.hlo.convolution import ConvolutionDimensions
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+
+Operands = list[Any]
+_HALF_TYPES = frozenset({"f16", "bf16"})
+
+
+def _attr(op: tf.Operation, name: str, default: Any) -> Any:
+    try:
+        value = op.get_attr(name)
+    except ValueError:
+        return default
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _check_convolution(op: tf.Operation) -> str | None:
+    data_format = _attr(op, "data_format", "NHWC")
+    if data_format not in ("NHWC", "NCHW", "NDHWC", "NCDHW"):
+        return f"data_format {data_format}"
+    rank = len(data_format)
+    channels_last = data_format.endswith("C")
+    spatial = range(1, rank - 1) if channels_last else range(2, rank)
+    for name in ("strides", "dilations"):
+        values = list(_attr(op, name, [1] * rank)) or [1] * rank
+        if len(values) != rank or any(values[d] != 1 for d in range(rank) if d not in spatial):
+            return f"{name} {values} on the batch or channel dimension"
+        if any(v < 1 for v in values):
+            return f"{name} {values}"
+    padding = _attr(op, "padding", "VALID")
+    if padding not in ("SAME", "VALID", "EXPLICIT"):
+        return f"padding {padding}"
+    if op.type in ("Conv2D", "Conv3D"):
+        depth = op.inputs[0].shape[-1 if channels_last else 1]
+        if depth is not None and depth != op.inputs[1].shape[-2]:
+            # Keras runs grouped convolutions in a jit_compile function; compiled here, its
+            # launch op would sit inside the training step that TF's XLA then compiles
+            # whole (the gradients have no lowering yet), and TF's XLA has no launch op.
+            return "grouped convolution (its gradients are not lowered yet)"
+    return None
+
+
+def _spatial_window(op: tf.Operation, input_dims: tuple[int, ...],
+                    kernel_dims: tuple[int, ...]) -> Window:
+    """The window of a channels-last convolution over `input_dims` (N, spatial..., C)."""
+    data_format = _attr(op, "data_format", "NHWC")
+    rank = len(data_format)
+    channels_last = data_format.endswith("C")
+    spatial = list(range(1, rank - 1)) if channels_last else list(range(2, rank))
+    strides = list(_attr(op, "strides", [1] * rank)) or [1] * rank
+    dilations = list(_attr(op, "dilations", [1] * rank)) or [1] * rank
+    padding = _attr(op, "padding", "VALID")
+    explicit = list(_attr(op, "explicit_paddings", []))
+    dims = []
+    for i, d in enumerate(spatial):
+        size, kernel = input_dims[1 + i], kernel_dims[i]
+        stride, dilation = int(strides[d]), int(dilations[d])
+        if padding == "SAME":
+            out = -(-size // stride)
+            needed = max(0, (out - 1) * stride + (kernel - 1) * dilation + 1 - size)
+            low, high = needed // 2, needed - needed // 2
+        elif padding == "EXPLICIT":
+            if len(explicit) != 2 * rank:
+                raise LoweringError(f"explicit_paddings {explicit} for rank {rank}")
+            low, high = int(explicit[2 * d]), int(explicit[2 * d + 1])
+        else:
+            low = high = 0
+        dims.append(WindowDimension(kernel, stride, low, high, dilation))
+    return Window(tuple(dims))
+
+
+def _channels_last(ctx: LoweringContext, x: Instruction, data_format: str) -> Instruction:
+    if data_format.endswith("C"):
+        return x
+    rank = x.shape.rank
+    perm = (0, *range(2, rank), 1)
+    return ctx.emit("transpose", [x], shape=x.shape.with_dims(tuple(x.shape.dims[p]
+                                                                    for p in perm)),
+                    dimensions=perm)
+
+
+def _channels_first(ctx: LoweringContext, x: Instruction, data_format: str) -> Instruction:
+    if data_format.endswith("C"):
+        return x
+    rank = x.shape.rank
+    perm = (0, rank - 1, *range(1, rank - 1))
+    return ctx.emit("transpose", [x], shape=x.shape.with_dims(tuple(x.shape.dims[p]
+                                                                    for p in perm)),
+                    dimensions=perm)
+
+
+def convolution(ctx: LoweringContext, lhs: Instruction, rhs: Instruction, window: Window,
+                feature_groups: int = 1) -> Instruction:
+    """A channels-last convolution (`b01f_01io->b01f`); 2-byte floats in f32, rounded once."""
+    etype = lhs.shape.element_type
+    attributes: dict[str, Any] = {"window": window,
+                                  "dim_labels": ConvolutionDimensions.channels_last(
+                                      lhs.shape.rank - 2)}
+    if feature_groups != 1:
+        attributes["feature_group_count"] = feature_groups
+    if etype not in _HALF_TYPES:
+        return ctx.emit("convolution", [lhs, rhs], **attributes)
+    wide = ctx.emit("convolution", [ctx.convert(lhs, "f32"), ctx.convert(rhs, "f32")],
+                    **attributes)
+    return ctx.convert(wide, etype)
+
+
+@register("Conv2D", "Conv3D", dtypes=FLOAT, check=_check_convolution,
+          note="strides, dilations, SAME/VALID/EXPLICIT padding, NHWC/NCHW (NDHWC/NCDHW), "
+               "not grouped yet; 2-byte floats accumulate in float32")
+def _lower_conv(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                ) -> list[Instruction]:
+    data_format = _attr(op, "data_format", "NHWC")
+    x = _channels_last(ctx, operands[0], data_format)
+    w = operands[1]
+    depth, filter_depth = x.shape.dims[-1], w.shape.dims[-2]
+    if filter_depth == 0 or depth % filter_depth:
+        raise LoweringError(f"input depth {depth} is not a multiple of the filter's "
+                            f"{filter_depth}")
+    window = _spatial_window(op, x.shape.dims, w.shape.dims[:-2])
+    result = convolution(ctx, x, w, window, depth // filter_depth)
+    return [_channels_first(ctx, result, data_format)]
+
+
+@register("DepthwiseConv2dNative", dtypes=FLOAT, check=_check_convolution,
+          note="strides, dilations, SAME/VALID/EXPLICIT padding, NHWC/NCHW; 2-byte floats "
+               "accumulate in float32")
+def _lower_depthwise(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                     ) -> list[Instruction]:
+    data_format = _attr(op, "data_format", "NHWC")
+    x = _channels_last(ctx, operands[0], data_format)
+    w = operands[1]
+    height, width, channels, multiplier = w.shape.dims
+    if channels == 0:
+        raise LoweringError("a depthwise convolution of no channels")
+    w = ctx.reshape(w, (height, width, 1, channels * multiplier))
+    window = _spatial_window(op, x.shape.dims, (height, width))
+    result = convolution(ctx, x, w, window, channels)
+    return [_channels_first(ctx, result, data_format)]
