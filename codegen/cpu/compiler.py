@@ -36,6 +36,7 @@ from tfxla_lite.codegen.cpu import (  # noqa: F401
     streaming,
     tiers,
 )
+from tfxla_lite.codegen.cpu.convolution_gemm import emit_convolution_kernel
 from tfxla_lite.codegen.cpu.donation import output_donations
 from tfxla_lite.codegen.cpu.dot import emit_dot_kernel
 from tfxla_lite.codegen.cpu.emitter import (
@@ -186,6 +187,11 @@ def emit_kernel(module: ir.Module, pool: ConstantPool, inst: Instruction,
                                  threads, _new_kernel)
     if dot_kernel is not None:
         return dot_kernel
+    # A GEMM-shaped convolution: blocks of patch rows and a GEMM call each.
+    conv_kernel = emit_convolution_kernel(module, pool, inst, _kernel_name(inst),
+                                          noalias_output, threads, _new_kernel)
+    if conv_kernel is not None:
+        return conv_kernel
     if inst.opcode in KERNEL_EMITTERS:  # a whole-kernel emitter (scatter: indexing.py)
         ctx, output, _ = _new_kernel(module, pool, inst, _kernel_name(inst), noalias_output)
         KERNEL_EMITTERS[inst.opcode](ctx, inst, output)

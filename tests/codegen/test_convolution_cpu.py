@@ -1,6 +1,6 @@
 """CPU code for `convolution` against the NumPy evaluator: TF's XLA golden modules and
 random convolutions over every attribute, compiled unfused (the element generator) and
-through the pipeline."""
+through the pipeline, and the GEMM path (patches and library GEMM calls) where it applies."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from codegen_helpers import check
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "hlo"))
 from convolution_cases import convolution_module, random_case  # noqa: E402
 
+from tfxla_lite.codegen.cpu import convolution_gemm, engine  # noqa: E402
 from tfxla_lite.hlo.attributes import parse_window  # noqa: E402
 from tfxla_lite.hlo.convolution import ConvolutionDimensions  # noqa: E402
 from tfxla_lite.hlo.parser import parse_module  # noqa: E402
@@ -50,3 +51,50 @@ def test_half_floats_accumulate_in_f32(element_type: str) -> None:
     (out,) = check(module, [x, np.ones(rhs.dims, rhs.numpy_dtype)], "convolution")(
         x, np.ones(rhs.dims, rhs.numpy_dtype))
     assert float(out.reshape(-1)[0]) == float(x[0, 0, 0]) + 8
+
+
+# -- the GEMM path (convolution_gemm.py) ------------------------------------------------------
+
+GEMM_CASES = [
+    # (input NHWC, filter HWIO, window text, feature groups, element type)
+    ((2, 9, 8, 5), (3, 3, 5, 7), "{size=3x3 pad=1_1x1_1}", 1, "f32"),
+    ((2, 9, 8, 5), (3, 3, 5, 7), "{size=3x3 stride=2x3 pad=0_1x2_0}", 1, "f32"),
+    ((1, 11, 10, 3), (3, 2, 3, 4), "{size=3x2 pad=-1_2x1_-1 rhs_dilate=2x3}", 1, "f64"),
+    ((3, 6, 7, 16), (1, 1, 16, 9), "{size=1x1}", 1, "f32"),  # the input is the patches
+    ((3, 6, 7, 16), (1, 1, 16, 9), "{size=1x1 stride=2x2}", 1, "f32"),
+    ((2, 6, 6, 32), (3, 3, 16, 24), "{size=3x3 pad=1_1x1_1}", 2, "f32"),  # 2 wide groups
+    ((4, 40, 33, 8), (3, 3, 8, 12), "{size=3x3 pad=1_1x1_1}", 1, "f32"),  # parallel units
+    ((2, 13, 5), (4, 5, 6), "{size=4 stride=3 pad=2_1}", 1, "f32"),  # 1-D
+    ((1, 4, 5, 6, 3), (2, 3, 2, 3, 5), "{size=2x3x2 pad=1_0x1_1x0_1}", 1, "f32"),  # 3-D
+]
+
+
+@pytest.mark.parametrize("case", range(len(GEMM_CASES)))
+def test_gemm_path_matches_the_evaluator(case: int) -> None:
+    x_dims, w_dims, window, groups, element_type = GEMM_CASES[case]
+    lhs, rhs = Shape(element_type, x_dims), Shape(element_type, w_dims)
+    module = convolution_module(lhs, rhs, parse_window(window),
+                                ConvolutionDimensions.channels_last(len(x_dims) - 2), groups)
+    (conv,) = [i for i in module.entry.instructions if i.opcode == "convolution"]
+    assert convolution_gemm.plan(conv) is not None
+    rng = np.random.default_rng(case)
+    args = [rng.standard_normal(s.dims).astype(s.numpy_dtype) for s in (lhs, rhs)]
+    executable = check(module, args, "convolution")
+    symbol = engine.gemm(element_type).symbol
+    assert symbol in executable.llvm_ir
+
+
+def test_gemm_path_plan_is_fixed_by_the_shape() -> None:
+    module = convolution_module(Shape("f32", (16, 32, 32, 64)), Shape("f32", (3, 3, 64, 64)),
+                                parse_window("{size=3x3 pad=1_1x1_1}"),
+                                ConvolutionDimensions.channels_last(2))
+    (conv,) = [i for i in module.entry.instructions if i.opcode == "convolution"]
+    plan = convolution_gemm.plan(conv)
+    assert plan.k == 576 and plan.rows == 16 * 32 * 32 and not plan.direct
+    assert plan.block_rows % convolution_gemm.ROW_ALIGN == 0
+    assert plan.block_rows * plan.k * 4 <= convolution_gemm.PATCH_BYTES
+    depthwise = convolution_module(Shape("f32", (1, 8, 8, 6)), Shape("f32", (3, 3, 1, 6)),
+                                   parse_window("{size=3x3 pad=1_1x1_1}"),
+                                   ConvolutionDimensions.channels_last(2), 6)
+    (conv,) = [i for i in depthwise.entry.instructions if i.opcode == "convolution"]
+    assert convolution_gemm.plan(conv) is None  # one-column groups: the element generator

@@ -1,0 +1,254 @@
+"""CPU code for GEMM-shaped convolutions: patches of the input, then the library GEMM.
+
+A channels-last convolution (`b01f_01io->b01f`, the form TF lowering gives every
+Conv2D/Conv3D/depthwise op) is a matrix product once each output pixel's window is
+laid out as a row: C[pixels, O] = P[pixels, K] · W[K, O], where K is the window's
+positions times the input features (the filter `01io` is already that K×O matrix, row
+major, and the output's rows are the pixels). The kernel cuts the pixels into blocks
+fixed by the shape (`plan`); for each block (a parallel unit) it writes the block's
+patch rows into a stack buffer (one `memcpy` of the input features per window position
+that lands on the input, zeros where it falls in the padding: no gather, no index per
+element) and calls GEMM on that buffer, with the output's rows as C. A 1×1 window of
+stride 1 without padding needs no patches: the input is P. Feature groups are GEMMs on
+column slices of W and C (leading dimension O).
+
+Why im2col and not a direct loop nest: the GEMM (OpenBLAS here, oneDNN's own in TF) is
+the tuned inner kernel this backend already trusts for dots; a block of patches is
+small enough to stay in the core's L2 between its copy and the GEMM that reads it,
+and the copy costs K elements per output pixel against 2·K·O flops of product. A direct
+convolution with register blocks over channels (the issue's other option) would need
+its own tuned micro-kernel per shape; it is the next step where GEMM's packing of W per
+block shows (small pixel counts).
+
+What it does not take (the element generator in `convolution.py` does): other layouts,
+base dilation (transposed convolutions), reversed kernels, batch groups, types without
+a library GEMM (f16/bf16 are lowered to f32 convolutions already), and depthwise-like
+groups whose GEMMs would be a few columns wide.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from llvmlite import ir
+
+from tfxla_lite.codegen.cpu import engine, parallel
+from tfxla_lite.codegen.cpu.dot import NewKernel
+from tfxla_lite.codegen.cpu.emitter import (
+    I1,
+    I32,
+    I64,
+    PTR,
+    VOID,
+    KernelContext,
+    i64,
+    minimum,
+    row_major_strides,
+    storage_type,
+    value_type,
+)
+from tfxla_lite.hlo.convolution import ConvolutionDimensions, group_counts
+from tfxla_lite.hlo.ir import Instruction
+
+_ROW_MAJOR, _NO_TRANS = 101, 111
+# A block's patch rows live on the stack of the thread computing it; this many bytes
+# keep them, with the filter's K×O panel, inside a core's L2.
+PATCH_BYTES = 384 << 10
+ROW_ALIGN = 16
+MAX_BLOCK_ROWS = 1024
+# At least this many units when the pixels allow, so that a team of two or four has
+# work to share; fixed by the shape, never by the thread count.
+MIN_UNITS = 4
+# Groups narrower than this (depthwise convolutions) are left to the element generator:
+# a GEMM a few columns wide is all call overhead.
+MIN_GROUP_COLUMNS = 8
+MIN_GROUP_DEPTH = 16
+PARALLEL_MIN_FLOPS = 1 << 21
+
+
+@dataclass(frozen=True)
+class ConvolutionPlan:
+    """A convolution as blocks of patch rows times the filter, per feature group."""
+
+    element_type: str
+    input_dims: tuple[int, ...]  # N, spatial..., C
+    output_dims: tuple[int, ...]  # N, spatial..., O
+    window: tuple  # WindowDimension per spatial dim
+    groups: int
+    group_inputs: int  # input features per group (the filter's `i`)
+    group_outputs: int  # output features per group
+    k: int  # patch length: window positions × group_inputs
+    rows: int  # output pixels
+    direct: bool  # the input is the patch matrix (1×1, stride 1, no padding)
+    block_rows: int
+
+    @property
+    def row_blocks(self) -> int:
+        return -(-self.rows // self.block_rows)
+
+    @property
+    def units(self) -> int:
+        return self.row_blocks * self.groups
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.rows * self.k * self.group_outputs * self.groups
+
+
+def plan(inst: Instruction) -> ConvolutionPlan | None:
+    """How `inst` runs as patches and GEMM calls, or None when the element generator must."""
+    if inst.opcode != "convolution":
+        return None
+    lhs, rhs = inst.operands
+    element_type = inst.shape.element_type
+    if engine.gemm(element_type) is None or lhs.shape.element_type != element_type:
+        return None
+    dnums: ConvolutionDimensions = inst.attributes["dim_labels"]
+    if dnums != ConvolutionDimensions.channels_last(dnums.spatial_rank):
+        return None
+    window = inst.attributes["window"].dimensions
+    if any(d.base_dilation != 1 or d.window_reversal for d in window):
+        return None
+    groups, batch_groups = group_counts(inst.attributes)
+    if batch_groups != 1:
+        return None
+    group_inputs = rhs.shape.dims[-2]
+    group_outputs = rhs.shape.dims[-1] // groups
+    k = math.prod(d.size for d in window) * group_inputs
+    rows = math.prod(inst.shape.dims[:-1])
+    if rows == 0 or k == 0 or group_outputs == 0:
+        return None
+    if groups > 1 and (group_outputs < MIN_GROUP_COLUMNS or k < MIN_GROUP_DEPTH):
+        return None
+    direct = all(d.size == 1 and d.stride == 1 and d.window_dilation == 1
+                 and d.padding_low == 0 and d.padding_high == 0 for d in window)
+    element_bytes = inst.shape.numpy_dtype.itemsize
+    block = max(ROW_ALIGN, PATCH_BYTES // (k * element_bytes) // ROW_ALIGN * ROW_ALIGN)
+    block = min(block, MAX_BLOCK_ROWS)
+    if rows >= MIN_UNITS * ROW_ALIGN:
+        share = -(-rows // MIN_UNITS)
+        block = min(block, -(-share // ROW_ALIGN) * ROW_ALIGN)
+    return ConvolutionPlan(element_type, lhs.shape.dims, inst.shape.dims, tuple(window),
+                           groups, group_inputs, group_outputs, k, rows, direct,
+                           min(block, rows))
+
+
+def emit_convolution_kernel(module: ir.Module, pool: object, inst: Instruction, name: str,
+                            noalias_output: bool, threads: int, new_kernel: NewKernel
+                            ) -> ir.Function | None:
+    """The kernel of a convolution `plan` accepts (units of patch rows and a GEMM call
+    each, on `threads` threads when big), or None."""
+    conv = plan(inst)
+    if conv is None:
+        return None
+    ctx, output, _ = new_kernel(module, pool, inst, name, noalias_output, [I64, I64])
+    begin, end = ctx.function.args[-2:]
+    begin.name, end.name = "begin", "end"
+    with ctx.loop(end, name="unit", start=begin) as unit:
+        _emit_unit(ctx, inst, conv, output, unit)
+    ctx.builder.ret_void()
+    range_function = ctx.function
+
+    launcher, output, inputs = new_kernel(module, pool, inst, name + ".launch", noalias_output)
+    if conv.flops < PARALLEL_MIN_FLOPS:
+        threads = 1
+    parallel.emit_launch(launcher, range_function, [output, *inputs], conv.units, threads)
+    launcher.builder.ret_void()
+    return launcher.function
+
+
+def _emit_unit(ctx: KernelContext, inst: Instruction, conv: ConvolutionPlan, output: ir.Value,
+               unit: ir.Value) -> None:
+    b = ctx.builder
+    etype = storage_type(conv.element_type)
+    lhs = ctx.buffers[id(inst.operand(0))]
+    rhs = ctx.buffers[id(inst.operand(1))]
+    group = b.udiv(unit, i64(conv.row_blocks))
+    row0 = b.mul(b.urem(unit, i64(conv.row_blocks)), i64(conv.block_rows))
+    row1 = minimum(b, b.add(row0, i64(conv.block_rows)), i64(conv.rows))
+    channels = conv.input_dims[-1]
+    outputs = conv.output_dims[-1]
+    input_offset = b.mul(group, i64(conv.group_inputs))
+    if conv.direct:
+        patches = b.gep(lhs, [b.add(b.mul(row0, i64(channels)), input_offset)],
+                        source_etype=etype)
+        lda = channels
+    else:
+        buffer = ctx.alloca(etype, name="patches", count=conv.block_rows * conv.k)
+        buffer.align = 64
+        _emit_patches(ctx, conv, lhs, buffer, row0, row1, input_offset)
+        patches, lda = buffer, conv.k
+    column = b.mul(group, i64(conv.group_outputs))
+    _call_gemm(ctx, conv.element_type, b.sub(row1, row0), conv.group_outputs, conv.k,
+               patches, lda, b.gep(rhs, [column], source_etype=etype), outputs,
+               b.gep(output, [b.add(b.mul(row0, i64(outputs)), column)], source_etype=etype),
+               outputs)
+
+
+def _emit_patches(ctx: KernelContext, conv: ConvolutionPlan, lhs: ir.Value, buffer: ir.Value,
+                  row0: ir.Value, row1: ir.Value, input_offset: ir.Value) -> None:
+    """Patch rows [row0, row1) into `buffer`: per output pixel and window position, the
+    group's input features (one memcpy), or zeros where the position is padding."""
+    b = ctx.builder
+    etype = storage_type(conv.element_type)
+    element_bytes = 8 if conv.element_type == "f64" else 4
+    copy_bytes = i64(conv.group_inputs * element_bytes)
+    memcpy = ctx.module.declare_intrinsic("llvm.memcpy", [PTR, PTR, I64])
+    memset = ctx.module.declare_intrinsic("llvm.memset", [PTR, I64])
+    pixel_dims = conv.output_dims[:-1]  # N, spatial...
+    pixel_strides = row_major_strides(pixel_dims)
+    input_strides = row_major_strides(conv.input_dims)
+    sizes = tuple(d.size for d in conv.window)
+    position_strides = row_major_strides(sizes)
+    with ctx.loop(row1, name="pixel", start=row0) as row:
+        pixel = []
+        for d, stride in enumerate(pixel_strides):
+            part = row if d == 0 else b.urem(row, i64(pixel_strides[d - 1]))
+            pixel.append(part if stride == 1 else b.udiv(part, i64(stride)))
+        row_start = b.mul(b.sub(row, row0), i64(conv.k))
+        with ctx.loop_nest(sizes, name="tap") as taps:
+            inside: ir.Value = ir.Constant(I1, 1)
+            source = b.add(b.mul(pixel[0], i64(input_strides[0])), input_offset)
+            position = i64(0)
+            for i, d in enumerate(conv.window):
+                at = b.sub(b.add(b.mul(pixel[1 + i], i64(d.stride)),
+                                 b.mul(taps[i], i64(d.window_dilation))), i64(d.padding_low))
+                inside = b.and_(inside, b.icmp_unsigned("<", at, i64(conv.input_dims[1 + i])))
+                source = b.add(source, b.mul(at, i64(input_strides[1 + i])))
+                position = b.add(position, b.mul(taps[i], i64(position_strides[i])))
+            target = b.gep(buffer, [b.add(row_start, b.mul(position, i64(conv.group_inputs)))],
+                           source_etype=etype)
+            with b.if_else(inside) as (real, padding):
+                with real:
+                    b.call(memcpy, [target, b.gep(lhs, [source], source_etype=etype),
+                                    copy_bytes, ir.Constant(I1, 0)])
+                with padding:
+                    b.call(memset, [target, ir.Constant(ir.IntType(8), 0), copy_bytes,
+                                    ir.Constant(I1, 0)])
+
+
+def _call_gemm(ctx: KernelContext, element_type: str, m: ir.Value, n: int, k: int,
+               a: ir.Value, lda: int, b_matrix: ir.Value, ldb: int, c: ir.Value, ldc: int
+               ) -> None:
+    """C[m, n] = A[m, k] · B[k, n], row major, by the library's GEMM."""
+    routine = engine.gemm(element_type)
+    assert routine is not None
+    blas_int = ir.IntType(routine.int_bits)
+    scalar = value_type(element_type)
+    function = ctx.module.globals.get(routine.symbol)
+    if function is None:
+        signature = ir.FunctionType(VOID, [I32, I32, I32, blas_int, blas_int, blas_int, scalar,
+                                           PTR, blas_int, PTR, blas_int, scalar, PTR, blas_int])
+        function = ir.Function(ctx.module, signature, name=routine.symbol)
+    b = ctx.builder
+
+    def integer(value: ir.Value | int) -> ir.Value:
+        if isinstance(value, int):
+            return ir.Constant(blas_int, value)
+        return value if routine.int_bits == 64 else b.trunc(value, blas_int)
+
+    b.call(function, [ir.Constant(I32, _ROW_MAJOR), ir.Constant(I32, _NO_TRANS),
+                      ir.Constant(I32, _NO_TRANS), integer(m), integer(n), integer(k),
+                      ir.Constant(scalar, 1.0), a, integer(lda), b_matrix, integer(ldb),
+                      ir.Constant(scalar, 0.0), c, integer(ldc)])
