@@ -11,8 +11,10 @@ process's options (`tfxla_lite.flags`) when it is made, unless given its own.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -109,7 +111,7 @@ class Function(polymorphic_function.Function):
     # autograph would otherwise convert this method and, through it, the whole compiler.
     @tf.autograph.experimental.do_not_convert
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self.jit_compile is False:
+        if self.jit_compile is False or _TF_TRACES.depth:
             return super().__call__(*args, **kwargs)
         if not kwargs and all(isinstance(a, tf.Tensor) for a in args):
             # Positional tensors of a signature compiled before, whose binding by TF was
@@ -216,12 +218,13 @@ class Function(polymorphic_function.Function):
                     self.python_function, jit_compile=True,
                     autograph=getattr(self, "_autograph", True))
                 self.__dict__["_xla_fallback_function"] = xla
-            refusal = xla_fallback.xla_refusal(xla, concrete, args, kwargs)
-            if refusal is not None:
-                raise CompilationError(f"{message}\nTF's XLA cannot compile it either "
-                                       f"(nor can plain TF with jit_compile=True): {refusal}",
-                                       error.offending) from error
-            xla_concrete = xla.get_concrete_function(*args, **kwargs)
+            with tf_traces_inside():
+                refusal = xla_fallback.xla_refusal(xla, concrete, args, kwargs)
+                if refusal is not None:
+                    raise CompilationError(f"{message}\nTF's XLA cannot compile it either "
+                                           f"(nor can plain TF with jit_compile=True): "
+                                           f"{refusal}", error.offending) from error
+                xla_concrete = xla.get_concrete_function(*args, **kwargs)
             deciding = choice.deciding
             reason = ("tfxla-lite cannot compile " + ", ".join(
                 sorted({node.op_type for node in deciding})) if deciding
@@ -420,6 +423,25 @@ def _first_lines(text: str, count: int) -> str:
     lines = text.splitlines()
     more = f"\n  ... {len(lines) - count} more" if len(lines) > count else ""
     return "\n".join(lines[:count]) + more
+
+
+class _TracesState(threading.local):
+    depth = 0
+
+
+# While TF's XLA traces a function, the tfxla-lite functions it calls must give TF's own
+# traces: XLA cannot compile a launch op.
+_TF_TRACES = _TracesState()
+
+
+@contextlib.contextmanager
+def tf_traces_inside() -> Any:
+    """Within it, calls of tfxla-lite functions on this thread run TF's own traces."""
+    _TF_TRACES.depth += 1
+    try:
+        yield
+    finally:
+        _TF_TRACES.depth -= 1
 
 
 # -- gradients of launch nodes (tfxla_lite/gradients.py) -------------------------------------

@@ -163,3 +163,24 @@ def test_choice_per_reason(op_type: str, reason: str, target: str) -> None:
 
 def test_internal_failure_without_offending_ops_goes_to_xla() -> None:
     assert xla_fallback.choose([], None).target == xla_fallback.XLA
+
+
+def test_compiled_functions_called_in_a_trace_tf_xla_runs_give_tf_traces() -> None:
+    # TF's XLA cannot compile a launch op: while it traces the outer function, the inner
+    # tfxla-lite function must give TF's own trace (it would fail binding otherwise).
+    inner = tl.function(lambda x: tf.reduce_sum(tf.sin(x) * x + 1.0, axis=-1),
+                        min_cluster_size=1)
+
+    def outer(x):
+        return tf.signal.rfft(inner(x) * 2.0)
+
+    def reference(x):
+        return tf.signal.rfft(tf.reduce_sum(tf.sin(x) * x + 1.0, axis=-1) * 2.0)
+
+    x = tf.constant(np.random.default_rng(7).normal(size=(4, 8)).astype(np.float32))
+    inner(x)  # compiled for this shape first: the nested call must not reuse its launch
+    compiled = tl.function(outer, jit_compile=True)
+    np.testing.assert_allclose(compiled(x).numpy(),
+                               tf.function(reference, jit_compile=True)(x).numpy(),
+                               rtol=1e-5, atol=1e-4)
+    assert compiled.explain(x).runs_on_xla
