@@ -14,7 +14,7 @@ import pytest
 from tfxla_lite import keras_suite
 
 ROOT = keras_suite.site_packages_of_keras()
-FILES = keras_suite.discover(ROOT)
+FILES = keras_suite.discover(ROOT) if ROOT else []
 
 
 def _name(path: str) -> str:
@@ -24,6 +24,7 @@ def _name(path: str) -> str:
 @pytest.mark.slow
 @pytest.mark.parametrize("path", FILES, ids=_name)
 def test_keras_layer_tests_pass_as_under_plain_tf(path: str, tmp_path: Path) -> None:
+    assert ROOT is not None
     result = keras_suite.run_suite([path], tmp_path, root=ROOT, echo=False)
     assert result.flagged, f"no test of {path} reported (logs in {tmp_path})"
     assert not result.tfxla_lite_only, "\n".join(
