@@ -41,6 +41,8 @@ PLUMBING_OPS = frozenset({
 NEVER_CLUSTERED = PLUMBING_OPS - {"Identity", "IdentityN"}
 
 PLUMBING_REASON = "argument/variable plumbing"
+# TF's kernel for the op type is faster than tfxla-lite's today (`MarkOptions.tf_kernels`).
+TF_KERNEL_REASON = "runs on TF's kernel, faster than tfxla-lite's today (--compile_convolutions)"
 RESOURCE_REASON = "resource op / variable plumbing"
 STATEFUL_REASON = "stateful op"
 VARIANT_REASON = "variant op (TensorList, dataset, optional)"
@@ -61,6 +63,9 @@ class MarkOptions:
     # When set, only these op types may compile (TFXLA_LITE_FLAGS=--ops_to_cluster).
     allowlist: frozenset[str] | None = None
     dynamic_shapes: bool = False
+    # Op types left to TF's own kernels because those are faster than ours today
+    # (convolutions: oneDNN), unless the options ask for them (`compile_convolutions`).
+    tf_kernels: frozenset[str] = field(default_factory=frozenset)
 
 
 @dataclass(frozen=True)
@@ -120,6 +125,15 @@ def why_not_compilable(op: tf.Operation, options: MarkOptions | None = None) -> 
     for t in op.outputs:
         if t.dtype.base_dtype.name not in rule.dtypes:
             return f"dtype {t.dtype.name} not supported by {op.type}"
+    reason = _why_not_by_shapes_or_rule(op, rule, options)
+    if reason is None and op.type in options.tf_kernels:
+        # Last: an op TF's kernel cannot run (a grouped convolution) keeps its own reason.
+        return f"op type {op.type} {TF_KERNEL_REASON}"
+    return reason
+
+
+def _why_not_by_shapes_or_rule(op: tf.Operation, rule: OpRule, options: MarkOptions
+                               ) -> str | None:
     dynamic = options.dynamic_shapes
     for i in rule.static_input_indices(op):
         if constant_value(op.inputs[i]) is None and not (dynamic

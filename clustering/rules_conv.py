@@ -134,6 +134,11 @@ def convolution(ctx: LoweringContext, lhs: Instruction, rhs: Instruction, window
     return ctx.convert(wide, etype)
 
 
+# The convolutions, which stay on TF's kernels unless `Options.compile_convolutions`: the
+# CPU kernel (codegen/cpu/convolution_gemm.py) is not yet as fast as oneDNN's.
+CONVOLUTION_OPS = frozenset({"Conv2D", "Conv3D", "DepthwiseConv2dNative"})
+
+
 @register("Conv2D", "Conv3D", dtypes=FLOAT, check=_check_convolution,
           note="strides, dilations, SAME/VALID/EXPLICIT padding, NHWC/NCHW (NDHWC/NCDHW), "
                "not grouped yet; 2-byte floats accumulate in float32")

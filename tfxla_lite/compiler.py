@@ -40,6 +40,7 @@ from tfxla_lite.autojit import original_tf_function
 from tfxla_lite.clustering.cluster import form_clusters
 from tfxla_lite.clustering.lower import lower_cluster
 from tfxla_lite.clustering.mark import PLUMBING_OPS, MarkOptions, format_source, mark
+from tfxla_lite.clustering.rules_conv import CONVOLUTION_OPS
 from tfxla_lite.codegen import cache as code_caches
 from tfxla_lite.codegen import compile_module
 from tfxla_lite.codegen.cache import CachedExecutable
@@ -431,8 +432,10 @@ def _compile_graph(graph: tf.Graph, function_name: str, settings: _Settings,
     report = ClusteringReport(function_name, jit_compile)
     # Bodies first: in must-compile mode a body that cannot compile is the error.
     bodies, renames, functions = _compile_bodies(graph, function_name, settings, library)
+    tf_kernels = frozenset() if options.compile_convolutions else CONVOLUTION_OPS
     decisions = mark(graph, MarkOptions(dynamic_shapes=dynamic,
-                                        allowlist=options.ops_to_cluster))
+                                        allowlist=options.ops_to_cluster,
+                                        tf_kernels=tf_kernels))
     min_size = 1 if jit_compile else options.min_cluster_size
     clusters = form_clusters(graph, decisions, min_cluster_size=min_size,
                              max_cluster_size=options.max_cluster_size)

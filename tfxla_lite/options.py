@@ -41,7 +41,9 @@ class Options:
     INFO. `strict_jit_compile`: a `jit_compile=True` function (through the patched
     `tf.function` or `tfxla_lite.function`) raises `CompilationError` where tfxla-lite
     cannot compile a trace, instead of falling back to TF's XLA (or auto-clustering)
-    with a warning (`tfxla_lite/xla_fallback.py`). `log_level`
+    with a warning (`tfxla_lite/xla_fallback.py`). `compile_convolutions`: Conv2D,
+    Conv3D and DepthwiseConv2dNative join clusters (off by default: TF's oneDNN kernels
+    are faster than tfxla-lite's convolution today, docs/benchmarks.md). `log_level`
     sets the level of the "tfxla_lite" logger (None: leave it as it is).
     `dump_to`: a directory for XLA-style dumps of every compiled cluster and every
     clustering decision, and report.html (`tfxla_lite.dump`); "-" prints the HLO to
@@ -77,6 +79,7 @@ class Options:
     dump_hlo_as_text: bool = False
     disable_passes: tuple[str, ...] = ()
     strict_jit_compile: bool = False
+    compile_convolutions: bool = False
     log_level: str | None = None
     pause_collector: bool = True
     parallel_runtime: str = "tf"
@@ -92,7 +95,7 @@ class Options:
         if self.auto_jit > 2:
             raise OptionsError(f"auto_jit must be -1, 0, 1 or 2, got {self.auto_jit}")
         for name in ("verify", "clustering_debug", "dump_hlo_as_text", "strict_jit_compile",
-                     "pause_collector"):
+                     "pause_collector", "compile_convolutions"):
             if not isinstance(getattr(self, name), bool):
                 raise OptionsError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.ops_to_cluster is not None:

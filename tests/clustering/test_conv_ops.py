@@ -168,8 +168,32 @@ def test_conv_in_both_modes() -> None:
     expected = fn(*tensors).numpy()
     for jit_compile in (None, True):
         compiled = tl.function(fn, jit_compile=jit_compile,
-                               options=Options(min_cluster_size=1, verify=True))
+                               options=Options(min_cluster_size=1, verify=True,
+                                               compile_convolutions=True))
         assert_close(compiled(*tensors).numpy(), expected, "Conv2D",
                      f"jit_compile={jit_compile}")
         assert 'op_type="Conv2D"' in compiled.experimental_get_compiler_ir(*tensors)(
             stage="hlo")
+
+
+def test_convolutions_stay_on_tf_kernels_by_default() -> None:
+    """Without `compile_convolutions`, a conv runs on TF's (faster) kernel in both modes,
+    the rest of the layer compiled; jit_compile=True does not send the trace to XLA."""
+    x, w = _operands((2, 8, 8, 3), (3, 3, 3, 4), F32)
+    bias = sample((4,), F32, seed=6, edges=False)
+
+    def fn(x: tf.Tensor, w: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
+        return tf.nn.relu(tf.nn.bias_add(tf.nn.conv2d(x, w, 1, "SAME"), b) * 2.0 + 1.0)
+
+    tensors = [tf.constant(a) for a in (x, w, bias)]
+    expected = fn(*tensors).numpy()
+    for jit_compile in (None, True):
+        compiled = tl.function(fn, jit_compile=jit_compile,
+                               options=Options(min_cluster_size=1, verify=True))
+        assert_close(compiled(*tensors).numpy(), expected, "Conv2D",
+                     f"jit_compile={jit_compile}")
+        report = compiled.explain(*tensors)
+        assert not report.runs_on_xla
+        assert report.clusters, report
+        (conv,) = [f for f in report.fallbacks if f.op_type == "Conv2D"]
+        assert "runs on TF's kernel" in conv.reason
