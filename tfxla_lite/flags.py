@@ -107,6 +107,8 @@ FLAGS: dict[str, Flag] = {flag.name: flag for flag in (
     Flag("parallel_runtime", "RUNTIME", lambda text: _text(text).lower(),
          "what big kernels' parallel parts run on: tf (TF's intra-op pool, the default), "
          "openmp (libgomp) or serial"),
+    Flag("output_pool_mb", "MB", _integer,
+         "cap on the idle output blocks the launch op keeps mapped (default 1024; 0: off)"),
 )}
 
 
@@ -192,9 +194,11 @@ class OptionsHolder:
         return options
 
     def _apply(self, options: Options) -> None:
-        """What options do outside the compiler: the logger's level, the parallel runtime."""
+        """What options do outside the compiler: the logger's level, the parallel runtime,
+        the output pool."""
         configure_logging(options)
         configure_parallel_runtime(options)
+        configure_output_pool(options)
 
     def reset(self) -> None:
         """Forget the environment and `set_options`: the next `get()` reads both anew."""
@@ -227,6 +231,14 @@ def configure_parallel_runtime(options: Options) -> None:
     loader = sys.modules.get("tfxla_lite.runtime.loader")
     if loader is not None:
         loader.apply_parallel_runtime(options.parallel_runtime)
+
+
+def configure_output_pool(options: Options) -> None:
+    """Hand `output_pool_mb` to the op library when it is loaded (as
+    `configure_parallel_runtime` does; a library loaded later reads it itself)."""
+    loader = sys.modules.get("tfxla_lite.runtime.loader")
+    if loader is not None:
+        loader.apply_output_pool(options.output_pool_mb)
 
 
 _LOG_HANDLER_NAME = "tfxla_lite.flags"

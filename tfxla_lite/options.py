@@ -66,6 +66,11 @@ class Options:
     1.00; libgomp's join waits for a worker still asleep, the pool's caller never
     does). There "serial" often did best (a worker preempted in the middle of a part
     holds its caller up under either team): choose it when the cores are taken.
+    `output_pool_mb`: the launch op takes outputs of 256 KB and up from a pool of
+    blocks that stay mapped once TF releases their tensors, so that kernels write into
+    memory without a page fault per 4 KB page; this caps the bytes the pool keeps idle
+    (the oldest blocks go first), process-wide. 0 turns the pool off (every output from
+    TF's allocator). Why and what it buys: docs/buffers.md, "Output memory".
     """
 
     min_cluster_size: int = 4
@@ -83,6 +88,7 @@ class Options:
     log_level: str | None = None
     pause_collector: bool = True
     parallel_runtime: str = "tf"
+    output_pool_mb: int = 1024
 
     def __post_init__(self) -> None:
         _check_int("min_cluster_size", self.min_cluster_size, minimum=1)
@@ -92,6 +98,9 @@ class Options:
                 raise OptionsError(f"max_cluster_size ({self.max_cluster_size}) is smaller "
                                    f"than min_cluster_size ({self.min_cluster_size})")
         _check_int("auto_jit", self.auto_jit, minimum=-1)
+        _check_int("output_pool_mb", self.output_pool_mb, minimum=0)
+        if self.output_pool_mb >= 1 << 43:  # in bytes, an int64
+            raise OptionsError(f"output_pool_mb is too large: {self.output_pool_mb}")
         if self.auto_jit > 2:
             raise OptionsError(f"auto_jit must be -1, 0, 1 or 2, got {self.auto_jit}")
         for name in ("verify", "clustering_debug", "dump_hlo_as_text", "strict_jit_compile",

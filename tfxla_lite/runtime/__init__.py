@@ -1,7 +1,8 @@
 """The TfxlaLiteLaunch op: runs compiled executables on TF tensors, zero-copy.
 
-launch_op.cc   the C++ op and kernel, the process-wide executable registry, and the
-               parallel runtime of generated kernels (TF's intra-op pool, libgomp, serial)
+launch_op.cc   the C++ op and kernel, the process-wide executable registry, the pool of
+               output blocks, and the parallel runtime of generated kernels (TF's
+               intra-op pool, libgomp, serial)
 build.py       compiles it against the running TF into a cache (`python -m ...build`)
 loader.py      loads it, registers executables (ctypes), emits launch nodes
 
@@ -29,6 +30,10 @@ _EXPORTS = {
     "forwarded_outputs": "loader",
     "register_dynamic": "loader",
     "OpLibrary": "loader",
+    "OutputPoolStats": "loader",
+    "output_pool_stats": "loader",
+    "set_output_pool": "loader",
+    "trim_output_pool": "loader",
     "PARALLEL_RUNTIMES": "loader",
     "ParallelStats": "loader",
     "parallel_runtime": "loader",

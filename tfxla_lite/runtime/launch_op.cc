@@ -30,6 +30,7 @@
 // released, and no lock of ours is held across the call.
 
 #include <dlfcn.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <atomic>
@@ -50,6 +51,8 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "tensorflow/core/framework/allocation_description.pb.h"
+#include "tensorflow/core/framework/allocator.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -72,7 +75,7 @@ using ::tensorflow::TensorShape;
 
 // Bumped when the extern "C" signatures or the entry ABI change, so that the
 // Python loader can refuse a stale library.
-constexpr int kAbiVersion = 4;
+constexpr int kAbiVersion = 5;
 constexpr uintptr_t kAlignment = 64;
 
 using EntryFunction = void (*)(void** params, void** outputs, void* temp);
@@ -294,6 +297,272 @@ class ArenaLease {
   ArenaPool& pool_;
   Arena arena_;
 };
+
+// -- Output pool: outputs in memory that is already mapped --------------------------------
+//
+// A fresh output of TF's allocator is fresh memory whenever it is large (glibc maps and
+// unmaps every block above its mmap threshold), so the kernel that writes it takes a page
+// fault per 4 KB page, and memory-bound kernels then run at a fraction of the bandwidth
+// of a copy into mapped memory. The launch op allocates its large outputs here instead:
+// blocks of a few size classes, handed to TF inside a TensorBuffer of our own
+// (PooledBuffer) whose destructor gives the block back when TF, the caller and every
+// op that forwarded the buffer have let go of it. A returned block waits, idle and
+// mapped, for the next output of its size class.
+//
+// Bounded: the idle blocks never hold more than the cap in bytes (the oldest go first);
+// a failed mapping releases every idle block and tries once more; a cap of 0 releases
+// each block as it returns. Blocks of 2 MB and up are advised for transparent huge
+// pages, so that a miss faults in 2 MB at a time. The pool is a process-lifetime object
+// that is never destroyed (a tensor may be released during or after static
+// destruction); its idle blocks are released at library unload (OutputPoolReleaser).
+
+// Below this size an output comes from TF's allocator, whose heap reuses small blocks
+// without faulting their pages again.
+constexpr int64_t kPoolMinBytes = int64_t{256} << 10;
+constexpr int64_t kPageBytes = 4096;
+constexpr int64_t kHugePageBytes = int64_t{2} << 20;
+
+// Counters of the output pool (tfxla_lite_output_pool_stats).
+std::atomic<int64_t> pool_hits{0};         // outputs given an idle block
+std::atomic<int64_t> pool_misses{0};       // outputs given a newly mapped block
+std::atomic<int64_t> pool_bypassed{0};     // large outputs left to TF (pool off, failure)
+std::atomic<int64_t> pool_returned{0};     // blocks given back by their TensorBuffer
+std::atomic<int64_t> pool_released{0};     // blocks unmapped (over the cap, trimmed)
+
+// The size class of an output of `bytes` bytes: four classes per power of two (at most
+// a quarter wasted), whole pages, and whole huge pages from 2 MB on.
+int64_t SizeClass(int64_t bytes) {
+  if (bytes <= kPageBytes) return kPageBytes;
+  int shift = 63 - __builtin_clzll(static_cast<uint64_t>(bytes - 1));  // 2^shift < bytes
+  const int64_t step = std::max<int64_t>(int64_t{1} << std::max(shift - 2, 0), kPageBytes);
+  int64_t size = (bytes + step - 1) / step * step;
+  if (size >= kHugePageBytes) size = (size + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes;
+  return size;
+}
+
+struct Block {
+  char* data = nullptr;  // page aligned (huge-page aligned from 2 MB on)
+  int64_t capacity = 0;  // a size class
+  int64_t mapped = 0;    // bytes of the mapping at data (capacity)
+};
+
+class OutputPool {
+ public:
+  static OutputPool& Get() {
+    static OutputPool* pool = new OutputPool;  // never destroyed: see the section comment
+    return *pool;
+  }
+
+  // Settings from tfxla_lite_set_output_pool; read on every output.
+  std::atomic<bool> enabled{true};
+  std::atomic<bool> huge_pages{true};
+
+  // A block for an output of `bytes` bytes: an idle one of its class, else a new mapping;
+  // data is nullptr when none can be mapped.
+  Block Take(int64_t bytes) {
+    const int64_t capacity = SizeClass(bytes);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = idle_.find(capacity);
+      if (it != idle_.end()) {
+        Block block = it->second.block;
+        idle_.erase(it);
+        idle_bytes_ -= capacity;
+        in_use_bytes_ += capacity;
+        pool_hits.fetch_add(1, std::memory_order_relaxed);
+        return block;
+      }
+    }
+    Block block = Map(capacity);
+    if (block.data == nullptr) {
+      // Under memory pressure the idle blocks are the first to go.
+      Trim(0);
+      block = Map(capacity);
+    }
+    if (block.data != nullptr) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      in_use_bytes_ += capacity;
+      pool_misses.fetch_add(1, std::memory_order_relaxed);
+    }
+    return block;
+  }
+
+  // Called by a PooledBuffer's destructor, on whatever thread released the tensor.
+  void Give(Block block) {
+    pool_returned.fetch_add(1, std::memory_order_relaxed);
+    std::vector<Block> release;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      in_use_bytes_ -= block.capacity;
+      if (block.capacity <= cap_bytes_) {
+        // Room first, so that the idle bytes never pass the cap, not even for a moment.
+        EvictOver(cap_bytes_ - block.capacity, &release);
+        idle_.emplace(block.capacity, Idle{block, ++clock_});
+        idle_bytes_ += block.capacity;
+        peak_idle_bytes_ = std::max(peak_idle_bytes_, idle_bytes_);
+      } else {
+        release.push_back(block);
+      }
+    }
+    for (const Block& unmapped : release) Unmap(unmapped);
+  }
+
+  // Keeps at most `bytes` bytes of idle blocks, releasing the oldest.
+  void Trim(int64_t bytes) {
+    std::vector<Block> release;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      EvictOver(bytes, &release);
+    }
+    for (const Block& unmapped : release) Unmap(unmapped);
+  }
+
+  // Sets the cap on idle bytes, and trims to it.
+  void SetCap(int64_t bytes) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      cap_bytes_ = bytes;
+    }
+    Trim(bytes);
+  }
+
+  void Read(int64_t* cap, int64_t* idle, int64_t* peak_idle, int64_t* in_use,
+            int64_t* idle_blocks) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    *cap = cap_bytes_;
+    *idle = idle_bytes_;
+    *peak_idle = peak_idle_bytes_;
+    *in_use = in_use_bytes_;
+    *idle_blocks = static_cast<int64_t>(idle_.size());
+  }
+
+  // The peak of idle bytes starts again from the bytes idle now.
+  void ResetPeak() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    peak_idle_bytes_ = idle_bytes_;
+  }
+
+ private:
+  struct Idle {
+    Block block;
+    uint64_t returned;  // when it was given back (a counter): the oldest goes first
+  };
+
+  OutputPool() = default;
+
+  // Moves the oldest idle blocks to `release` until at most `bytes` bytes stay idle.
+  void EvictOver(int64_t bytes, std::vector<Block>* release) {
+    while (idle_bytes_ > bytes && !idle_.empty()) {
+      auto oldest = idle_.begin();
+      for (auto it = idle_.begin(); it != idle_.end(); ++it) {
+        if (it->second.returned < oldest->second.returned) oldest = it;
+      }
+      idle_bytes_ -= oldest->second.block.capacity;
+      release->push_back(oldest->second.block);
+      idle_.erase(oldest);
+    }
+  }
+
+  Block Map(int64_t capacity) const {
+    const bool huge = capacity >= kHugePageBytes && huge_pages.load(std::memory_order_relaxed);
+    // A huge page needs a 2 MB aligned address: map a huge page more, cut the ends off.
+    const int64_t extra = huge ? kHugePageBytes : 0;
+    void* mapping = mmap(nullptr, capacity + extra, PROT_READ | PROT_WRITE,
+                         MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (mapping == MAP_FAILED) return Block{};
+    char* start = static_cast<char*>(mapping);
+    char* data = start;
+    if (huge) {
+      const uintptr_t address = reinterpret_cast<uintptr_t>(start);
+      data = start + (kHugePageBytes - address % kHugePageBytes) % kHugePageBytes;
+      if (data > start) munmap(start, data - start);
+      char* end = start + capacity + extra;
+      if (end > data + capacity) munmap(data + capacity, end - (data + capacity));
+      madvise(data, capacity, MADV_HUGEPAGE);  // advice only: a refusal changes nothing
+    }
+    return Block{data, capacity, capacity};
+  }
+
+  static void Unmap(const Block& block) {
+    munmap(block.data, block.mapped);
+    pool_released.fetch_add(1, std::memory_order_relaxed);
+  }
+
+  std::mutex mutex_;
+  std::unordered_multimap<int64_t, Idle> idle_;  // size class -> idle blocks
+  int64_t cap_bytes_ = int64_t{1} << 30;
+  int64_t idle_bytes_ = 0;
+  int64_t peak_idle_bytes_ = 0;
+  int64_t in_use_bytes_ = 0;
+  uint64_t clock_ = 0;
+};
+
+// Releases the idle blocks when the library is unloaded (at exit); the pool itself stays,
+// with a cap of 0, so that a tensor released later still finds it and its block is
+// unmapped at once.
+struct OutputPoolReleaser {
+  ~OutputPoolReleaser() { OutputPool::Get().SetCap(0); }
+} output_pool_releaser;
+
+// A tensor's buffer in a pool block; the block goes back to the pool when TF releases
+// the last reference (the output, its slices, every op it was forwarded to).
+class PooledBuffer : public tensorflow::TensorBuffer {
+ public:
+  PooledBuffer(Block block, int64_t bytes)
+      : TensorBuffer(block.data), block_(block), bytes_(static_cast<size_t>(bytes)) {}
+
+  size_t size() const override { return bytes_; }
+  TensorBuffer* root_buffer() override { return this; }
+  void FillAllocationDescription(tensorflow::AllocationDescription* proto) const override {
+    proto->set_requested_bytes(static_cast<int64_t>(bytes_));
+    proto->set_allocated_bytes(block_.capacity);
+  }
+  bool GetAllocatedBytes(size_t* out_bytes) const override {
+    *out_bytes = static_cast<size_t>(block_.capacity);
+    return true;
+  }
+  // Owned, so that TF may forward it to another op's output (Tensor::RefCountIsOne).
+  bool OwnsMemory() const override { return true; }
+  tsl::AllocatorMemoryType GetMemoryType() const override {
+    return tsl::AllocatorMemoryType::kHostPageable;
+  }
+
+ private:
+  ~PooledBuffer() override { OutputPool::Get().Give(block_); }
+
+  const Block block_;
+  const size_t bytes_;
+};
+
+// Sets output j to a tensor in a pool block when the pool takes it: on, the output large
+// and in memory of no special kind (a scoped allocation, NIC or GPU-compatible memory
+// stay TF's). Returns the output, or nullptr when TF's allocator must make it.
+Tensor* PooledOutput(OpKernelContext* ctx, int j, DataType dtype, const TensorShape& shape) {
+  OutputPool& pool = OutputPool::Get();
+  // Raw memory suits plain element types only (a string or variant needs constructing).
+  if (!tensorflow::DataTypeCanUseMemcpy(dtype)) return nullptr;
+  const int64_t bytes = shape.num_elements() * tensorflow::DataTypeSize(dtype);
+  if (bytes < kPoolMinBytes) return nullptr;
+  const tensorflow::AllocatorAttributes attributes = ctx->output_alloc_attr(j);
+  if (!pool.enabled.load(std::memory_order_relaxed) || attributes.value != 0 ||
+      attributes.scope_id != 0) {
+    pool_bypassed.fetch_add(1, std::memory_order_relaxed);
+    return nullptr;
+  }
+  Block block = pool.Take(bytes);
+  if (block.data == nullptr) {
+    pool_bypassed.fetch_add(1, std::memory_order_relaxed);
+    return nullptr;
+  }
+  auto* buffer = new PooledBuffer(block, bytes);
+  // The tensor takes a reference and set_output copies it; ours goes when `tensor` does.
+  {
+    Tensor tensor(dtype, shape, buffer);
+    buffer->Unref();
+    ctx->set_output(j, std::move(tensor));
+  }
+  return ctx->mutable_output(j);
+}
 
 // -- Parallel kernels on TF's intra-op thread pool ----------------------------------------
 //
@@ -661,16 +930,16 @@ class LaunchOp : public OpKernel {
       // (the input's buffer, not an aligned copy of it).
       const int from = j < static_cast<int>(executable.forward_from.size())
                            ? executable.forward_from[j] : -1;
+      const TensorSpec& spec = executable.outputs[j];
       if (from >= 0 && from < num_params && !copied[from]) {
         const int input_index = selected.has_value() ? (*selected)[from] : from;
-        int forwarded = -1;
-        OP_REQUIRES_OK(ctx, ctx->forward_input_or_allocate_output(
-                                absl::Span<const int>(&input_index, 1), j,
-                                executable.outputs[j].shape, &output, &forwarded));
-        if (forwarded >= 0) outputs_forwarded.fetch_add(1, std::memory_order_relaxed);
-      } else {
-        OP_REQUIRES_OK(ctx, ctx->allocate_output(j, executable.outputs[j].shape, &output));
+        if (ctx->forward_input_to_output_with_shape(input_index, j, spec.shape, &output)) {
+          outputs_forwarded.fetch_add(1, std::memory_order_relaxed);
+        }
       }
+      // Else memory that is already mapped (the output pool), else TF's allocator.
+      if (output == nullptr) output = PooledOutput(ctx, j, spec.dtype, spec.shape);
+      if (output == nullptr) OP_REQUIRES_OK(ctx, ctx->allocate_output(j, spec.shape, &output));
       outputs[j] = DataOf(*output);
       if (output->NumElements() > 0 && !IsAligned(outputs[j])) {
         char* aligned = nullptr;
@@ -1106,4 +1375,40 @@ TFXLA_LITE_EXPORT void tfxla_lite_parallel_stats(int64_t* on_pool, int64_t* on_o
   if (scheduled != nullptr) *scheduled = tfxla_lite::workers_scheduled.load();
   if (entered != nullptr) *entered = tfxla_lite::workers_entered.load();
   if (late != nullptr) *late = tfxla_lite::workers_late.load();
+}
+
+// Configures the output pool from the next output on: `enabled` 1 takes large outputs
+// from the pool, 0 leaves every output to TF's allocator; `cap_bytes` bounds the idle
+// blocks (0: each block is unmapped as it returns), trimming them to it now; `huge_pages`
+// 1 advises new blocks of 2 MB and up for transparent huge pages. A negative argument
+// leaves its setting unchanged.
+TFXLA_LITE_EXPORT void tfxla_lite_set_output_pool(int enabled, int64_t cap_bytes,
+                                                  int huge_pages) {
+  tfxla_lite::OutputPool& pool = tfxla_lite::OutputPool::Get();
+  if (enabled >= 0) pool.enabled.store(enabled != 0, std::memory_order_relaxed);
+  if (huge_pages >= 0) pool.huge_pages.store(huge_pages != 0, std::memory_order_relaxed);
+  if (cap_bytes >= 0) pool.SetCap(cap_bytes);
+}
+
+// Releases the oldest idle blocks of the output pool until at most `bytes` stay idle.
+TFXLA_LITE_EXPORT void tfxla_lite_trim_output_pool(int64_t bytes) {
+  tfxla_lite::OutputPool::Get().Trim(std::max<int64_t>(bytes, 0));
+}
+
+// The output pool now: counts since the process started (outputs given an idle block, a
+// new block, or left to TF's allocator although large; blocks returned and unmapped),
+// then the cap, the bytes idle, the peak of idle bytes (since the last reset), the bytes
+// held by live tensors, the idle blocks, and the settings (enabled, huge pages). `values`
+// holds 12 entries. `reset_peak` != 0 restarts the peak from the bytes idle now.
+TFXLA_LITE_EXPORT void tfxla_lite_output_pool_stats(int64_t* values, int reset_peak) {
+  tfxla_lite::OutputPool& pool = tfxla_lite::OutputPool::Get();
+  values[0] = tfxla_lite::pool_hits.load();
+  values[1] = tfxla_lite::pool_misses.load();
+  values[2] = tfxla_lite::pool_bypassed.load();
+  values[3] = tfxla_lite::pool_returned.load();
+  values[4] = tfxla_lite::pool_released.load();
+  pool.Read(&values[5], &values[6], &values[7], &values[8], &values[9]);
+  values[10] = pool.enabled.load() ? 1 : 0;
+  values[11] = pool.huge_pages.load() ? 1 : 0;
+  if (reset_peak != 0) pool.ResetPeak();
 }

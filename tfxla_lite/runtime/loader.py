@@ -31,7 +31,7 @@ from tfxla_lite.runtime import build
 OP_TYPE = "TfxlaLiteLaunch"
 COMPILE_OP_TYPE = "TfxlaLiteCompile"
 # Must match kAbiVersion in launch_op.cc.
-ABI_VERSION = 4
+ABI_VERSION = 5
 
 # Compile callback outcomes; must match CompileOutcome in launch_op.cc.
 COMPILED, REFUSED, FAILED, REFUSE_ALL = 0, 1, 2, 3
@@ -78,6 +78,7 @@ def load_library() -> OpLibrary:
                 )
             _library = OpLibrary(path=path, module=module, cdll=cdll)
             _bind_parallel_runtime(cdll)
+            _apply_output_pool_option(cdll)
         return _library
 
 
@@ -194,6 +195,90 @@ def set_join_spin(microseconds: float) -> float:
     return previous / 1000
 
 
+def _apply_output_pool_option(cdll: ctypes.CDLL) -> None:
+    """The process's `output_pool_mb` option, read when the library loads."""
+    from tfxla_lite.flags import get_options
+    from tfxla_lite.options import OptionsError
+
+    try:
+        megabytes = get_options().output_pool_mb
+    except OptionsError:
+        return  # bad TFXLA_LITE_FLAGS: reported where the options are used; keep the default
+    _set_output_pool(cdll, enabled=megabytes > 0, cap_bytes=megabytes << 20, huge_pages=None)
+
+
+def apply_output_pool(megabytes: int) -> None:
+    """Set the output pool's cap (0: off) when the library is loaded; a no-op before (it
+    reads the option when it loads). Called by `tfxla_lite.flags` when options change."""
+    library = _library
+    if library is not None:
+        _set_output_pool(library.cdll, enabled=megabytes > 0, cap_bytes=megabytes << 20,
+                         huge_pages=None)
+
+
+def _set_output_pool(cdll: ctypes.CDLL, enabled: bool | None, cap_bytes: int | None,
+                     huge_pages: bool | None) -> None:
+    def flag(value: bool | None) -> int:
+        return -1 if value is None else int(value)
+
+    if cap_bytes is not None and not 0 <= cap_bytes <= _INT64_MAX:
+        raise ValueError(f"the output pool's cap must be between 0 and 2^63-1 bytes, "
+                         f"got {cap_bytes}")
+    cdll.tfxla_lite_set_output_pool(flag(enabled), -1 if cap_bytes is None else cap_bytes,
+                                    flag(huge_pages))
+
+
+@dataclass(frozen=True)
+class OutputPoolStats:
+    """The launch op's pool of output blocks (launch_op.cc, "Output pool"). Counts since
+    the process started: outputs given an idle block (`hits`), a newly mapped one
+    (`misses`), or left to TF's allocator although large enough (`bypassed`: the pool
+    off, memory of a special kind, a failed mapping); blocks given back when TF released
+    their tensors (`returned`) and blocks unmapped (`released`: over the cap, trimmed).
+    Now: the cap on idle bytes, the bytes idle and their peak (since the last reset), the
+    bytes held by live tensors, the idle blocks, and the settings."""
+
+    hits: int
+    misses: int
+    bypassed: int
+    returned: int
+    released: int
+    cap_bytes: int
+    idle_bytes: int
+    peak_idle_bytes: int
+    in_use_bytes: int
+    idle_blocks: int
+    enabled: bool
+    huge_pages: bool
+
+
+def output_pool_stats(reset_peak: bool = False) -> OutputPoolStats:
+    """The output pool's counters now; `reset_peak` restarts `peak_idle_bytes` from the
+    bytes idle now (after reading it)."""
+    values = (ctypes.c_int64 * 12)()
+    load_library().cdll.tfxla_lite_output_pool_stats(values, int(reset_peak))
+    counts = [int(v) for v in values]
+    return OutputPoolStats(*counts[:10], enabled=bool(counts[10]), huge_pages=bool(counts[11]))
+
+
+def set_output_pool(enabled: bool | None = None, cap_bytes: int | None = None,
+                    huge_pages: bool | None = None) -> OutputPoolStats:
+    """Configure the output pool process-wide, from the next output on (None: unchanged);
+    returns the stats from before. `enabled=False` leaves every output to TF's allocator;
+    `cap_bytes` bounds the idle blocks, trimming them now (0: each block is unmapped as
+    it returns); `huge_pages` advises new blocks of 2 MB and up for transparent huge
+    pages. Usually set through the `output_pool_mb` option; this is for A/B runs."""
+    cdll = load_library().cdll
+    before = output_pool_stats()
+    _set_output_pool(cdll, enabled, cap_bytes, huge_pages)
+    return before
+
+
+def trim_output_pool(keep_bytes: int = 0) -> None:
+    """Unmap the oldest idle output blocks until at most `keep_bytes` bytes stay idle."""
+    load_library().cdll.tfxla_lite_trim_output_pool(max(0, int(keep_bytes)))
+
+
 def load_ops() -> ModuleType:
     """The op module (`load_ops().tfxla_lite_launch(...)`); registers the op with TF.
 
@@ -257,6 +342,12 @@ def _declare_c_functions(cdll: ctypes.CDLL) -> None:
     cdll.tfxla_lite_launch_timing.restype = None
     cdll.tfxla_lite_set_join_spin.argtypes = [ctypes.c_int64]
     cdll.tfxla_lite_set_join_spin.restype = ctypes.c_int64
+    cdll.tfxla_lite_set_output_pool.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int]
+    cdll.tfxla_lite_set_output_pool.restype = None
+    cdll.tfxla_lite_trim_output_pool.argtypes = [ctypes.c_int64]
+    cdll.tfxla_lite_trim_output_pool.restype = None
+    cdll.tfxla_lite_output_pool_stats.argtypes = [int64_p, ctypes.c_int]
+    cdll.tfxla_lite_output_pool_stats.restype = None
 
 
 def as_tf_dtype(dtype: Any) -> tf.DType:
