@@ -18,6 +18,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import tfxla_lite as tl  # noqa: E402
+from benchmarks.workloads import measured_options  # noqa: E402
 from tfxla_lite.timing import compare  # noqa: E402
 
 SHAPES = {
@@ -38,7 +39,8 @@ def main() -> None:
         variants = {
             "tf": tf.function(conv),
             "xla": tf.function(conv, jit_compile=True),
-            "lite": tl.function(conv, jit_compile=True),
+            "lite": tl.function(conv, jit_compile=True,
+                                options=measured_options(compile_convolutions=True)),
         }
         expected = variants["tf"](x, w).numpy()
         got = variants["lite"](x, w).numpy()

@@ -396,12 +396,12 @@ def main(argv: list[str]) -> int:
     import tensorflow as tf
 
     import tfxla_lite as tl
-    from benchmarks.workloads import by_name
+    from benchmarks.workloads import by_name, measured_options
 
     (workload,) = by_name([options.workload], quick=False)
     fn, args = workload.make()
     with profiling() as profile:
-        lite = tl.function(fn, jit_compile=True)
+        lite = tl.function(fn, jit_compile=True, options=measured_options())
         lite(*args)
     xla = tf.function(fn, jit_compile=True)
     for _ in range(3):

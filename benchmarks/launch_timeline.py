@@ -63,7 +63,7 @@ from benchmarks.kernel_profile import (  # noqa: E402
     thread_scaling,
 )
 from benchmarks.run import BandwidthProbe  # noqa: E402
-from benchmarks.workloads import by_name  # noqa: E402
+from benchmarks.workloads import by_name, measured_options  # noqa: E402
 from tfxla_lite.codegen.cpu import parallel  # noqa: E402
 from tfxla_lite.hlo.parser import parse_module  # noqa: E402
 from tfxla_lite.runtime import loader  # noqa: E402
@@ -108,7 +108,7 @@ def measure(name: str, repeats: int, spins: list[int], parts: list[int],
         for count in parts:
             parallel._PARTS_PER_THREAD = count
             with profiling() as profile:
-                lite = tl.function(fn, jit_compile=True)
+                lite = tl.function(fn, jit_compile=True, options=measured_options())
                 lite(*args)
             lites[count] = (lambda lite=lite: lite(*args), profile)
     finally:
@@ -205,7 +205,7 @@ def kernel_alone(name: str, repeats: int) -> None:
     without TF on preallocated buffers (`kernel_profile.thread_scaling`)."""
     (workload,) = by_name([name], quick=False)
     fn, args = workload.make()
-    lite = tl.function(fn, jit_compile=True)
+    lite = tl.function(fn, jit_compile=True, options=measured_options())
     text = lite.experimental_get_compiler_ir(*args)(stage="hlo")
     if text.count("HloModule ") != 1:
         print(f"{name}: --kernel-alone needs exactly one compiled cluster")

@@ -41,6 +41,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import tfxla_lite as tl  # noqa: E402
+from benchmarks.workloads import measured_options  # noqa: E402
 from tfxla_lite.codegen.cpu import dot as dot_codegen  # noqa: E402
 from tfxla_lite.codegen.cpu import engine  # noqa: E402
 from tfxla_lite.timing import compare  # noqa: E402
@@ -196,7 +197,7 @@ def compile_forced(fn: Callable[..., tf.Tensor], args: tuple[tf.Tensor, ...],
     """`fn` under tfxla-lite with `split` (tiles, or a strategy's name) forced on its
     m×k by k×n dot, compiled now without the caches (they key by the HLO, not by the
     schedule)."""
-    lite = tl.function(fn, jit_compile=True)
+    lite = tl.function(fn, jit_compile=True, options=measured_options())
     chosen, choose = dot_codegen.schedule, dot_codegen.choose_strategy
     cache = os.environ.get("TFXLA_LITE_CACHE")
     if isinstance(split, str):
@@ -229,7 +230,7 @@ def measure(m: int, k: int, n: int, dense: bool, splits: Sequence[tuple[int, int
 
     plain = tf.function(layer)
     xla = tf.function(layer, jit_compile=True)
-    lite = tl.function(layer, jit_compile=True)
+    lite = tl.function(layer, jit_compile=True, options=measured_options())
     reference = plain(a, w, b).numpy()
     tolerance = 4 * k * np.finfo(np.float32).eps  # dot reassociation over K terms
     np.testing.assert_allclose(lite(a, w, b).numpy(), reference, rtol=tolerance,

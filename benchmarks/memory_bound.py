@@ -51,6 +51,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import tfxla_lite as tl  # noqa: E402
+from benchmarks.workloads import measured_options  # noqa: E402
 from tfxla_lite.runtime import loader  # noqa: E402
 
 SIZES_MB = (4.0, 32.0, 128.0)
@@ -145,7 +146,7 @@ def measure(workload: Workload, megabytes: float, repeats: int, burst_seconds: f
     """Every variant of one workload at one size, interleaved; medians over repeats."""
     elements = max(ROW, int(megabytes * 2**20) // 4 // ROW * ROW)
     args = workload.arguments(elements, np.random.default_rng(seed))
-    lite = tl.function(workload.fn, jit_compile=True)
+    lite = tl.function(workload.fn, jit_compile=True, options=measured_options())
     plain = tf.function(workload.fn)
     xla = tf.function(workload.fn, jit_compile=True)
     expected = _outputs(plain(*args))

@@ -40,7 +40,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import tfxla_lite as tl  # noqa: E402
-from benchmarks.workloads import Workload, by_name  # noqa: E402
+from benchmarks.workloads import Workload, by_name, measured_options  # noqa: E402
 from tfxla_lite.runtime import loader  # noqa: E402
 
 DEFAULT_WORKLOADS = ("mlp", "mlp_infer_b64", "mlp_train_b128", "softmax_4096x1024",
@@ -58,7 +58,7 @@ def load_average() -> str:
 
 def _compiled(fn: Callable, args: list[tf.Tensor]) -> Callable[[], Any]:
     """tfxla-lite's variant, as the benchmark suite makes it: must-compile, else auto."""
-    lite = tl.function(fn, jit_compile=True)
+    lite = tl.function(fn, jit_compile=True, options=measured_options())
     try:
         lite(*args)
     except tl.CompilationError:

@@ -45,7 +45,7 @@ import tensorflow as tf  # noqa: E402
 
 import tfxla_lite as tl  # noqa: E402
 from benchmarks import report  # noqa: E402
-from benchmarks.workloads import Workload, by_name, workloads  # noqa: E402
+from benchmarks.workloads import Workload, by_name, measured_options, workloads  # noqa: E402
 from tfxla_lite.cache_dir import cache_root  # noqa: E402
 from tfxla_lite.timing import compare, time_first_call  # noqa: E402
 
@@ -150,7 +150,9 @@ def forget_conversions() -> None:
 def _lite(fn: Any, args: list[tf.Tensor]) -> tuple[Any, str, float]:
     """tfxla-lite's variant: must-compile if it can, else auto-clustering; its mode and
     first-call seconds."""
-    lite = tl.function(fn, jit_compile=True)
+    # Strict: a trace tfxla-lite cannot compile whole must raise here, not run on TF's
+    # XLA (the jit_compile=True fallback), or this column would time TF's XLA.
+    lite = tl.function(fn, jit_compile=True, options=measured_options())
     start = time.perf_counter()
     try:
         lite(*args)

@@ -64,7 +64,7 @@ def child(variant: str, name: str, quick: bool) -> dict[str, Any]:
     import tensorflow as tf
 
     import tfxla_lite as tl
-    from benchmarks.workloads import by_name
+    from benchmarks.workloads import by_name, measured_options
     from tfxla_lite.codegen import cache
 
     (workload,) = by_name([name], quick)
@@ -79,7 +79,7 @@ def child(variant: str, name: str, quick: bool) -> dict[str, Any]:
         tf.function(fn, jit_compile=variant == "xla")(*args)
     else:
         try:
-            tl.function(fn, jit_compile=True)(*args)
+            tl.function(fn, jit_compile=True, options=measured_options())(*args)
         except tl.CompilationError:  # as benchmarks/run.py: auto-clustering then
             tl.function(fn, min_cluster_size=1)(*args)
     seconds = time.perf_counter() - started

@@ -15,6 +15,16 @@ import numpy as np
 import tensorflow as tf
 
 from tfxla_lite.examples import EXAMPLES
+from tfxla_lite.flags import get_options
+from tfxla_lite.options import Options
+
+
+def measured_options(**changes: object) -> Options:
+    """The process's options with `strict_jit_compile`: a `jit_compile=True` trace that
+    tfxla-lite cannot compile whole raises, where it would otherwise run on TF's XLA and
+    be timed as tfxla-lite's."""
+    return get_options().with_changes(strict_jit_compile=True, **changes)
+
 
 # Bytes moved from which a bandwidth-bound workload is judged against DRAM bandwidth.
 MEMORY_BOUND_BYTES = 32 << 20
@@ -219,5 +229,5 @@ def by_name(names: list[str], quick: bool) -> list[Workload]:
     return [table[n] for n in names]
 
 
-__all__ = ["Workload", "by_name", "layer_norm", "softmax", "transformer_encoder_adam",
-           "workloads"]
+__all__ = ["Workload", "by_name", "layer_norm", "measured_options", "softmax",
+           "transformer_encoder_adam", "workloads"]
