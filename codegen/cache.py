@@ -7,7 +7,10 @@ thread count). The HLO printer prints every attribute codegen reads (its round-t
 tests check that), so equal texts mean equal code.
 
 - In the process: an LRU of `CompiledCode` (engine, entry address, dumps) by
-  fingerprint, `MEMORY_ENTRIES` at most. A hit shares the engine: no IR, no LLVM.
+  fingerprint, at most `MEMORY_ENTRIES` entries and `MEMORY_BYTES` bytes (counted from
+  the object files, bitcode and IR texts held, plus `ENGINE_BYTES` per engine). A hit
+  shares the engine: no IR, no LLVM. An evicted entry's engine lives on in the
+  executables that use it, and goes with the last of them.
 - On disk: `<cache root>/kernels/<key>.tlk` (root: `tfxla_lite.cache_dir`), where
   `key` hashes the fingerprint with the tfxla-lite version, a hash of the codegen
   sources, llvmlite's and LLVM's versions, the target triple and the host CPU name
@@ -75,6 +78,9 @@ from tfxla_lite.hlo.ir import HloModule
 
 FORMAT = "tfxla-lite-kernel-2"
 MEMORY_ENTRIES = 256
+MEMORY_BYTES = 64 << 20
+# The optimized modules' in-process LRU (`optimized_lookup`): texts only, no code.
+OPTIMIZED_MEMORY_BYTES = 32 << 20
 DISK_ENTRIES = 4096
 ENTRY_SUFFIX = ".tlk"
 
@@ -134,8 +140,23 @@ class CachePolicy:
     disk: bool
 
 
+class _MemoryTable(collections.OrderedDict):
+    """An in-process LRU (oldest first) that knows the bytes each entry holds; bounded
+    by `_lru_store`. Read under `_lock`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sizes: dict[str, int] = {}
+        self.bytes = 0
+
+    def clear(self) -> None:
+        super().clear()
+        self.sizes.clear()
+        self.bytes = 0
+
+
 _lock = threading.Lock()
-_memory: collections.OrderedDict[str, CompiledCode] = collections.OrderedDict()
+_memory: _MemoryTable = _MemoryTable()
 # (process id, key) -> the future of machine code a background compile is still making
 _pending: dict[tuple[int, str], Any] = {}
 _stats = CacheStats()
@@ -276,17 +297,41 @@ def memory_pending(key: str, job: Any) -> None:
 
 
 def memory_store(key: str, code: CompiledCode) -> None:
-    _lru_store(_memory, key, code)
+    _lru_store(_memory, key, code, _code_bytes(code), MEMORY_BYTES)
 
 
-def _lru_store(table: collections.OrderedDict, key: str, value: Any) -> None:
+# What an MCJIT engine costs besides its code (its module, memory manager, page-rounded
+# sections), counted per entry: for small kernels it is most of the entry's memory.
+ENGINE_BYTES = 192 << 10
+
+
+def _code_bytes(code: CompiledCode) -> int:
+    """What an entry holds: its engine, its object files twice (the bytes, and the
+    engine's mapped copy), its bitcode and the IR texts already made."""
+    texts = [t for t in (code.llvm_ir, code.llvm_ir_optimized) if isinstance(t, str)]
+    return (ENGINE_BYTES + 2 * sum(map(len, code.objects)) + sum(map(len, code.bitcode))
+            + sum(map(len, texts)))
+
+
+def _lru_store(table: _MemoryTable, key: str, value: Any, size: int, max_bytes: int) -> None:
     """Put `value` in an in-process table as its newest entry, dropping the oldest beyond
-    MEMORY_ENTRIES."""
+    MEMORY_ENTRIES entries or `max_bytes` bytes (the newest is kept even when alone it is
+    larger)."""
     with _lock:
+        table.bytes += size - table.sizes.get(key, 0)
+        table.sizes[key] = size
         table[key] = value
         table.move_to_end(key)
-        while len(table) > MEMORY_ENTRIES:
-            table.popitem(last=False)
+        while len(table) > 1 and (len(table) > MEMORY_ENTRIES or table.bytes > max_bytes):
+            oldest, _ = table.popitem(last=False)
+            table.bytes -= table.sizes.pop(oldest)
+
+
+def memory_usage() -> dict[str, tuple[int, int]]:
+    """(entries, bytes) of each in-process table: "code" and "optimized"."""
+    with _lock:
+        return {"code": (len(_memory), _memory.bytes),
+                "optimized": (len(_optimized_memory), _optimized_memory.bytes)}
 
 
 # -- on disk -----------------------------------------------------------------------------
@@ -554,7 +599,7 @@ def object_symbols(object_code: bytes) -> tuple[list[str], list[str]]:
 
 OPTIMIZED_FORMAT = "tfxla-lite-optimized-2"
 OPTIMIZED_SUFFIX = ".tlo"
-_optimized_memory: collections.OrderedDict[str, OptimizedModule] = collections.OrderedDict()
+_optimized_memory: _MemoryTable = _MemoryTable()
 
 
 @dataclass(frozen=True)
@@ -703,7 +748,9 @@ def optimized_store(key: str, module: OptimizedModule, caches: CachePolicy) -> N
 
 
 def _optimized_memory_store(key: str, module: OptimizedModule) -> None:
-    _lru_store(_optimized_memory, key, module)
+    size = (len(module.optimized_hlo_text) + len(module.assignment_text)
+            + sum(map(len, module.lowered_metadata)))
+    _lru_store(_optimized_memory, key, module, size, OPTIMIZED_MEMORY_BYTES)
 
 
 def kernel_lookup(fingerprint_: str, shapes: dict[str, Any],

@@ -56,7 +56,7 @@ from tfxla_lite.rewrite import (
     rewrite_graph_def,
     rewritten_tensor_name,
 )
-from tfxla_lite.runtime import BuildError, gpu_launch, load_library, register_executable
+from tfxla_lite.runtime import BuildError, gpu_launch, load_library, loader, register_executable
 
 logger = logging.getLogger("tfxla_lite")
 
@@ -127,6 +127,11 @@ class Program:
     # function closes over tensors of the trace's own graph, so only the original trace
     # can be differentiated (tfxla_lite/api.py runs it where a gradient may be taken).
     custom_gradients: bool = False
+    # One per key its launch nodes name (bodies' in `bodies`): a key is unregistered, and
+    # its code freed, when the last holder goes. The program holds them, and so does
+    # every graph of its rewritten function (`_rewritten_function`), since a graph that
+    # calls that function may outlive the program.
+    registrations: list[loader.Registration] = field(default_factory=list)
 
     @property
     def has_launches(self) -> bool:
@@ -141,6 +146,13 @@ class Program:
         for body in self.bodies:
             compiled.extend(body.program.all_artifacts())
         return compiled
+
+    def all_registrations(self) -> list[loader.Registration]:
+        """The registrations of its keys and of its bodies' keys."""
+        found = list(self.registrations)
+        for body in self.bodies:
+            found.extend(body.program.all_registrations())
+        return found
 
     def all_dynamic_clusters(self) -> list[dynamic_clusters.DynamicCluster]:
         found = list(self.dynamic_clusters)
@@ -303,8 +315,10 @@ def _program_from_cache(graph: tf.Graph, function_name: str, settings: _Settings
     code_caches.count("rewrite_hits")
     compiled: list[CompiledCluster] = []
     artifacts: list[CompiledClusterArtifacts] = []
+    registrations: list[loader.Registration] = []
     for cached, inputs, outputs, executable in found:
         key = f"{function_name}/{cached.name}/{next(_executable_ids)}"
+        registrations.append(loader.Registration(key))
         _register(key, executable, inputs, outputs)
         compiled.append(CompiledCluster(
             name=cached.name, op_names=cached.op_names, inputs=cached.inputs,
@@ -314,7 +328,8 @@ def _program_from_cache(graph: tf.Graph, function_name: str, settings: _Settings
         artifacts.append(_CachedArtifacts(cached.name, None, "", executable))
     logger.info("tfxla-lite: %s from the rewrite cache: %d clusters", function_name,
                 len(compiled))
-    return Program(None, report, artifacts, graph=graph, compiled=compiled)
+    return Program(None, report, artifacts, graph=graph, compiled=compiled,
+                   registrations=registrations)
 
 
 def _register(key: str, executable: Any, inputs: list[tf.Tensor],
@@ -473,6 +488,7 @@ def _compile_graph(graph: tf.Graph, function_name: str, settings: _Settings,
     # is swapped in (codegen/cpu/tiers.py); not with dumps, which show the O3 code at once.
     tiered = _tiered(options)
     pending: list[tuple[str, Any, list[Any], list[Any]]] = []
+    registrations: list[loader.Registration] = []
     for cluster in clusters:
         ops = tuple((name, graph.get_operation_by_name(name).type) for name in cluster.op_names)
         # A cluster TF runs on a GPU compiles for it, or stays in TF there.
@@ -482,6 +498,8 @@ def _compile_graph(graph: tf.Graph, function_name: str, settings: _Settings,
                 key = f"{function_name}/{cluster.name}/{next(_executable_ids)}"
                 dynamic_cluster = _plan_dynamic(graph, cluster, key, jit_compile, options,
                                                 settings.max_specializations, gpu)
+                if gpu is None:
+                    registrations.append(loader.Registration(key))
                 dynamic_cluster.on_compiled = _dump_specialization(options, function_name, gpu)
                 compiled.append(_dynamic_compiled_cluster(cluster, dynamic_cluster,
                                                           fallback=not jit_compile))
@@ -530,10 +548,14 @@ def _compile_graph(graph: tf.Graph, function_name: str, settings: _Settings,
             launch_on_gpu = gpu_launch.GpuLaunch(key, executable, gpu,
                                                  [_tensor_spec(t) for t in inputs],
                                                  [_tensor_spec(t) for t in outputs])
-        elif getattr(executable, "ready", True):
-            _register(key, executable, inputs, outputs)
-        else:  # registered when LLVM is done, before the rewritten graph can run
-            pending.append((key, executable, inputs, outputs))
+        else:
+            # Made before the key is registered: once registered, a key is only
+            # unregistered by its registration's collection.
+            registrations.append(loader.Registration(key))
+            if getattr(executable, "ready", True):
+                _register(key, executable, inputs, outputs)
+            else:  # registered when LLVM is done, before the rewritten graph can run
+                pending.append((key, executable, inputs, outputs))
         compiled.append(CompiledCluster(
             name=cluster.name, op_names=tuple(cluster.op_names), inputs=tuple(cluster.inputs),
             outputs=tuple(cluster.outputs), control_inputs=tuple(cluster.control_inputs), key=key,
@@ -557,7 +579,7 @@ def _compile_graph(graph: tf.Graph, function_name: str, settings: _Settings,
         _merge_body_report(report, body)
     return Program(None, report, artifacts, dynamic_clusters=planned, graph=graph,
                    bodies=bodies, compiled=compiled, renames=renames, functions=functions,
-                   pending=pending)
+                   pending=pending, registrations=registrations)
 
 
 def overlap_llvm() -> bool:
@@ -797,6 +819,9 @@ def _rewritten_function(concrete_function: Any, program: Program,
         # The launch nodes' code must be registered before the graph can run; LLVM made it
         # while this trace ran.
         _finish_pending(program)
+        # The graph keeps its keys registered: TF's function (and any graph that calls
+        # it, through its AtomicFunction) holds the graph after the program is gone.
+        func_graph._tfxla_lite_registrations = program.all_registrations()
         values = [next(results) if isinstance(t, tf.Tensor) else t for t in flat]
         return tf.nest.pack_sequence_as(structured, values, expand_composites=True)
 

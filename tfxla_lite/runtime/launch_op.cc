@@ -75,7 +75,7 @@ using ::tensorflow::TensorShape;
 
 // Bumped when the extern "C" signatures or the entry ABI change, so that the
 // Python loader can refuse a stale library.
-constexpr int kAbiVersion = 5;
+constexpr int kAbiVersion = 6;
 constexpr uintptr_t kAlignment = 64;
 
 using EntryFunction = void (*)(void** params, void** outputs, void* temp);
@@ -84,6 +84,44 @@ struct TensorSpec {
   DataType dtype;
   TensorShape shape;
 };
+
+// Python's owner of some machine code or callback (loader.py `_owners`, by token): it
+// may be released once the last holder of this object is gone. The executable or
+// dynamic cluster holding it is shared by the registry and by each launch running it,
+// so an unregistered key's code stays mapped until its last launch returns; the
+// destructor only records the token, and Python drops the owner when it next asks
+// (tfxla_lite_take_released), since this may run on any TF thread without the GIL.
+class OwnerToken {
+ public:
+  explicit OwnerToken(int64_t id) : id_(id) {}
+  OwnerToken(const OwnerToken&) = delete;
+  OwnerToken& operator=(const OwnerToken&) = delete;
+  ~OwnerToken();
+
+ private:
+  int64_t id_;
+};
+
+struct ReleasedOwners {
+  std::mutex mutex;
+  std::vector<int64_t> ids;
+};
+
+ReleasedOwners& Released() {
+  static ReleasedOwners* released = new ReleasedOwners;  // never destroyed: exit order
+  return *released;
+}
+
+OwnerToken::~OwnerToken() {
+  if (id_ == 0) return;
+  ReleasedOwners& released = Released();
+  std::lock_guard<std::mutex> lock(released.mutex);
+  released.ids.push_back(id_);
+}
+
+std::shared_ptr<const OwnerToken> MakeOwnerToken(int64_t id) {
+  return id == 0 ? nullptr : std::make_shared<const OwnerToken>(id);
+}
 
 struct Executable {
   EntryFunction entry;
@@ -97,6 +135,8 @@ struct Executable {
   // forward_from[j]: the param whose buffer output j may take over when TF no longer
   // needs that input (codegen/cpu/donation.py), or -1; empty: none.
   std::vector<int> forward_from;
+  // Released when the last holder (registry, dynamic cache, running launch) lets go.
+  std::shared_ptr<const OwnerToken> owner;
 };
 
 // What a compile callback returns (kept in sync with loader.py).
@@ -130,11 +170,13 @@ struct DynamicCluster {
   std::unordered_map<std::string, std::shared_ptr<const Executable>> cache;
   bool refuse_all = false;
   int64_t refused = 0;  // signatures refused, the megamorphic ones included
+  // Keeps the callback alive: a launch that found this cluster may still call it.
+  std::shared_ptr<const OwnerToken> owner;
 };
 
 // Process-wide map from key to executable. Kernels take a shared_ptr under a
 // reader lock, so an unregister during a launch never frees the entry that
-// launch is reading (the code itself is kept alive by the Python owner).
+// launch is reading, nor its code (the Python owner goes with the entry's OwnerToken).
 class Registry {
  public:
   static Registry& Get() {
@@ -1180,12 +1222,15 @@ REGISTER_KERNEL_BUILDER(Name("TfxlaLiteLaunch").Device(tensorflow::DEVICE_CPU),
 // Returns 0 when `key` is new, 1 when it replaced an executable, -1 on bad arguments.
 // `forward_from[j]` (n_out entries, or NULL for none): the input whose buffer output j
 // may take over when TF no longer needs it, or -1.
-TFXLA_LITE_EXPORT int tfxla_lite_register(const char* key, void* fn, int64_t temp_bytes, int n_in,
-                                          const int* in_dtypes, const int* in_ranks,
-                                          const int64_t* in_dims_flat, int n_out,
-                                          const int* out_dtypes, const int* out_ranks,
-                                          const int64_t* out_dims_flat,
-                                          const int* forward_from) {
+// `owner` (tfxla_lite_register_owned; 0: none) is reported by tfxla_lite_take_released
+// once the executable is unregistered or replaced and no launch runs it any more.
+TFXLA_LITE_EXPORT int tfxla_lite_register_owned(int64_t owner, const char* key, void* fn,
+                                                int64_t temp_bytes, int n_in,
+                                                const int* in_dtypes, const int* in_ranks,
+                                                const int64_t* in_dims_flat, int n_out,
+                                                const int* out_dtypes, const int* out_ranks,
+                                                const int64_t* out_dims_flat,
+                                                const int* forward_from) {
   if (key == nullptr || fn == nullptr || !tfxla_lite::IsValidTempBytes(temp_bytes)) return -1;
   try {
     auto executable = std::make_shared<tfxla_lite::Executable>();
@@ -1208,19 +1253,34 @@ TFXLA_LITE_EXPORT int tfxla_lite_register(const char* key, void* fn, int64_t tem
         executable->forward_from.push_back(from);
       }
     }
+    // Last: a refused registration must not report its owner as released.
+    executable->owner = tfxla_lite::MakeOwnerToken(owner);
     return tfxla_lite::Registry::Get().Put(key, std::move(executable)) ? 1 : 0;
   } catch (...) {
     return -1;
   }
 }
 
+TFXLA_LITE_EXPORT int tfxla_lite_register(const char* key, void* fn, int64_t temp_bytes, int n_in,
+                                          const int* in_dtypes, const int* in_ranks,
+                                          const int64_t* in_dims_flat, int n_out,
+                                          const int* out_dtypes, const int* out_ranks,
+                                          const int64_t* out_dims_flat,
+                                          const int* forward_from) {
+  return tfxla_lite_register_owned(0, key, fn, temp_bytes, n_in, in_dtypes, in_ranks,
+                                   in_dims_flat, n_out, out_dtypes, out_ranks, out_dims_flat,
+                                   forward_from);
+}
+
 // Registers a dynamic cluster: `callback` compiles it for each new input signature.
 // `value_keyed[i]` != 0 puts input i's bytes into the signature. Returns 0 when `key`
 // is new, 1 when it replaced a dynamic cluster, -1 on bad arguments.
+// `owner` (0: none) is reported by tfxla_lite_take_released once the cluster is
+// unregistered or replaced and no launch holds it any more.
 TFXLA_LITE_EXPORT int tfxla_lite_register_dynamic(const char* key, void* callback, int n_in,
                                                   const int* in_dtypes, const int* in_ranks,
                                                   const int64_t* in_dims_flat,
-                                                  const int* value_keyed) {
+                                                  const int* value_keyed, int64_t owner) {
   if (key == nullptr || callback == nullptr || (n_in > 0 && value_keyed == nullptr)) return -1;
   try {
     auto cluster = std::make_shared<tfxla_lite::DynamicCluster>();
@@ -1230,6 +1290,7 @@ TFXLA_LITE_EXPORT int tfxla_lite_register_dynamic(const char* key, void* callbac
       return -1;
     }
     for (int i = 0; i < n_in; ++i) cluster->value_keyed.push_back(value_keyed[i] != 0);
+    cluster->owner = tfxla_lite::MakeOwnerToken(owner);
     return tfxla_lite::Registry::Get().PutDynamic(key, std::move(cluster)) ? 1 : 0;
   } catch (...) {
     return -1;
@@ -1239,10 +1300,12 @@ TFXLA_LITE_EXPORT int tfxla_lite_register_dynamic(const char* key, void* callbac
 // Called by a compile callback: the executable for the request's signature.
 // `param_inputs` lists the node inputs that are entry's params. Returns 0, or -1 on
 // bad arguments (the callback should then report kFailed).
+// `owner` (0: none) is reported by tfxla_lite_take_released once the cluster that
+// caches the executable is gone and no launch runs it any more.
 TFXLA_LITE_EXPORT int tfxla_lite_fulfill(void* request, void* fn, int64_t temp_bytes,
                                          int n_params, const int* param_inputs, int n_out,
                                          const int* out_dtypes, const int* out_ranks,
-                                         const int64_t* out_dims_flat) {
+                                         const int64_t* out_dims_flat, int64_t owner) {
   if (request == nullptr || fn == nullptr || !tfxla_lite::IsValidTempBytes(temp_bytes) ||
       n_params < 0 || (n_params > 0 && param_inputs == nullptr)) {
     return -1;
@@ -1260,6 +1323,7 @@ TFXLA_LITE_EXPORT int tfxla_lite_fulfill(void* request, void* fn, int64_t temp_b
       return -1;
     }
     executable->param_inputs.emplace(param_inputs, param_inputs + n_params);
+    executable->owner = tfxla_lite::MakeOwnerToken(owner);
     pending->executable = std::move(executable);
     return 0;
   } catch (...) {
@@ -1296,6 +1360,18 @@ TFXLA_LITE_EXPORT int tfxla_lite_dynamic_stats(const char* key, int64_t* compile
 TFXLA_LITE_EXPORT int tfxla_lite_unregister(const char* key) {
   if (key == nullptr) return 0;
   return tfxla_lite::Registry::Get().Erase(key) ? 1 : 0;
+}
+
+// Moves up to `capacity` owner tokens whose holders are all gone into `out`; returns
+// how many. Python calls it until it returns less than `capacity`.
+TFXLA_LITE_EXPORT int64_t tfxla_lite_take_released(int64_t* out, int64_t capacity) {
+  if (out == nullptr || capacity <= 0) return 0;
+  tfxla_lite::ReleasedOwners& released = tfxla_lite::Released();
+  std::lock_guard<std::mutex> lock(released.mutex);
+  const int64_t count = std::min<int64_t>(capacity, released.ids.size());
+  std::copy(released.ids.end() - count, released.ids.end(), out);
+  released.ids.resize(released.ids.size() - count);
+  return count;
 }
 
 TFXLA_LITE_EXPORT int64_t tfxla_lite_registry_size() {

@@ -11,13 +11,23 @@ emits `launch(...)` nodes, which find it by that key at run time.
 A dynamic cluster (unknown dimensions) registers a compile function instead of an
 executable (`register_dynamic`): the op calls it back, through a ctypes callback, with
 each new input signature, and caches the `Specialization` it returns, or its refusal.
+
+Lifetime: every registration hands the op library an owner token, and the library
+reports the token back (`tfxla_lite_take_released`) once the executable or dynamic
+cluster is unregistered or replaced and no running launch holds it; only then is the
+Python owner (the code's JIT engine, a dynamic cluster's callback) dropped, so a launch
+never runs freed code. `Registration` unregisters its key when it is collected: the
+compiler gives one to every program and rewritten graph that launches the key.
 """
 
 from __future__ import annotations
 
 import ctypes
+import itertools
 import math
 import threading
+import weakref
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import ModuleType
@@ -31,7 +41,7 @@ from tfxla_lite.runtime import build
 OP_TYPE = "TfxlaLiteLaunch"
 COMPILE_OP_TYPE = "TfxlaLiteCompile"
 # Must match kAbiVersion in launch_op.cc.
-ABI_VERSION = 5
+ABI_VERSION = 6
 
 # Compile callback outcomes; must match CompileOutcome in launch_op.cc.
 COMPILED, REFUSED, FAILED, REFUSE_ALL = 0, 1, 2, 3
@@ -50,9 +60,16 @@ class OpLibrary:
 
 _load_lock = threading.Lock()
 _library: OpLibrary | None = None
-# key -> the object whose lifetime keeps the entry point's machine code mapped.
-_owners: dict[str, Any] = {}
-_owners_lock = threading.Lock()
+# owner token -> the object whose lifetime keeps machine code mapped (or a dynamic
+# cluster's callback alive), until the op library reports the token released.
+_owners: dict[int, Any] = {}
+# Reentrant: a `Registration` finalizer may run inside a collection triggered while this
+# thread holds it.
+_owners_lock = threading.RLock()
+_owner_tokens = itertools.count(1)
+# Keys whose `Registration` was collected, unregistered at the next chance (a finalizer
+# must not wait for the lock another thread holds).
+_doomed: deque[str] = deque()
 
 
 def load_library() -> OpLibrary:
@@ -305,6 +322,11 @@ def _declare_c_functions(cdll: ctypes.CDLL) -> None:
         int_p,
     ]
     cdll.tfxla_lite_register.restype = ctypes.c_int
+    cdll.tfxla_lite_register_owned.argtypes = [
+        ctypes.c_int64, *cdll.tfxla_lite_register.argtypes]
+    cdll.tfxla_lite_register_owned.restype = ctypes.c_int
+    cdll.tfxla_lite_take_released.argtypes = [int64_p, ctypes.c_int64]
+    cdll.tfxla_lite_take_released.restype = ctypes.c_int64
     cdll.tfxla_lite_unregister.argtypes = [ctypes.c_char_p]
     cdll.tfxla_lite_unregister.restype = ctypes.c_int
     cdll.tfxla_lite_registry_size.argtypes = []
@@ -313,11 +335,12 @@ def _declare_c_functions(cdll: ctypes.CDLL) -> None:
     cdll.tfxla_lite_abi_version.restype = ctypes.c_int
     cdll.tfxla_lite_register_dynamic.argtypes = [
         ctypes.c_char_p, ctypes.c_void_p, ctypes.c_int, int_p, int_p, int64_p, int_p,
+        ctypes.c_int64,
     ]
     cdll.tfxla_lite_register_dynamic.restype = ctypes.c_int
     cdll.tfxla_lite_fulfill.argtypes = [
         ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, int_p,
-        ctypes.c_int, int_p, int_p, int64_p,
+        ctypes.c_int, int_p, int_p, int64_p, ctypes.c_int64,
     ]
     cdll.tfxla_lite_fulfill.restype = ctypes.c_int
     cdll.tfxla_lite_fail.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
@@ -415,7 +438,8 @@ def register_executable(
 
     `entry_address` is the address of a function with the launch ABI (for example
     llvmlite's `get_function_address`); `owner` is any object that keeps its code
-    alive (the executable, its JIT engine) and is held until `unregister(key)`.
+    alive (the executable, its JIT engine), held until `unregister(key)` (or a
+    registration replacing this one) and the last launch running the code returned.
     Specs are (dtype, static shape) pairs, in argument order. Registering a key
     again replaces the executable. `donations` lists (output j, input i) pairs whose
     output the code may write over the input's own buffer (`Executable.donations`):
@@ -436,7 +460,11 @@ def register_executable(
     forward_from = (ctypes.c_int * max(1, n_out))(*forward)
     cdll = load_library().cdll
     with _owners_lock:
-        status = cdll.tfxla_lite_register(
+        _release_owners(cdll)
+        token = next(_owner_tokens)
+        _owners[token] = owner  # before the library can run the code
+        status = cdll.tfxla_lite_register_owned(
+            token,
             key.encode(),
             ctypes.c_void_p(entry_address),
             int(temp_bytes),
@@ -451,21 +479,85 @@ def register_executable(
             forward_from,
         )
         if status < 0:
+            del _owners[token]
             raise ValueError(f"register_executable({key!r}): the op library rejected the specs")
-        _owners[key] = owner
 
 
 def unregister(key: str) -> bool:
     """Removes `key`; returns whether it was registered.
 
-    Launches already running keep the registry entry they read, but not the code:
-    release the owner only when no launch of `key` can still be running.
+    Launches already running keep the entry they read and its code: the owner is
+    dropped once the last of them returned (see the module docstring).
     """
     cdll = load_library().cdll
     with _owners_lock:
         removed = bool(cdll.tfxla_lite_unregister(key.encode()))
-        _owners.pop(key, None)
+        _release_owners(cdll)
     return removed
+
+
+def _release_owners(cdll: ctypes.CDLL) -> None:
+    """Unregister the keys of collected `Registration`s, then drop the owners whose
+    executables the op library no longer holds. Called with `_owners_lock` held."""
+    while _doomed:
+        cdll.tfxla_lite_unregister(_doomed.popleft().encode())
+    released: list[Any] = []
+    batch = (ctypes.c_int64 * 64)()
+    while True:
+        count = cdll.tfxla_lite_take_released(batch, len(batch))
+        released.extend(_owners.pop(batch[i], None) for i in range(count))
+        if count < len(batch):
+            break
+    # Dropped here, under the lock: an owner's engine frees its code as it goes, and a
+    # finalizer it triggers re-enters through the reentrant lock.
+    released.clear()
+
+
+def release_owners() -> int:
+    """Unregister the keys whose `Registration` was collected and drop every owner the op
+    library released; returns how many owners are still held. Every registration and
+    `registry_size` does it too."""
+    if _library is None:
+        return len(_owners)
+    with _owners_lock:
+        _release_owners(_library.cdll)
+        return len(_owners)
+
+
+class Registration:
+    """Holds `key` registered: when this object is collected (or `release()`d) the key
+    is unregistered, and its code freed once no launch runs it. Whoever may still launch
+    the key (a program, the rewritten graph whose launch nodes name it) holds it."""
+
+    __slots__ = ("__weakref__", "_finalizer", "key")
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self._finalizer = weakref.finalize(self, _doom, key)
+        self._finalizer.atexit = False  # the process's registry goes with it
+
+    def release(self) -> None:
+        """Unregister the key now (launches of it fail with `NotFoundError` from now on)."""
+        self._finalizer()
+
+    @property
+    def alive(self) -> bool:
+        return self._finalizer.alive
+
+    def __repr__(self) -> str:
+        return f"<Registration {self.key!r}{'' if self.alive else ' released'}>"
+
+
+def _doom(key: str) -> None:
+    """A `Registration`'s finalizer: possibly inside a collection on any thread, so it
+    unregisters at once only when the lock is free, else at the next registry call."""
+    _doomed.append(key)
+    library = _library
+    if library is not None and _owners_lock.acquire(blocking=False):
+        try:
+            _release_owners(library.cdll)
+        finally:
+            _owners_lock.release()
 
 
 @dataclass(frozen=True)
@@ -489,8 +581,12 @@ def forwarded_outputs() -> int:
 
 
 def registry_size() -> int:
-    """How many executables are registered in this process (as the C++ side counts)."""
-    return int(load_library().cdll.tfxla_lite_registry_size())
+    """How many executables are registered in this process (as the C++ side counts),
+    after the keys of collected `Registration`s are unregistered."""
+    cdll = load_library().cdll
+    with _owners_lock:
+        _release_owners(cdll)
+    return int(cdll.tfxla_lite_registry_size())
 
 
 def launch(
@@ -579,10 +675,10 @@ CompileFunction = Any  # Callable[[SpecializationRequest], Specialization | Refu
 
 @dataclass
 class _DynamicEntry:
-    """What keeps a dynamic key's callback and its specializations' code alive."""
+    """What keeps a dynamic key's callback alive (each specialization's code has its own
+    owner token)."""
 
     callback: Any
-    owners: list[Any]
 
 
 @dataclass(frozen=True)
@@ -622,7 +718,7 @@ def register_dynamic(
     for index in value_inputs:
         value_keyed[index] = 1
     cdll = load_library().cdll
-    entry = _DynamicEntry(callback=None, owners=[])
+    entry = _DynamicEntry(callback=None)
 
     def callback(request, num_inputs, dtype_enums, rank_array, dims_flat, data):  # noqa: ANN001
         # Never let an exception out: ctypes would print it and return 0 (COMPILED).
@@ -641,13 +737,16 @@ def register_dynamic(
                 tuple(dtypes), tuple(shapes), values))
             if isinstance(result, Refusal):
                 return REFUSE_ALL if result.for_all_new else REFUSED
-            return _fulfill(cdll, request, result, entry)
+            return _fulfill(cdll, request, result)
         except BaseException as error:  # noqa: BLE001 - reported by the op as its error
             cdll.tfxla_lite_fail(request, f"{type(error).__name__}: {error}".encode())
             return FAILED
 
     entry.callback = _CompileCallback(callback)
     with _owners_lock:
+        _release_owners(cdll)
+        token = next(_owner_tokens)
+        _owners[token] = entry
         status = cdll.tfxla_lite_register_dynamic(
             key.encode(),
             ctypes.cast(entry.callback, ctypes.c_void_p),
@@ -656,26 +755,30 @@ def register_dynamic(
             (ctypes.c_int * (count + 1))(*ranks),
             (ctypes.c_int64 * (len(dims) + 1))(*dims),
             (ctypes.c_int * (count + 1))(*value_keyed),
+            token,
         )
         if status < 0:
+            del _owners[token]
             raise ValueError(f"register_dynamic({key!r}): the op library rejected the specs")
-        _owners[key] = entry
 
 
-def _fulfill(cdll: ctypes.CDLL, request: int, result: Specialization,
-             entry: _DynamicEntry) -> int:
+def _fulfill(cdll: ctypes.CDLL, request: int, result: Specialization) -> int:
     if not result.entry_address:
         raise ValueError("a specialization needs an entry address")
     _check_temp_bytes(result.temp_bytes, "a specialization")
     n_out, out_dtypes, out_ranks, out_dims = _flatten_specs(result.output_specs, "output")
     params = list(result.param_inputs)
     with _owners_lock:
-        # Kept before the op can call the code; kept until the key is unregistered.
-        entry.owners.append(result.owner)
+        # Kept before the op can call the code, until the library releases the token.
+        token = next(_owner_tokens)
+        _owners[token] = result.owner
     status = cdll.tfxla_lite_fulfill(
         request, ctypes.c_void_p(result.entry_address), int(result.temp_bytes), len(params),
-        (ctypes.c_int * (len(params) + 1))(*params), n_out, out_dtypes, out_ranks, out_dims)
+        (ctypes.c_int * (len(params) + 1))(*params), n_out, out_dtypes, out_ranks, out_dims,
+        token)
     if status < 0:
+        with _owners_lock:
+            _owners.pop(token, None)
         raise ValueError("the op library rejected the specialization")
     return COMPILED
 
