@@ -139,7 +139,11 @@ def function_graph(library: Mapping[str, function_pb2.FunctionDef], call: BodyCa
     handle data; `inputs`, `outputs` and `control_outputs` are set, and the functions
     it uses (nested loops) are in its library."""
     fdef = library[call.function]
-    graph_def, flat_names = function_def_to_graph_def(fdef, list(call.shapes))
+    # TF looks the functions the body's nodes name up in the default graph (or the eager
+    # context, where a trace's nested branches may no longer be): give it a graph that
+    # holds them.
+    with _graph_with_functions(fdef.node_def, library).as_default():
+        graph_def, flat_names = function_def_to_graph_def(fdef, list(call.shapes))
     arguments = {flat_names[arg.name].split(":")[0]: (k, source)
                  for k, (arg, source) in enumerate(zip(fdef.signature.input_arg,
                                                        call.arguments))}
@@ -219,6 +223,18 @@ def with_shape_lists(call: BodyCall, lists: set[tuple[str, int]]) -> BodyCall:
             op, index = op.inputs[0].op, op.inputs[0].value_index
         flags.append(source.dtype == tf.variant and (op.name, index) in lists)
     return dataclasses.replace(call, shape_list=tuple(flags)) if any(flags) else call
+
+
+def _graph_with_functions(nodes: Iterable[Any],
+                          library: Mapping[str, function_pb2.FunctionDef]) -> tf.Graph:
+    """A graph whose function library holds the functions `nodes` use."""
+    holder = tf.compat.v1.GraphDef()
+    for name in sorted(used_functions(nodes, library)):
+        holder.library.function.add().CopyFrom(library[name])
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.graph_util.import_graph_def(holder, name="")
+    return graph
 
 
 def used_functions(nodes: Iterable[Any], library: Mapping[str, function_pb2.FunctionDef]
