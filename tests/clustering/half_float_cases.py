@@ -275,6 +275,16 @@ CASES: list[Case] = [
                                                                   adj_x=ax, adj_y=ay))]],
     Case("BatchMatMul", _dots(lambda a, b, *_: raw.BatchMatMul(x=a, y=b), BATCH_CASES[:1]),
          _dot_inputs(BATCH_CASES[:1])),
+    # -- convolutions (finite inputs: a NaN or inf reaching a padded window is another
+    # matter, test_conv_ops) --
+    Case("Conv2D", lambda x, w, y, v: [tf.nn.conv2d(x, w, 1, "VALID"),
+                                       tf.nn.conv2d(y, v, 2, "SAME", dilations=1)],
+         arrays([[(1, 5, 5, 3), (3, 3, 3, 4), (2, 6, 5, 2), (2, 2, 2, 3)]], "ffff")),
+    Case("Conv3D", lambda x, w: tf.nn.conv3d(x, w, [1, 1, 1, 1, 1], "VALID"),
+         arrays([[(1, 4, 4, 3, 2), (2, 2, 2, 2, 3)]], "ff")),
+    Case("DepthwiseConv2dNative",
+         lambda x, w: tf.nn.depthwise_conv2d(x, w, [1, 1, 1, 1], "VALID"),
+         arrays([[(1, 5, 4, 3), (2, 2, 3, 2)]], "ff")),
     Case("Einsum", lambda a, b, c: [tf.einsum("ij,jk->ik", a, b), tf.einsum("bij,bj->bi", c, a),
                                     tf.einsum("ij->ji", a)],
          arrays([[(2, 3), (3, 4), (2, 2, 3)]], "fff")),

@@ -197,3 +197,7 @@ def test_convolutions_stay_on_tf_kernels_by_default() -> None:
         assert report.clusters, report
         (conv,) = [f for f in report.fallbacks if f.op_type == "Conv2D"]
         assert "runs on TF's kernel" in conv.reason
+
+
+# For test_clustering_ops.test_every_registered_op_is_tested.
+TESTED_OPS = frozenset({"Conv2D", "Conv3D", "DepthwiseConv2dNative"})

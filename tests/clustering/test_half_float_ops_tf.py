@@ -77,7 +77,8 @@ def _check_lowering(case: Case, args: list[np.ndarray], expected: list[np.ndarra
 def _check_mode(case: Case, args: list[np.ndarray], expected: list[np.ndarray],
                 jit_compile: bool | None) -> None:
     compiled = tl.function(case.fn, jit_compile=jit_compile,
-                           options=Options(min_cluster_size=1, verify=True))
+                           options=Options(min_cluster_size=1, verify=True,
+                                           compile_convolutions=True))
     tensors = [tf.constant(a) for a in args]
     actual = tf.nest.flatten(compiled(*tensors))
     mode = "jit_compile=True" if jit_compile else "auto-clustering"

@@ -181,7 +181,8 @@ def test_gpu_cluster_without_cupy_falls_back_to_tf_on_the_gpu(
         assert softmax and softmax[0].device.endswith("device:GPU:0")
         assert not [op for op in ops if op.type in ("EagerPyFunc", "TfxlaLiteLaunch")]
 
-        must = _placed("/GPU:0")
+        # Strict: otherwise jit_compile=True runs such a trace on TF's XLA.
+        must = _placed("/GPU:0", jit_compile=True, options=tl.Options(strict_jit_compile=True))
         with pytest.raises(tl.CompilationError, match="needs CuPy"):
             must(*args)
 
@@ -277,7 +278,7 @@ def test_gpu_cluster_nvrtc_refuses_falls_back_to_tf_on_the_gpu(
     assert [op for op in ops if op.type == "Softmax"][0].device.endswith("device:GPU:0")
     assert not emulated_gpu.launches and not emulated_gpu.gemms
     with pytest.raises(tl.CompilationError, match="CompileException: nvrtc: error"):
-        _placed("/GPU:0")(*args)
+        _placed("/GPU:0", jit_compile=True, options=tl.Options(strict_jit_compile=True))(*args)
 
 
 @needs_gxx

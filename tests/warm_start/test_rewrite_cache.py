@@ -217,7 +217,9 @@ def test_options_that_only_act_at_run_time_share_the_entry(cache_root: Path) -> 
 
 def test_a_must_compile_refusal_is_raised_again_without_marking(cache_root: Path) -> None:
     def refuse():
-        function = tl.function(first, autograph=False, jit_compile=True)
+        # Strict: the refusal itself, not TF's XLA's (whose text names its own trace).
+        function = tl.function(first, autograph=False, jit_compile=True,
+                               options=tl.Options(strict_jit_compile=True))
         with pytest.raises(tl.CompilationError) as raised:
             function(tf.constant(X))
         return raised.value
