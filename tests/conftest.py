@@ -3,6 +3,8 @@
 `--slow-slice=N` (with `-m slow`) keeps one in N of the tests marked `slow`, chosen by
 their position in node-id order and rotated by the day of the year, so that CI runs a
 bounded, deterministic slice of the long suites each day and all of them over N days.
+Tests marked `slow_rotation(K)` as well rotate K times slower, one in N*K a day (the
+Keras layer suite: about two of its files a day instead of ten).
 `cache_root` gives a test its own empty cache folder.
 """
 
@@ -23,10 +25,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     n = config.getoption("--slow-slice")
     if n <= 1:
         return
-    turn = datetime.date.today().timetuple().tm_yday % n
-    slow = sorted((item for item in items if item.get_closest_marker("slow")),
-                  key=lambda item: item.nodeid)
-    dropped = {id(item) for k, item in enumerate(slow) if k % n != turn}
+    day = datetime.date.today().timetuple().tm_yday
+    groups: dict[int, list[pytest.Item]] = {}
+    for item in items:
+        if item.get_closest_marker("slow"):
+            rotation = item.get_closest_marker("slow_rotation")
+            groups.setdefault(rotation.args[0] if rotation else 1, []).append(item)
+    dropped = set()
+    for factor, group in groups.items():
+        every = n * factor
+        group.sort(key=lambda item: item.nodeid)
+        dropped |= {id(item) for k, item in enumerate(group) if k % every != day % every}
     if dropped:
         config.hook.pytest_deselected(items=[i for i in items if id(i) in dropped])
         items[:] = [item for item in items if id(item) not in dropped]

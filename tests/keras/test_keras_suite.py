@@ -1,8 +1,9 @@
 """Keras's own layer tests, one Keras test file a test, under `--auto_jit=2`: no test may fail
 that passes under plain TF (`tfxla_lite.keras_suite`, `scripts/keras_suite.sh`).
 
-Marked `slow`: CI's `-m slow --slow-slice=12` runs a rotating twelfth of the files each day,
-the whole layer suite over twelve days. The full run's figures are in docs/keras_suite.md.
+Marked `slow` and `slow_rotation(5)`: CI's `-m slow --slow-slice=12` runs one in 60 of the
+files each day (about two, a few minutes), the whole layer suite over sixty days. The full
+run's figures are in docs/keras_suite.md.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ def _name(path: str) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.slow_rotation(5)
 @pytest.mark.parametrize("path", FILES, ids=_name)
 def test_keras_layer_tests_pass_as_under_plain_tf(path: str, tmp_path: Path) -> None:
     assert ROOT is not None
