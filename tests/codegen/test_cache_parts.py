@@ -32,14 +32,13 @@ def _inputs() -> list[np.ndarray]:
 
 
 @pytest.fixture
-def kernel_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("TFXLA_LITE_CACHE_DIR", str(tmp_path))
-    monkeypatch.delenv("TFXLA_LITE_CACHE", raising=False)
+def kernel_dir(cache_root: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    # `cache_root` also waits for earlier tests' background compiles, which would store
+    # their entries into this folder.
     # Cut every module into as many parts as it has units, up to 3.
     monkeypatch.setattr(engine, "PARALLEL_IR_BYTES", 0)
     monkeypatch.setattr(engine, "optimizer_threads", lambda: 3)
-    cache.clear_memory()
-    yield tmp_path / "kernels"
+    yield cache_root / "kernels"
     cache.clear_memory()
 
 
