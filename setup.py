@@ -67,7 +67,7 @@ setup(
     install_requires=["numpy", "llvmlite>=0.44", "networkx"],
     extras_require={
         "tf": ["tensorflow-cpu>=2.16"],
-        "test": ["pytest", "hypothesis", "ruff"],
+        "test": ["pytest", "pytest-xdist", "hypothesis", "ruff"],
         # Only the benchmark suite's plot needs it (`python -m benchmarks`).
         "bench": ["matplotlib>=3.7"],
         # The GPU backend (codegen/gpu): CuPy built for the CUDA 12 or 13 runtime.

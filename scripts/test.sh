@@ -11,4 +11,6 @@ if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] \
         --no-install-recommends chromium fonts-liberation; } >/dev/null 2>&1 || true
 fi
 .venv/bin/ruff check .
-exec .venv/bin/python -m pytest "$@"
+# Two worker processes, each test file on one of them (its module fixtures and the order of
+# its tests kept); TFXLA_LITE_TEST_WORKERS=0 runs everything in this process.
+exec .venv/bin/python -m pytest -n "${TFXLA_LITE_TEST_WORKERS:-2}" --dist loadfile "$@"
