@@ -34,24 +34,20 @@ from dataclasses import dataclass
 from llvmlite import ir
 
 from tfxla_lite.codegen.cpu import engine, parallel
-from tfxla_lite.codegen.cpu.dot import NewKernel
+from tfxla_lite.codegen.cpu.dot import NewKernel, library_gemm
 from tfxla_lite.codegen.cpu.emitter import (
     I1,
-    I32,
     I64,
     PTR,
-    VOID,
     KernelContext,
     i64,
     minimum,
     row_major_strides,
     storage_type,
-    value_type,
 )
 from tfxla_lite.hlo.convolution import ConvolutionDimensions, group_counts
 from tfxla_lite.hlo.ir import Instruction
 
-_ROW_MAJOR, _NO_TRANS = 101, 111
 # A block's patch rows live on the stack of the thread computing it; this many bytes
 # keep them, with the filter's K×O panel, inside a core's L2.
 PATCH_BYTES = 384 << 10
@@ -180,10 +176,10 @@ def _emit_unit(ctx: KernelContext, inst: Instruction, conv: ConvolutionPlan, out
         _emit_patches(ctx, conv, lhs, buffer, row0, row1, input_offset)
         patches, lda = buffer, conv.k
     column = b.mul(group, i64(conv.group_outputs))
-    _call_gemm(ctx, conv.element_type, b.sub(row1, row0), conv.group_outputs, conv.k,
-               patches, lda, b.gep(rhs, [column], source_etype=etype), outputs,
-               b.gep(output, [b.add(b.mul(row0, i64(outputs)), column)], source_etype=etype),
-               outputs)
+    library_gemm(ctx, conv.element_type, False, False, b.sub(row1, row0), conv.group_outputs,
+                 conv.k, patches, lda, b.gep(rhs, [column], source_etype=etype), outputs,
+                 b.gep(output, [b.add(b.mul(row0, i64(outputs)), column)], source_etype=etype),
+                 outputs)
 
 
 def _emit_patches(ctx: KernelContext, conv: ConvolutionPlan, lhs: ir.Value, buffer: ir.Value,
@@ -226,29 +222,3 @@ def _emit_patches(ctx: KernelContext, conv: ConvolutionPlan, lhs: ir.Value, buff
                 with padding:
                     b.call(memset, [target, ir.Constant(ir.IntType(8), 0), copy_bytes,
                                     ir.Constant(I1, 0)])
-
-
-def _call_gemm(ctx: KernelContext, element_type: str, m: ir.Value, n: int, k: int,
-               a: ir.Value, lda: int, b_matrix: ir.Value, ldb: int, c: ir.Value, ldc: int
-               ) -> None:
-    """C[m, n] = A[m, k] · B[k, n], row major, by the library's GEMM."""
-    routine = engine.gemm(element_type)
-    assert routine is not None
-    blas_int = ir.IntType(routine.int_bits)
-    scalar = value_type(element_type)
-    function = ctx.module.globals.get(routine.symbol)
-    if function is None:
-        signature = ir.FunctionType(VOID, [I32, I32, I32, blas_int, blas_int, blas_int, scalar,
-                                           PTR, blas_int, PTR, blas_int, scalar, PTR, blas_int])
-        function = ir.Function(ctx.module, signature, name=routine.symbol)
-    b = ctx.builder
-
-    def integer(value: ir.Value | int) -> ir.Value:
-        if isinstance(value, int):
-            return ir.Constant(blas_int, value)
-        return value if routine.int_bits == 64 else b.trunc(value, blas_int)
-
-    b.call(function, [ir.Constant(I32, _ROW_MAJOR), ir.Constant(I32, _NO_TRANS),
-                      ir.Constant(I32, _NO_TRANS), integer(m), integer(n), integer(k),
-                      ir.Constant(scalar, 1.0), a, integer(lda), b_matrix, integer(ldb),
-                      ir.Constant(scalar, 0.0), c, integer(ldc)])

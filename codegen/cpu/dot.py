@@ -694,9 +694,12 @@ class Tile:
     col1: ir.Value
 
 
-def _call_gemm(ctx: KernelContext, tile: Tile) -> None:
-    """C[tile] = A[rows] @ B[:, columns] by one library call."""
-    plan, element_type = tile.plan, tile.element_type
+def library_gemm(ctx: KernelContext, element_type: str, transpose_a: bool, transpose_b: bool,
+                 m: ir.Value | int, n: ir.Value | int, k: ir.Value | int, a: ir.Value,
+                 lda: ir.Value | int, b_matrix: ir.Value, ldb: ir.Value | int, c: ir.Value,
+                 ldc: ir.Value | int) -> None:
+    """C[m, n] = op(A) · op(B), row major, by one call of the library's GEMM (declared
+    in the module once); i64 sizes are narrowed to the library's integer width."""
     routine = engine.gemm(element_type)
     assert routine is not None
     blas_int = ir.IntType(routine.int_bits)
@@ -707,29 +710,36 @@ def _call_gemm(ctx: KernelContext, tile: Tile) -> None:
                                            PTR, blas_int, PTR, blas_int, scalar, PTR, blas_int])
         function = ir.Function(ctx.module, signature, name=routine.symbol)
     b = ctx.builder
-    etype = storage_type(element_type)
 
     def integer(value: ir.Value | int) -> ir.Value:
         if isinstance(value, int):
             return ir.Constant(blas_int, value)
         return value if routine.int_bits == 64 else b.trunc(value, blas_int)
 
+    b.call(function, [
+        ir.Constant(I32, _ROW_MAJOR),
+        ir.Constant(I32, _TRANS if transpose_a else _NO_TRANS),
+        ir.Constant(I32, _TRANS if transpose_b else _NO_TRANS),
+        integer(m), integer(n), integer(k), ir.Constant(scalar, 1.0),
+        a, integer(lda), b_matrix, integer(ldb), ir.Constant(scalar, 0.0), c, integer(ldc),
+    ])
+
+
+def _call_gemm(ctx: KernelContext, tile: Tile) -> None:
+    """C[tile] = A[rows] @ B[:, columns] by one library call."""
+    plan = tile.plan
+    b = ctx.builder
+    etype = storage_type(tile.element_type)
     lhs_start = tile.row0 if plan.transpose_a else b.mul(tile.row0, i64(plan.lda))
     rhs_start = b.mul(tile.col0, i64(plan.ldb)) if plan.transpose_b else tile.col0
     out_start = b.add(b.mul(tile.row0, i64(plan.n)), tile.col0)
-    b.call(function, [
-        ir.Constant(I32, _ROW_MAJOR),
-        ir.Constant(I32, _TRANS if plan.transpose_a else _NO_TRANS),
-        ir.Constant(I32, _TRANS if plan.transpose_b else _NO_TRANS),
-        integer(b.sub(tile.row1, tile.row0)), integer(b.sub(tile.col1, tile.col0)),
-        integer(plan.k), ir.Constant(scalar, 1.0),
-        b.gep(tile.lhs, [b.add(tile.lhs_offset, lhs_start)], source_etype=etype),
-        integer(plan.lda),
-        b.gep(tile.rhs, [b.add(tile.rhs_offset, rhs_start)], source_etype=etype),
-        integer(plan.ldb), ir.Constant(scalar, 0.0),
+    library_gemm(
+        ctx, tile.element_type, plan.transpose_a, plan.transpose_b,
+        b.sub(tile.row1, tile.row0), b.sub(tile.col1, tile.col0), plan.k,
+        b.gep(tile.lhs, [b.add(tile.lhs_offset, lhs_start)], source_etype=etype), plan.lda,
+        b.gep(tile.rhs, [b.add(tile.rhs_offset, rhs_start)], source_etype=etype), plan.ldb,
         b.gep(tile.out, [b.add(tile.out_offset, out_start)], source_etype=etype),
-        integer(max(1, plan.n)),
-    ])
+        max(1, plan.n))
 
 
 # Multiply-adds per element per pass of the emitted row loop: the row of C is loaded and
