@@ -46,6 +46,26 @@ def _compiled_gradients() -> int:
                if p.concrete_run is not None)
 
 
+def _value_and_gradient(fn, x: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """fn(x) and its gradient, under an eager tape."""
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = fn(x)
+    return y, tape.gradient(y, x)
+
+
+def _gradient_inside(fn, input_signature=None):
+    """A tf.function that takes fn's gradient with a tape inside its own trace."""
+    @tf.function(input_signature=input_signature)
+    def gradient(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = fn(x)
+        return tape.gradient(y, x)
+
+    return gradient
+
+
 def layer(x: tf.Tensor) -> tf.Tensor:
     return tf.reduce_sum(tf.tanh(x * 1.5 + 0.25) * tf.sin(x))
 
@@ -54,30 +74,17 @@ def layer(x: tf.Tensor) -> tf.Tensor:
 def test_eager_tape_matches_tf_and_compiles_the_backward(mode: str) -> None:
     api._GRADIENT_FUNCTIONS.clear()
     x = _x()
-    results = []
-    for fn in (tf.function(layer), tl.function(layer, **MODES[mode])):
-        with tf.GradientTape() as tape:
-            tape.watch(x)
-            y = fn(x)
-        results.append((y, tape.gradient(y, x)))
+    results = [_value_and_gradient(fn, x)
+               for fn in (tf.function(layer), tl.function(layer, **MODES[mode]))]
     _close(results[1], results[0], "value and gradient")
     assert _compiled_gradients() >= 1
 
 
 @pytest.mark.parametrize("mode", MODES)
 def test_gradient_inside_another_tf_function(mode: str) -> None:
-    def outer_of(fn):
-        @tf.function
-        def outer(x):
-            with tf.GradientTape() as tape:
-                tape.watch(x)
-                y = fn(x)
-            return tape.gradient(y, x)
-        return outer
-
     x = _x()
-    compiled = outer_of(tl.function(layer, **MODES[mode]))
-    _close(compiled(x), outer_of(tf.function(layer))(x), "nested gradient")
+    compiled = _gradient_inside(tl.function(layer, **MODES[mode]))
+    _close(compiled(x), _gradient_inside(tf.function(layer))(x), "nested gradient")
     # The forward launch and the backward's, both in the outer function's library.
     assert _launch_count(compiled.get_concrete_function(x).graph.as_graph_def()) >= 2
 
@@ -141,25 +148,14 @@ def with_custom_gradient(x: tf.Tensor) -> tf.Tensor:
 def test_custom_gradient_and_stop_gradient(mode: str) -> None:
     x = _x(seed=4)
     compiled = tl.function(with_custom_gradient, **MODES[mode])
-    results = []
-    for fn in (tf.function(with_custom_gradient), compiled):
-        with tf.GradientTape() as tape:
-            tape.watch(x)
-            y = fn(x)
-        results.append((y, tape.gradient(y, x)))
+    results = [_value_and_gradient(fn, x) for fn in (tf.function(with_custom_gradient), compiled)]
     _close(results[1], results[0], "custom gradient under an eager tape")
     # Without a tape the call runs compiled.
     assert_close(compiled(x).numpy(), results[0][0].numpy(), "Sum")
     assert compiled.get_concrete_function(x).graph is not None
 
-    @tf.function
-    def nested(x):
-        with tf.GradientTape() as tape:
-            tape.watch(x)
-            y = compiled(x)
-        return tape.gradient(y, x)
-
-    _close(nested(x), results[0][1], "custom gradient inside another tf.function")
+    _close(_gradient_inside(compiled)(x), results[0][1],
+           "custom gradient inside another tf.function")
 
 
 def test_unknown_dimensions_take_the_fallback_branch_gradient() -> None:
@@ -167,20 +163,8 @@ def test_unknown_dimensions_take_the_fallback_branch_gradient() -> None:
     compiled = tl.function(layer, input_signature=spec, min_cluster_size=1)
     reference = tf.function(layer, input_signature=spec)
 
-    @tf.function(input_signature=spec)
-    def step_of_compiled(x):
-        with tf.GradientTape() as tape:
-            tape.watch(x)
-            y = compiled(x)
-        return tape.gradient(y, x)
-
-    @tf.function(input_signature=spec)
-    def step_of_reference(x):
-        with tf.GradientTape() as tape:
-            tape.watch(x)
-            y = reference(x)
-        return tape.gradient(y, x)
-
+    step_of_compiled = _gradient_inside(compiled, spec)
+    step_of_reference = _gradient_inside(reference, spec)
     for rows in (1, 3, 0):
         x = _x((rows, 4), seed=rows)
         _close(step_of_compiled(x), step_of_reference(x), f"{rows} rows")
@@ -207,10 +191,6 @@ def test_gradient_through_a_compiled_loop_body() -> None:
         return tf.reduce_sum(h)
 
     x = tf.constant(np.linspace(-1, 1, 6, dtype=np.float32))
-    results = []
-    for fn in (tf.function(loop), tl.function(loop, min_cluster_size=1)):
-        with tf.GradientTape() as tape:
-            tape.watch(x)
-            y = fn(x)
-        results.append((y, tape.gradient(y, x)))
+    results = [_value_and_gradient(fn, x)
+               for fn in (tf.function(loop), tl.function(loop, min_cluster_size=1))]
     _close(results[1], results[0], "while_v2 gradient of a rewritten body")
