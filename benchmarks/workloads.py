@@ -103,6 +103,22 @@ def _sgd_step(model: tf.keras.Model, loss_fn: Callable, learning_rate: float = 1
     return step
 
 
+def adam_step(model: tf.keras.Model, loss_fn: Callable) -> Callable[..., tf.Tensor]:
+    """A Keras user's training step: the loss under a tape, Adam's `apply_gradients`."""
+    import keras
+
+    optimizer = keras.optimizers.Adam(1e-3)
+    optimizer.build(model.trainable_variables)  # its slots exist before any trace
+
+    def step(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+    return step
+
+
 def _mse(y: tf.Tensor, prediction: tf.Tensor) -> tf.Tensor:
     return tf.reduce_mean(tf.square(prediction - y))
 
@@ -174,20 +190,10 @@ def transformer_encoder_adam(batch: int, sequence: int, vocabulary: int, feature
             h = keras.layers.LayerNormalization()(h + keras.layers.Dense(features)(ffn))
         pooled = keras.layers.GlobalAveragePooling1D()(h)
         model = keras.Model(inputs, keras.layers.Dense(1)(pooled))
-        optimizer = keras.optimizers.Adam(1e-3)
-        optimizer.build(model.trainable_variables)
         rng = np.random.default_rng(4)
         x = tf.constant(rng.integers(0, vocabulary, (batch, sequence)), tf.int32)
         (y,) = _tensors([(batch, 1)], seed=5)
-
-        def step(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
-            with tf.GradientTape() as tape:
-                loss = _mse(y, model(x, training=True))
-            grads = tape.gradient(loss, model.trainable_variables)
-            optimizer.apply_gradients(zip(grads, model.trainable_variables))
-            return loss
-
-        return step, [x, y]
+        return adam_step(model, _mse), [x, y]
 
     tokens = batch * sequence
     dense = 4 * features * features + 8 * features * features
@@ -229,5 +235,5 @@ def by_name(names: list[str], quick: bool) -> list[Workload]:
     return [table[n] for n in names]
 
 
-__all__ = ["Workload", "by_name", "layer_norm", "measured_options", "softmax",
+__all__ = ["Workload", "adam_step", "by_name", "layer_norm", "measured_options", "softmax",
            "transformer_encoder_adam", "workloads"]

@@ -49,7 +49,11 @@ import tensorflow as tf  # noqa: E402
 import tfxla_lite as tl  # noqa: E402
 from benchmarks.report import geomean  # noqa: E402
 from benchmarks.run import forget_conversions, private_cache, warm_up  # noqa: E402
-from benchmarks.workloads import transformer_encoder_adam  # noqa: E402
+from benchmarks.workloads import (  # noqa: E402
+    adam_step,
+    measured_options,
+    transformer_encoder_adam,
+)
 from tfxla_lite import api, coverage  # noqa: E402
 from tfxla_lite.timing import compare  # noqa: E402
 
@@ -88,10 +92,6 @@ class ZooStep:
     prepare: Callable[[], Callable[[str], Variant]]
 
 
-def _strict() -> Any:
-    return tl.get_options().with_changes(strict_jit_compile=True)
-
-
 def _function_variants(fn: Callable[..., Any], args: list[tf.Tensor]
                        ) -> Callable[[str], Variant]:
     """The three compilers' forms of a step that is a Python function of tensors."""
@@ -111,7 +111,7 @@ def _lite_variant(fn: Callable[..., Any], args: list[tf.Tensor]) -> Variant:
     def call() -> object:
         if "function" in chosen:
             return chosen["function"](*args)
-        lite = tl.function(fn, jit_compile=True, options=_strict())
+        lite = tl.function(fn, jit_compile=True, options=measured_options())
         try:
             result = lite(*args)
             chosen.update(function=lite, mode="jit")
@@ -168,22 +168,6 @@ def _labels(batch: int, classes: int, seed: int) -> tf.Tensor:
     return tf.constant(np.random.default_rng(seed).integers(0, classes, (batch,)), tf.int32)
 
 
-def _tape_step(model: Any, loss_fn: Callable[..., tf.Tensor]) -> Callable[..., tf.Tensor]:
-    """A Keras user's training step: loss under a tape, Adam's `apply_gradients`."""
-    import keras
-
-    optimizer = keras.optimizers.Adam(1e-3)
-    optimizer.build(model.trainable_variables)  # its slots exist before any trace
-
-    def step(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
-    return step
-
-
 def _sparse_cross_entropy(y: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
     import keras
 
@@ -202,7 +186,7 @@ def _classifier_steps(name: str, description: str, build: Callable[[], Any],
         return build()
 
     def train() -> Callable[[str], Variant]:
-        return _function_variants(_tape_step(model(), _sparse_cross_entropy),
+        return _function_variants(adam_step(model(), _sparse_cross_entropy),
                                   [x(), _labels(batch, classes, 1)])
 
     def infer() -> Callable[[str], Variant]:
