@@ -47,7 +47,7 @@ from tfxla_lite.clustering.registry import OP_RULES, constant_value, known_dims
 from tfxla_lite.codegen import compile_module
 from tfxla_lite.collector import collector_paused
 from tfxla_lite.hlo import HloModule
-from tfxla_lite.rewrite import ORIGINAL_INPUT_PREFIX, set_original
+from tfxla_lite.rewrite import ORIGINAL_INPUT_PREFIX, set_original, template_node
 from tfxla_lite.runtime import gpu_launch, loader
 
 logger = logging.getLogger("tfxla_lite")
@@ -55,8 +55,6 @@ logger = logging.getLogger("tfxla_lite")
 # The launch node's `ORIGINAL_ATTR` template and this one are the same GraphDef.
 INPUT_PREFIX = ORIGINAL_INPUT_PREFIX
 _VALUE_DTYPES = frozenset({"int32", "int64", "bool"})
-# Attributes that name nodes outside the template, or shapes it no longer has.
-_DROPPED_ATTRS = ("_class", "_output_shapes")
 
 
 def is_static(graph: tf.Graph, cluster: Cluster) -> bool:
@@ -255,13 +253,7 @@ def plan_dynamic_cluster(graph: tf.Graph, cluster: Cluster, key: str, name: str
     body = []
     for op_name in cluster.op_names:
         op = graph.get_operation_by_name(op_name)
-        node = tf.compat.v1.NodeDef()
-        node.CopyFrom(op.node_def)
-        node.device = ""
-        for attr in _DROPPED_ATTRS:
-            if attr in node.attr:
-                del node.attr[attr]
-        del node.input[:]
+        node = template_node(op.node_def)
         for tensor in op.inputs:
             if tensor.op.name in inside:
                 node.input.append(tensor.name if tensor.value_index else tensor.op.name)
@@ -300,12 +292,7 @@ def _add_constant(template: tf.compat.v1.GraphDef, tensor: tf.Tensor,
     """A Const node in `template` for an outside tensor of known value; its name."""
     node = template.node.add()
     if value is None:  # a Const op itself: copied under its own name, as lowering expects
-        node.CopyFrom(tensor.op.node_def)
-        del node.input[:]
-        node.device = ""
-        for attr in _DROPPED_ATTRS:
-            if attr in node.attr:
-                del node.attr[attr]
+        node.CopyFrom(template_node(tensor.op.node_def))
         return tensor.op.name
     node.name = f"tfxla_lite_constant_{len(template.node)}"
     node.op = "Const"

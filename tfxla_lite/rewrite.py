@@ -177,6 +177,20 @@ def rewrite_graph_def(graph_def: tf.compat.v1.GraphDef,
     return result
 
 
+def template_node(node: Any) -> tf.compat.v1.NodeDef:
+    """A copy of `node` (a NodeDef) for a cluster's template GraphDef: no inputs, no
+    device, none of the attributes that name nodes outside it (`_class`) or shapes it
+    no longer has (`_output_shapes`)."""
+    copy = tf.compat.v1.NodeDef()
+    copy.CopyFrom(node)
+    del copy.input[:]
+    copy.device = ""
+    for attr in ("_class", "_output_shapes"):
+        if attr in copy.attr:
+            del copy.attr[attr]
+    return copy
+
+
 def cluster_template(nodes_by_name: dict[str, Any], cluster: CompiledCluster
                      ) -> tf.compat.v1.GraphDef | None:
     """The cluster's own ops as a GraphDef over placeholders for its inputs (Const nodes
@@ -192,13 +206,7 @@ def cluster_template(nodes_by_name: dict[str, Any], cluster: CompiledCluster
     copied: set[str] = set()
     body = []
     for name in cluster.op_names:
-        node = tf.compat.v1.NodeDef()
-        node.CopyFrom(nodes_by_name[name])
-        node.device = ""
-        for attr in ("_class", "_output_shapes"):  # name outside nodes / stale shapes
-            if attr in node.attr:
-                del node.attr[attr]
-        del node.input[:]
+        node = template_node(nodes_by_name[name])
         for reference in nodes_by_name[name].input:
             op, index, control = _split_input(reference)
             if op in inside:
@@ -210,12 +218,7 @@ def cluster_template(nodes_by_name: dict[str, Any], cluster: CompiledCluster
             elif nodes_by_name[op].op == "Const":
                 if op not in copied:
                     copied.add(op)
-                    constant = template.node.add()
-                    constant.CopyFrom(nodes_by_name[op])
-                    constant.device = ""
-                    for attr in ("_class", "_output_shapes"):
-                        if attr in constant.attr:
-                            del constant.attr[attr]
+                    template.node.append(template_node(nodes_by_name[op]))
                 node.input.append(reference)
             else:
                 return None
