@@ -192,7 +192,9 @@ def _grow_group(root: Instruction, needed: set[int]) -> list[Instruction]:
             times = evaluations[id(member)] * element_reuse(member, number)
             exclusive = id(producer) not in needed and all(
                 _is_exclusive(user, root, member_ids) for user in producer.users)
-            if not should_fuse(producer, times, exclusive, buffer_written(producer, needed)):
+            # (Whether its buffer is written anyway matters only to a duplicate.)
+            written = not exclusive and buffer_written(producer, needed)
+            if not should_fuse(producer, times, exclusive, written):
                 continue  # maybe a later member makes it exclusive
             members.append(producer)
             member_ids.add(id(producer))
