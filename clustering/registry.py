@@ -485,6 +485,7 @@ def _load_rules() -> None:
         rules_gradients,
         rules_indexing,
         rules_nn,
+        rules_pool,
         rules_slicing,
         rules_tensor,
     )

@@ -22,9 +22,9 @@ NOT_SUPPORTED: dict[str, str] = {
                                                          "(TF's XLA draws other numbers)",
     "Einsum with an ellipsis or a repeated label": "not lowered yet (a diagonal needs a gather)",
     "If, While, StatelessIf, StatelessWhile": "control flow is not clustered yet",
-    "Conv2DBackpropInput, Conv2DBackpropFilter, the 3-D and depthwise backprops, pooling, "
-    "FusedBatchNormV3 and their gradients": "not lowered yet (issue 21: forward "
-                                            "convolutions are)",
+    "Conv2DBackpropInput, Conv2DBackpropFilter, the 3-D and depthwise backprops, "
+    "FusedBatchNormV3 and its gradient": "not lowered yet (issue 21: forward convolutions "
+                                         "and pooling are)",
 }
 
 # Where TF's kernels and XLA disagree: (TF ops, TF's CPU kernel, TF's XLA, tfxla-lite),
@@ -57,6 +57,12 @@ SEMANTICS: tuple[tuple[str, str, str, str], ...] = (
      "2048, a mean can overflow to inf", "accumulate in float32, round once", "as XLA"),
     ("Max, Min reductions over a NaN", "NaN", "can drop it: reduce_max([1, NaN, 3]) is 3",
      "as TF (NaN)"),
+    ("MaxPool (2-D and 3-D) over NaN, or a window of -inf", "skips NaN; a window of "
+     "NaN or -inf gives the lowest finite value", "skips NaN; a window of -inf gives -inf",
+     "as TF"),
+    ("MaxPoolGrad among equal maxima, and over NaN", "the first maximum in row-major "
+     "window order; a NaN only when it is first", "the first maximum, but the element "
+     "after a NaN replaces it (select-and-scatter with ge)", "as TF"),
     ("Cumsum, Cumprod of float16/bfloat16", "accumulate in the 2-byte type",
      "accumulate in float32", "as TF"),
 )

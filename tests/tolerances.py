@@ -39,6 +39,8 @@ _ZERO_SIGN_FREE = Tolerance(ulps=1, signed_zero=True)
 _ACCUMULATING = Tolerance(ulps=4, atol=1e-5, rtol=1e-5, signed_zero=True)
 
 _CONVOLUTIONS = ("Conv2D", "Conv3D", "DepthwiseConv2dNative", "convolution")
+_POOLING_AND_NORMALIZATION = ("AvgPool", "AvgPool3D", "AvgPoolGrad", "AvgPool3DGrad",
+                              "MaxPool3DGrad", "FusedBatchNormV3", "FusedBatchNormGradV3")
 
 TOLERANCES: dict[str, Tolerance] = {
     # transcendental element-wise ops: TF (Eigen) and codegen use polynomial approximations
@@ -80,6 +82,8 @@ TOLERANCES: dict[str, Tolerance] = {
     **{op: _ACCUMULATING for op in ("BiasAddGrad", "L2Loss", "Einsum", "BatchMatMulV3")},
     # convolutions: sums over windows and input features, in another order than TF's
     **{op: _ACCUMULATING for op in _CONVOLUTIONS},
+    # pooling sums and batch norm's statistics, in another order than TF's
+    **{op: _ACCUMULATING for op in _POOLING_AND_NORMALIZATION},
     "SoftmaxCrossEntropyWithLogits": Tolerance(ulps=8, atol=1e-6, rtol=1e-6),
     "SparseSoftmaxCrossEntropyWithLogits": Tolerance(ulps=8, atol=1e-6, rtol=1e-6),
     # whole backward passes (GradientTape over a model): chains of accumulations and
@@ -92,7 +96,8 @@ TOLERANCES: dict[str, Tolerance] = {
 _F64_OVERRIDES: dict[str, Tolerance] = {
     **{op: Tolerance(ulps=4, atol=1e-13, rtol=1e-12, signed_zero=True) for op in (
         "Sum", "Mean", "Prod", "AddN", "MatMul", "BatchMatMulV2", "BatchMatMul", "reduce",
-        "dot", "BiasAddGrad", "L2Loss", "Einsum", "BatchMatMulV3", *_CONVOLUTIONS)},
+        "dot", "BiasAddGrad", "L2Loss", "Einsum", "BatchMatMulV3", *_CONVOLUTIONS,
+        *_POOLING_AND_NORMALIZATION)},
 }
 
 
@@ -105,7 +110,8 @@ _F64_OVERRIDES: dict[str, Tolerance] = {
 _BF16_INTERMEDIATE_ROUNDING = frozenset({
     "Sum", "Mean", "Prod", "AddN", "MatMul", "BatchMatMulV2", "BatchMatMul", "reduce", "dot",
     "BiasAddGrad", "L2Loss", "Einsum", "BatchMatMulV3", "Softmax", "LogSoftmax",
-    "SoftmaxCrossEntropyWithLogits", "SparseSoftmaxCrossEntropyWithLogits", *_CONVOLUTIONS})
+    "SoftmaxCrossEntropyWithLogits", "SparseSoftmaxCrossEntropyWithLogits", *_CONVOLUTIONS,
+    *_POOLING_AND_NORMALIZATION})
 
 
 def tolerance(op_type: str, dtype: np.dtype | type | str = np.float32) -> Tolerance:
