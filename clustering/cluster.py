@@ -14,6 +14,10 @@ instead of taking it as an input. A Const whose consumers all ended up in one cl
 (and that has no control inputs) is listed among that cluster's ops, so that the graph
 rewrite removes it.
 
+Clusters that no path joins then merge into one (`merge_independent_clusters`): each
+is a launch op otherwise, and a training step's per-variable optimizer updates are
+many such.
+
 Size: a cluster's size counts its ops except Const and pass-through Identity-like
 ops (`TRIVIAL_OPS`), so a cluster of only those is never formed.
 """
@@ -154,8 +158,12 @@ def _only_path_is_direct(graph: nx.DiGraph, u: str, v: str) -> bool:
 
 
 def form_clusters(graph: tf.Graph, decisions: dict[str, Decision], min_cluster_size: int = 4,
-                  max_cluster_size: int | None = None) -> list[Cluster]:
-    """Clusters of compilable ops, named cluster_0, cluster_1... in topological order."""
+                  max_cluster_size: int | None = None, merge_independent: bool = True
+                  ) -> list[Cluster]:
+    """Clusters of compilable ops, named cluster_0, cluster_1... in topological order.
+
+    `merge_independent`: clusters with no path between them merge into one launch
+    (`merge_independent_clusters`)."""
     ops = graph.get_operations()
     dependencies = _dependency_graph(ops)
     index = {op.name: n for n, op in enumerate(ops)}
@@ -183,6 +191,8 @@ def form_clusters(graph: tf.Graph, decisions: dict[str, Decision], min_cluster_s
         if counted_size(by_name[n].type for n in group) >= max(min_cluster_size, 1):
             kept.append(group)
     kept.sort(key=lambda g: min(order[n] for n in g))
+    if merge_independent:
+        kept = merge_independent_clusters(kept, dependencies, topo, by_name, max_cluster_size)
     for number, group in enumerate(kept):
         for name in group:
             owner[name] = f"cluster_{number}"
@@ -195,6 +205,74 @@ def form_clusters(graph: tf.Graph, decisions: dict[str, Decision], min_cluster_s
         op_names = sorted((n for n, c in owner.items() if c == name), key=order.__getitem__)
         clusters.append(_describe(graph, name, [by_name[n] for n in op_names], edges))
     return clusters
+
+
+def merge_independent_clusters(groups: list[list[str]], dependencies: nx.DiGraph,
+                               topo: list[str], by_name: dict[str, tf.Operation],
+                               max_size: int | None) -> list[list[str]]:
+    """Merge clusters that no path joins, in either direction, into one launch each.
+
+    Contraction only joins ops along edges, so independent work (each variable's
+    optimizer update, reading the variables TF updated before it) forms one small
+    cluster apiece, each a launch op, a TF executor hop and an allocation per step.
+    Merging two clusters makes a cycle exactly when a path leads from one to the
+    other, so a cluster joins the first earlier group (in topological order) that it
+    neither reaches nor is reached from, on the same device and within `max_size`.
+    Only clusters whose shapes are all static merge: one with unknown dimensions
+    compiles per input shape, and would drag its partner's compile along.
+
+    Reachability is kept transitively closed over the groups as they merge: `reach[g]`
+    is a bit set of the clusters reachable from group g (through any ops), so that a
+    merge adds to it what its partner reaches, and every group reaching either side
+    then reaches all of that.
+    """
+    if len(groups) < 2:
+        return groups
+    owner = {name: n for n, group in enumerate(groups) for name in group}
+    # Clusters reachable from each op: successors' own bits and what they reach, from the
+    # sinks up.
+    below: dict[str, int] = {}
+    for name in reversed(topo):
+        bits = 0
+        for successor in dependencies.successors(name):
+            bits |= below[successor]
+            if successor in owner:
+                bits |= 1 << owner[successor]
+        below[name] = bits
+    reach = [0] * len(groups)
+    for name, n in owner.items():
+        reach[n] |= below[name]
+    mask = [1 << n for n in range(len(groups))]
+    for n in range(len(groups)):
+        reach[n] &= ~mask[n]  # a path leaving a cluster and coming back is contraction's
+    sizes = [counted_size(by_name[name].type for name in group) for group in groups]
+    mergeable = [_static(by_name[name] for name in group) for group in groups]
+    device = [by_name[group[0]].device for group in groups]
+    leader = list(range(len(groups)))  # the group each one now belongs to
+    for n in range(1, len(groups)):
+        if not mergeable[n]:
+            continue
+        for m in range(n):
+            if (leader[m] != m or not mergeable[m] or device[m] != device[n]
+                    or (max_size is not None and sizes[m] + sizes[n] > max_size)
+                    or reach[m] & mask[n] or reach[n] & mask[m]):
+                continue
+            mask[m] |= mask[n]
+            reach[m] |= reach[n]
+            sizes[m] += sizes[n]
+            leader[n] = m
+            for other in range(len(groups)):
+                if leader[other] == other and reach[other] & mask[m]:
+                    reach[other] |= reach[m]
+            break
+    merged: dict[int, list[str]] = {}
+    for n, group in enumerate(groups):
+        merged.setdefault(leader[n], []).extend(group)
+    return list(merged.values())
+
+
+def _static(ops: Iterable[tf.Operation]) -> bool:
+    return all(t.shape.is_fully_defined() for op in ops for t in list(op.inputs) + op.outputs)
 
 
 class _CrossingEdges:
@@ -261,9 +339,9 @@ def _describe(graph: tf.Graph, name: str, ops: list[tf.Operation], edges: _Cross
 
 
 def cluster_graph(graph: tf.Graph, options: MarkOptions | None = None,
-                  min_cluster_size: int = 4, max_cluster_size: int | None = None
-                  ) -> ClusteringResult:
+                  min_cluster_size: int = 4, max_cluster_size: int | None = None,
+                  merge_independent: bool = True) -> ClusteringResult:
     """Mark and cluster `graph` in one call."""
     decisions = mark(graph, options)
     return ClusteringResult(decisions, form_clusters(graph, decisions, min_cluster_size,
-                                                     max_cluster_size))
+                                                     max_cluster_size, merge_independent))

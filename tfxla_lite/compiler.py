@@ -453,7 +453,8 @@ def _compile_graph(graph: tf.Graph, function_name: str, settings: _Settings,
                                         tf_kernels=tf_kernels))
     min_size = 1 if jit_compile else options.min_cluster_size
     clusters = form_clusters(graph, decisions, min_cluster_size=min_size,
-                             max_cluster_size=options.max_cluster_size)
+                             max_cluster_size=options.max_cluster_size,
+                             merge_independent=options.merge_independent_clusters)
 
     clustered = {name for c in clusters for name in c.op_names}
     for op in graph.get_operations():

@@ -84,6 +84,8 @@ FLAGS: dict[str, Flag] = {flag.name: flag for flag in (
     Flag("min_cluster_size", "N", _integer,
          "smallest cluster compiled in auto mode, in ops (default 4)"),
     Flag("max_cluster_size", "N", _integer, "largest cluster, in ops (default: no limit)"),
+    Flag("merge_independent_clusters", "", _boolean,
+         "clusters no path joins run as one launch op (default true)"),
     Flag("ops_to_cluster", "OP,OP,...", lambda text: frozenset(_names(text)),
          "only these TF op types may join a cluster, e.g. AddV2,MatMul"),
     Flag("clustering_debug", "", _boolean, "log every clustering decision at INFO"),

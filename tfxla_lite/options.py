@@ -29,6 +29,9 @@ class Options:
     `min_cluster_size` is the smallest cluster worth compiling in auto mode
     (TF's default is 4); must-compile mode uses 1, so that every op compiles.
     `max_cluster_size` bounds a cluster's op count (None: no bound).
+    `merge_independent_clusters` (default True): clusters of one graph that no path
+    joins merge into one launch op (`clustering/cluster.py`), as a training step's
+    per-variable optimizer updates; False keeps one launch per connected cluster.
     `pipeline` is the pass pipeline in its text form (see
     `tfxla_lite.passes.pipeline`); `None` means the default one, and
     `disable_passes` names passes taken out of it (`effective_pipeline`).
@@ -75,6 +78,7 @@ class Options:
 
     min_cluster_size: int = 4
     max_cluster_size: int | None = None
+    merge_independent_clusters: bool = True
     pipeline: str | None = None
     verify: bool = False
     auto_jit: int = 0

@@ -11,6 +11,7 @@ from tf_harness import sample, trace
 from tolerances import assert_close
 
 from tfxla_lite.clustering import Cluster, cluster_graph, counted_size, lower_cluster
+from tfxla_lite.clustering.mark import MarkOptions
 from tfxla_lite.hlo.evaluator import evaluate
 
 
@@ -193,3 +194,72 @@ def test_result_waiting_for_variable_writes_keeps_its_producer_in_the_cluster() 
     (cluster,) = clusters
     assert "Mean" in op_types(concrete, cluster)
     assert returned.name not in cluster.op_names  # it stays in TF, after the write
+
+
+def _contracted_is_acyclic(graph: Any, clusters: list[Cluster]) -> bool:
+    """Whether the graph stays a DAG with each cluster contracted to one node."""
+    import networkx as nx
+    owner = {name: c.name for c in clusters for name in c.op_names}
+    contracted = nx.DiGraph()
+    for op in graph.get_operations():
+        node = owner.get(op.name, op.name)
+        contracted.add_node(node)
+        for source in [t.op for t in op.inputs] + list(op.control_inputs):
+            start = owner.get(source.name, source.name)
+            if start != node:
+                contracted.add_edge(start, node)
+    return nx.is_directed_acyclic_graph(contracted)
+
+
+def test_clusters_no_path_joins_merge_into_one() -> None:
+    # exp(x)*2 feeds lgamma (no lowering), whose result feeds tanh(.)+1: two clusters with
+    # a path between them. sin(y)*3 is joined to neither, so it merges into the first.
+    def fn(x: Any, y: Any) -> Any:
+        a = tf.exp(x) * 2.0
+        b = tf.tanh(tf.math.lgamma(a)) + 1.0
+        return b, tf.sin(y) * 3.0
+
+    merged, concrete = clusters_of(fn, (4,), (3,), min_cluster_size=1)
+    separate, _ = clusters_of(fn, (4,), (3,), min_cluster_size=1, merge_independent=False)
+    assert len(separate) == 3 and len(merged) == 2
+    assert {"Exp", "Sin"} <= set(op_types(concrete, merged[0]))
+    assert {"Tanh", "AddV2"} <= set(op_types(concrete, merged[1]))
+    assert _contracted_is_acyclic(concrete.graph, merged)
+
+
+def test_merging_never_closes_a_cycle_through_another_merge() -> None:
+    # A → lgamma → C and D → lgamma → B: A and D are independent, so are C and B, but
+    # {A, D} and {C, B} may not become one (A reaches C).
+    def fn(x: Any, y: Any) -> Any:
+        a = tf.exp(x) * 2.0
+        d = tf.sin(y) * 3.0
+        c = tf.tanh(tf.math.lgamma(a)) + 1.0
+        b = tf.cos(tf.math.lgamma(d)) + 1.0
+        return c, b
+
+    clusters, concrete = clusters_of(fn, (4,), (3,), min_cluster_size=1)
+    assert len(clusters) == 2
+    assert _contracted_is_acyclic(concrete.graph, clusters)
+    assert {"Exp", "Sin"} <= set(op_types(concrete, clusters[0]))
+    assert {"Tanh", "Cos"} <= set(op_types(concrete, clusters[1]))
+
+
+def test_independent_clusters_with_unknown_dimensions_stay_apart() -> None:
+    def fn(x: Any, y: Any) -> Any:
+        return tf.exp(x) * 2.0, tf.sin(y) * 3.0
+
+    concrete = tf.function(fn).get_concrete_function(
+        tf.TensorSpec([None], tf.float32), tf.TensorSpec([3], tf.float32))
+    clusters = cluster_graph(concrete.graph, MarkOptions(dynamic_shapes=True),
+                             min_cluster_size=1).clusters
+    assert len(clusters) == 2
+
+
+def test_merge_respects_max_cluster_size() -> None:
+    def fn(x: Any, y: Any) -> Any:
+        return tf.exp(x) * 2.0, tf.sin(y) * 3.0
+
+    clusters, _ = clusters_of(fn, (4,), (3,), min_cluster_size=1, max_cluster_size=3)
+    assert len(clusters) == 2
+    clusters, _ = clusters_of(fn, (4,), (3,), min_cluster_size=1, max_cluster_size=4)
+    assert len(clusters) == 1
