@@ -58,6 +58,7 @@ _HALF_TYPES = frozenset({"f16", "bf16"})
 
 LowerFn = Callable[["LoweringContext", "tf.Operation", list[Any]], list[Instruction]]
 CheckFn = Callable[["tf.Operation"], "str | None"]
+OutputDimsFn = Callable[["tf.Operation", int], "tuple[int, ...] | None"]
 
 
 class LoweringError(ValueError):
@@ -73,7 +74,10 @@ class OpRule:
     `unused_inputs` (whose values the lowering never reads, e.g. Reshape's shape: the
     static output shape says it). `static_leading` names an integer attr (DynamicStitch's
     `N`): that many leading inputs are static too. `check` rejects op instances the
-    lowering cannot handle, returning a reason.
+    lowering cannot handle, returning a reason. `output_dims(op, index)` gives the dims
+    of an output that TF's shape inference leaves unknown but the rule knows (None when
+    it does not): FusedBatchNormV3's empty reserve space, and the ZerosLike a gradient
+    makes of it.
     """
 
     op_type: str
@@ -84,6 +88,7 @@ class OpRule:
     check: CheckFn | None = None
     note: str = ""
     static_leading: str = ""
+    output_dims: OutputDimsFn | None = None
 
     def _static(self, op: tf.Operation) -> tuple[int, ...]:
         leading = tuple(range(int(op.get_attr(self.static_leading)))) \
@@ -109,6 +114,7 @@ def register(
     check: CheckFn | None = None,
     note: str = "",
     static_leading: str = "",
+    output_dims: OutputDimsFn | None = None,
 ) -> Callable[[LowerFn], LowerFn]:
     """Register `lower` for each of `op_types`; negative input indices count from the end.
     `note` is the limit users read in docs/supported_ops.md."""
@@ -118,7 +124,7 @@ def register(
             if op_type in OP_RULES:
                 raise ValueError(f"TF op type {op_type} registered twice")
             OP_RULES[op_type] = OpRule(op_type, lower, dtypes, static_inputs, unused_inputs,
-                                       check, note, static_leading)
+                                       check, note, static_leading, output_dims)
         return lower
 
     return decorate
@@ -157,6 +163,15 @@ def static_dims(tensor: tf.Tensor) -> tuple[int, ...] | None:
     return tuple(int(d) for d in shape.as_list())
 
 
+def same_dims_as_input(input_index: int) -> OutputDimsFn:
+    """`OpRule.output_dims` of an op whose outputs have the dims of one of its inputs."""
+
+    def dims(op: tf.Operation, index: int) -> tuple[int, ...] | None:
+        return known_dims(op.inputs[input_index])
+
+    return dims
+
+
 def tensor_shape(tensor: tf.Tensor) -> Shape:
     dims = static_dims(tensor)
     if dims is None:
@@ -170,6 +185,11 @@ def known_dims(tensor: tf.Tensor) -> tuple[int, ...] | None:
     dims = static_dims(tensor)
     if dims is not None:
         return dims
+    rule = OP_RULES.get(tensor.op.type)
+    if rule is not None and rule.output_dims is not None:
+        dims = rule.output_dims(tensor.op, tensor.value_index)
+        if dims is not None:
+            return dims
     value = constant_value(tensor)
     return None if value is None else tuple(value.shape)
 
@@ -466,7 +486,11 @@ class LoweringContext:
     # -- facts about the op being lowered --
     def output_shape(self, index: int = 0) -> Shape:
         assert self.op is not None
-        return tensor_shape(self.op.outputs[index])
+        tensor = self.op.outputs[index]
+        dims = known_dims(tensor)
+        if dims is None:
+            raise LoweringError(f"shape of {tensor.name} is not fully static: {tensor.shape}")
+        return Shape(element_type(tensor.dtype), dims)
 
     def static_input(self, index: int) -> np.ndarray:
         """The compile-time value of the op's input `index` (a Const, maybe via Identity)."""
@@ -480,6 +504,7 @@ class LoweringContext:
 def _load_rules() -> None:
     # The rule modules register themselves on import; they import this module first.
     from tfxla_lite.clustering import (  # noqa: F401
+        rules_batch_norm,
         rules_conv,
         rules_elementwise,
         rules_gradients,

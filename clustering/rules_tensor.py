@@ -23,6 +23,7 @@ from tfxla_lite.clustering.registry import (
     constant_value,
     element_type,
     register,
+    same_dims_as_input,
     static_dims,
     value_range,
 )
@@ -74,13 +75,13 @@ def _lower_range(ctx: LoweringContext, op: tf.Operation, operands: Operands
     return [ctx.constant(values, out.element_type)]
 
 
-@register("ZerosLike", dtypes=ALL, unused_inputs=(0,))
+@register("ZerosLike", dtypes=ALL, unused_inputs=(0,), output_dims=same_dims_as_input(0))
 def _lower_zeros_like(ctx: LoweringContext, op: tf.Operation, operands: Operands
                       ) -> list[Instruction]:
     return [ctx.full(0, ctx.output_shape())]
 
 
-@register("OnesLike", dtypes=ALL, unused_inputs=(0,))
+@register("OnesLike", dtypes=ALL, unused_inputs=(0,), output_dims=same_dims_as_input(0))
 def _lower_ones_like(ctx: LoweringContext, op: tf.Operation, operands: Operands
                      ) -> list[Instruction]:
     return [ctx.full(1, ctx.output_shape())]

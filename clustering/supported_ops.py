@@ -18,13 +18,20 @@ NOT_SUPPORTED: dict[str, str] = {
                                                "read is a cluster input)",
     "SegmentSum (sorted), DynamicStitch with runtime indices": "not lowered yet (gather "
                                                                "and scatter opcodes exist)",
-    "StatelessRandomUniformV2 and the other random ops": "stay in TF, so masks are TF's "
-                                                         "(TF's XLA draws other numbers)",
+    "StatelessRandomNormalV2, StatelessTruncatedNormalV2, StatelessRandomNormal, "
+    "StatelessTruncatedNormal": "stay in TF, so their numbers are TF's: Box-Muller calls "
+                                "glibc's logf and sincosf, which the CPU backend's own log "
+                                "does not reproduce bit for bit (the uniform and integer "
+                                "draws compile)",
+    "StatelessRandomGetAlg": "stateful in TF's op registry (its value depends on the "
+                             "device), so not a compile-time alg; TF's Python API passes a "
+                             "constant alg instead",
+    "StatelessRandomUniformV2 etc. with the ThreeFry alg, or an alg known only at run time":
+        "stay in TF (only TF's Philox is reproduced)",
     "Einsum with an ellipsis or a repeated label": "not lowered yet (a diagonal needs a gather)",
     "If, While, StatelessIf, StatelessWhile": "control flow is not clustered yet",
-    "Conv2DBackpropInput, Conv2DBackpropFilter, the 3-D and depthwise backprops, "
-    "FusedBatchNormV3 and its gradient": "not lowered yet (issue 21: forward convolutions "
-                                         "and pooling are)",
+    "Conv2DBackpropInput, Conv2DBackpropFilter, the 3-D and depthwise backprops":
+        "not lowered yet (issue 21: forward convolutions, pooling and batch norm are)",
 }
 
 # Where TF's kernels and XLA disagree: (TF ops, TF's CPU kernel, TF's XLA, tfxla-lite),
@@ -65,6 +72,11 @@ SEMANTICS: tuple[tuple[str, str, str, str], ...] = (
      "after a NaN replaces it (select-and-scatter with ge)", "as TF"),
     ("Cumsum, Cumprod of float16/bfloat16", "accumulate in the 2-byte type",
      "accumulate in float32", "as TF"),
+    ("StatelessRandomUniform(V2), ...UniformInt(V2), ...UniformFullInt(V2), "
+     "StatelessRandomGetKeyCounter(Alg): a seed or key and counter",
+     "Philox-4x32-10 and TF's bits-to-number conversions",
+     "other numbers for the same seed (XLA's own bit generator and conversions)",
+     "as TF, bit for bit (so Keras Dropout masks are TF's)"),
 )
 
 _ORDER = ("bool", "int32", "int64", "float16", "bfloat16", "float32", "float64")

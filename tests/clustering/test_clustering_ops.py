@@ -292,6 +292,7 @@ def test_composite_graph_is_one_cluster() -> None:
 
 
 def test_every_registered_op_is_tested() -> None:
+    from test_batch_norm import TESTED_OPS as BATCH_NORM_OPS
     from test_conv_ops import TESTED_OPS as CONV_OPS
     from test_indexing_lowerings import TESTED_OPS as INDEXING_OPS
     from test_pooling import TESTED_OPS as POOLING_OPS
@@ -300,7 +301,7 @@ def test_every_registered_op_is_tested() -> None:
     from test_training_ops import TESTED_OPS as TRAINING_OPS
 
     tested = (SLICING_OPS | TRAINING_OPS | INDEXING_OPS | SCAN_ROLL_BAND_OPS | CONV_OPS
-              | POOLING_OPS
+              | POOLING_OPS | BATCH_NORM_OPS
               | {o for o, _, _ in UNARY}
               | {o for o, _, _ in BINARY}
               | {o for o, _, _ in REDUCTIONS} | {o for o, _, _ in SHAPE_OPS}
