@@ -54,6 +54,7 @@ from tfxla_lite.codegen.cpu.emitter import (
     storage_type,
 )
 from tfxla_lite.hlo.ir import Instruction
+from tfxla_lite.hlo.opcodes import TRANSCENDENTAL
 from tfxla_lite.hlo.shape import Shape
 
 # One cache line, one AVX-512 vector: the unit of a streaming store.
@@ -108,10 +109,8 @@ def streamable(shape: Shape) -> bool:
 # out of line, its constants then in registers, 46 instructions a vector instead of 66).
 # Re-measured with erf 1.3x and tanh 1.5x cheaper (4M floats, best of 200): GELU still
 # 10-20% slower streamed on one and two threads, a lone tanh 15-25% (docs/benchmarks.md).
-COMPUTE_BOUND_OPCODES = frozenset({
-    "exponential", "exponential-minus-one", "log", "log-plus-one", "tanh", "logistic", "erf",
-    "cbrt", "sine", "cosine", "tan", "power", "atan2",
-})
+# These are the transcendentals but sqrt and rsqrt, one instruction each.
+COMPUTE_BOUND_OPCODES = TRANSCENDENTAL - {"sqrt", "rsqrt"}
 
 
 # The shortest contiguous run of output (a row) worth streaming: four lines, so that

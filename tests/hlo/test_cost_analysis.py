@@ -74,3 +74,23 @@ def test_fusion_counts_its_boundary_bytes_and_its_inside_flops() -> None:
                 r"instruction\s+flops\s+transcendentals\s+bytes",
                 r"%add_reduce_fusion\s+95\s+0\s+388",
                 r"total\s+95\s+0\s+388")
+
+
+def test_opcode_facts_come_from_one_table() -> None:
+    """Transcendental and expensive are each opcode's registration, read by cost analysis
+    and fusion alike; an expensive elementwise op is a transcendental, divide or remainder
+    (XLA's IsExpensive)."""
+    from tfxla_lite.hlo.opcodes import OPCODES, TRANSCENDENTAL, is_expensive, is_transcendental
+
+    assert {name for name, info in OPCODES.items() if info.transcendental} == TRANSCENDENTAL
+    expensive = {name for name, info in OPCODES.items()
+                 if is_expensive(name) and info.category == "elementwise"}
+    assert expensive == TRANSCENDENTAL | {"divide", "remainder"}
+    assert is_expensive("dot") and is_expensive("convolution")
+    for name in TRANSCENDENTAL:
+        module, comp = new_module()
+        (x,) = parameters(comp, F)
+        operands = [x, x] if name in ("power", "atan2") else [x]
+        comp.root = comp.create(name, operands)
+        assert is_transcendental(name)
+        assert instruction_cost(comp.root).transcendentals == 32, name

@@ -38,13 +38,9 @@ from dataclasses import dataclass, field
 
 from tfxla_lite.hlo import convolution
 from tfxla_lite.hlo.ir import Computation, HloModule, Instruction
-from tfxla_lite.hlo.opcodes import is_elementwise
+from tfxla_lite.hlo.opcodes import is_elementwise, is_transcendental
 from tfxla_lite.hlo.shape import Shape
 
-TRANSCENDENTAL = frozenset({
-    "exponential", "exponential-minus-one", "log", "log-plus-one", "logistic", "power", "sqrt",
-    "rsqrt", "cbrt", "tanh", "sine", "cosine", "tan", "atan2", "erf",
-})
 FMA_FLOPS = 2
 POINTER_BYTES = 8
 
@@ -118,7 +114,7 @@ def instruction_cost(inst: Instruction) -> Cost:
         return per_combination.scaled(combinations) + Cost(bytes_accessed=_default_bytes(inst))
     if is_elementwise(opcode) and opcode != "copy":
         count = _elements(inst.shape)
-        if opcode in TRANSCENDENTAL:
+        if is_transcendental(opcode):
             return Cost(transcendentals=count, bytes_accessed=_default_bytes(inst))
         return Cost(flops=count, bytes_accessed=_default_bytes(inst))
     return Cost(bytes_accessed=_default_bytes(inst))  # data movement, iota, copy

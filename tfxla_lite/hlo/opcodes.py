@@ -42,15 +42,21 @@ class OpcodeInfo:
     # element; fusion and in-place buffer reuse rely on that.
     category: str
     shape_rule: ShapeRule
-    # Expensive ops are not duplicated into several fusions (XLA's IsExpensive).
+    # A transcendental function of its operands, as XLA's cost analysis counts them
+    # (`transcendentals` in cost_analysis.py).
+    transcendental: bool = False
+    # Not duplicated into several fusions (XLA's IsExpensive): the transcendentals, and
+    # divide and remainder, which take many cycles a vector.
     expensive: bool = False
 
 
 OPCODES: dict[str, OpcodeInfo] = {}
 
 
-def _register(name: str, category: str, rule: ShapeRule, expensive: bool = False) -> None:
-    OPCODES[name] = OpcodeInfo(name, category, rule, expensive)
+def _register(name: str, category: str, rule: ShapeRule, transcendental: bool = False,
+              expensive: bool = False) -> None:
+    OPCODES[name] = OpcodeInfo(name, category, rule, transcendental,
+                               expensive or transcendental)
 
 
 def infer_shape(opcode: str, operand_shapes: list[Shape], attributes: Mapping[str, Any]) -> Shape:
@@ -101,9 +107,11 @@ UNARY_ELEMENTWISE = (
     "logistic", "sqrt", "rsqrt", "cbrt", "erf", "sign", "floor", "ceil", "round-nearest-afz",
     "round-nearest-even", "not", "sine", "cosine", "tan", "copy",
 )
-_EXPENSIVE = {"exponential", "exponential-minus-one", "log", "log-plus-one", "tanh", "logistic",
-              "sqrt", "rsqrt", "cbrt", "erf", "sine", "cosine", "tan", "divide", "power",
-              "remainder", "atan2"}
+TRANSCENDENTAL = frozenset({
+    "exponential", "exponential-minus-one", "log", "log-plus-one", "tanh", "logistic", "sqrt",
+    "rsqrt", "cbrt", "erf", "sine", "cosine", "tan", "power", "atan2",
+})
+_EXPENSIVE_ARITHMETIC = frozenset({"divide", "remainder"})
 BINARY_ELEMENTWISE = (
     "add", "subtract", "multiply", "divide", "maximum", "minimum", "power", "remainder", "atan2",
     "and", "or", "xor", "shift-left", "shift-right-arithmetic", "shift-right-logical",
@@ -111,10 +119,11 @@ BINARY_ELEMENTWISE = (
 COMPARISON_DIRECTIONS = ("EQ", "NE", "LT", "LE", "GT", "GE")
 
 for _name in UNARY_ELEMENTWISE:
-    _register(_name, "elementwise", _unary_rule(), _name in _EXPENSIVE)
+    _register(_name, "elementwise", _unary_rule(), _name in TRANSCENDENTAL)
 _register("is-finite", "elementwise", _unary_rule("pred"))
 for _name in BINARY_ELEMENTWISE:
-    _register(_name, "elementwise", _binary_rule(), _name in _EXPENSIVE)
+    _register(_name, "elementwise", _binary_rule(), _name in TRANSCENDENTAL,
+              _name in _EXPENSIVE_ARITHMETIC)
 
 
 def _compare_rule(shapes: list[Shape], attributes: Mapping[str, Any]) -> Shape:
@@ -444,6 +453,12 @@ _register("call", "other", _given_rule)
 def is_elementwise(opcode: str) -> bool:
     info = OPCODES.get(opcode)
     return info is not None and info.category == "elementwise"
+
+
+def is_transcendental(opcode: str) -> bool:
+    """Whether `opcode` computes a transcendental function (XLA's cost analysis)."""
+    info = OPCODES.get(opcode)
+    return info is not None and info.transcendental
 
 
 def is_expensive(opcode: str) -> bool:
