@@ -16,7 +16,11 @@ Compute ops are every op but argument and variable plumbing, constants and no-op
 traced with an unknown batch dimension):
 
 - MatMul, BatchMatMul*: 2·M·N·K per batch; Einsum: 2 × the product of every label's size;
-  Conv2D: 2 × output elements × kernel height × width × input channels;
+- convolutions (Conv2D, Conv3D, DepthwiseConv2dNative) and each of their backprops:
+  2 × the forward output's elements × the kernel's spatial size × its input channels
+  (one for a depthwise kernel; a grouped kernel's are already per group);
+- pooling (MaxPool, AvgPool, 2-D and 3-D): output elements × window size; their
+  gradients: the output gradient's elements × window size;
 - reductions (Sum, Mean, Max, Min, Prod, All, Any, ArgMax, ArgMin, Softmax, LogSoftmax,
   the cross-entropy losses, BiasAddGrad): 1 per input element;
 - data movement (Reshape, Transpose, slices, concatenation, Shape, Pack, Tile, Gather
@@ -47,6 +51,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tfxla_lite.clustering.registry import constant_value
 from tfxla_lite.stats import _NOT_COMPUTE
 
 NOT_COMPUTE = _NOT_COMPUTE | {"_Arg", "_Retval", "_DeviceArg", "_DeviceRetval"}
@@ -62,6 +67,26 @@ MOVEMENT_OPS = frozenset({
     "BroadcastGradientArgs", "ZerosLike", "OnesLike", "Fill", "Range", "DynamicStitch"})
 # While and If ops: not compute themselves; the ops of their functions are counted.
 CONTROL_FLOW_OPS = frozenset({"While", "StatelessWhile", "If", "StatelessIf"})
+# Convolutions by where the kernel (or its sizes) and the forward output (or its gradient)
+# are: ("input", i) or ("output", i).
+CONVOLUTION_OPS: dict[str, tuple[tuple[str, int], tuple[str, int]]] = {
+    "Conv2D": (("input", 1), ("output", 0)),
+    "Conv3D": (("input", 1), ("output", 0)),
+    "DepthwiseConv2dNative": (("input", 1), ("output", 0)),
+    "Conv2DBackpropInput": (("input", 1), ("input", 2)),
+    "Conv3DBackpropInputV2": (("input", 1), ("input", 2)),
+    "DepthwiseConv2dNativeBackpropInput": (("input", 1), ("input", 2)),
+    "Conv2DBackpropFilter": (("output", 0), ("input", 2)),
+    "Conv3DBackpropFilterV2": (("output", 0), ("input", 2)),
+    "DepthwiseConv2dNativeBackpropFilter": (("output", 0), ("input", 2)),
+}
+# Pooling ops by the input whose elements each scan one window: the forward ops' output
+# (None), the gradients' output gradient.
+POOLING_OPS: dict[str, int | None] = {
+    "MaxPool": None, "MaxPoolV2": None, "MaxPool3D": None, "AvgPool": None,
+    "AvgPool3D": None, "MaxPoolGradGrad": None, "MaxPoolGradGradV2": None,
+    "MaxPool3DGradGrad": None, "MaxPoolGrad": 2, "MaxPoolGradV2": 2, "MaxPool3DGrad": 2,
+    "AvgPoolGrad": 1, "AvgPool3DGrad": 1}
 TF_XLA_FLAGS = "--tf_xla_auto_jit=2 --tf_xla_cpu_global_jit --tf_xla_clustering_debug"
 DEFAULT_ASSUMED_DIM = 64
 
@@ -130,13 +155,43 @@ def op_flops(op: Any, assumed_dim: int = DEFAULT_ASSUMED_DIM) -> int:
         return 2 * math.prod(out) * k
     if op.type == "Einsum":
         return 2 * _einsum_size(op, assumed_dim)
-    if op.type == "Conv2D":
-        kernel = _dims(op.inputs[1], assumed_dim) or [1, 1, 1, 1]
-        return 2 * math.prod(out) * kernel[0] * kernel[1] * kernel[2]
+    if op.type in CONVOLUTION_OPS:
+        return _convolution_flops(op, assumed_dim)
+    if op.type in POOLING_OPS:
+        return _pooling_flops(op, out, assumed_dim)
     if op.type in REDUCTION_OPS:
         source = _dims(op.inputs[0], assumed_dim)
         return math.prod(source) if source is not None else 0
     return math.prod(out)
+
+
+def _tensor(op: Any, where: tuple[str, int]) -> Any:
+    kind, index = where
+    return op.inputs[index] if kind == "input" else op.outputs[index]
+
+
+def _convolution_flops(op: Any, assumed_dim: int) -> int:
+    kernel_place, output_place = CONVOLUTION_OPS[op.type]
+    kernel = _dims(_tensor(op, kernel_place), assumed_dim)
+    output = _dims(_tensor(op, output_place), assumed_dim)
+    if kernel is None or output is None or len(kernel) < 3:
+        return 0
+    spatial = math.prod(kernel[:-2])
+    channels = 1 if op.type.startswith("Depthwise") else kernel[-2]
+    return 2 * math.prod(output) * spatial * channels
+
+
+def _pooling_flops(op: Any, out: list[int], assumed_dim: int) -> int:
+    source = POOLING_OPS[op.type]
+    elements = out if source is None else _dims(op.inputs[source], assumed_dim)
+    if elements is None:
+        return 0
+    try:
+        window = [int(k) for k in op.get_attr("ksize")]
+    except ValueError:  # the V2 ops take ksize as an input
+        value = constant_value(op.inputs[1 if op.type == "MaxPoolV2" else 3])
+        window = [] if value is None else [int(k) for k in value.reshape(-1)]
+    return math.prod(elements) * math.prod(window)
 
 
 def _attr(op: Any, name: str) -> bool:

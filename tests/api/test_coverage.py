@@ -58,3 +58,32 @@ def test_coverage_command(tmp_path: Path) -> None:
     tf_side = result["tf_auto_clustering"]
     assert tf_side["error"] is None and tf_side["graphs"] >= 1
     assert tf_side["ops_clustered"] > 0 and tf_side["clusters"] >= 1
+
+
+def test_flops_of_convolutions_and_pooling() -> None:
+    """Convolutions and each backprop at 2 FLOPs per multiply-add of the forward
+    convolution; pooling and its gradients by window size."""
+
+    def fn(x: tf.Tensor, w: tf.Tensor, d: tf.Tensor) -> list[tf.Tensor]:
+        with tf.GradientTape() as tape:
+            tape.watch([x, w, d])
+            y = tf.nn.conv2d(x, w, 1, "SAME")  # (2, 8, 8, 6)
+            z = tf.nn.depthwise_conv2d(y, d, [1, 1, 1, 1], "SAME")  # (2, 8, 8, 12)
+            pooled = tf.nn.max_pool2d(z, 2, 2, "VALID") + tf.nn.avg_pool2d(z, 2, 2, "VALID")
+            loss = tf.reduce_sum(pooled)
+        return tape.gradient(loss, [x, w, d])
+
+    graph = tf.function(fn).get_concrete_function(
+        tf.TensorSpec((2, 8, 8, 3)), tf.TensorSpec((3, 3, 3, 6)),
+        tf.TensorSpec((3, 3, 6, 2))).graph
+    flops = {op.type: op_flops(op) for op in graph.get_operations()}
+    conv = 2 * (2 * 8 * 8 * 6) * 3 * 3 * 3
+    depthwise = 2 * (2 * 8 * 8 * 12) * 3 * 3
+    assert flops["Conv2D"] == flops["Conv2DBackpropFilter"] == conv
+    assert flops["Conv2DBackpropInput"] == conv
+    assert flops["DepthwiseConv2dNative"] == depthwise
+    assert flops["DepthwiseConv2dNativeBackpropInput"] == depthwise
+    assert flops["DepthwiseConv2dNativeBackpropFilter"] == depthwise
+    pooled = 2 * 4 * 4 * 12
+    assert flops["MaxPool"] == flops["AvgPool"] == pooled * 4
+    assert flops["MaxPoolGrad"] == flops["AvgPoolGrad"] == pooled * 4
