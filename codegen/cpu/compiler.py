@@ -26,6 +26,7 @@ from tfxla_lite.codegen.cache import _Prepared
 # Importing the emitter modules fills the EMITTERS registry.
 from tfxla_lite.codegen.cpu import (  # noqa: F401
     calls,
+    column_reduction,
     data_movement,
     elementwise,
     engine,
@@ -98,9 +99,11 @@ class Partition:
     """How a kernel's range function splits its work: `total` units of `kind`.
 
     `flat`: elements of a flat loop; `dimension`: the output's dimension `dim`;
-    `column`: the operand's dimension `dim` of a column reduction; `split`: chunks of
-    `chunk` elements of a full reduction, folded into partial results; `rows`: rows of
-    a row fusion (`row_kernel.py`). `work` is the
+    `column`: the operand's dimension `dim` of a column reduction; `columns`: units of
+    a column reduction that keeps the minor dimensions (`column_reduction.py`; `chunk`
+    chunks of rows, partial results when more than 1); `split`: chunks of `chunk`
+    elements of a full reduction, folded into partial results; `rows`: rows of a row
+    fusion (`row_kernel.py`). `work` is the
     largest element count the kernel reads or writes (the threshold compares it).
     """
 
@@ -113,6 +116,11 @@ class Partition:
     @property
     def align(self) -> int:
         return _FLAT_ALIGN if self.kind == "flat" else 1
+
+    @property
+    def has_partials(self) -> bool:
+        """Whether the range function stores partial results the launcher combines."""
+        return self.kind == "split" or (self.kind == "columns" and self.chunk > 1)
 
 
 # Parts of a flat range start at multiples of 64 elements (whole cache lines, whole
@@ -141,6 +149,9 @@ def plan_partition(inst: Instruction) -> Partition:
             chunk = -(-chunk // _FLAT_ALIGN) * _FLAT_ALIGN
             return Partition("split", -(-operand_size // chunk), work, chunk=chunk)
         if not reduction.is_row_reduction(root):
+            columns = column_reduction.plan([root])
+            if columns is not None:
+                return Partition("columns", columns.units, work, dim=-1, chunk=columns.chunks)
             dim = reduction.column_partition_dimension(root)
             if dim is None:
                 return Partition("column", 1, work, dim=-1)
@@ -213,6 +224,11 @@ def emit_kernel(module: ir.Module, pool: ConstantPool, inst: Instruction,
         element = value_type(root.shape.element_type)
         partials = ctx.alloca(element, name="partials", count=partition.total)
         pointers.append(partials)
+    columns = column_reduction.plan([root]) if partition.kind == "columns" else None
+    if columns is not None and partition.has_partials:
+        element = value_type(reduction.Accumulation(ctx, root).element_type)
+        partials = ctx.alloca(element, name="partials", count=columns.partial_count)
+        pointers.append(partials)
     if partition.work < parallel.PARALLEL_MIN_WORK:
         threads = 1
     if range_function is None:
@@ -235,7 +251,10 @@ def emit_kernel(module: ir.Module, pool: ConstantPool, inst: Instruction,
     else:
         parallel.emit_launch(ctx, range_function, pointers, partition.total, threads,
                              partition.align)
-    if partials is not None:
+    if columns is not None and partials is not None:
+        column_reduction.emit_combine(
+            ctx, columns, [column_reduction.Target(root, [output], partials)])
+    elif partials is not None:
         _combine_partials(ctx, root, output, partials, partition.total)
     ctx.builder.ret_void()
     return ctx.function
@@ -285,7 +304,7 @@ def _emit_range_function(module: ir.Module, pool: ConstantPool, inst: Instructio
     the partition; with `in_place_operand` n, operand n is read through `out`; with
     `stream`, a flat or row kernel stores its output with streaming stores."""
     root, _ = _kernel_body(inst)
-    extra = ([PTR] if partition.kind == "split" else []) + [I64, I64]
+    extra = ([PTR] if partition.has_partials else []) + [I64, I64]
     name = _kernel_name(inst) + (".in_place" if in_place_operand is not None else "")
     ctx, output, _ = _new_kernel(module, pool, inst, name, noalias_output, extra)
     if in_place_operand is not None:
@@ -300,6 +319,12 @@ def _emit_range_function(module: ir.Module, pool: ConstantPool, inst: Instructio
         partials = ctx.function.args[-3]
         partials.name = "partials"
         _emit_partials(ctx, root, partials, partition, begin, end)
+    elif partition.kind == "columns":
+        columns = column_reduction.plan([root])
+        assert columns is not None
+        partials = ctx.function.args[-3] if partition.has_partials else None
+        target = column_reduction.Target(root, [output], partials)
+        column_reduction.emit_units(ctx, columns, [target], [], begin, end)
     elif shape.num_elements == 0:
         pass  # nothing to compute
     elif partition.kind == "rows":

@@ -18,9 +18,10 @@ Two shapes of kernel, chosen from the leaves' producers:
   values of the input's shape (a producer whose result is also needed outside).
   Row reductions compute each output row whole (its input-shaped leaves first, then
   the reduces, which read those back from the row just stored); column reductions
-  walk the input once in row-major order, folding into every output and storing
-  the input-shaped leaves; big full reductions are split into fixed chunks, as
-  single reduces are.
+  accumulate whole rows of the kept minor dimensions (`column_reduction.py`), or, in
+  other layouts, walk the input once in row-major order, folding into every output;
+  both store the input-shaped leaves as they go. Big full reductions are split into
+  fixed chunks, as single reduces are.
 
 Parallel partitions split output rows, input columns or chunks, never one
 element's fold, so results do not depend on the thread count.
@@ -32,7 +33,7 @@ from dataclasses import dataclass
 
 from llvmlite import ir
 
-from tfxla_lite.codegen.cpu import parallel, reduction, variadic_reduce
+from tfxla_lite.codegen.cpu import column_reduction, parallel, reduction, variadic_reduce
 from tfxla_lite.codegen.cpu.compiler import (
     _FLAT_ALIGN,
     _SPLIT_CHUNK,
@@ -135,6 +136,9 @@ def plan(inst: Instruction) -> Partition:
         return Partition("split", -(-input_size // chunk), work, chunk=chunk)
     if reduction.is_row_reduction(first):
         return _dimension_partition(output_dims, work)
+    columns = column_reduction.plan(reduces)
+    if columns is not None:
+        return Partition("columns", columns.units, work, dim=-1, chunk=columns.chunks)
     dim = reduction.column_partition_dimension(first)
     if dim is None:
         return Partition("column", 1, work, dim=-1)
@@ -174,13 +178,21 @@ def emit_kernel(module: ir.Module, pool: ConstantPool, inst: Instruction,
     reduce_leaves = [leaf for leaf in leaves if leaf.producer.opcode == "reduce"]
     split = partition.kind == "split"
     keys = partial_keys(leaves) if split else []
-    extra = [PTR] * len(keys) + [I64, I64]
+    columns = column_reduction.plan(_reduces(leaves)) if partition.kind == "columns" else None
+    column_partials = len(_reduces(leaves)) if partition.has_partials and columns else 0
+    extra = [PTR] * (len(keys) + column_partials) + [I64, I64]
     ctx, outputs = _new_function(module, pool, inst, _kernel_name(inst), noalias, extra)
     begin, end = ctx.function.args[-2:]
     begin.name, end.name = "begin", "end"
     if split:
         partials = list(ctx.function.args[-2 - len(keys):-2])
         _emit_partials(ctx, leaves, partials, partition, begin, end)
+    elif columns is not None:
+        partials = list(ctx.function.args[-2 - column_partials:-2])
+        targets = _column_targets(leaves, outputs, partials)
+        extras = [column_reduction.Extra(leaf.producer, output, leaf.shape)
+                  for leaf, output in zip(leaves, outputs) if leaf.producer.opcode != "reduce"]
+        column_reduction.emit_units(ctx, columns, targets, extras, begin, end)
     elif not any(leaf.shape.num_elements for leaf in leaves):
         pass  # nothing to compute
     elif not reduce_leaves:
@@ -202,14 +214,32 @@ def emit_kernel(module: ir.Module, pool: ConstantPool, inst: Instruction,
             slots.append(launcher.alloca(value_type(shape.element_type),
                                          name="partials", count=partition.total))
         pointers.extend(slots)
+    if columns is not None and column_partials:
+        for reduce in _reduces(leaves):
+            element = value_type(reduction.Accumulation(launcher, reduce).element_type)
+            slots.append(launcher.alloca(element, name="partials",
+                                         count=columns.partial_count))
+        pointers.extend(slots)
     if partition.work < parallel.PARALLEL_MIN_WORK:
         threads = 1
     parallel.emit_launch(launcher, range_function, pointers, partition.total, threads,
                          partition.align)
     if split:
         _combine_partials(launcher, leaves, outputs, slots, partition.total)
+    elif columns is not None and column_partials:
+        column_reduction.emit_combine(launcher, columns,
+                                      _column_targets(leaves, outputs, slots))
     launcher.builder.ret_void()
     return launcher.function
+
+
+def _column_targets(leaves: list[Leaf], outputs: list[ir.Value], partials: list[ir.Value]
+                    ) -> list[column_reduction.Target]:
+    """Each reduce with the outputs that hold it and its partials buffer (if any)."""
+    reduces = _reduces(leaves)
+    return [column_reduction.Target(
+        reduce, [o for leaf, o in zip(leaves, outputs) if leaf.producer is reduce],
+        partials[n] if partials else None) for n, reduce in enumerate(reduces)]
 
 
 def _values(ctx: KernelContext, leaves: list[Leaf], index: Index) -> list[ir.Value]:

@@ -3,13 +3,13 @@
 The element generator (used when a reduce is computed at a consumer's index) loops
 over the reduced dimensions with an accumulator, applying the `to_apply`
 computation inline; it serves row reductions, whose reduced dimensions are
-innermost and so contiguous. When a reduce is a kernel's root and some kept
-dimension lies inside a reduced one (a column reduction), the kernel instead walks
-the input in row-major order and accumulates into the output buffer, so both
-streams stay contiguous and the innermost loop vectorizes without reassociating.
-Column reductions fold each output element's inputs in row-major order from the init
-value; float rows of at least 2*lanes elements fold in interleaved partial results
-(see `_reduce_row`), as XLA's vectorized reductions do.
+innermost and so contiguous; float rows of at least 2*lanes elements fold in
+interleaved partial results (`fold_row`), as XLA's vectorized reductions do. A
+reduction kernel whose kept minor dimensions follow one block of reduced ones (a column
+reduction: BatchNorm's statistics, bias gradients) accumulates whole rows in
+`column_reduction.py`; other column reductions (`emit_reduction_kernel`) walk the input
+in row-major order and fold each output element's inputs in that order from the init
+value, into the output buffer, so both streams stay contiguous.
 
 A sum or product of 2-byte floats (an f16 or bf16 reduce whose reducer is `add` or
 `multiply` of its two parameters) accumulates in f32 and rounds once at the end
@@ -172,15 +172,15 @@ def _fold_lanes(fold: Accumulation, element_at: Callable[[ir.Value], ir.Value], 
     def lane(n: ir.Value) -> ir.Value:
         return b.gep(slots, [n], inbounds=True, source_etype=element)
 
-    identity = _identity(fold)
-    if identity is None:
+    start = identity(fold)
+    if start is None:
         with ctx.loop(lanes, name="lane.first") as n:
             b.store(fold.widen(element_at(n)), lane(n))
     else:
         with ctx.loop(lanes, name="lane.first") as n:
-            b.store(identity, lane(n))
+            b.store(start, lane(n))
     chunks = length // lanes
-    with ctx.loop(chunks, name="chunk", start=0 if identity is not None else 1) as chunk:
+    with ctx.loop(chunks, name="chunk", start=0 if start is not None else 1) as chunk:
         base = b.mul(chunk, i64(lanes), flags=["nuw", "nsw"])
         with ctx.loop(lanes, name="lane") as n:
             value = fold.widen(element_at(b.add(base, n, flags=["nuw", "nsw"])))
@@ -203,7 +203,7 @@ def _fold_lanes(fold: Accumulation, element_at: Callable[[ir.Value], ir.Value], 
 _IDENTITIES = {"add": -0.0, "multiply": 1.0}
 
 
-def _identity(fold: Accumulation) -> ir.Constant | None:
+def identity(fold: Accumulation) -> ir.Constant | None:
     """The identity of `fold`'s reducer when it is a float add or multiply of its two
     parameters, else None (then the first chunk starts the lanes)."""
     opcode = fold.op

@@ -7,6 +7,7 @@ fusions reach the backend exactly as written.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +18,7 @@ from tolerances import assert_close
 from tfxla_lite.codegen import Executable, compile_module, cpu
 from tfxla_lite.hlo.evaluator import evaluate
 from tfxla_lite.hlo.ir import Computation, HloModule, Instruction
+from tfxla_lite.hlo.parser import parse_module
 from tfxla_lite.hlo.shape import Shape
 from tfxla_lite.passes.buffer_assignment import BufferSlice
 
@@ -77,6 +79,25 @@ def build(name: str, parameter_shapes: Sequence[Shape],
     results = result if isinstance(result, list) else [result]
     comp.root = comp.create("tuple", results)
     return module
+
+
+def float32_reference(text: str, args: Sequence[np.ndarray]) -> Any:
+    """The evaluator's result for HLO `text` computed in f64 and rounded to f32 (`text`
+    must have no other float type): a reference for float sums, where the evaluator's
+    own f32 folds keep the order of NumPy's reductions (row-major, one accumulator,
+    along a column), which loses more than the kernels' blocked order."""
+    assert not re.search(r"\b(f16|bf16|f64)\[", text), "f32 modules only"
+    wide = parse_module(text.replace("f32[", "f64["))
+    result = evaluate(wide, *[a.astype(np.float64) if a.dtype == np.float32 else a
+                              for a in args])
+
+    def narrow(value: Any) -> Any:
+        if isinstance(value, tuple):
+            return tuple(narrow(v) for v in value)
+        value = np.asarray(value)
+        return value.astype(np.float32) if value.dtype == np.float64 else value
+
+    return narrow(result)
 
 
 def check(module: HloModule, args: Sequence[np.ndarray], op_type: str,

@@ -1,0 +1,285 @@
+"""CPU kernels of column reductions: reduces that keep the input's minor dimensions.
+
+Where it sits: `compiler.plan_partition` (one reduce at a kernel's root) and
+`multi_output.plan` (several reduces of one input shape, plus input-shaped leaves) ask
+`plan` whether a reduction has this kernel's layout, and then emit its range function
+with `emit_units` and its launcher's last step with `emit_combine`.
+
+The layout: the input is [lead..., rows..., width...], where the reduced dimensions
+(with any kept dimension of size 1 among them) form the middle block `rows`, `lead`
+and `width` are kept, and `width` (the output's minor dimensions) is not empty. BatchNorm's
+statistics (reduce [N,H,W,C] over {0,1,2}) and bias gradients (reduce [B,S,F] over
+{0,1}) have it. Each reduced row of the input holds `width` contiguous elements, one
+per output column, so a kernel accumulates whole rows: a stack array of partial
+results, one per column, takes each row with a loop LLVM vectorizes (contiguous loads,
+one accumulator per lane, no reassociation), reading the input once and in order.
+
+Work is cut into *units*: a lead index, a block of at most `_BLOCK` columns (the
+accumulators' size), and a chunk of rows. The chunks are fixed by the shape alone
+(never by the thread count); with one chunk a unit stores its columns' results, with
+several each unit stores its partial results into the launcher's stack and, after the
+parallel region, `emit_combine` folds chunk 0's partials with chunk 1's, 2's, ... in
+order, then the init value. So every thread count gives the same bits, and a float
+sum is the blocked sum of rows in the chunk plus a sum over at most `_MAX_CHUNKS`
+partials (TF's and XLA's column sums are blocked or tree-shaped too).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from math import prod
+
+from llvmlite import ir
+
+from tfxla_lite.codegen.cpu import reduction
+from tfxla_lite.codegen.cpu.emitter import Index, KernelContext, i64, value_type
+from tfxla_lite.hlo.ir import Instruction
+from tfxla_lite.hlo.shape import Shape
+
+# Columns one unit accumulates at once: the accumulators stay in L1 (4 KiB of f32).
+_BLOCK = 1024
+# Elements of input per chunk of rows, and the most chunks a lead index is split into:
+# enough units for a team of threads, few enough partials to combine serially.
+_CHUNK_ELEMENTS = 1 << 14
+_MAX_CHUNKS = 64
+# Partial results the launcher keeps on its stack (per reduce), at most.
+_MAX_PARTIALS = 1 << 15
+# Units worth starting a parallel region for; more lead indices need no chunks.
+_TARGET_UNITS = 64
+# Rows a sum folds into accumulators of their own before adding them to the chunk's.
+_GROUP_ROWS = 16
+
+
+@dataclass(frozen=True)
+class ColumnPlan:
+    """How a column reduction of an input [lead..., rows..., width...] is cut into units."""
+
+    input_dims: tuple[int, ...]
+    lead: tuple[int, ...]
+    rows: tuple[int, ...]
+    width: tuple[int, ...]
+    chunks: int  # chunks of rows per lead index
+    chunk_rows: int  # rows per chunk (the last may have fewer)
+
+    @property
+    def lead_size(self) -> int:
+        return prod(self.lead)
+
+    @property
+    def row_count(self) -> int:
+        return prod(self.rows)
+
+    @property
+    def width_size(self) -> int:
+        return prod(self.width)
+
+    @property
+    def block(self) -> int:
+        return min(self.width_size, _BLOCK)
+
+    @property
+    def blocks(self) -> int:
+        return -(-self.width_size // self.block)
+
+    @property
+    def units(self) -> int:
+        return self.lead_size * self.blocks * self.chunks
+
+    @property
+    def partial_count(self) -> int:
+        """Elements of each reduce's partials buffer (0: units store the results)."""
+        return self.lead_size * self.chunks * self.width_size if self.chunks > 1 else 0
+
+
+def plan(reduces: Sequence[Instruction]) -> ColumnPlan | None:
+    """The plan of reduces of one input shape and reduced dimensions, or None where this
+    kernel does not apply: a variadic reduce, reduced dimensions that are not one block
+    (size-1 kept dimensions aside), no kept dimension after them, or nothing to fold."""
+    if not reduces or any(len(r.operands) != 2 or r.shape.is_tuple for r in reduces):
+        return None
+    first = reduces[0]
+    dims = first.operand(0).shape.dims
+    reduced = set(first.dimensions)
+    if not reduced or any(r.operand(0).shape.dims != dims or set(r.dimensions) != reduced
+                          for r in reduces):
+        return None
+    low, high = min(reduced), max(reduced)
+    if high == len(dims) - 1 or any(d not in reduced and dims[d] != 1
+                                    for d in range(low, high + 1)):
+        return None
+    lead, rows, width = dims[:low], dims[low:high + 1], dims[high + 1:]
+    row_count, lead_size, width_size = prod(rows), prod(lead), prod(width)
+    if row_count == 0 or lead_size * width_size == 0:
+        return None  # an empty input or output: the generic kernel stores the init values
+    chunks = -(-row_count * width_size // _CHUNK_ELEMENTS)
+    blocks = -(-width_size // min(width_size, _BLOCK))
+    chunks = min(chunks, _MAX_CHUNKS, row_count, max(1, -(-_TARGET_UNITS // (lead_size * blocks))),
+                 max(1, _MAX_PARTIALS // (lead_size * width_size)))
+    chunks = max(chunks, 1)
+    chunk_rows = -(-row_count // chunks)
+    return ColumnPlan(dims, lead, rows, width, -(-row_count // chunk_rows), chunk_rows)
+
+
+@dataclass
+class Target:
+    """Where one reduce's results go: its output buffers (every leaf holding it) and,
+    with several chunks, its partials buffer."""
+
+    reduce: Instruction
+    outputs: list[ir.Value]
+    partials: ir.Value | None = None
+
+
+@dataclass
+class Extra:
+    """An input-shaped value the kernel also stores (a multi-output fusion's leaf)."""
+
+    producer: Instruction
+    output: ir.Value
+    shape: Shape
+
+
+def _urem(ctx: KernelContext, value: ir.Value, divisor: int) -> ir.Value:
+    return ctx.builder.urem(value, i64(divisor)) if divisor > 1 else i64(0)
+
+
+def _udiv(ctx: KernelContext, value: ir.Value, divisor: int) -> ir.Value:
+    return ctx.builder.udiv(value, i64(divisor)) if divisor > 1 else value
+
+
+def _min(ctx: KernelContext, a: ir.Value, b: ir.Value) -> ir.Value:
+    return ctx.builder.select(ctx.builder.icmp_signed("<", a, b), a, b)
+
+
+def emit_units(ctx: KernelContext, column_plan: ColumnPlan, targets: list[Target],
+               extras: list[Extra], begin: ir.Value, end: ir.Value) -> None:
+    """Units [begin, end) of `column_plan`: each folds its rows into one accumulator per
+    column and reduce, then stores them (one chunk: the results, init folded in; several:
+    the partial results into `Target.partials`). `extras` are stored at every element."""
+    b = ctx.builder
+    p = column_plan
+    nuw = ["nuw", "nsw"]
+    folds = [reduction.Accumulation(ctx, t.reduce) for t in targets]
+    types = [value_type(f.element_type) for f in folds]
+    slots = [ctx.alloca(t, name="columns", count=p.block) for t in types]
+    identities = [reduction.identity(f) for f in folds]
+    # Reducers without an identity (max, a computation) start from the chunk's first row;
+    # sums and products fold groups of rows from their identity, then add the group to
+    # the chunk's accumulators (a sequential f32 sum of a long chunk loses more).
+    first_row_starts = any(i is None for i in identities)
+    group_slots = [] if first_row_starts else \
+        [ctx.alloca(t, name="group", count=p.block) for t in types]
+    width_size = p.width_size
+    with ctx.loop(end, name="unit", start=begin) as unit:
+        chunk = _urem(ctx, unit, p.chunks)
+        rest = _udiv(ctx, unit, p.chunks)
+        block = _urem(ctx, rest, p.blocks)
+        lead = _udiv(ctx, rest, p.blocks)
+        column0 = b.mul(block, i64(p.block), flags=nuw)
+        width = i64(p.block) if p.blocks == 1 else \
+            _min(ctx, i64(p.block), b.sub(i64(width_size), column0, flags=nuw))
+        row0 = b.mul(chunk, i64(p.chunk_rows), flags=nuw)
+        row_end = _min(ctx, b.add(row0, i64(p.chunk_rows), flags=nuw), i64(p.row_count))
+        lead_multi = Index(p.lead, linear=lead).get_multi(b) if p.lead else []
+        lead_rows = b.mul(lead, i64(p.row_count), flags=nuw)
+
+        def fill_identities(into: list[ir.Value]) -> None:
+            for slot, element, value in zip(into, types, identities):
+                with ctx.loop(width, name="identity") as j:
+                    b.store(value, b.gep(slot, [j], inbounds=True, source_etype=element))
+
+        def fold_row(row: ir.Value, start: bool, into: list[ir.Value]) -> None:
+            row_multi = Index(p.rows, linear=row).get_multi(b)
+            base = b.mul(b.add(lead_rows, row, flags=nuw), i64(width_size), flags=nuw)
+            with ctx.loop(width, name="column") as j:
+                column = b.add(column0, j, flags=nuw)
+                width_multi = [column] if len(p.width) == 1 else \
+                    Index(p.width, linear=column).get_multi(b)
+                at = Index(p.input_dims, [*lead_multi, *row_multi, *width_multi],
+                           b.add(base, column, flags=nuw))
+                for target, fold, slot, element in zip(targets, folds, into, types):
+                    x = fold.widen(ctx.value(target.reduce.operand(0), at))
+                    pointer = b.gep(slot, [j], inbounds=True, source_etype=element)
+                    b.store(x if start else fold.combine(b.load(pointer), x), pointer)
+                for extra in extras:
+                    ctx.store(ctx.value(extra.producer, at), extra.output, extra.shape, at)
+
+        if first_row_starts:
+            with ctx.scope():
+                fold_row(row0, True, slots)
+            with ctx.loop(row_end, name="row", start=b.add(row0, i64(1), flags=nuw)) as row:
+                fold_row(row, False, slots)
+        else:
+            fill_identities(slots)
+            rows = b.sub(row_end, row0, flags=nuw)
+            groups = b.udiv(b.add(rows, i64(_GROUP_ROWS - 1), flags=nuw), i64(_GROUP_ROWS))
+            with ctx.loop(groups, name="group") as group:
+                group0 = b.add(row0, b.mul(group, i64(_GROUP_ROWS), flags=nuw), flags=nuw)
+                group_end = _min(ctx, b.add(group0, i64(_GROUP_ROWS), flags=nuw), row_end)
+                fill_identities(group_slots)
+                with ctx.loop(group_end, name="row", start=group0) as row:
+                    fold_row(row, False, group_slots)
+                for fold, slot, group_slot, element in zip(folds, slots, group_slots, types):
+                    with ctx.loop(width, name="add_group") as j:
+                        into = b.gep(slot, [j], inbounds=True, source_etype=element)
+                        value = b.load(b.gep(group_slot, [j], inbounds=True,
+                                             source_etype=element))
+                        b.store(fold.combine(b.load(into), value), into)
+
+        out_base = b.add(b.mul(lead, i64(width_size), flags=nuw), column0, flags=nuw)
+        partial_base = b.add(b.mul(b.add(b.mul(lead, i64(p.chunks), flags=nuw), chunk,
+                                         flags=nuw), i64(width_size), flags=nuw),
+                             column0, flags=nuw)
+        for target, fold, slot, element in zip(targets, folds, slots, types):
+            init = None if p.chunks > 1 else fold.widen(
+                ctx.value(target.reduce.operand(1), Index.scalar()))
+            with ctx.loop(width, name="store") as j:
+                value = b.load(b.gep(slot, [j], inbounds=True, source_etype=element))
+                if target.partials is not None:
+                    position = b.add(partial_base, j, flags=nuw)
+                    b.store(value, b.gep(target.partials, [position], inbounds=True,
+                                         source_etype=element))
+                    continue
+                assert init is not None
+                result = fold.narrow(fold.combine(init, value))
+                shape = target.reduce.shape
+                index = Index(shape.dims, linear=b.add(out_base, j, flags=nuw))
+                for output in target.outputs:
+                    ctx.store(result, output, shape, index)
+
+
+def emit_combine(ctx: KernelContext, column_plan: ColumnPlan, targets: list[Target]) -> None:
+    """After the units (several chunks): each result = init folded with chunk 0's partial,
+    then chunk 1's, ... in order (accumulated in chunk 0's slots), stored to its outputs."""
+    b = ctx.builder
+    p = column_plan
+    nuw = ["nuw", "nsw"]
+    width_size = p.width_size
+    for target in targets:
+        fold = reduction.Accumulation(ctx, target.reduce)
+        element = value_type(fold.element_type)
+        partials = target.partials
+        assert partials is not None
+        init = fold.widen(ctx.value(target.reduce.operand(1), Index.scalar()))
+
+        def partial(position: ir.Value, partials: ir.Value = partials,
+                    element: ir.Type = element) -> ir.Value:
+            return b.gep(partials, [position], inbounds=True, source_etype=element)
+
+        with ctx.loop(p.lead_size, name="lead") as lead:
+            base = b.mul(lead, i64(p.chunks * width_size), flags=nuw)
+            with ctx.loop(p.chunks, name="chunk", start=1) as chunk:
+                offset = b.add(base, b.mul(chunk, i64(width_size), flags=nuw), flags=nuw)
+                with ctx.loop(width_size, name="column") as j:
+                    into = partial(b.add(base, j, flags=nuw))
+                    value = b.load(partial(b.add(offset, j, flags=nuw)), typ=element)
+                    b.store(fold.combine(b.load(into, typ=element), value), into)
+            out_base = b.mul(lead, i64(width_size), flags=nuw)
+            with ctx.loop(width_size, name="result") as j:
+                value = b.load(partial(b.add(base, j, flags=nuw)), typ=element)
+                result = fold.narrow(fold.combine(init, value))
+                shape = target.reduce.shape
+                index = Index(shape.dims, linear=b.add(out_base, j, flags=nuw))
+                for output in target.outputs:
+                    ctx.store(result, output, shape, index)
