@@ -7,8 +7,9 @@ rules themselves live beside each other in `rules_elementwise.py` (element-wise,
 comparisons, casts, activations) and `rules_tensor.py` (reductions, dots, shapes,
 softmax), `rules_slicing.py` (strided slices, pads, splits, tiles), `rules_nn.py`
 (losses, arg-max, one-hot, einsum), `rules_indexing.py` (gathers, scatters, segment
-sums, reverses, cumulative sums) and `rules_gradients.py` (the gradient ops
-`tf.GradientTape` emits); this file holds the machinery they share.
+sums, reverses, cumulative sums), `rules_gradients.py` (the gradient ops
+`tf.GradientTape` emits) and `rules_random.py` (the stateless random ops, as TF's own
+Philox); this file holds the machinery they share.
 
 Compile-time constants: a static input (an axis, a shape) may be a Const or any
 small integer computation of Consts that the registry's own rules can lower (the
@@ -511,6 +512,7 @@ def _load_rules() -> None:
         rules_indexing,
         rules_nn,
         rules_pool,
+        rules_random,
         rules_slicing,
         rules_tensor,
     )
