@@ -5,10 +5,10 @@ Registered into `registry.OP_RULES` on import. A pooling window is an HLO `Windo
 every dimension of the input in its own layout (size 1 on the batch and channel
 dimensions), so NHWC and NCHW lower alike with no transposes.
 
-- MaxPool is a `reduce-window` maximum, as tf2xla builds it, but with TF's CPU values:
-  TF's kernel folds `acc = x > acc ? x : acc` from the lowest finite value, so NaN
-  never wins and a window of -inf gives the lowest finite value (TF's XLA gives NaN
-  and -inf). NaN becomes that lowest value before the fold, which is then exact.
+- MaxPool is a `reduce-window`, as tf2xla builds it, but with TF's CPU reducer: TF's
+  kernel folds `acc = x > acc ? x : acc` from the lowest finite value, so NaN never
+  wins and a window of -inf gives the lowest finite value (TF's XLA gives -inf), and
+  so does the reducer here.
 - AvgPool is a `reduce-window` sum divided by the number of real (unpadded) elements
   of each window, as TF divides; 2-byte floats sum in f32 and round once.
 - AvgPoolGrad (tf2xla's `AvgPoolGrad`): the gradient divided by the same counts, then a
@@ -41,7 +41,7 @@ from tfxla_lite.clustering.registry import (
     register,
     value_range,
 )
-from tfxla_lite.hlo import Instruction, Shape
+from tfxla_lite.hlo import Computation, Instruction, Shape
 from tfxla_lite.hlo.attributes import PaddingConfig, Window, WindowDimension
 
 if TYPE_CHECKING:
@@ -194,11 +194,29 @@ def max_pool(ctx: LoweringContext, x: Instruction, window: Window) -> Instructio
     """TF's CPU max pool: NaN skipped, folded from the lowest finite value."""
     etype = x.shape.element_type
     lowest = value_range(etype)[0]
-    nan = ctx.emit("compare", [x, x], direction="NE")
-    clean = ctx.emit("select", [nan, ctx.full(lowest, x.shape), x])
-    return ctx.emit("reduce-window", [clean, ctx.constant(lowest, etype)],
-                    called_computations=[ctx.module.reduction_computation("maximum", etype)],
-                    window=window)
+    return ctx.emit("reduce-window", [x, ctx.constant(lowest, etype)],
+                    called_computations=[_greater_of(ctx, etype)], window=window)
+
+
+def _greater_of(ctx: LoweringContext, etype: str) -> Computation:
+    """TF's max-pool reducer `x > acc ? x : acc` as a scalar computation: a NaN never
+    replaces the accumulator, and of two zeros the first stays (one `maxps` on x86,
+    where HLO `maximum` propagates NaN at several instructions' cost)."""
+    name = f"greater_of_{etype}"
+    for comp in ctx.module.computations:
+        if comp.name == name:
+            return comp
+    comp = ctx.module.new_computation(name)
+    # Callees before their callers, as `reduction_computation` places them: the printed
+    # module must parse back.
+    ctx.module.computations.remove(comp)
+    ctx.module.computations.insert(0, comp)
+    scalar = Shape(etype, ())
+    accumulator = comp.add_parameter(0, scalar, name="x")
+    element = comp.add_parameter(1, scalar, name="y")
+    greater = comp.create("compare", [element, accumulator], direction="GT")
+    comp.root = comp.create("select", [greater, element, accumulator])
+    return comp
 
 
 @register("AvgPool", "AvgPool3D", dtypes=FLOAT, check=_check_pool,

@@ -16,6 +16,9 @@ Semantics match `tfxla_lite.hlo.evaluator`.
 
 from __future__ import annotations
 
+import itertools
+import math
+
 from llvmlite import ir
 
 from tfxla_lite.codegen.cpu.emitter import (
@@ -236,12 +239,69 @@ def emit_scatter_kernel(ctx: KernelContext, inst: Instruction, output: ir.Value)
             ctx.store(combined, output, shape, target)
 
 
+# Windows of at most this many elements are unrolled into straight-line code.
+_UNROLLED_WINDOW = 64
+
+
 @register("reduce-window")
 def emit_reduce_window(ctx: KernelContext, inst: Instruction, index: Index) -> ir.Value:
     if len(inst.operands) != 2 or inst.shape.is_tuple:
         raise NotImplementedError(
             f"CPU backend: variadic reduce-window (%{inst.name}, {len(inst.operands) // 2} "
             "inputs)")
+    window = inst.attributes["window"].dimensions
+    if math.prod(d.size for d in window) <= _UNROLLED_WINDOW:
+        return _unrolled_reduce_window(ctx, inst, index)
+    return _looped_reduce_window(ctx, inst, index)
+
+
+def _unrolled_reduce_window(ctx: KernelContext, inst: Instruction, index: Index
+                            ) -> ir.Value:
+    """A small window as straight-line code without branches, so that the loop over
+    output elements vectorizes (a pooling window over NHWC runs along the channels):
+    each window element is read at a clamped, always valid position and folded in by a
+    select where it is a real element. Which bounds a window element can cross is known
+    per dimension at compile time; only those are checked."""
+    operand, init = inst.operands
+    b = ctx.builder
+    window = inst.attributes["window"].dimensions
+    out_multi = index.get_multi(b)
+    out_dims = inst.shape.dims
+    accumulator = ctx.value(init, Index.scalar())
+    for offsets in itertools.product(*(range(d.size) for d in window)):
+        inside: ir.Value | None = None
+        operand_multi = []
+        for out, offset, d, size, count in zip(out_multi, offsets, window,
+                                               operand.shape.dims, out_dims):
+            shift = offset * d.window_dilation - d.padding_low
+            position = b.mul(out, i64(d.stride)) if d.stride != 1 else out
+            if shift:
+                position = b.add(position, i64(shift))
+            checks = []
+            if shift < 0:  # the first windows start in the low padding
+                checks.append(b.icmp_signed(">=", position, i64(0)))
+            element = position
+            if d.base_dilation != 1:
+                checks.append(b.icmp_signed("==", b.srem(position, i64(d.base_dilation)),
+                                            i64(0)))
+                element = b.sdiv(position, i64(d.base_dilation))
+            last = (count - 1) * d.stride + shift
+            if count and (last if d.base_dilation == 1 else last // d.base_dilation) >= size:
+                checks.append(b.icmp_signed("<", element, i64(size)))
+            if checks:  # read somewhere valid; the select below drops the value
+                real = checks[0]
+                for check in checks[1:]:
+                    real = b.and_(real, check)
+                inside = real if inside is None else b.and_(inside, real)
+                element = b.select(real, element, i64(0))
+            operand_multi.append(element)
+        x = ctx.value(operand, Index(operand.shape.dims, operand_multi))
+        combined = ctx.apply_computation(inst.called_computations[0], [accumulator, x])
+        accumulator = combined if inside is None else b.select(inside, combined, accumulator)
+    return accumulator
+
+
+def _looped_reduce_window(ctx: KernelContext, inst: Instruction, index: Index) -> ir.Value:
     operand, init = inst.operands
     b = ctx.builder
     window = inst.attributes["window"].dimensions

@@ -132,6 +132,10 @@ WINDOWS = [
     ((4,), Window((WindowDimension(2, 1, 1, 1, window_dilation=2, base_dilation=2),))),
     ((0, 3), Window.of((1, 2))),
     ((2,), Window.of((3,))),  # window larger than the input: empty result
+    # AvgPoolGrad's form: the gradient dilated by the strides, padded by k - 1 - low
+    ((3, 4), Window((WindowDimension(3, 1, 2, 2, 1, 2), WindowDimension(2, 1, 1, 0, 1, 3)))),
+    ((1, 5, 4, 2), Window.of((1, 3, 3, 1), (1, 2, 1, 1), ((0, 0), (1, 1), (0, 2), (0, 0)))),
+    ((2, 70), Window.of((1, 70), padding=((0, 0), (69, 0)))),  # past the unrolled size
 ]
 
 
