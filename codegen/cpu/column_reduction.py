@@ -34,7 +34,7 @@ from llvmlite import ir
 
 from tfxla_lite.codegen.cpu import reduction
 from tfxla_lite.codegen.cpu.emitter import Index, KernelContext, i64, value_type
-from tfxla_lite.hlo.ir import Instruction
+from tfxla_lite.hlo.ir import Instruction, widened_reduce_op
 from tfxla_lite.hlo.shape import Shape
 
 # Columns one unit accumulates at once: the accumulators stay in L1 (4 KiB of f32).
@@ -43,8 +43,8 @@ _BLOCK = 1024
 # enough units for a team of threads, few enough partials to combine serially.
 _CHUNK_ELEMENTS = 1 << 14
 _MAX_CHUNKS = 64
-# Partial results the launcher keeps on its stack (per reduce), at most.
-_MAX_PARTIALS = 1 << 15
+# Bytes of partial results the launcher keeps on its stack (all reduces), at most.
+_MAX_PARTIAL_BYTES = 128 << 10
 # Units worth starting a parallel region for; more lead indices need no chunks.
 _TARGET_UNITS = 64
 # Rows a sum folds into accumulators of their own before adding them to the chunk's.
@@ -114,9 +114,12 @@ def plan(reduces: Sequence[Instruction]) -> ColumnPlan | None:
         return None  # an empty input or output: the generic kernel stores the init values
     chunks = -(-row_count * width_size // _CHUNK_ELEMENTS)
     blocks = -(-width_size // min(width_size, _BLOCK))
-    chunks = min(chunks, _MAX_CHUNKS, row_count, max(1, -(-_TARGET_UNITS // (lead_size * blocks))),
-                 max(1, _MAX_PARTIALS // (lead_size * width_size)))
-    chunks = max(chunks, 1)
+    partial_bytes = lead_size * width_size * sum(
+        Shape("f32" if widened_reduce_op(r) else r.shape.element_type, ()).byte_size
+        for r in reduces)
+    chunks = min(chunks, _MAX_CHUNKS, row_count,
+                 max(1, -(-_TARGET_UNITS // (lead_size * blocks))),
+                 max(1, _MAX_PARTIAL_BYTES // partial_bytes))
     chunk_rows = -(-row_count // chunks)
     return ColumnPlan(dims, lead, rows, width, -(-row_count // chunk_rows), chunk_rows)
 
