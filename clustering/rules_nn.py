@@ -29,6 +29,7 @@ from tfxla_lite.clustering.registry import (
 )
 from tfxla_lite.clustering.rules_tensor import MATMUL_DTYPES, softmax_parts
 from tfxla_lite.hlo import Instruction, Shape
+from tfxla_lite.hlo.ir import Computation, HloModule
 from tfxla_lite.hlo.shape import FLOAT_TYPES
 
 if TYPE_CHECKING:
@@ -147,7 +148,10 @@ register("ArgMin", dtypes=NUMERIC | BOOL, static_inputs=(1,), check=_check_arg_r
 # -- top-k (and so tf.sort, tf.argsort) ---------------------------------------------------------
 # HLO here has no `sort`: each element's place is the count of elements ahead of it, from
 # an n × n comparison per row, so the rule refuses rows whose comparisons would be large.
-_TOP_K_LIMIT = 1 << 24
+# Rows up to this long rank every element by counting those ahead of it (n² compares a
+# row, vectorized); longer ones sort (values, indices) with an HLO `sort`, n log n
+# comparisons through the comparator (codegen/cpu/sort.py).
+_TOP_K_COUNTING_MAX = 256
 
 
 def _check_top_k(op: tf.Operation) -> str | None:
@@ -159,23 +163,24 @@ def _check_top_k(op: tf.Operation) -> str | None:
         return "a scalar input"
     if not 0 <= int(k) <= dims[-1]:
         return f"k = {int(k)} out of [0, {dims[-1]}]"
-    if int(np.prod(dims, dtype=np.int64)) * dims[-1] > _TOP_K_LIMIT:
-        return f"{dims[-1]}² comparisons a row over {dims} (no HLO sort yet)"
     return None
 
 
 @register("TopKV2", dtypes=NUMERIC, static_inputs=(1,), check=_check_top_k,
-          note="rows of up to 2^24 / size comparisons; NaN ranks above +inf")
+          note="NaN ranks above +inf")
 def _lower_top_k(ctx: LoweringContext, op: tf.Operation, operands: Operands
                  ) -> list[Instruction]:
     # Element i is ahead of element j when x_i > x_j, or when they are equal and i < j:
     # TF's CPU kernel's stable descending order (-0.0 and 0.0 equal, kept in index order).
     # NaN, which TF's comparator leaves unordered, ranks above +inf (TF's XLA too, for a
-    # NaN with the sign bit clear). The place of j is the count of elements ahead of it;
-    # output p takes the element whose place is p.
+    # NaN with the sign bit clear). A total order, so counting and sorting agree. Short
+    # rows: the place of j is the count of elements ahead of it; output p takes the
+    # element whose place is p.
     x = operands[0]
     dims = x.shape.dims
     k = int(ctx.static_input(1))
+    if dims[-1] > _TOP_K_COUNTING_MAX:
+        return _top_k_by_sort(ctx, op, x, k)
     rank, n = len(dims), dims[-1]
     batch = dims[:-1]
     square = batch + (n, n)  # axis rank - 1: i, axis rank: j
@@ -211,6 +216,47 @@ def _lower_top_k(ctx: LoweringContext, op: tf.Operation, operands: Operands
     values = ctx.reduce(ctx.emit("select", [hit, spread, ctx.full(bottom, spread.shape)]),
                         [rank], "maximum", bottom)
     return [values, ctx.convert(indices, element_type(op.outputs[1].dtype))]
+
+
+def _top_k_by_sort(ctx: LoweringContext, op: tf.Operation, x: Instruction, k: int
+                   ) -> list[Instruction]:
+    """The k first of (values, indices) sorted together along the last dimension, as
+    tf2xla's TopKV2 does, under `_lower_top_k`'s order."""
+    dims = x.shape.dims
+    rank = len(dims)
+    indices = _iota(ctx, "s32", dims, rank - 1)
+    comparator = _top_k_order(ctx.module, x.shape.element_type)
+    both = ctx.emit("sort", [x, indices], called_computations=[comparator],
+                    dimensions=(rank - 1,), is_stable=True)
+    spec = tuple((0, size, 1) for size in dims[:-1]) + ((0, k, 1),)
+    values = ctx.emit("slice", [ctx.emit("get-tuple-element", [both], index=0)], slice=spec)
+    positions = ctx.emit("slice", [ctx.emit("get-tuple-element", [both], index=1)], slice=spec)
+    return [values, ctx.convert(positions, element_type(op.outputs[1].dtype))]
+
+
+def _top_k_order(module: HloModule, etype: str) -> Computation:
+    """The comparator of `_lower_top_k`'s order over (value, index) pairs, one a module
+    for each value type."""
+    name = f"top_k_order_{etype}"
+    for computation in module.computations:
+        if computation.name == name:
+            return computation
+    comp = module.new_computation(name)
+    scalar, index = Shape(etype, ()), Shape("s32", ())
+    lhs, rhs = comp.add_parameter(0, scalar, "lhs"), comp.add_parameter(1, scalar, "rhs")
+    lhs_index = comp.add_parameter(2, index, "lhs_index")
+    rhs_index = comp.add_parameter(3, index, "rhs_index")
+    greater = comp.create("compare", [lhs, rhs], direction="GT")
+    equal = comp.create("compare", [lhs, rhs], direction="EQ")
+    if etype in FLOAT_TYPES:
+        nan_lhs = comp.create("compare", [lhs, lhs], direction="NE")
+        nan_rhs = comp.create("compare", [rhs, rhs], direction="NE")
+        greater = comp.create("or", [greater, comp.create(
+            "and", [nan_lhs, comp.create("not", [nan_rhs])])])
+        equal = comp.create("or", [equal, comp.create("and", [nan_lhs, nan_rhs])])
+    earlier = comp.create("compare", [lhs_index, rhs_index], direction="LT")
+    comp.root = comp.create("or", [greater, comp.create("and", [equal, earlier])])
+    return comp
 
 
 # -- one-hot ------------------------------------------------------------------------------------

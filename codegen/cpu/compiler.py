@@ -34,6 +34,7 @@ from tfxla_lite.codegen.cpu import (  # noqa: F401
     parallel,
     reduction,
     row_kernel,
+    sort,
     streaming,
     tiers,
 )
@@ -585,7 +586,9 @@ def _emit_code(module: HloModule, assignment: Any, team: int,
         noalias = [all(not _leaf_slice(assignment, inst, index).may_overlap(s)
                        for s in in_slices) for index in indices]
         mark = kernels.mark()
-        if inst.shape.is_tuple:
+        if inst.opcode == "sort":  # a kernel of its own, one output per operand (sort.py)
+            kernel = sort.emit_sort_kernel(llvm_module, pool, inst, team)
+        elif inst.shape.is_tuple:
             from tfxla_lite.codegen.cpu import multi_output  # it imports this module
 
             kernel = multi_output.emit_kernel(llvm_module, pool, inst, noalias, team)

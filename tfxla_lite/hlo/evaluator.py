@@ -55,7 +55,7 @@ from typing import Any
 
 import numpy as np
 
-from tfxla_lite.hlo import convolution
+from tfxla_lite.hlo import convolution, sort
 from tfxla_lite.hlo.attributes import ScatterDimensions
 from tfxla_lite.hlo.ir import Computation, HloModule, Instruction
 from tfxla_lite.hlo.opcodes import OPCODES
@@ -696,6 +696,18 @@ def _dot(inst: Instruction, operands: Sequence[Any]) -> np.ndarray:
     product = np.matmul(left, right)
     dims = batch + tuple(lhs.shape[d] for d in lf) + tuple(rhs.shape[d] for d in rf)
     return _result(product.reshape(dims), inst.shape)
+
+
+@_reference("sort")
+def _sort(inst: Instruction, operands: Sequence[Any]) -> Any:
+    comparator = inst.called_computations[0]
+    dimension = sort.sort_dimension(inst.attributes, operands[0].ndim)
+
+    def less(scalars: Sequence[np.ndarray]) -> bool:
+        return bool(evaluate_computation(comparator, list(scalars)))
+
+    results = sort.reference(operands, dimension, less)
+    return results[0] if len(results) == 1 else tuple(results)
 
 
 @_reference("convolution")

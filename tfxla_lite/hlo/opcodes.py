@@ -15,7 +15,8 @@ and gather's `offset_dims`,
 scatter's `update_window_dims`, `inserted_window_dims`, `scatter_dims_to_operand_dims`,
 `index_vector_dim` (scatter calls its combiner `to_apply`, as reduce does).
 `while` calls (condition, body); `conditional` calls its branches, for a pred
-index (true_computation, false_computation).
+index (true_computation, false_computation). `sort` takes `dimensions={d}`, `is_stable`
+(a bool) and its comparator `to_apply` (`sort.py`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 from tfxla_lite.hlo.attributes import PaddingConfig, Window
 from tfxla_lite.hlo.convolution import ConvolutionShapeError, convolution_shape
 from tfxla_lite.hlo.shape import INTEGER_TYPES, Shape
+from tfxla_lite.hlo.sort import SortShapeError, sort_shape
 
 ShapeRule = Callable[[list[Shape], Mapping[str, Any]], Shape]
 
@@ -336,6 +338,13 @@ def _gather_rule(shapes: list[Shape], attributes: Mapping[str, Any]) -> Shape:
     return operand.with_dims(tuple(dims))
 
 
+def _sort_rule(shapes: list[Shape], attributes: Mapping[str, Any]) -> Shape:
+    try:
+        return sort_shape(shapes, attributes)
+    except SortShapeError as error:
+        raise ShapeError(str(error)) from None
+
+
 def _scatter_rule(shapes: list[Shape], attributes: Mapping[str, Any]) -> Shape:
     """XLA's ShapeInference::InferScatterShape for one operand and no batching dims."""
     _require(len(shapes) == 3, "scatter takes an operand, scatter indices and updates")
@@ -442,6 +451,7 @@ _register("dynamic-update-slice", "data-movement", _dynamic_update_slice_rule)
 _register("gather", "data-movement", _gather_rule)
 _register("reduce-window", "reduction", _reduce_window_rule)
 _register("scatter", "data-movement", _scatter_rule)
+_register("sort", "sort", _sort_rule)
 _register("while", "control-flow", _while_rule)
 _register("conditional", "control-flow", _given_rule)
 _register("tuple", "other", _tuple_rule)

@@ -22,11 +22,11 @@ Decisions where XLA's text carries more than the IR holds:
   printer more than 64) raise `ParseError`, since their values are gone;
   `fill_elided_constants=True` fills them with zeros instead, for structure-only
   uses (printing, passes, counts), never for numerics.
-- Opcodes the registry does not know (`custom-call`, `sort`, ...) parse
+- Opcodes the registry does not know (`custom-call`, `topk`, ...) parse
   into instructions of the printed shape: the verifier then reports "unknown
   opcode", and the evaluator and codegen name the opcode they lack.
 - Attributes the IR gives a meaning (`dimensions`, `slice`, `direction`, `kind`,
-  `index`, `iota_dimension`, the dot dimension lists, `padding`, `window`,
+  `index`, `iota_dimension`, the dot dimension lists, `padding`, `window`, `is_stable`,
   convolution's `dim_labels` and group counts, the
   gather and scatter dimension lists, `dynamic_slice_sizes`) are parsed into values; the
   computations an instruction calls (`to_apply`, fusion `calls`, while's
@@ -89,6 +89,7 @@ _INT_ATTRIBUTES = frozenset({"index", "iota_dimension", "index_vector_dim",
 _CALLED_ROLES = ("to_apply", "calls", "condition", "body", "true_computation",
                  "false_computation", "branch_computations")
 _WORD_ATTRIBUTES = frozenset({"direction", "kind"})
+_BOOL_ATTRIBUTES = frozenset({"is_stable"})
 _METADATA_KEYS = ("op_type", "op_name", "source_file", "source_line")
 
 
@@ -469,6 +470,12 @@ class _Parser:
             statement.attributes[key] = s.integer(f"an integer for {key}")
         elif key in _WORD_ATTRIBUTES:
             statement.attributes[key] = s.name(f"a value for {key}")
+        elif key in _BOOL_ATTRIBUTES:
+            at = s.skip()
+            word = s.name(f"true or false for {key}")
+            if word not in ("true", "false"):
+                raise self.error(f"{key} is true or false, got {word}", at)
+            statement.attributes[key] = word == "true"
         elif key == "slice":
             statement.attributes[key] = self.slice_spec()
         elif key == "metadata":

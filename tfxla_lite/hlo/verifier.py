@@ -10,11 +10,10 @@ unique; instructions are in topological order and read only instructions of
 their computation; use lists match operand lists both ways; parameters are
 numbered 0..n-1; called computations belong to the module; shapes are what the
 opcode's shape rule infers (or, for ops whose shape is given, consistent with
-their operands); reducers (of reduce and reduce-window), while conditions and
-bodies, conditional branches and scatter combiners take and return what their
-caller passes;
-fusions call a fusion computation of their own whose parameters and root match
-them.
+their operands); reducers (of reduce and reduce-window), sort comparators, while
+conditions and bodies, conditional branches and scatter combiners take and return
+what their caller passes; fusions call a fusion computation of their own whose
+parameters and root match them.
 """
 
 from __future__ import annotations
@@ -156,6 +155,8 @@ def _verify_shape(inst: Instruction) -> None:
         _verify_scatter(inst)
     elif inst.opcode == "while":
         _verify_while(inst)
+    elif inst.opcode == "sort":
+        _verify_sort(inst)
 
 
 def _check_given_shape(inst: Instruction, operand_shapes: list[Shape]) -> None:
@@ -221,6 +222,17 @@ def _verify_scatter(inst: Instruction) -> None:
             combiner.root is None or combiner.root.shape != scalar:
         raise _fail(inst, f"to_apply %{combiner.name} does not map (operand element, update "
                           f"element) to {scalar}")
+
+
+def _verify_sort(inst: Instruction) -> None:
+    if len(inst.called_computations) != 1:
+        raise _fail(inst, "sort calls exactly one to_apply comparator")
+    comparator = inst.called_computations[0]
+    scalars = [Shape(o.shape.element_type, ()) for o in inst.operands for _ in range(2)]
+    if [p.shape for p in comparator.parameters] != scalars or comparator.root is None or \
+            comparator.root.shape != Shape("pred", ()):
+        raise _fail(inst, f"to_apply %{comparator.name} does not map (lhs, rhs) scalars of "
+                          f"each operand, {scalars}, to pred[]")
 
 
 def _verify_while(inst: Instruction) -> None:

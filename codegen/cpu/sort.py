@@ -1,0 +1,225 @@
+"""CPU code for HLO `sort`: a stable merge sort of each row, with the comparator inlined.
+
+Where it sits: `compiler.py` hands every entry-level `sort` here (fusion never takes
+one: it is neither elementwise nor a fusible data movement). The kernel is
+`void kernel(out_0..out_{N-1}, in_0..in_{N-1})`, one output per operand. Its range
+function sorts the rows [begin, end): a row is the `n` elements along the sorted
+dimension at one index of the other dimensions (stride: the product of the dimensions
+after it). Rows are independent, so the launcher splits them across threads
+(`parallel.py`) when the work is big enough, and each row is sorted whole by one
+thread: the result never depends on the thread count.
+
+Per row, the kernel sorts a permutation, not the elements: two i32 index arrays (i64
+for rows of 2^31 elements or more) of `n` entries, on the stack for short rows and from
+`malloc` otherwise, run the bottom-up merge of `tfxla_lite.hlo.sort.merge_sort_order`
+(runs of 1, 2, 4... merged left to right, the right run's head taken only when the
+comparator puts it before the left's), so that the kernel and the evaluator agree
+comparison for comparison, even under a comparator that is not a strict weak order.
+Each comparison loads the 2N scalars it needs and runs the comparator inline
+(`KernelContext.apply_computation`). The permutation then gathers every operand's row
+into its output, copying elements bit for bit.
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+
+from tfxla_lite.codegen.cpu import parallel
+from tfxla_lite.codegen.cpu.emitter import (
+    I64,
+    PTR,
+    VOID,
+    ConstantPool,
+    Index,
+    KernelContext,
+    i64,
+    storage_type,
+)
+from tfxla_lite.hlo.ir import Instruction
+from tfxla_lite.hlo.sort import sort_dimension
+
+# Rows of up to this many elements keep their index arrays on the stack (2 × 4 bytes
+# an element: 128 KiB), longer ones take them from malloc, once per range call.
+STACK_ELEMENTS = 1 << 14
+
+
+def emit_sort_kernel(module: ir.Module, pool: ConstantPool, inst: Instruction,
+                     threads: int) -> ir.Function:
+    """The launcher `void kernel(out..., in...)` of the entry `sort` `inst`."""
+    from tfxla_lite.codegen.cpu.compiler import new_kernel_function  # it imports this module
+
+    dims = inst.operand(0).shape.dims
+    dimension = sort_dimension(inst.attributes, len(dims))
+    n = dims[dimension]
+    rows = (inst.operand(0).shape.num_elements // n) if n else 0
+    count = len(inst.operands)
+    name = "kernel." + "".join(c if c.isalnum() or c in "_." else "_" for c in inst.name)
+
+    ctx, outputs, inputs = new_kernel_function(module, pool, inst, name + ".rows", count,
+                                               [I64, I64])
+    begin, end = ctx.function.args[-2:]
+    begin.name, end.name = "begin", "end"
+    if rows and n:
+        _emit_rows(ctx, inst, outputs, inputs, dimension, begin, end)
+    ctx.builder.ret_void()
+
+    launcher, launch_outputs, launch_inputs = new_kernel_function(module, pool, inst, name,
+                                                                  count, [])
+    work = rows * n * max(1, n.bit_length())
+    team = threads if rows > 1 and work >= parallel.PARALLEL_MIN_WORK else 1
+    parallel.emit_launch(launcher, ctx.function, [*launch_outputs, *launch_inputs], rows, team)
+    launcher.builder.ret_void()
+    return launcher.function
+
+
+def _emit_rows(ctx: KernelContext, inst: Instruction, outputs: list[ir.Value],
+               inputs: list[ir.Value], dimension: int, begin: ir.Value, end: ir.Value) -> None:
+    b = ctx.builder
+    shapes = [o.shape for o in inst.operands]
+    dims = shapes[0].dims
+    n = dims[dimension]
+    inner = 1
+    for size in dims[dimension + 1:]:
+        inner *= size
+    index_type = ir.IntType(32) if n < (1 << 31) else I64
+    on_heap = n > STACK_ELEMENTS
+    if on_heap:
+        malloc = _declare(ctx.module, "malloc", ir.FunctionType(PTR, [I64]))
+        free = _declare(ctx.module, "free", ir.FunctionType(VOID, [PTR]))
+        bytes_each = index_type.width // 8
+        block = b.call(malloc, [i64(2 * n * bytes_each)], name="sort.scratch")
+        with b.if_then(b.icmp_unsigned("==", block, ir.Constant(PTR, None)), likely=False):
+            b.call(_declare(ctx.module, "llvm.trap", ir.FunctionType(VOID, [])), [])
+        first = block
+        second = b.gep(block, [i64(n)], inbounds=True, source_etype=index_type)
+    else:
+        first = ctx.alloca(index_type, name="sort.order", count=n)
+        second = ctx.alloca(index_type, name="sort.merged", count=n)
+
+    with ctx.loop(end, name="row", start=begin) as row:
+        # Element k of the row sits at base + k * inner.
+        outer = b.udiv(row, i64(inner))
+        base = b.add(b.mul(outer, i64(n * inner)), b.urem(row, i64(inner)), name="base")
+        with ctx.loop(n, name="init") as k:
+            b.store(b.trunc(k, index_type) if index_type != I64 else k,
+                    b.gep(first, [k], inbounds=True, source_etype=index_type))
+        source = _merge_passes(ctx, inst, inputs, shapes, base, inner, n, index_type,
+                               first, second)
+        with ctx.loop(n, name="gather") as p:
+            picked = b.load(b.gep(source, [p], inbounds=True, source_etype=index_type),
+                            typ=index_type)
+            picked = b.zext(picked, I64) if index_type != I64 else picked
+            to = _position(b, base, p, inner)
+            at = _position(b, base, picked, inner)
+            for shape, output, input_ in zip(shapes, outputs, inputs):
+                typ = storage_type(shape.element_type)
+                value = b.load(b.gep(input_, [at], inbounds=True, source_etype=typ), typ=typ)
+                b.store(value, b.gep(output, [to], inbounds=True, source_etype=typ))
+    if on_heap:
+        b.call(free, [block])
+
+
+def _merge_passes(ctx: KernelContext, inst: Instruction, inputs: list[ir.Value],
+                  shapes: list, base: ir.Value, inner: int, n: int, index_type: ir.Type,
+                  first: ir.Value, second: ir.Value) -> ir.Value:
+    """Merge runs of 1, 2, 4... from one index array into the other, alternating; returns
+    the array that holds the sorted permutation (known at compile time: the pass count
+    depends on `n` alone)."""
+    b = ctx.builder
+    comparator = inst.called_computations[0]
+
+    def load_index(array: ir.Value, at: ir.Value) -> ir.Value:
+        value = b.load(b.gep(array, [at], inbounds=True, source_etype=index_type),
+                       typ=index_type)
+        return b.zext(value, I64) if index_type != I64 else value
+
+    def before(right: ir.Value, left: ir.Value) -> ir.Value:
+        """Whether element `right` belongs before element `left` (the comparator)."""
+        args = []
+        for shape, input_ in zip(shapes, inputs):
+            for element in (right, left):
+                position = _position(b, base, element, inner)
+                args.append(ctx.load(input_, shape, Index(shape.dims, linear=position)))
+        with ctx.scope():
+            return ctx.apply_computation(comparator, args)
+
+    source, target = first, second
+    width = 1
+    while width < n:
+        pairs = -(-n // (2 * width))
+        with ctx.loop(pairs, name=f"merge{width}") as pair:
+            low = b.mul(pair, i64(2 * width))
+            middle = _minimum(b, b.add(low, i64(width)), i64(n))
+            high = _minimum(b, b.add(low, i64(2 * width)), i64(n))
+            _merge(ctx, source, target, low, middle, high, load_index, before, index_type)
+        source, target = target, source
+        width *= 2
+    return source
+
+
+def _merge(ctx: KernelContext, source: ir.Value, target: ir.Value, low: ir.Value,
+           middle: ir.Value, high: ir.Value, load_index, before, index_type: ir.Type) -> None:
+    """target[low:high] = the merge of source[low:middle] and source[middle:high]."""
+    b = ctx.builder
+    function = ctx.function
+    header = function.append_basic_block("merge.header")
+    body = function.append_basic_block("merge.body")
+    tail = function.append_basic_block("merge.tail")
+    preheader = b.block
+    b.branch(header)
+
+    b.position_at_end(header)
+    i = b.phi(I64, name="i")
+    j = b.phi(I64, name="j")
+    i.add_incoming(low, preheader)
+    j.add_incoming(middle, preheader)
+    both = b.and_(b.icmp_signed("<", i, middle), b.icmp_signed("<", j, high))
+    b.cbranch(both, body, tail)
+
+    b.position_at_end(body)
+    left = load_index(source, i)
+    right = load_index(source, j)
+    take_right = before(right, left)
+    picked = b.select(take_right, right, left)
+    k = b.sub(b.add(i, j), middle)  # elements placed so far, from low
+    stored = b.trunc(picked, index_type) if index_type != I64 else picked
+    b.store(stored, b.gep(target, [k], inbounds=True, source_etype=index_type))
+    one = b.zext(take_right, I64)
+    next_i = b.add(i, b.sub(i64(1), one))
+    next_j = b.add(j, one)
+    i.add_incoming(next_i, b.block)
+    j.add_incoming(next_j, b.block)
+    b.branch(header)
+
+    # What is left of either run is already in order: copy it.
+    b.position_at_end(tail)
+    placed = b.sub(b.add(i, j), middle)
+    left_rest = b.sub(middle, i)
+    _copy(ctx, source, target, i, placed, left_rest, index_type)
+    _copy(ctx, source, target, j, b.add(placed, left_rest), b.sub(high, j), index_type)
+
+
+def _copy(ctx: KernelContext, source: ir.Value, target: ir.Value, start: ir.Value,
+          to: ir.Value, length: ir.Value, index_type: ir.Type) -> None:
+    b = ctx.builder
+    memcpy = ctx.module.declare_intrinsic("llvm.memcpy", [PTR, PTR, I64])
+    size = b.mul(length, i64(index_type.width // 8))
+    b.call(memcpy, [b.gep(target, [to], inbounds=True, source_etype=index_type),
+                    b.gep(source, [start], inbounds=True, source_etype=index_type),
+                    size, ir.IntType(1)(0)])
+
+
+def _position(b: ir.IRBuilder, base: ir.Value, element: ir.Value, inner: int) -> ir.Value:
+    return b.add(base, b.mul(element, i64(inner)) if inner != 1 else element)
+
+
+def _minimum(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
+    return b.select(b.icmp_signed("<", x, y), x, y)
+
+
+def _declare(module: ir.Module, name: str, signature: ir.FunctionType) -> ir.Function:
+    existing = module.globals.get(name)
+    if isinstance(existing, ir.Function):
+        return existing
+    return ir.Function(module, signature, name=name)
+

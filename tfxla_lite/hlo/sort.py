@@ -1,0 +1,106 @@
+"""HLO `sort`: its shape rule and NumPy reference, as XLA defines the op.
+
+`sort(x_0, ..., x_{N-1}), dimensions={d}, is_stable=..., to_apply=%less` sorts every
+1-D slice along dimension `d` of N operands of equal dims (their element types may
+differ) together: the comparator takes 2N scalars, `(lhs_0, rhs_0, lhs_1, rhs_1, ...)`,
+and returns a `pred`, true when the lhs element belongs before the rhs element. Every
+operand is permuted by the same permutation of its slice. One operand gives one array,
+several a tuple of arrays in operand order. With `is_stable=true`, elements the
+comparator finds neither before nor after each other keep their order; XLA leaves
+their order open otherwise, and the reference (like the CPU kernel) keeps it anyway.
+
+The comparator must be a strict weak order for the result to be defined, as XLA asks;
+the reference and the kernels run the same stable merge sort (`merge_sort_order`), so a
+comparator that is not one (a plain `LT` of floats with NaN) still gives a permutation,
+the same in both.
+
+Used by `opcodes.py` (the shape rule), `evaluator.py` (the reference) and the CPU
+kernel (`codegen/cpu/sort.py`); TF's TopKV2 lowers to it for long rows
+(`clustering/rules_tensor.py`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from tfxla_lite.hlo.shape import Shape
+
+
+class SortShapeError(ValueError):
+    """Operands or attributes a sort does not take."""
+
+
+def sort_dimension(attributes: Mapping[str, Any], rank: int) -> int:
+    """The dimension a sort orders: `dimensions={d}`, one dimension of the operands."""
+    dims = tuple(attributes.get("dimensions", ()))
+    if len(dims) != 1 or not 0 <= dims[0] < max(rank, 1):
+        raise SortShapeError(f"sort takes one dimension of its rank-{rank} operands, "
+                             f"got dimensions={{{', '.join(map(str, dims))}}}")
+    return dims[0]
+
+
+def sort_shape(shapes: list[Shape], attributes: Mapping[str, Any]) -> Shape:
+    """The result of sorting `shapes` together: the one array, or a tuple of them."""
+    if not shapes:
+        raise SortShapeError("sort needs operands")
+    first = shapes[0]
+    for shape in shapes:
+        if shape.is_tuple or shape.dims != first.dims:
+            raise SortShapeError(f"sort operands are arrays of equal dims, got {shapes}")
+    if first.rank == 0:
+        raise SortShapeError("sort operands have at least one dimension")
+    sort_dimension(attributes, first.rank)
+    return first if len(shapes) == 1 else Shape.tuple_of(list(shapes))
+
+
+Comparator = Callable[[Sequence[np.ndarray]], bool]
+
+
+def merge_sort_order(length: int, less: Callable[[int, int], bool]) -> list[int]:
+    """The permutation a bottom-up stable merge sort gives: runs of 1, 2, 4... merged
+    pairwise, left to right, taking the right run's head only when it is `less` than the
+    left's. The CPU kernel runs this very order of comparisons, so that the two agree
+    even for a comparator that is not a strict weak order (NaN under a plain LT)."""
+    order = list(range(length))
+    width = 1
+    while width < length:
+        merged: list[int] = []
+        for low in range(0, length, 2 * width):
+            left = order[low:low + width]
+            right = order[low + width:low + 2 * width]
+            i = j = 0
+            while i < len(left) and j < len(right):
+                if less(right[j], left[i]):
+                    merged.append(right[j])
+                    j += 1
+                else:
+                    merged.append(left[i])
+                    i += 1
+            merged.extend(left[i:])
+            merged.extend(right[j:])
+        order = merged
+        width *= 2
+    return order
+
+
+def reference(operands: Sequence[np.ndarray], dimension: int, less: Comparator
+              ) -> list[np.ndarray]:
+    """Every slice along `dimension` of `operands` permuted by `merge_sort_order` under
+    `less(lhs_0, rhs_0, lhs_1, rhs_1, ...)` (0-d arrays)."""
+    moved = [np.moveaxis(np.asarray(x), dimension, -1) for x in operands]
+    results = [np.empty_like(x) for x in moved]
+    length = moved[0].shape[-1]
+    for index in np.ndindex(*moved[0].shape[:-1]):
+        rows = [x[index] for x in moved]
+
+        def before(i: int, j: int, rows: list[np.ndarray] = rows) -> bool:
+            return less([value for row in rows for value in (row[i:i + 1].reshape(()),
+                                                               row[j:j + 1].reshape(()))])
+
+        order = merge_sort_order(length, before)
+        for result, row in zip(results, rows):
+            result[index] = row[order]
+    return [np.ascontiguousarray(np.moveaxis(r, -1, dimension)) for r in results]
