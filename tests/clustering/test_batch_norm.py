@@ -78,7 +78,8 @@ CASES = [
 def test_fused_batch_norm_v3(case: int) -> None:
     shape, data_format, is_training, epsilon, factor = CASES[case]
     channels = shape[-1] if data_format.endswith("C") else shape[1]
-    fn = _batch_norm(outputs=5 if is_training else 3, epsilon=epsilon,
+    # An empty batch leaves the reserve spaces unset in TF's Eigen kernel too.
+    fn = _batch_norm(outputs=5 if is_training and 0 not in shape else 3, epsilon=epsilon,
                      exponential_avg_factor=factor, data_format=data_format,
                      is_training=is_training)
     _check(fn, [sample(shape, F32, seed=case, edges=False), *_statistics(channels, case)],
