@@ -26,13 +26,14 @@ partials (TF's and XLA's column sums are blocked or tree-shaped too).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from math import prod
 
 from llvmlite import ir
 
-from tfxla_lite.codegen.cpu import reduction
+from tfxla_lite.codegen.cpu import reduction, row_kernel
 from tfxla_lite.codegen.cpu.emitter import Index, KernelContext, i64, value_type
 from tfxla_lite.hlo.ir import Instruction, widened_reduce_op
 from tfxla_lite.hlo.shape import Shape
@@ -49,6 +50,10 @@ _MAX_PARTIAL_BYTES = 128 << 10
 _TARGET_UNITS = 64
 # Rows a sum folds into accumulators of their own before adding them to the chunk's.
 _GROUP_ROWS = 16
+# Blocks narrower than this, and not a multiple of `_VECTOR` elements, fold unrolled.
+_SCALAR_BELOW = 32
+_VECTOR = 8
+_FALSE = ir.Constant(ir.IntType(1), 0)
 
 
 @dataclass(frozen=True)
@@ -81,6 +86,13 @@ class ColumnPlan:
     @property
     def blocks(self) -> int:
         return -(-self.width_size // self.block)
+
+    @property
+    def scalar_columns(self) -> bool:
+        """Whether loops over a block's columns are unrolled rather than vectorized: a
+        narrow block that is not whole vectors, whose masked vector loads and stores of
+        the accumulators would never forward from store to load."""
+        return self.block < _SCALAR_BELOW and self.block % _VECTOR != 0
 
     @property
     def units(self) -> int:
@@ -155,6 +167,18 @@ def _min(ctx: KernelContext, a: ir.Value, b: ir.Value) -> ir.Value:
     return ctx.builder.select(ctx.builder.icmp_signed("<", a, b), a, b)
 
 
+@contextmanager
+def _column_loop(ctx: KernelContext, stop: int | ir.Value, name: str, scalar: bool
+                 ) -> Iterator[ir.Value]:
+    """A loop over a block's columns; with `scalar` unrolled, not vectorized (its
+    accumulators then live in registers across rows)."""
+    with ctx.loop(stop, name=name) as column:
+        yield column
+    if scalar:
+        row_kernel.loop_hint(ctx, column, ("llvm.loop.vectorize.enable", _FALSE),
+                             ("llvm.loop.unroll.full", None))
+
+
 def emit_units(ctx: KernelContext, column_plan: ColumnPlan, targets: list[Target],
                extras: list[Extra], begin: ir.Value, end: ir.Value) -> None:
     """Units [begin, end) of `column_plan`: each folds its rows into one accumulator per
@@ -174,6 +198,7 @@ def emit_units(ctx: KernelContext, column_plan: ColumnPlan, targets: list[Target
     group_slots = [] if first_row_starts else \
         [ctx.alloca(t, name="group", count=p.block) for t in types]
     width_size = p.width_size
+    scalar = p.scalar_columns
     with ctx.loop(end, name="unit", start=begin) as unit:
         chunk = _urem(ctx, unit, p.chunks)
         rest = _udiv(ctx, unit, p.chunks)
@@ -189,13 +214,13 @@ def emit_units(ctx: KernelContext, column_plan: ColumnPlan, targets: list[Target
 
         def fill_identities(into: list[ir.Value]) -> None:
             for slot, element, value in zip(into, types, identities):
-                with ctx.loop(width, name="identity") as j:
+                with _column_loop(ctx, width, "identity", scalar) as j:
                     b.store(value, b.gep(slot, [j], inbounds=True, source_etype=element))
 
         def fold_row(row: ir.Value, start: bool, into: list[ir.Value]) -> None:
             row_multi = Index(p.rows, linear=row).get_multi(b)
             base = b.mul(b.add(lead_rows, row, flags=nuw), i64(width_size), flags=nuw)
-            with ctx.loop(width, name="column") as j:
+            with _column_loop(ctx, width, "column", scalar) as j:
                 column = b.add(column0, j, flags=nuw)
                 width_multi = [column] if len(p.width) == 1 else \
                     Index(p.width, linear=column).get_multi(b)
@@ -224,7 +249,7 @@ def emit_units(ctx: KernelContext, column_plan: ColumnPlan, targets: list[Target
                 with ctx.loop(group_end, name="row", start=group0) as row:
                     fold_row(row, False, group_slots)
                 for fold, slot, group_slot, element in zip(folds, slots, group_slots, types):
-                    with ctx.loop(width, name="add_group") as j:
+                    with _column_loop(ctx, width, "add_group", scalar) as j:
                         into = b.gep(slot, [j], inbounds=True, source_etype=element)
                         value = b.load(b.gep(group_slot, [j], inbounds=True,
                                              source_etype=element))
@@ -237,7 +262,7 @@ def emit_units(ctx: KernelContext, column_plan: ColumnPlan, targets: list[Target
         for target, fold, slot, element in zip(targets, folds, slots, types):
             init = None if p.chunks > 1 else fold.widen(
                 ctx.value(target.reduce.operand(1), Index.scalar()))
-            with ctx.loop(width, name="store") as j:
+            with _column_loop(ctx, width, "store", scalar) as j:
                 value = b.load(b.gep(slot, [j], inbounds=True, source_etype=element))
                 if target.partials is not None:
                     position = b.add(partial_base, j, flags=nuw)
@@ -274,12 +299,12 @@ def emit_combine(ctx: KernelContext, column_plan: ColumnPlan, targets: list[Targ
             base = b.mul(lead, i64(p.chunks * width_size), flags=nuw)
             with ctx.loop(p.chunks, name="chunk", start=1) as chunk:
                 offset = b.add(base, b.mul(chunk, i64(width_size), flags=nuw), flags=nuw)
-                with ctx.loop(width_size, name="column") as j:
+                with _column_loop(ctx, width_size, "column", p.scalar_columns) as j:
                     into = partial(b.add(base, j, flags=nuw))
                     value = b.load(partial(b.add(offset, j, flags=nuw)), typ=element)
                     b.store(fold.combine(b.load(into, typ=element), value), into)
             out_base = b.mul(lead, i64(width_size), flags=nuw)
-            with ctx.loop(width_size, name="result") as j:
+            with _column_loop(ctx, width_size, "result", p.scalar_columns) as j:
                 value = b.load(partial(b.add(base, j, flags=nuw)), typ=element)
                 result = fold.narrow(fold.combine(init, value))
                 shape = target.reduce.shape

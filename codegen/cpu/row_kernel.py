@@ -375,7 +375,7 @@ def _fold_stage(ctx: KernelContext, stage: Instruction, number: int, width: int,
         if id(operand) in shared:
             # Two vectors an iteration: softmax's exp loop, which LLVM left at one, ran
             # 2-6% faster on one thread (the same bits: no fold in this loop).
-            _loop_hint(ctx, column, "llvm.loop.interleave.count", ir.Constant(I32, 2))
+            loop_hint(ctx, column, ("llvm.loop.interleave.count", ir.Constant(I32, 2)))
     if row is None:
         return reduction.fold_elements(ctx, stage, lambda column: element(operand, number,
                                                                           column), width)
@@ -489,22 +489,27 @@ def _keep_scalar(ctx: KernelContext, counter: ir.Value) -> None:
     """Keep LLVM's loop vectorizer off the loop whose induction variable is `counter`: a
     loop only rare rows run, which vectorized (interleaved, with a remainder loop) cost
     softmax's module 1.2-1.7 ms more LLVM time (3-4%) than its scalar form."""
-    _loop_hint(ctx, counter, "llvm.loop.vectorize.enable", ir.Constant(ir.IntType(1), 0))
+    loop_hint(ctx, counter, ("llvm.loop.vectorize.enable", ir.Constant(ir.IntType(1), 0)))
 
 
-def _loop_hint(ctx: KernelContext, counter: ir.Value, name: str, value: ir.Constant) -> None:
-    """Give the loop whose induction variable is `counter` the loop metadata `name`."""
+def loop_hint(ctx: KernelContext, counter: ir.Value,
+              *hints: tuple[str, ir.Constant | None]) -> None:
+    """Give the loop whose induction variable is `counter` (closed: its latch branch
+    emitted) the loop metadata `hints`, (name, value) pairs (None: a name alone)."""
     assert isinstance(counter, ir.PhiInstr)
     module = ctx.module
-    option = module.add_metadata([ir.MetaDataString(module, name), value])
+    options = tuple(module.add_metadata([ir.MetaDataString(module, name)]
+                                        + ([] if value is None else [value]))
+                    for name, value in hints)
     # A loop's ID is a node whose first operand is itself, which `add_metadata` cannot
     # make: made directly, once per module and shared by such loops (all want the same;
     # the same node keeps identical kernels' texts identical, `compiler.KernelMerger`).
-    loop_id = next((node for node in module.metadata if len(node.operands) == 2
-                    and node.operands[0] is node and node.operands[1] is option), None)
+    loop_id = next((node for node in module.metadata if len(node.operands) == len(options) + 1
+                    and node.operands[0] is node
+                    and all(a is b for a, b in zip(node.operands[1:], options))), None)
     if loop_id is None:
-        loop_id = ir.values.MDValue(module, [option], name=str(len(module.metadata)))
-        loop_id.operands = (loop_id, option)
+        loop_id = ir.values.MDValue(module, list(options), name=str(len(module.metadata)))
+        loop_id.operands = (loop_id, *options)
     _, latch = counter.incomings[-1]
     latch.terminator.set_metadata("llvm.loop", loop_id)
 

@@ -94,6 +94,8 @@ SHAPES = [
     ((300, 257), (0,)),  # odd width
     ((1024, 256), (0,)),  # a bias gradient
     ((50, 3), (0,)),  # narrow
+    ((400, 12), (0,)),  # narrow, not whole vectors: unrolled scalar accumulators
+    ((64, 20, 5), (0, 1)),
     ((70, 1), (0,)),  # one column
     ((2, 2100), (0,)),  # wider than one block of accumulators
     ((5, 40, 17), (1,)),  # a lead dimension
@@ -219,6 +221,17 @@ def test_the_row_accumulating_kernel_is_chosen() -> None:
     assert "i0.header" not in executable.llvm_ir
     gradient = compile_module(parse_module(_bn_gradient_text((64, 14, 14, 64))), cache=False)
     assert multi_output.plan(_fusion(gradient)).kind == "columns"
+
+
+@pytest.mark.parametrize("width,scalar", [(5, True), (12, True), (24, False), (40, False)])
+def test_narrow_rows_keep_their_accumulators_in_registers(width: int, scalar: bool) -> None:
+    """A column loop narrower than 32 and not whole 8-lane vectors is unrolled, not
+    vectorized: LLVM's masked vector form would load and store the accumulators
+    through memory (masked stores do not forward to loads)."""
+    text = _reduce_text("f32", (4096, width), (0,))
+    executable = compile_module(parse_module(text), cache=False)
+    assert ("llvm.loop.unroll.full" in executable.llvm_ir) == scalar
+    assert ("llvm.masked" in executable.llvm_ir_optimized) == (not scalar and width % 8 != 0)
 
 
 @pytest.mark.parametrize("dims,reduced", [
