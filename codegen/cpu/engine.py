@@ -9,6 +9,12 @@ libgomp's entry points (`parallel.py`) from the system, loaded with ctypes and b
 by name with `llvm.add_symbol`. A big module is optimized and compiled to machine code
 in parts on several threads (`compile_parts`, cut by `module_split.py`), one object per
 part, which one engine loads and links (`load_objects`).
+
+Every run of LLVM's pass pipeline through llvmlite keeps memory for the rest of the
+process: llvmlite's pass builder allocates a `PassInstrumentationCallbacks` that its
+dispose never deletes, and each run registers instrumentation into it. Nothing in
+Python can reach it, so each run is counted (`pipeline_runs`), and the memory tests
+allow for it (docs/reliability.md, "Memory").
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ import ctypes.util
 import functools
 import glob
 import os
+import threading
+from collections import Counter
 from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
@@ -53,6 +61,22 @@ def _optimizing_machine() -> llvm.TargetMachine:
     return target_machine()
 
 
+_runs: Counter[int] = Counter()  # pass pipeline runs by speed level
+_runs_lock = threading.Lock()
+
+
+def _count_run(speed_level: int, count: int = 1) -> None:
+    with _runs_lock:
+        _runs[speed_level] += count
+
+
+def pipeline_runs() -> dict[int, int]:
+    """How many times this process has run LLVM's pass pipeline, by speed level (each
+    run leaves llvmlite's instrumentation memory behind: the module docstring)."""
+    with _runs_lock:
+        return dict(_runs)
+
+
 @functools.cache
 def _host() -> tuple[str, str]:
     """(triple, data layout) of the host, read once and kept as text."""
@@ -84,6 +108,7 @@ def optimize(module: llvm.ModuleRef, speed_level: int = 3) -> None:
     machine = _optimizing_machine()
     module.triple, module.data_layout = _host()
     builder = llvm.create_pass_builder(machine, _tuning_options(speed_level))
+    _count_run(speed_level)
     builder.getModulePassManager().run(module, builder)
 
 
@@ -152,6 +177,7 @@ def compile_parts(texts: list[str], speed_level: int = 3, codegen_level: int = 3
             manager = builder.getModulePassManager()
             refs.append(manager)
             jobs.append((context, text.encode(), manager, builder, machine))
+        _count_run(speed_level, len(jobs))
         workers = len(jobs) if threads is None else max(1, min(threads, len(jobs)))
         if workers == 1:
             results = [_compile_part(*job) for job in jobs]
@@ -235,6 +261,7 @@ def link_parts(bitcode: Collection[bytes], internal: Collection[str] = (),
         manager = llvm.create_new_module_pass_manager()
         manager.add_global_dead_code_eliminate_pass()
         builder = llvm.create_pass_builder(_optimizing_machine(), _tuning_options(speed_level))
+        _count_run(speed_level)
         manager.run(linked, builder)
     return linked
 
