@@ -146,12 +146,17 @@ register("ArgMin", dtypes=NUMERIC | BOOL, static_inputs=(1,), check=_check_arg_r
 
 
 # -- top-k (and so tf.sort, tf.argsort) ---------------------------------------------------------
-# HLO here has no `sort`: each element's place is the count of elements ahead of it, from
-# an n × n comparison per row, so the rule refuses rows whose comparisons would be large.
+# Three forms of one order (`_lower_top_k`): short rows count the elements ahead of each
+# (n² compares, vectorized); a few of many stream through HLO `topk`; the rest sort the
+# row (HLO `sort`).
 # Rows up to this long rank every element by counting those ahead of it (n² compares a
-# row, vectorized); longer ones sort (values, indices) with an HLO `sort`, n log n
-# comparisons through the comparator (codegen/cpu/sort.py).
+# row, vectorized). Longer rows: up to _TOP_K_STREAMING_MAX results by HLO `topk`, one
+# pass keeping the k best (a compare an element, k shifts for one that enters: an
+# ascending row, the worst case, costs n·k); more sort (values, indices) with HLO
+# `sort`, n log n comparisons through the comparator, some 20-50 ns each
+# (codegen/cpu/sort.py).
 _TOP_K_COUNTING_MAX = 256
+_TOP_K_STREAMING_MAX = 64
 
 
 def _check_top_k(op: tf.Operation) -> str | None:
@@ -180,6 +185,8 @@ def _lower_top_k(ctx: LoweringContext, op: tf.Operation, operands: Operands
     dims = x.shape.dims
     k = int(ctx.static_input(1))
     if dims[-1] > _TOP_K_COUNTING_MAX:
+        if k <= _TOP_K_STREAMING_MAX:
+            return _top_k_by_topk(ctx, op, x, k)
         return _top_k_by_sort(ctx, op, x, k)
     rank, n = len(dims), dims[-1]
     batch = dims[:-1]
@@ -216,6 +223,15 @@ def _lower_top_k(ctx: LoweringContext, op: tf.Operation, operands: Operands
     values = ctx.reduce(ctx.emit("select", [hit, spread, ctx.full(bottom, spread.shape)]),
                         [rank], "maximum", bottom)
     return [values, ctx.convert(indices, element_type(op.outputs[1].dtype))]
+
+
+def _top_k_by_topk(ctx: LoweringContext, op: tf.Operation, x: Instruction, k: int
+                   ) -> list[Instruction]:
+    """HLO `topk`, whose order is `_lower_top_k`'s (tfxla_lite/hlo/sort.py)."""
+    both = ctx.emit("topk", [x], k=k, largest=True)
+    values = ctx.emit("get-tuple-element", [both], index=0)
+    positions = ctx.emit("get-tuple-element", [both], index=1)
+    return [values, ctx.convert(positions, element_type(op.outputs[1].dtype))]
 
 
 def _top_k_by_sort(ctx: LoweringContext, op: tf.Operation, x: Instruction, k: int

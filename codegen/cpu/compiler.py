@@ -586,7 +586,7 @@ def _emit_code(module: HloModule, assignment: Any, team: int,
         noalias = [all(not _leaf_slice(assignment, inst, index).may_overlap(s)
                        for s in in_slices) for index in indices]
         mark = kernels.mark()
-        if inst.opcode == "sort":  # a kernel of its own, one output per operand (sort.py)
+        if inst.opcode in ("sort", "topk"):  # a kernel of its own (sort.py)
             kernel = sort.emit_sort_kernel(llvm_module, pool, inst, team)
         elif inst.shape.is_tuple:
             from tfxla_lite.codegen.cpu import multi_output  # it imports this module

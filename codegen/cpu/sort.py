@@ -34,6 +34,7 @@ from tfxla_lite.codegen.cpu.emitter import (
     KernelContext,
     i64,
     storage_type,
+    value_type,
 )
 from tfxla_lite.hlo.ir import Instruction
 from tfxla_lite.hlo.sort import sort_dimension
@@ -45,27 +46,39 @@ STACK_ELEMENTS = 1 << 14
 
 def emit_sort_kernel(module: ir.Module, pool: ConstantPool, inst: Instruction,
                      threads: int) -> ir.Function:
-    """The launcher `void kernel(out..., in...)` of the entry `sort` `inst`."""
-    from tfxla_lite.codegen.cpu.compiler import new_kernel_function  # it imports this module
-
+    """The launcher `void kernel(out..., in...)` of the entry `sort` or `topk` `inst`."""
     dims = inst.operand(0).shape.dims
+    if inst.opcode == "topk":
+        n = dims[-1]
+        rows = inst.operand(0).shape.num_elements // n if n else 0
+        k = int(inst.attributes["k"])
+        return _row_kernel(module, pool, inst, threads, rows, rows * n,
+                           lambda ctx, outputs, inputs, begin, end: _emit_topk_rows(
+                               ctx, inst, outputs, inputs, begin, end) if k else None)
     dimension = sort_dimension(inst.attributes, len(dims))
     n = dims[dimension]
     rows = (inst.operand(0).shape.num_elements // n) if n else 0
-    count = len(inst.operands)
-    name = "kernel." + "".join(c if c.isalnum() or c in "_." else "_" for c in inst.name)
+    return _row_kernel(module, pool, inst, threads, rows, rows * n * max(1, n.bit_length()),
+                       lambda ctx, outputs, inputs, begin, end: _emit_rows(
+                           ctx, inst, outputs, inputs, dimension, begin, end))
 
+
+def _row_kernel(module: ir.Module, pool: ConstantPool, inst: Instruction, threads: int,
+                rows: int, work: int, emit_rows) -> ir.Function:
+    """A range function over rows [begin, end) made by `emit_rows`, and its launcher."""
+    from tfxla_lite.codegen.cpu.compiler import new_kernel_function  # it imports this module
+
+    count = len(inst.shape.tuple_shapes) if inst.shape.is_tuple else 1
+    name = "kernel." + "".join(c if c.isalnum() or c in "_." else "_" for c in inst.name)
     ctx, outputs, inputs = new_kernel_function(module, pool, inst, name + ".rows", count,
                                                [I64, I64])
     begin, end = ctx.function.args[-2:]
     begin.name, end.name = "begin", "end"
-    if rows and n:
-        _emit_rows(ctx, inst, outputs, inputs, dimension, begin, end)
+    if rows and work:
+        emit_rows(ctx, outputs, inputs, begin, end)
     ctx.builder.ret_void()
-
     launcher, launch_outputs, launch_inputs = new_kernel_function(module, pool, inst, name,
                                                                   count, [])
-    work = rows * n * max(1, n.bit_length())
     team = threads if rows > 1 and work >= parallel.PARALLEL_MIN_WORK else 1
     parallel.emit_launch(launcher, ctx.function, [*launch_outputs, *launch_inputs], rows, team)
     launcher.builder.ret_void()
@@ -223,3 +236,79 @@ def _declare(module: ir.Module, name: str, signature: ir.FunctionType) -> ir.Fun
         return existing
     return ir.Function(module, signature, name=name)
 
+
+
+def _emit_topk_rows(ctx: KernelContext, inst: Instruction, outputs: list[ir.Value],
+                    inputs: list[ir.Value], begin: ir.Value, end: ir.Value) -> None:
+    """Each row streams once through a buffer of its k best so far, best first: an element
+    enters only when it beats the last (one compare for most elements), shifting the
+    worse ones down; equal elements never beat those already in (lower indices), which
+    gives topk's index order among equals."""
+    b = ctx.builder
+    x = inst.operand(0)
+    etype = x.shape.element_type
+    n = x.shape.dims[-1]
+    k = int(inst.attributes["k"])
+    largest = bool(inst.attributes.get("largest", True))
+    values_buffer = ctx.alloca(value_type(etype), name="topk.values", count=k)
+    index_buffer = ctx.alloca(I64, name="topk.indices", count=k)
+    filled = ctx.alloca(I64, name="topk.filled")
+    values_shape, indices_shape = inst.shape.tuple_shapes
+    (input_,) = inputs
+
+    def better(a: ir.Value, c: ir.Value) -> ir.Value:
+        if etype in ("f16", "bf16", "f32", "f64"):
+            ahead = b.fcmp_ordered(">" if largest else "<", a, c)
+            nan_a = b.fcmp_unordered("uno", a, a)
+            nan_c = b.fcmp_unordered("uno", c, c)
+            nan_wins = b.and_(nan_a, b.not_(nan_c)) if largest else \
+                b.and_(nan_c, b.not_(nan_a))
+            return b.or_(ahead, nan_wins)
+        compare = b.icmp_signed if etype.startswith("s") else b.icmp_unsigned
+        return compare(">" if largest else "<", a, c)
+
+    def slot(buffer: ir.Value, typ: ir.Type, at: ir.Value) -> ir.Value:
+        return b.gep(buffer, [at], inbounds=True, source_etype=typ)
+
+    vtype = value_type(etype)
+    with ctx.loop(end, name="row", start=begin) as row:
+        b.store(i64(0), filled)
+        with ctx.loop(n, name="element") as j:
+            linear = b.add(b.mul(row, i64(n)), j)
+            v = ctx.load(input_, x.shape, Index(x.shape.dims, linear=linear))
+            count = b.load(filled, typ=I64)
+            full = b.icmp_signed("==", count, i64(k))
+            last = b.load(slot(values_buffer, vtype, i64(k - 1)), typ=vtype)
+            enters = b.or_(b.not_(full), better(v, last))
+            with b.if_then(enters):
+                start = b.select(full, i64(k - 1), count)
+                # Shift the worse ones down from `start` while v beats the one above.
+                header = ctx.function.append_basic_block("topk.shift")
+                body = ctx.function.append_basic_block("topk.move")
+                done = ctx.function.append_basic_block("topk.place")
+                before = b.block
+                b.branch(header)
+                b.position_at_end(header)
+                at = b.phi(I64, name="at")
+                at.add_incoming(start, before)
+                above = b.sub(at, i64(1))
+                has_above = b.icmp_signed(">", at, i64(0))
+                above_value = b.load(slot(values_buffer, vtype,
+                                          b.select(has_above, above, i64(0))), typ=vtype)
+                b.cbranch(b.and_(has_above, better(v, above_value)), body, done)
+                b.position_at_end(body)
+                b.store(above_value, slot(values_buffer, vtype, at))
+                b.store(b.load(slot(index_buffer, I64, above), typ=I64),
+                        slot(index_buffer, I64, at))
+                at.add_incoming(above, body)
+                b.branch(header)
+                b.position_at_end(done)
+                b.store(v, slot(values_buffer, vtype, at))
+                b.store(j, slot(index_buffer, I64, at))
+                b.store(b.select(full, count, b.add(count, i64(1))), filled)
+        with ctx.loop(k, name="write") as p:
+            linear = b.add(b.mul(row, i64(k)), p)
+            ctx.store(b.load(slot(values_buffer, vtype, p), typ=vtype), outputs[0],
+                      values_shape, Index(values_shape.dims, linear=linear))
+            ctx.store(b.trunc(b.load(slot(index_buffer, I64, p), typ=I64), ir.IntType(32)),
+                      outputs[1], indices_shape, Index(indices_shape.dims, linear=linear))

@@ -183,20 +183,24 @@ def test_sort_and_argsort(dtype: Any) -> None:
     _both_modes(_sorts, [x], "TopKV2")
 
 
-LONG_TOP_K_CASES = [((2, 300), 7), ((300,), 300), ((2, 3, 600), 5), ((1, 257), 0)]
+# Over 256 elements a row: up to 64 results by HLO `topk`, more by HLO `sort`.
+STREAMED_TOP_K_CASES = [((2, 300), 7), ((2, 3, 600), 64), ((1, 257), 0), ((400,), 1)]
+SORTED_TOP_K_CASES = [((300,), 300), ((2, 500), 65)]
 
 
+@pytest.mark.parametrize("form,cases", [("topk", STREAMED_TOP_K_CASES),
+                                        ("sort", SORTED_TOP_K_CASES)])
 @pytest.mark.parametrize("dtype", SORTABLE, ids=_ids(SORTABLE))
-def test_top_k_of_long_rows_is_an_hlo_sort(dtype: Any) -> None:
-    """Rows over the counting limit sort (values, indices) with HLO `sort`; same order."""
-    args = [_ties(a) for a in inputs([[c[0]] for c in LONG_TOP_K_CASES], [dtype])]
-    fn = _per_case(LONG_TOP_K_CASES, lambda x, k: tf.math.top_k(x, k))
+def test_top_k_of_long_rows(dtype: Any, form: str, cases: list[Any]) -> None:
+    args = [_ties(a) for a in inputs([[c[0]] for c in cases], [dtype])]
+    fn = _per_case(cases, lambda x, k: tf.math.top_k(x, k))
     check_against_tf(fn, args, "TopKV2")
     if dtype in (F32, I32):
         _both_modes(fn, args, "TopKV2")
         tensors = [tf.constant(a) for a in args]
         compiled = tl.function(fn, jit_compile=True)
-        assert " sort(" in compiled.experimental_get_compiler_ir(*tensors)(stage="hlo")
+        hlo = compiled.experimental_get_compiler_ir(*tensors)(stage="hlo")
+        assert f" {form}(" in hlo
 
 
 def test_sort_and_argsort_of_long_rows() -> None:
@@ -205,13 +209,14 @@ def test_sort_and_argsort_of_long_rows() -> None:
     _both_modes(_sorts, [x], "TopKV2")
 
 
-@pytest.mark.parametrize("length", [9, 400])
+@pytest.mark.parametrize("length", [9, 400, 400 + 1])  # counting, topk, sort
 def test_top_k_ranks_nan_first_as_tf_xla(length: int) -> None:
     """TF's CPU kernel leaves NaN unordered (its order depends on std::sort's steps); TF's
-    XLA ranks a NaN with its sign bit clear above +inf, and so do we (counting or sorting)."""
+    XLA ranks a NaN with its sign bit clear above +inf, and so do we, in each form."""
     row = [1.0, np.nan, 3.0, -np.inf, np.nan, 0.0, -0.0, np.inf, 3.0]
     x = np.array([(row * (length // len(row) + 1))[:length]], np.float32)
-    fn = lambda v: list(tf.math.top_k(v, 9)) + list(tf.math.top_k(v, 3))  # noqa: E731
+    k = 70 if length == 401 else 9  # 400: topk; 401 and k = 70: sort
+    fn = lambda v: list(tf.math.top_k(v, k)) + list(tf.math.top_k(v, 3))  # noqa: E731
     xla = [t.numpy() for t in tf.function(fn, jit_compile=True)(tf.constant(x))]
     compiled = tl.function(fn, jit_compile=True, options=Options(verify=True))
     for got, want in zip(compiled(tf.constant(x)), xla):

@@ -88,3 +88,40 @@ def test_long_rows_take_the_heap_path_and_any_thread_count_gives_the_same_bits()
     np.testing.assert_array_equal(one[0], np.take_along_axis(x, order, 1))
     for a, b in zip(one, two):
         np.testing.assert_array_equal(a, b)
+
+
+def _topk_module(dims: tuple[int, ...], k: int, etype: str, largest: bool) -> str:
+    shape, out = (f"[{','.join(map(str, d))}]" for d in (dims, dims[:-1] + (k,)))
+    return f"""HloModule topk
+
+ENTRY %main (x: {etype}{shape}) -> ({etype}{out}, s32{out}) {{
+  %x = {etype}{shape} parameter(0)
+  ROOT %topk = ({etype}{out}, s32{out}) topk(%x), k={k}, largest={str(largest).lower()}
+}}
+"""
+
+
+@pytest.mark.parametrize("dims,k,etype,largest", [
+    ((2, 6), 3, "f32", True), ((3, 50), 7, "f32", False), ((2, 3, 40), 40, "f64", True),
+    ((4, 9), 0, "f32", True), ((0, 5), 2, "f32", True), ((5, 1), 1, "s32", True),
+    ((3, 100), 10, "bf16", True), ((3, 100), 10, "f16", False), ((2, 64), 5, "u8", True),
+    ((2, 64), 5, "s64", False)])
+def test_topk_against_the_evaluator(dims: tuple[int, ...], k: int, etype: str,
+                                    largest: bool) -> None:
+    rng = np.random.default_rng(5)
+    if etype.startswith("u"):
+        x = rng.integers(0, 9, dims).astype(numpy_dtype(etype))
+    elif etype.startswith("s"):
+        x = rng.integers(-4, 4, dims).astype(numpy_dtype(etype))
+    else:
+        wide = rng.integers(-4, 4, dims).astype(np.float32)
+        wide.flat[::7] = np.nan
+        wide.flat[::11] = -0.0
+        x = wide.astype(numpy_dtype(etype))
+    _check(_topk_module(dims, k, etype, largest), x)
+
+
+def test_topk_of_an_ascending_row_the_worst_case() -> None:
+    x = np.arange(5000, dtype=np.float32).reshape(1, 5000)
+    values, indices = _check(_topk_module(x.shape, 64, "f32", True), x)
+    np.testing.assert_array_equal(indices[0], np.arange(4999, 4935, -1))

@@ -85,3 +85,33 @@ def test_shape_and_comparator_errors() -> None:
         verify(parse_module(bad_comparator))
     with pytest.raises(ParseError, match="true or false"):
         parse_module(TOP_K.replace("is_stable=true", "is_stable=yes"))
+
+
+TOPK = """HloModule topk
+
+ENTRY %main (x: f32[2,9]) -> (f32[2,4], s32[2,4]) {
+  %x = f32[2,9]{1,0} parameter(0)
+  ROOT %topk = (f32[2,4]{1,0}, s32[2,4]{1,0}) topk(f32[2,9]{1,0} %x), k=4, largest=true
+}
+"""
+
+
+def test_topk_round_trip_and_order() -> None:
+    module = parse_module(TOPK)
+    verify(module)
+    printed = module_to_text(module)
+    assert module_to_text(parse_module(printed)) == printed
+    row = [1.0, np.nan, 3.0, -np.inf, np.nan, 0.0, -0.0, np.inf, 3.0]
+    x = np.array([row, row[::-1]], np.float32)
+    values, indices = evaluate(module, x)
+    # NaN first, then by value; equal values (NaNs, 3.0 and 3.0) by index.
+    np.testing.assert_array_equal(indices, [[1, 4, 7, 2], [4, 7, 1, 0]])
+    np.testing.assert_array_equal(values, np.take_along_axis(x, indices, 1))
+    smallest = parse_module(TOPK.replace("largest=true", "largest=false"))
+    _, lowest = evaluate(smallest, x)
+    np.testing.assert_array_equal(lowest, [[3, 5, 6, 0], [5, 2, 3, 8]])
+
+
+def test_topk_errors() -> None:
+    with pytest.raises(VerificationError, match="topk k=10 out of"):
+        verify(parse_module(TOPK.replace("k=4", "k=10").replace("[2,4]", "[2,10]")))

@@ -710,6 +710,12 @@ def _sort(inst: Instruction, operands: Sequence[Any]) -> Any:
     return results[0] if len(results) == 1 else tuple(results)
 
 
+@_reference("topk")
+def _topk(inst: Instruction, operands: Sequence[Any]) -> Any:
+    return sort.topk_reference(operands[0], int(inst.attributes["k"]),
+                               bool(inst.attributes.get("largest", True)))
+
+
 @_reference("convolution")
 def _convolution(inst: Instruction, operands: Sequence[Any]) -> np.ndarray:
     lhs, rhs = operands

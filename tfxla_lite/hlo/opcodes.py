@@ -16,7 +16,7 @@ scatter's `update_window_dims`, `inserted_window_dims`, `scatter_dims_to_operand
 `index_vector_dim` (scatter calls its combiner `to_apply`, as reduce does).
 `while` calls (condition, body); `conditional` calls its branches, for a pred
 index (true_computation, false_computation). `sort` takes `dimensions={d}`, `is_stable`
-(a bool) and its comparator `to_apply` (`sort.py`).
+(a bool) and its comparator `to_apply`; `topk` takes `k` and `largest` (`sort.py`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Any
 from tfxla_lite.hlo.attributes import PaddingConfig, Window
 from tfxla_lite.hlo.convolution import ConvolutionShapeError, convolution_shape
 from tfxla_lite.hlo.shape import INTEGER_TYPES, Shape
-from tfxla_lite.hlo.sort import SortShapeError, sort_shape
+from tfxla_lite.hlo.sort import SortShapeError, sort_shape, topk_shape
 
 ShapeRule = Callable[[list[Shape], Mapping[str, Any]], Shape]
 
@@ -338,11 +338,14 @@ def _gather_rule(shapes: list[Shape], attributes: Mapping[str, Any]) -> Shape:
     return operand.with_dims(tuple(dims))
 
 
-def _sort_rule(shapes: list[Shape], attributes: Mapping[str, Any]) -> Shape:
-    try:
-        return sort_shape(shapes, attributes)
-    except SortShapeError as error:
-        raise ShapeError(str(error)) from None
+def _sorting_rule(rule: ShapeRule) -> ShapeRule:
+    def checked(shapes: list[Shape], attributes: Mapping[str, Any]) -> Shape:
+        try:
+            return rule(shapes, attributes)
+        except SortShapeError as error:
+            raise ShapeError(str(error)) from None
+
+    return checked
 
 
 def _scatter_rule(shapes: list[Shape], attributes: Mapping[str, Any]) -> Shape:
@@ -451,7 +454,8 @@ _register("dynamic-update-slice", "data-movement", _dynamic_update_slice_rule)
 _register("gather", "data-movement", _gather_rule)
 _register("reduce-window", "reduction", _reduce_window_rule)
 _register("scatter", "data-movement", _scatter_rule)
-_register("sort", "sort", _sort_rule)
+_register("sort", "sort", _sorting_rule(sort_shape))
+_register("topk", "sort", _sorting_rule(topk_shape))
 _register("while", "control-flow", _while_rule)
 _register("conditional", "control-flow", _given_rule)
 _register("tuple", "other", _tuple_rule)

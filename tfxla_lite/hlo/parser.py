@@ -22,13 +22,13 @@ Decisions where XLA's text carries more than the IR holds:
   printer more than 64) raise `ParseError`, since their values are gone;
   `fill_elided_constants=True` fills them with zeros instead, for structure-only
   uses (printing, passes, counts), never for numerics.
-- Opcodes the registry does not know (`custom-call`, `topk`, ...) parse
+- Opcodes the registry does not know (`custom-call`, `rng-bit-generator`, ...) parse
   into instructions of the printed shape: the verifier then reports "unknown
   opcode", and the evaluator and codegen name the opcode they lack.
 - Attributes the IR gives a meaning (`dimensions`, `slice`, `direction`, `kind`,
-  `index`, `iota_dimension`, the dot dimension lists, `padding`, `window`, `is_stable`,
-  convolution's `dim_labels` and group counts, the
-  gather and scatter dimension lists, `dynamic_slice_sizes`) are parsed into values; the
+  `index`, `iota_dimension`, the dot dimension lists, `padding`, `window`, sort's
+  `is_stable`, topk's `k` and `largest`, convolution's `dim_labels` and group counts,
+  the gather and scatter dimension lists, `dynamic_slice_sizes`) are parsed into values; the
   computations an instruction calls (`to_apply`, fusion `calls`, while's
   `condition` and `body`, conditional's `true_computation`/`false_computation` or
   `branch_computations`) become its `called_computations`, in that order. Every
@@ -84,12 +84,12 @@ _INT_LIST_ATTRIBUTES = frozenset({"dimensions", "lhs_batch_dims", "lhs_contracti
                                   "inserted_window_dims", "scatter_dims_to_operand_dims",
                                   "input_batching_dims", "scatter_indices_batching_dims"})
 _INT_ATTRIBUTES = frozenset({"index", "iota_dimension", "index_vector_dim",
-                             "feature_group_count", "batch_group_count"})
+                             "feature_group_count", "batch_group_count", "k"})
 # Attributes naming called computations, in the order `called_computations` keeps them.
 _CALLED_ROLES = ("to_apply", "calls", "condition", "body", "true_computation",
                  "false_computation", "branch_computations")
 _WORD_ATTRIBUTES = frozenset({"direction", "kind"})
-_BOOL_ATTRIBUTES = frozenset({"is_stable"})
+_BOOL_ATTRIBUTES = frozenset({"is_stable", "largest"})
 _METADATA_KEYS = ("op_type", "op_name", "source_file", "source_line")
 
 

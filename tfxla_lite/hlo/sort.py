@@ -1,4 +1,4 @@
-"""HLO `sort`: its shape rule and NumPy reference, as XLA defines the op.
+"""HLO `sort` and `topk`: their shape rules and NumPy references, as XLA defines them.
 
 `sort(x_0, ..., x_{N-1}), dimensions={d}, is_stable=..., to_apply=%less` sorts every
 1-D slice along dimension `d` of N operands of equal dims (their element types may
@@ -14,9 +14,9 @@ the reference and the kernels run the same stable merge sort (`merge_sort_order`
 comparator that is not one (a plain `LT` of floats with NaN) still gives a permutation,
 the same in both.
 
-Used by `opcodes.py` (the shape rule), `evaluator.py` (the reference) and the CPU
-kernel (`codegen/cpu/sort.py`); TF's TopKV2 lowers to it for long rows
-(`clustering/rules_tensor.py`).
+`topk` is below. Used by `opcodes.py` (the shape rules), `evaluator.py` (the
+references) and the CPU kernels (`codegen/cpu/sort.py`); TF's TopKV2 lowers to either
+for long rows (`clustering/rules_nn.py`).
 """
 
 from __future__ import annotations
@@ -104,3 +104,40 @@ def reference(operands: Sequence[np.ndarray], dimension: int, less: Comparator
         for result, row in zip(results, rows):
             result[index] = row[order]
     return [np.ascontiguousarray(np.moveaxis(r, -1, dimension)) for r in results]
+
+
+# -- topk ----------------------------------------------------------------------------------
+# `topk(x), k=K, largest=true` (XLA's TopK): along the last dimension, the K first
+# elements of each row and their s32 indices, a tuple. Order: by value, largest first
+# (`largest=false`: smallest first); NaN above every number (last with largest=false);
+# equal values (-0.0 and 0.0 among them) and NaNs by index, lowest first: TF's TopKV2
+# order, which is total, so the result is defined.
+
+
+def topk_shape(shapes: list[Shape], attributes: Mapping[str, Any]) -> Shape:
+    if len(shapes) != 1 or shapes[0].is_tuple or shapes[0].rank == 0:
+        raise SortShapeError(f"topk takes one array of rank 1 or more, got {shapes}")
+    (x,) = shapes
+    k = int(attributes.get("k", -1))
+    if not 0 <= k <= x.dims[-1]:
+        raise SortShapeError(f"topk k={k} out of [0, {x.dims[-1]}] for {x}")
+    dims = x.dims[:-1] + (k,)
+    return Shape.tuple_of([x.with_dims(dims), Shape("s32", dims)])
+
+
+def topk_order(x: np.ndarray, largest: bool = True) -> np.ndarray:
+    """The permutation of each last-dimension row of `x` in topk's order."""
+    if x.dtype.kind in "iu":
+        # ~x reverses an integer order without overflow (-x - 1, or max - x).
+        return np.argsort(np.invert(x) if largest else x, axis=-1, kind="stable")
+    wide = x.astype(np.float64)
+    nan = np.isnan(wide)
+    value = np.where(nan, 0.0, -wide if largest else wide) + 0.0  # + 0.0: -0.0 ties 0.0
+    rank = (nan != largest).astype(np.int8)  # NaN first when largest, last otherwise
+    return np.lexsort((value, rank), axis=-1)
+
+
+def topk_reference(x: np.ndarray, k: int, largest: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    order = topk_order(np.asarray(x), largest)[..., :k]
+    return (np.ascontiguousarray(np.take_along_axis(x, order, axis=-1)),
+            order.astype(np.int32))
