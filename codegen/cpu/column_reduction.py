@@ -212,10 +212,11 @@ def emit_units(ctx: KernelContext, column_plan: ColumnPlan, targets: list[Target
         lead_multi = Index(p.lead, linear=lead).get_multi(b) if p.lead else []
         lead_rows = b.mul(lead, i64(p.row_count), flags=nuw)
 
-        def fill_identities(into: list[ir.Value]) -> None:
-            for slot, element, value in zip(into, types, identities):
-                with _column_loop(ctx, width, "identity", scalar) as j:
-                    b.store(value, b.gep(slot, [j], inbounds=True, source_etype=element))
+        def fill_identities(*arrays: list[ir.Value]) -> None:
+            with _column_loop(ctx, width, "identity", scalar) as j:
+                for into in arrays:
+                    for slot, element, value in zip(into, types, identities):
+                        b.store(value, b.gep(slot, [j], inbounds=True, source_etype=element))
 
         def fold_row(row: ir.Value, start: bool, into: list[ir.Value]) -> None:
             row_multi = Index(p.rows, linear=row).get_multi(b)
@@ -239,30 +240,33 @@ def emit_units(ctx: KernelContext, column_plan: ColumnPlan, targets: list[Target
             with ctx.loop(row_end, name="row", start=b.add(row0, i64(1), flags=nuw)) as row:
                 fold_row(row, False, slots)
         else:
-            fill_identities(slots)
+            fill_identities(slots, group_slots)
             rows = b.sub(row_end, row0, flags=nuw)
             groups = b.udiv(b.add(rows, i64(_GROUP_ROWS - 1), flags=nuw), i64(_GROUP_ROWS))
             with ctx.loop(groups, name="group") as group:
                 group0 = b.add(row0, b.mul(group, i64(_GROUP_ROWS), flags=nuw), flags=nuw)
                 group_end = _min(ctx, b.add(group0, i64(_GROUP_ROWS), flags=nuw), row_end)
-                fill_identities(group_slots)
                 with ctx.loop(group_end, name="row", start=group0) as row:
                     fold_row(row, False, group_slots)
-                for fold, slot, group_slot, element in zip(folds, slots, group_slots, types):
-                    with _column_loop(ctx, width, "add_group", scalar) as j:
+                # The group into the chunk's accumulators, and its own back to the identity.
+                with _column_loop(ctx, width, "add_group", scalar) as j:
+                    for fold, slot, group_slot, element, value in zip(
+                            folds, slots, group_slots, types, identities):
                         into = b.gep(slot, [j], inbounds=True, source_etype=element)
-                        value = b.load(b.gep(group_slot, [j], inbounds=True,
-                                             source_etype=element))
-                        b.store(fold.combine(b.load(into), value), into)
+                        group_pointer = b.gep(group_slot, [j], inbounds=True,
+                                              source_etype=element)
+                        b.store(fold.combine(b.load(into), b.load(group_pointer)), into)
+                        b.store(value, group_pointer)
 
         out_base = b.add(b.mul(lead, i64(width_size), flags=nuw), column0, flags=nuw)
         partial_base = b.add(b.mul(b.add(b.mul(lead, i64(p.chunks), flags=nuw), chunk,
                                          flags=nuw), i64(width_size), flags=nuw),
                              column0, flags=nuw)
-        for target, fold, slot, element in zip(targets, folds, slots, types):
-            init = None if p.chunks > 1 else fold.widen(
-                ctx.value(target.reduce.operand(1), Index.scalar()))
-            with _column_loop(ctx, width, "store", scalar) as j:
+        inits = [None if p.chunks > 1 else fold.widen(
+            ctx.value(target.reduce.operand(1), Index.scalar()))
+            for target, fold in zip(targets, folds)]
+        with _column_loop(ctx, width, "store", scalar) as j:
+            for target, fold, slot, element, init in zip(targets, folds, slots, types, inits):
                 value = b.load(b.gep(slot, [j], inbounds=True, source_etype=element))
                 if target.partials is not None:
                     position = b.add(partial_base, j, flags=nuw)
