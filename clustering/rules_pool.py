@@ -22,7 +22,10 @@ dimensions), so NHWC and NCHW lower alike with no transposes.
   not around NaN. Here each window offset is a strided slice of the padded input, a
   chain of compares and selects keeps the winning offset per window (`_window_argmax`),
   and the gradient goes back through one interior-padded `pad` per offset, summed.
-  All of it is element-wise data movement the loop fusion takes whole.
+  All of it is element-wise data movement the loop fusion takes whole. The 3-D and
+  second-order ops follow their own TF kernels: MaxPool3DGrad gives a window's
+  gradient to every element equal to the forward output (the op's second input), and
+  MaxPoolGradGrad reads it at the first such element, 0 where none is.
 """
 
 from __future__ import annotations
@@ -349,27 +352,70 @@ def _window_argmax(ctx: LoweringContext, x: Instruction, window: Window,
     return windows, index
 
 
-_MAX_GRAD_NOTE = ("SAME/VALID/EXPLICIT, NHWC/NCHW (NDHWC/NCDHW); each window's gradient "
-                  "goes to its first maximum (TF's CPU kernel; a NaN only when first)")
+_MAX_GRAD_NOTE = ("SAME/VALID/EXPLICIT, NHWC/NCHW; each window's gradient goes to its "
+                  "first maximum (TF's CPU kernel; a NaN only when first)")
 
 
-@register("MaxPoolGrad", "MaxPool3DGrad", dtypes=FLOAT, unused_inputs=(1,),
-          check=_check_pool, note=_MAX_GRAD_NOTE)
+@register("MaxPoolGrad", dtypes=FLOAT, unused_inputs=(1,), check=_check_pool,
+          note=_MAX_GRAD_NOTE)
 def _lower_max_pool_grad(ctx: LoweringContext, op: tf.Operation, operands: Operands
                          ) -> list[Instruction]:
     x, grad = operands[0], operands[2]
-    etype = grad.shape.element_type
     if x.shape.num_elements == 0 or grad.shape.num_elements == 0:
-        return [ctx.full(0, x.shape.with_element_type(etype))]
+        return [ctx.full(0, x.shape.with_element_type(grad.shape.element_type))]
     window = _geometry(op, x.shape.dims).window
     windows, index = _window_argmax(ctx, x, window, grad.shape.dims)
+
+    def chosen(number: int, offset: tuple[int, ...]) -> Instruction:
+        return ctx.emit("compare", [index, ctx.full(number, index.shape)], direction="EQ")
+
+    return [_scatter_back(ctx, x, grad, window, windows, chosen)]
+
+
+register("MaxPoolGradV2", dtypes=FLOAT, static_inputs=(3, 4), unused_inputs=(1,),
+         check=_check_pool, note=_MAX_GRAD_NOTE)(_lower_max_pool_grad)
+
+
+@register("MaxPool3DGrad", dtypes=FLOAT, check=_check_pool,
+          note="SAME/VALID, NDHWC/NCDHW; each window's gradient goes to every element equal "
+               "to the forward output (TF's CPU kernel: all of equal maxima, never a NaN)")
+def _lower_max_pool_3d_grad(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                            ) -> list[Instruction]:
+    x, pooled, grad = operands[:3]
+    if x.shape.num_elements == 0 or grad.shape.num_elements == 0:
+        return [ctx.full(0, x.shape.with_element_type(grad.shape.element_type))]
+    window = _geometry(op, x.shape.dims).window
+    windows, masks = _offsets(window, x.shape.dims, grad.shape.dims)
+    padded = _pad_to(ctx, x, window, windows.padded_dims)
+    pooled = ctx.convert(pooled, x.shape.element_type)
+
+    def chosen(number: int, offset: tuple[int, ...]) -> Instruction:
+        element = ctx.emit("slice", [padded], slice=windows.slice_spec(offset, window))
+        # TF's kernel credits an element whose difference from the output is 0, so never
+        # an infinity (inf - inf is NaN).
+        difference = ctx.emit("subtract", [element, pooled])
+        equal = ctx.emit("compare", [difference, ctx.full(0, difference.shape)],
+                         direction="EQ")
+        mask = masks[offset]
+        if mask is None:
+            return equal
+        return ctx.emit("and", [ctx.broadcast_to(ctx.constant(mask, "pred"), pooled.shape.dims),
+                                equal])
+
+    return [_scatter_back(ctx, x, grad, window, windows, chosen)]
+
+
+def _scatter_back(ctx: LoweringContext, x: Instruction, grad: Instruction, window: Window,
+                  windows: _Windows, chosen: Any) -> Instruction:
+    """The input's gradient: per window offset, the output gradient where `chosen(number,
+    offset)` holds, spread back to that offset of every window and summed."""
+    etype = grad.shape.element_type
     zero = ctx.full(0, grad.shape)
     # TF adds into each input element from zero, in its own type, in row-major order of
     # the windows; a later offset is an earlier window, so offsets go in reverse.
     total = ctx.full(0, Shape(etype, windows.padded_dims))
     for number, offset in reversed(list(enumerate(windows.offsets))):
-        chosen = ctx.emit("compare", [index, ctx.full(number, index.shape)], direction="EQ")
-        part = ctx.emit("select", [chosen, grad, zero])
+        part = ctx.emit("select", [chosen(number, offset), grad, zero])
         # Output o's element at this offset sits at o·stride + offset of the padded input.
         config = [(w, p - w - (o - 1) * d.stride - 1, d.stride - 1)
                   for w, p, o, d in zip(offset, windows.padded_dims, windows.output_dims,
@@ -381,39 +427,42 @@ def _lower_max_pool_grad(ctx: LoweringContext, op: tf.Operation, operands: Opera
                  for d, n in zip(window.dimensions, x.shape.dims))
     if any(s != (0, p, 1) for s, p in zip(spec, windows.padded_dims)):
         total = ctx.emit("slice", [total], slice=spec)
-    return [total]
+    return total
 
 
-register("MaxPoolGradV2", dtypes=FLOAT, static_inputs=(3, 4), unused_inputs=(1,),
-         check=_check_pool, note=_MAX_GRAD_NOTE)(_lower_max_pool_grad)
 _GRAD_GRAD_NOTE = ("SAME/VALID/EXPLICIT, NHWC/NCHW (NDHWC/NCDHW); reads the gradient at "
-                   "each window's first maximum, as MaxPoolGrad picks it")
+                   "each window's first element equal to the forward output, as TF's "
+                   "CPU kernel (0 where none is)")
 
 
-@register("MaxPoolGradGrad", "MaxPool3DGradGrad", dtypes=FLOAT, unused_inputs=(1,),
-          check=_check_pool, note=_GRAD_GRAD_NOTE)
+@register("MaxPoolGradGrad", "MaxPool3DGradGrad", dtypes=FLOAT, check=_check_pool,
+          note=_GRAD_GRAD_NOTE)
 def _lower_max_pool_grad_grad(ctx: LoweringContext, op: tf.Operation, operands: Operands
                               ) -> list[Instruction]:
-    x, grad = operands[0], operands[2]
-    output = ctx.output_shape(0)
-    if output.num_elements == 0:
-        return [ctx.full(0, output)]
+    x, pooled, grad = operands[:3]
+    if pooled.shape.num_elements == 0:
+        return [ctx.full(0, pooled.shape)]
     if x.shape.num_elements == 0:
         raise LoweringError("max pool windows over an empty input")
     window = _geometry(op, x.shape.dims).window
-    windows, index = _window_argmax(ctx, x, window, output.dims)
-    padded = _pad_to(ctx, grad, window, windows.padded_dims)
-    result: Instruction | None = None
-    for number, offset in enumerate(windows.offsets):
-        element = ctx.emit("slice", [padded], slice=windows.slice_spec(offset, window))
-        if result is None:
-            result = element
-            continue
-        chosen = ctx.emit("compare", [index, ctx.full(number, index.shape)], direction="EQ")
-        result = ctx.emit("select", [chosen, element, result])
-    assert result is not None
+    windows, masks = _offsets(window, x.shape.dims, pooled.shape.dims)
+    padded_x = _pad_to(ctx, x, window, windows.padded_dims)
+    padded_grad = _pad_to(ctx, grad, window, windows.padded_dims)
+    # TF's kernel reads the gradient at the first element equal to the forward output (so
+    # never at a NaN), and gives 0 where none is: later offsets first, earlier ones win.
+    result = ctx.full(0, pooled.shape)
+    for offset in reversed(windows.offsets):
+        spec = windows.slice_spec(offset, window)
+        element = ctx.emit("slice", [padded_x], slice=spec)
+        equal = ctx.emit("compare", [element, pooled], direction="EQ")
+        mask = masks[offset]
+        if mask is not None:
+            real = ctx.broadcast_to(ctx.constant(mask, "pred"), pooled.shape.dims)
+            equal = ctx.emit("and", [real, equal])
+        result = ctx.emit("select", [equal, ctx.emit("slice", [padded_grad], slice=spec),
+                                     result])
     return [result]
 
 
-register("MaxPoolGradGradV2", dtypes=FLOAT, static_inputs=(3, 4), unused_inputs=(1,),
-         check=_check_pool, note=_GRAD_GRAD_NOTE)(_lower_max_pool_grad_grad)
+register("MaxPoolGradGradV2", dtypes=FLOAT, static_inputs=(3, 4), check=_check_pool,
+         note=_GRAD_GRAD_NOTE)(_lower_max_pool_grad_grad)

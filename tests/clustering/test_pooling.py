@@ -196,6 +196,25 @@ def test_max_pool_grad_grad(ksize: tuple[int, int], strides: tuple[int, int],
     _check(fn, [x, sample(x.shape, F32, seed=5, edges=False)], "MaxPoolGradGrad")
 
 
+@pytest.mark.parametrize("ksize, strides, padding", [((2, 2), (2, 2), "VALID"),
+                                                      ((3, 3), (1, 1), "SAME")])
+def test_max_pool_grad_grad_nan_and_infinities(ksize: tuple[int, int],
+                                               strides: tuple[int, int], padding: str) -> None:
+    """TF's kernel reads the gradient at the first element equal to the forward output:
+    never at a NaN, nowhere (0) in a window of NaN or -inf."""
+    x = np.array([np.nan, 1, 2, 3,  1, np.nan, 2, 3,  3, 1, 2, np.nan,
+                  np.nan, np.nan, np.nan, np.nan,  -np.inf, -np.inf, -np.inf, -np.inf,
+                  np.inf, 1, np.inf, 2], np.float32).reshape(1, 6, 4, 1)
+    k, s = [1, *ksize, 1], [1, *strides, 1]
+
+    def fn(x: tf.Tensor, grad: tf.Tensor) -> tf.Tensor:
+        y = tf.raw_ops.MaxPool(input=x, ksize=k, strides=s, padding=padding)
+        return tf.raw_ops.MaxPoolGradGrad(orig_input=x, orig_output=y, grad=grad, ksize=k,
+                                          strides=s, padding=padding)
+
+    _check(fn, [x, sample(x.shape, F32, seed=5, edges=False)], "MaxPoolGradGrad")
+
+
 def test_max_pool_grad_grad_v2_and_3d() -> None:
     rng = np.random.default_rng(2)
     x = rng.integers(0, 4, size=(1, 5, 6, 2)).astype(np.float32)
@@ -242,6 +261,28 @@ def test_pool_3d(kind: str, padding: str) -> None:
     upstream = sample(_output_shape(pool, x), F32, seed=9, edges=False)
     _check(_value_and_gradient(pool), [x, upstream],
            "MaxPool3DGrad" if kind == "max" else "AvgPool3DGrad")
+
+
+@pytest.mark.parametrize("padding", ["SAME", "VALID"])
+def test_max_pool_3d_ties_and_nan(padding: str) -> None:
+    """TF's 3-D kernels differ from the 2-D ones: MaxPool3DGrad gives a window's gradient
+    to every element equal to the forward output, MaxPool3DGradGrad reads it at the first."""
+    rng = np.random.default_rng(2)
+    x = rng.integers(0, 3, size=(1, 4, 4, 5, 2)).astype(np.float32)
+    x.reshape(-1)[[0, 5, 17, 33, 60]] = [np.nan, np.nan, -np.inf, np.nan, np.inf]
+    k, s = [1, 2, 2, 3, 1], [1, 2, 1, 2, 1]
+
+    def pool(x: tf.Tensor) -> tf.Tensor:
+        return tf.raw_ops.MaxPool3D(input=x, ksize=k, strides=s, padding=padding)
+
+    upstream = sample(_output_shape(pool, x), F32, seed=9, edges=False)
+    _check(_value_and_gradient(pool), [x, upstream], "MaxPool3DGrad")
+
+    def grad_grad(x: tf.Tensor, grad: tf.Tensor) -> tf.Tensor:
+        return tf.raw_ops.MaxPool3DGradGrad(orig_input=x, orig_output=pool(x), grad=grad,
+                                            ksize=k, strides=s, padding=padding)
+
+    _check(grad_grad, [x, sample(x.shape, F32, seed=7, edges=False)], "MaxPool3DGradGrad")
 
 
 def test_pooling_in_both_modes() -> None:
