@@ -18,12 +18,17 @@ to the 128-bit counter with its carry); each element selects its lanes. Floats
 come from the mantissa bits: `Uint32ToFloat(x)` is `bits(0x3f800000 | x & 0x7fffff) - 1`,
 exactly `(x & 0x7fffff) * 2^-23`, which needs no bitcast-convert.
 
-The normal distributions stay in TF: Box-Muller calls glibc's `logf` and `sincosf`,
-and the CPU backend's `log` is its own polynomial, so the numbers would not be TF's.
+Normals are TF's Box-Muller: `sinf`/`cosf` (the CPU backend calls libm's, which agree
+with the `sincosf` TF calls) and glibc's `logf`, whose table and cubic are written out
+here in double arithmetic (the backend's own f32 log differs in the last bit on some
+inputs); doubles use libm's `log`, `sin` and `cos` as TF does. Truncated normals stay in
+TF: their kernel redraws until a group's samples fall within two standard deviations.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tfxla_lite.clustering.registry import (
@@ -131,11 +136,13 @@ def group_bits(ctx: LoweringContext, key: Instruction, counter: tuple[Instructio
 
 
 def fill(ctx: LoweringContext, key: Instruction, counter: tuple[Instruction, Instruction],
-         dims: tuple[int, ...], etype: str, lanes_per_output: int, convert: Any
+         dims: tuple[int, ...], etype: str, per_group: int,
+         lanes_of: Callable[[int], Sequence[int]], convert: Callable[..., Instruction]
          ) -> Instruction:
     """An output of `dims` drawn as TF's fixed-sample distributions draw it: each group
-    of 4 / `lanes_per_output` outputs from one Philox call, output i of a group from
-    lanes [i * lanes_per_output, ...); `convert(lanes)` maps those u32 lanes to values.
+    of `per_group` outputs from one Philox call, output q of a group from its lanes
+    `lanes_of(q)`; `convert(lanes, position)` maps those u32 lanes (and the u32 position
+    q of each element in its group) to values.
 
     Element-wise throughout: each element runs its group's Philox and selects its own
     lanes. That repeats a group's Philox for each of its elements, but keeps one
@@ -147,20 +154,36 @@ def fill(ctx: LoweringContext, key: Instruction, counter: tuple[Instruction, Ins
         size *= d
     if size == 0:
         return _full(ctx, 0, etype, dims)
-    per_group = 4 // lanes_per_output
     index = ctx.emit("iota", [], shape=Shape("u64", (size,)), iota_dimension=0)
     group = _binary(ctx, "shift-right-logical", index, per_group.bit_length() - 1)
     bits = group_bits(ctx, key, counter, group)
     position = ctx.convert(_binary(ctx, "and", index, per_group - 1), "u32")
     chosen = []
-    for lane in range(lanes_per_output):
-        value = bits[(per_group - 1) * lanes_per_output + lane]
-        for i in range(per_group - 2, -1, -1):
-            here = ctx.emit("compare", [position, _full(ctx, i, "u32", (size,))],
-                            direction="EQ")
-            value = ctx.emit("select", [here, bits[i * lanes_per_output + lane], value])
+    for slot in range(len(lanes_of(0))):
+        value = bits[lanes_of(per_group - 1)[slot]]
+        for q in range(per_group - 2, -1, -1):
+            if lanes_of(q)[slot] != lanes_of(q + 1)[slot]:  # positions <= q take its lane
+                at_most = ctx.emit("compare", [position, _full(ctx, q, "u32", (size,))],
+                                   direction="LE")
+                value = ctx.emit("select", [at_most, bits[lanes_of(q)[slot]], value])
         chosen.append(value)
-    return ctx.reshape(convert(chosen), dims)
+    return ctx.reshape(convert(chosen, position), dims)
+
+
+def _equals(ctx: LoweringContext, x: Instruction, value: int) -> Instruction:
+    return ctx.emit("compare", [x, _full(ctx, value, x.shape.element_type, x.shape.dims)],
+                    direction="EQ")
+
+
+def _fill_fixed(ctx: LoweringContext, key: Instruction,
+                counter: tuple[Instruction, Instruction], dims: tuple[int, ...], etype: str,
+                convert: Callable[[list[Instruction]], Instruction]) -> Instruction:
+    """`fill` for the distributions whose outputs each take their own lanes: one for a
+    32-bit or smaller type, two for a 64-bit one (UniformDistribution, the integers)."""
+    width = _lanes_per_output(etype)
+    return fill(ctx, key, counter, dims, etype, 4 // width,
+                lambda q: range(q * width, (q + 1) * width),
+                lambda lanes, position: convert(lanes))
 
 
 # -- TF's conversions of bits to numbers -------------------------------------------------------
@@ -211,7 +234,136 @@ def uniform_int(ctx: LoweringContext, key: Instruction, counter: tuple[Instructi
         value = ctx.emit("add", [ctx.broadcast_to(low_bits, bits.shape.dims), offset])
         return ctx.convert(value, etype)
 
-    return fill(ctx, key, counter, dims, etype, _lanes_per_output(etype), convert)
+    return _fill_fixed(ctx, key, counter, dims, etype, convert)
+
+
+# -- normals: Box-Muller with glibc's logf ----------------------------------------------------
+# glibc's logf (sysdeps/ieee754/flt-32/e_logf.c, e_logf_data.c; ARM's optimized routines):
+# x = 2^k z with z in [OFF, 2 OFF), a 16-entry table of (1/c, log c) by z's top mantissa
+# bits, log1p(z/c - 1) by a cubic in double, rounded once to float.
+_LOGF_OFF = 0x3F330000
+_LOGF_TABLE = tuple((float.fromhex(a), float.fromhex(b)) for a, b in (
+    ("0x1.661ec79f8f3bep+0", "-0x1.57bf7808caadep-2"),
+    ("0x1.571ed4aaf883dp+0", "-0x1.2bef0a7c06ddbp-2"),
+    ("0x1.49539f0f010bp+0", "-0x1.01eae7f513a67p-2"),
+    ("0x1.3c995b0b80385p+0", "-0x1.b31d8a68224e9p-3"),
+    ("0x1.30d190c8864a5p+0", "-0x1.6574f0ac07758p-3"),
+    ("0x1.25e227b0b8eap+0", "-0x1.1aa2bc79c81p-3"),
+    ("0x1.1bb4a4a1a343fp+0", "-0x1.a4e76ce8c0e5ep-4"),
+    ("0x1.12358f08ae5bap+0", "-0x1.1973c5a611cccp-4"),
+    ("0x1.0953f419900a7p+0", "-0x1.252f438e10c1ep-5"),
+    ("0x1p+0", "0x0p+0"),
+    ("0x1.e608cfd9a47acp-1", "0x1.aa5aa5df25984p-5"),
+    ("0x1.ca4b31f026aap-1", "0x1.c5e53aa362eb4p-4"),
+    ("0x1.b2036576afce6p-1", "0x1.526e57720db08p-3"),
+    ("0x1.9c2d163a1aa2dp-1", "0x1.bc2860d22477p-3"),
+    ("0x1.886e6037841edp-1", "0x1.1058bc8a07ee1p-2"),
+    ("0x1.767dcf5534862p-1", "0x1.4043057b6ee09p-2")))
+_LOGF_LN2 = float.fromhex("0x1.62e42fefa39efp-1")
+_LOGF_POLY = tuple(float.fromhex(a) for a in (
+    "-0x1.00ea348b88334p-2", "0x1.5575b0be00b6ap-2", "-0x1.ffffef20a4123p-2"))
+# BoxMullerFloat's floor on u1, and its float bits.
+_EPSILON, _EPSILON_BITS = 1.0e-7, 0x33D6BF95
+
+
+def _f64(ctx: LoweringContext, value: float, like: Instruction) -> Instruction:
+    return _full(ctx, value, "f64", like.shape.dims)  # type: ignore[arg-type]
+
+
+def _table(ctx: LoweringContext, index: Instruction, values: Sequence[float]) -> Instruction:
+    """values[index] for a u32 `index` < 16, as a tree of selects on its bits."""
+    level = [_f64(ctx, v, index) for v in values]
+    bit = 0
+    while len(level) > 1:
+        chosen = _binary(ctx, "and", _binary(ctx, "shift-right-logical", index, bit), 1)
+        odd = _equals(ctx, chosen, 1)
+        level = [ctx.emit("select", [odd, level[j + 1], level[j]])
+                 for j in range(0, len(level), 2)]
+        bit += 1
+    return level[0]
+
+
+def box_muller_log(ctx: LoweringContext, mantissa: Instruction) -> Instruction:
+    """glibc's logf(u1) for Box-Muller's u1 = max(m * 2^-23, 1e-7f) of the u32 mantissa
+    bits m, in f32. u1 takes 2^23 values, and on every one of them this double
+    arithmetic (no fused multiply-adds) gives glibc's result, with or without its FMA
+    variant; the CPU backend's own f32 log differs in the last bit on some."""
+    # u1's float bits: m = 2^p + ..., so u1 = 2^(p-23) (1 + ...): exponent field 104 + p.
+    p = _full(ctx, 0, "u32", mantissa.shape.dims)  # type: ignore[arg-type]
+    for step in (16, 8, 4, 2, 1):
+        candidate = _binary(ctx, "add", p, step)
+        above = ctx.emit("compare", [ctx.emit("shift-right-logical", [mantissa, candidate]),
+                                     _full(ctx, 0, "u32", mantissa.shape.dims)],
+                         direction="NE")
+        p = ctx.emit("select", [above, candidate, p])
+    fraction = _binary(ctx, "and", ctx.emit("shift-left", [
+        mantissa, ctx.emit("subtract", [_full(ctx, 23, "u32", p.shape.dims), p])]), 0x7FFFFF)
+    ix = ctx.emit("or", [_binary(ctx, "shift-left", _binary(ctx, "add", p, 104), 23), fraction])
+    zero = _equals(ctx, mantissa, 0)
+    ix = ctx.emit("select", [zero, _full(ctx, _EPSILON_BITS, "u32", ix.shape.dims), ix])
+    # e_logf.c: tmp = ix - OFF; i = (tmp >> 19) % 16; k = tmp >> 23 (arithmetic); z = x 2^-k
+    tmp = _binary(ctx, "subtract", ix, _LOGF_OFF)
+    index = _binary(ctx, "and", _binary(ctx, "shift-right-logical", tmp, 19), 15)
+    k = _binary(ctx, "shift-right-arithmetic", ctx.convert(tmp, "s32"), 23)  # <= 0 here
+    u1 = _mantissa_fraction(ctx, mantissa, 0x7FFFFF, 23, "f32")
+    u1 = ctx.emit("select", [zero, ctx.full(_EPSILON, u1.shape), u1])
+    scale = ctx.convert(ctx.emit("shift-left", [_full(ctx, 1, "u32", k.shape.dims),
+                                                ctx.convert(ctx.emit("negate", [k]), "u32")]),
+                        "f64")
+    z = ctx.emit("multiply", [ctx.convert(u1, "f64"), scale])
+    invc = _table(ctx, index, [c for c, _ in _LOGF_TABLE])
+    logc = _table(ctx, index, [log for _, log in _LOGF_TABLE])
+    r = ctx.emit("subtract", [ctx.emit("multiply", [z, invc]), _f64(ctx, 1.0, z)])
+    y0 = ctx.emit("add", [logc, ctx.emit("multiply", [ctx.convert(k, "f64"),
+                                                      _f64(ctx, _LOGF_LN2, z)])])
+    r2 = ctx.emit("multiply", [r, r])
+    a0, a1, a2 = (_f64(ctx, a, z) for a in _LOGF_POLY)
+    y = ctx.emit("add", [ctx.emit("multiply", [a1, r]), a2])
+    y = ctx.emit("add", [ctx.emit("multiply", [a0, r2]), y])
+    y = ctx.emit("add", [ctx.emit("multiply", [y, r2]), ctx.emit("add", [y0, r])])
+    return ctx.convert(y, "f32")
+
+
+def _box_muller_f32(ctx: LoweringContext, lanes: list[Instruction], position: Instruction
+                    ) -> Instruction:
+    """BoxMullerFloat(x0, x1): sin(v1) u2 for an even position, cos(v1) u2 for an odd
+    one, with u2 = sqrtf(-2 logf(u1)) and v1 = (float)(2 pi (double)u(x1)); sinf and
+    cosf give what sincosf gives."""
+    log_u1 = box_muller_log(ctx, _binary(ctx, "and", lanes[0], 0x7FFFFF))
+    u2 = ctx.emit("sqrt", [ctx.emit("multiply", [ctx.full(-2.0, log_u1.shape), log_u1])])
+    u = ctx.convert(_mantissa_fraction(ctx, lanes[1], 0x7FFFFF, 23, "f32"), "f64")
+    v1 = ctx.convert(ctx.emit("multiply", [_f64(ctx, 2 * math.pi, u), u]), "f32")
+    return _sin_or_cos(ctx, v1, position, u2)
+
+
+def _sin_or_cos(ctx: LoweringContext, v1: Instruction, position: Instruction,
+                u2: Instruction) -> Instruction:
+    odd = _equals(ctx, _binary(ctx, "and", position, 1), 1)
+    chosen = ctx.emit("select", [odd, ctx.emit("cosine", [v1]), ctx.emit("sine", [v1])])
+    return ctx.emit("multiply", [chosen, u2])
+
+
+def _box_muller_f64(ctx: LoweringContext, lanes: list[Instruction], position: Instruction
+                    ) -> Instruction:
+    """BoxMullerDouble(x0, x1, x2, x3): glibc's log, sin and cos (as its sincos) on
+    u1 = max(Uint64ToDouble(x0, x1), 1e-7) and v1 = 2 pi Uint64ToDouble(x2, x3)."""
+    u1 = _uniform_float(ctx, lanes[:2], "f64")
+    u1 = ctx.emit("maximum", [u1, _f64(ctx, _EPSILON, u1)])
+    v1 = ctx.emit("multiply", [_f64(ctx, 2 * math.pi, u1), _uniform_float(ctx, lanes[2:], "f64")])
+    u2 = ctx.emit("sqrt", [ctx.emit("multiply", [_f64(ctx, -2.0, u1), ctx.emit("log", [u1])])])
+    return _sin_or_cos(ctx, v1, position, u2)
+
+
+def normal(ctx: LoweringContext, key: Instruction, counter: tuple[Instruction, Instruction],
+           dims: tuple[int, ...], etype: str) -> Instruction:
+    """NormalDistribution: four floats (f16, bf16 rounded from f32 ones) per Philox call,
+    a Box-Muller pair from lanes (0, 1) and (2, 3); two doubles from all four lanes."""
+    if etype == "f64":
+        return fill(ctx, key, counter, dims, etype, 2, lambda q: range(4),
+                    lambda lanes, position: _box_muller_f64(ctx, lanes, position))
+    return fill(ctx, key, counter, dims, etype, 4, lambda q: (q // 2 * 2, q // 2 * 2 + 1),
+                lambda lanes, position: ctx.convert(_box_muller_f32(ctx, lanes, position),
+                                                    etype))
 
 
 # -- checks ------------------------------------------------------------------------------------
@@ -304,8 +456,16 @@ def _uniform(key_counter: Any) -> Any:
         shape = ctx.output_shape()
         key, counter = key_counter(ctx, operands)
         etype = shape.element_type
-        return [fill(ctx, key, counter, shape.dims, etype, _lanes_per_output(etype),
-                     lambda lanes: _uniform_float(ctx, lanes, etype))]
+        return [_fill_fixed(ctx, key, counter, shape.dims, etype,
+                            lambda lanes: _uniform_float(ctx, lanes, etype))]
+    return lower
+
+
+def _normal(key_counter: Any) -> Any:
+    def lower(ctx: LoweringContext, op: tf.Operation, operands: Operands) -> list[Instruction]:
+        shape = ctx.output_shape()
+        key, counter = key_counter(ctx, operands)
+        return [normal(ctx, key, counter, shape.dims, shape.element_type)]
     return lower
 
 
@@ -314,8 +474,8 @@ def _uniform_full_int(key_counter: Any) -> Any:
         shape = ctx.output_shape()
         key, counter = key_counter(ctx, operands)
         etype = shape.element_type
-        return [fill(ctx, key, counter, shape.dims, etype, _lanes_per_output(etype),
-                     lambda lanes: _full_int(ctx, lanes, etype))]
+        return [_fill_fixed(ctx, key, counter, shape.dims, etype,
+                            lambda lanes: _full_int(ctx, lanes, etype))]
     return lower
 
 
@@ -342,3 +502,8 @@ register("StatelessRandomUniformFullInt", dtypes=INTEGER | UNSIGNED, static_inpu
 register("StatelessRandomUniformInt", dtypes=INTEGER, static_inputs=(0,),
          check=_check_seeded, note=_BITS_NOTE + "; minval < maxval (an empty range at run "
          "time draws minval + bits; TF raises)")(_uniform_int(_seeded_key_counter, 2))
+register("StatelessRandomNormalV2", dtypes=FLOAT | KEY_COUNTER, static_inputs=(0, 3),
+         check=_check_v2, note=_BITS_NOTE + "; glibc's logf, sinf, cosf")(_normal(_v2_key_counter))
+register("StatelessRandomNormal", dtypes=FLOAT | SEEDS, static_inputs=(0,),
+         check=_check_seeded, note=_BITS_NOTE + "; glibc's logf, sinf, cosf")(
+             _normal(_seeded_key_counter))

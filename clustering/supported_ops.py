@@ -18,11 +18,12 @@ NOT_SUPPORTED: dict[str, str] = {
                                                "read is a cluster input)",
     "SegmentSum (sorted), DynamicStitch with runtime indices": "not lowered yet (gather "
                                                                "and scatter opcodes exist)",
-    "StatelessRandomNormalV2, StatelessTruncatedNormalV2, StatelessRandomNormal, "
-    "StatelessTruncatedNormal": "stay in TF, so their numbers are TF's: Box-Muller calls "
-                                "glibc's logf and sincosf, which the CPU backend's own log "
-                                "does not reproduce bit for bit (the uniform and integer "
-                                "draws compile)",
+    "StatelessTruncatedNormalV2, StatelessTruncatedNormal": "stay in TF: TF's kernel "
+                                                            "redraws each group of outputs "
+                                                            "until they fall within 2 "
+                                                            "standard deviations, a "
+                                                            "data-dependent loop not "
+                                                            "lowered yet",
     "StatelessRandomGetAlg": "stateful in TF's op registry (its value depends on the "
                              "device), so not a compile-time alg; TF's Python API passes a "
                              "constant alg instead",
@@ -73,8 +74,9 @@ SEMANTICS: tuple[tuple[str, str, str, str], ...] = (
     ("Cumsum, Cumprod of float16/bfloat16", "accumulate in the 2-byte type",
      "accumulate in float32", "as TF"),
     ("StatelessRandomUniform(V2), ...UniformInt(V2), ...UniformFullInt(V2), "
-     "StatelessRandomGetKeyCounter(Alg): a seed or key and counter",
-     "Philox-4x32-10 and TF's bits-to-number conversions",
+     "StatelessRandomNormal(V2), StatelessRandomGetKeyCounter(Alg): a seed or key and "
+     "counter", "Philox-4x32-10, TF's bits-to-number conversions, Box-Muller with glibc's "
+     "logf and sincosf",
      "other numbers for the same seed (XLA's own bit generator and conversions)",
      "as TF, bit for bit (so Keras Dropout masks are TF's)"),
 )

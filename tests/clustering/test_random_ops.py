@@ -1,11 +1,14 @@
 """The stateless random ops compile to TF's own Philox: bit for bit what TF's CPU kernels
 draw (plain `tf.function`), under must-compile and auto-clustering alike, over shapes
 (empty, one element, sizes not a multiple of Philox's 4 lanes), seeds (negative and
-large int64 ones), dtypes and counters that carry; and a Keras Dropout inside a compiled
-training step drops exactly TF's units."""
+large int64 ones), dtypes and counters that carry; the normals' logf is glibc's on the
+values Box-Muller feeds it; and a Keras Dropout inside a compiled training step drops
+exactly TF's units."""
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 from collections.abc import Callable
 from typing import Any
 
@@ -16,6 +19,12 @@ import tensorflow as tf
 
 import tfxla_lite as tl
 from tfxla_lite.clustering.mark import why_not_compilable
+from tfxla_lite.clustering.registry import LoweringContext
+from tfxla_lite.clustering.rules_random import box_muller_log
+from tfxla_lite.codegen import compile_module
+from tfxla_lite.hlo import HloModule, Shape
+from tfxla_lite.hlo.evaluator import evaluate
+from tfxla_lite.hlo.verifier import verify
 
 SHAPES = ((), (0,), (1,), (7,), (3, 5), (2, 0, 3), (4, 4, 3))
 SEEDS_64 = ((0, 0), (1, 2), (-1, -(2 ** 63)), (2 ** 63 - 1, 12345))
@@ -55,28 +64,39 @@ def _seeds(dtype: tf.DType) -> list[tuple[tf.Tensor]]:
     return [(tf.constant(seed, dtype),) for seed in seeds]
 
 
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16, tf.float32, tf.float64])
-def test_stateless_uniform_floats_match_tf(dtype: tf.DType, mode: str) -> None:
+def _sweep(*values: Any) -> list[Any]:
+    """(dtype, mode) pairs: the first of each dtype's modes in the default suite, the
+    rest slow (every draw compiles a Philox chain; the passes take about a second each)."""
+    return [pytest.param(dtype, mode, marks=() if mode == fast_mode else pytest.mark.slow,
+                         id=f"{dtype.name}-{mode}")
+            for dtype, fast_mode in values for mode in MODES]
+
+
+@pytest.mark.parametrize(("dtype", "mode"), _sweep(
+    (tf.float32, "jit_compile"), (tf.float16, "jit_compile"), (tf.bfloat16, "auto"),
+    (tf.float64, "auto")))
+def test_stateless_uniform_and_normal_floats_match_tf(dtype: tf.DType, mode: str) -> None:
     # GetKeyCounter + UniformV2 (AUTO_SELECT), and the v1 StatelessRandomUniform.
     def draw(seed: tf.Tensor) -> list[tf.Tensor]:
         v2 = [tf.random.stateless_uniform(shape, seed=seed, dtype=dtype) for shape in SHAPES]
-        v1 = [tf.raw_ops.StatelessRandomUniform(shape=shape, seed=seed, dtype=dtype)
-              for shape in ((5,), (2, 3))]
-        return v2 + v1
+        v1 = [tf.raw_ops.StatelessRandomUniform(shape=(5,), seed=seed, dtype=dtype)]
+        normals = [tf.random.stateless_normal(shape, seed=seed, dtype=dtype)
+                   for shape in ((), (0,), (7,), (1031,))]
+        normals.append(tf.raw_ops.StatelessRandomNormal(shape=(3, 3), seed=seed, dtype=dtype))
+        return v2 + v1 + normals
 
     seed_dtype = tf.int64 if dtype in (tf.float32, tf.float16) else tf.int32
     _assert_same_draws(draw, mode, *_seeds(seed_dtype))
 
 
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("dtype", [tf.int32, tf.int64])
+@pytest.mark.parametrize(("dtype", "mode"), _sweep((tf.int32, "jit_compile"),
+                                                  (tf.int64, "auto")))
 def test_stateless_uniform_ints_match_tf(dtype: tf.DType, mode: str) -> None:
     # UniformIntV2 with constant and runtime bounds, UniformFullIntV2 and the v1 pair.
     def draw(seed: tf.Tensor, low: tf.Tensor, high: tf.Tensor) -> list[tf.Tensor]:
         wide = 2 ** 40 if dtype == tf.int64 else 2 ** 30
         results = [tf.random.stateless_uniform(shape, seed=seed, minval=-5, maxval=wide,
-                                               dtype=dtype) for shape in SHAPES]
+                                               dtype=dtype) for shape in ((), (0,), (7,), (3, 5))]
         results.append(tf.random.stateless_uniform((9,), seed=seed, minval=low, maxval=high,
                                                    dtype=dtype))
         results.append(tf.random.stateless_uniform((11,), seed=seed, minval=None,
@@ -118,7 +138,9 @@ def test_v2_ops_on_runtime_key_and_counter_match_tf(mode: str) -> None:
                                                            counter=counter, alg=1,
                                                            dtype=tf.int64),
                 tf.raw_ops.StatelessRandomUniformIntV2(shape=(10,), key=key, counter=counter,
-                                                       alg=1, minval=low, maxval=high)]
+                                                       alg=1, minval=low, maxval=high),
+                tf.raw_ops.StatelessRandomNormalV2(shape=(2, 7), key=key, counter=counter,
+                                                   alg=1, dtype=tf.float32)]
 
     top = 2 ** 64 - 1
     cases = [((0,), (0, 0)), ((top,), (top - 3, top)), ((2 ** 63 + 5,), (top, 17)),
@@ -226,3 +248,47 @@ def test_dropout_training_step_compiles_and_matches_tf_step_for_step() -> None:
     # Same masks: the losses agree to rounding (fused dots may round differently).
     np.testing.assert_allclose(got, want, rtol=1e-5)
     assert len(set(want)) == len(want)
+
+
+# -- glibc's logf, as Box-Muller takes it ------------------------------------------------------
+def _glibc_logf(values: np.ndarray) -> np.ndarray:
+    libm = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
+    logf = libm.logf
+    logf.restype, logf.argtypes = ctypes.c_float, [ctypes.c_float]
+    return np.array([logf(float(v)) for v in values], np.float32)
+
+
+def _box_muller_log_module(count: int) -> HloModule:
+    module = HloModule("box_muller_log")
+    entry = module.new_computation("main", entry=True)
+    ctx = LoweringContext(module, entry)
+    mantissa = entry.add_parameter(0, Shape("u32", (count,)))
+    entry.root = entry.create("tuple", [box_muller_log(ctx, mantissa)])
+    return module
+
+
+def _check_box_muller_log(mantissas: np.ndarray) -> None:
+    """The lowering's logf of u1 = max(m 2^-23, 1e-7f), run by the NumPy evaluator (what
+    constant folding uses) and by the CPU backend, is glibc's logf bit for bit."""
+    u1 = np.maximum(mantissas.astype(np.float32) * np.float32(2.0 ** -23), np.float32(1e-7))
+    expected = _glibc_logf(u1)
+    module = _box_muller_log_module(mantissas.size)
+    verify(module)
+    (evaluated,) = evaluate(module, mantissas)
+    np.testing.assert_array_equal(np.asarray(evaluated).view(np.uint32),
+                                  expected.view(np.uint32))
+    (compiled,) = compile_module(module)(mantissas)
+    np.testing.assert_array_equal(np.asarray(compiled).view(np.uint32),
+                                  expected.view(np.uint32))
+
+
+def test_box_muller_log_is_glibcs_logf() -> None:
+    edges = [0, 1, 2, 3, 0x7FFFFF, 0x400000, 0x3FFFFF, 0x333333, 0x599999, 0x59999A]
+    powers = [1 << j for j in range(23)] + [(1 << j) - 1 for j in range(2, 23)]
+    strided = list(range(5, 1 << 23, 97))
+    _check_box_muller_log(np.array(sorted(set(edges + powers + strided)), np.uint32))
+
+
+@pytest.mark.slow
+def test_box_muller_log_is_glibcs_logf_on_every_mantissa() -> None:
+    _check_box_muller_log(np.arange(1 << 23, dtype=np.uint32))

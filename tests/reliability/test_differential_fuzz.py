@@ -65,7 +65,8 @@ NOT_FUZZED = {
         "StatelessRandomGetKeyCounter", "StatelessRandomGetKeyCounterAlg",
         "StatelessRandomUniformV2", "StatelessRandomUniformIntV2",
         "StatelessRandomUniformFullIntV2", "StatelessRandomUniform",
-        "StatelessRandomUniformInt", "StatelessRandomUniformFullInt")},
+        "StatelessRandomUniformInt", "StatelessRandomUniformFullInt",
+        "StatelessRandomNormalV2", "StatelessRandomNormal")},
 }
 
 _INT_DIVISION = frozenset({"Div", "FloorDiv", "TruncateDiv", "FloorMod", "TruncateMod"})
