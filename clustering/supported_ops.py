@@ -18,12 +18,9 @@ NOT_SUPPORTED: dict[str, str] = {
                                                "read is a cluster input)",
     "SegmentSum (sorted), DynamicStitch with runtime indices": "not lowered yet (gather "
                                                                "and scatter opcodes exist)",
-    "StatelessTruncatedNormalV2, StatelessTruncatedNormal": "stay in TF: TF's kernel "
-                                                            "redraws each group of outputs "
-                                                            "until they fall within 2 "
-                                                            "standard deviations, a "
-                                                            "data-dependent loop not "
-                                                            "lowered yet",
+    "StatelessTruncatedNormalV2, StatelessTruncatedNormal":
+        "stay in TF: TF's kernel redraws each group of outputs until they fall within 2 "
+        "standard deviations, a data-dependent loop, and the CPU backend compiles no while",
     "StatelessRandomGetAlg": "stateful in TF's op registry (its value depends on the "
                              "device), so not a compile-time alg; TF's Python API passes a "
                              "constant alg instead",
