@@ -45,6 +45,9 @@ PLUMBING_REASON = "argument/variable plumbing"
 TF_KERNEL_REASON = "runs on TF's kernel, faster than tfxla-lite's today (--compile_convolutions)"
 RESOURCE_REASON = "resource op / variable plumbing"
 STATEFUL_REASON = "stateful op"
+# Auto mode checks an assertion in TF, as plain TF does; must-compile leaves it out, as
+# TF's XLA does (tfxla_lite/assertions.py).
+ASSERT_REASON = "assertion: checked in TF (jit_compile=True compiles it away, as TF's XLA does)"
 VARIANT_REASON = "variant op (TensorList, dataset, optional)"
 # tf.distribute's cross-replica communication: it synchronizes devices, so it stays in TF
 # between the per-replica clusters.
@@ -108,6 +111,8 @@ def why_not_compilable(op: tf.Operation, options: MarkOptions | None = None) -> 
         return RESOURCE_REASON
     if "variant" in dtypes:
         return VARIANT_REASON
+    if op.type == "Assert":
+        return ASSERT_REASON
     rule = OP_RULES.get(op.type)
     if rule is None:
         if _is_stateful(op):

@@ -34,7 +34,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tfxla_lite import control_flow, dump, rewrite_cache
+from tfxla_lite import assertions, control_flow, dump, rewrite_cache
 from tfxla_lite import dynamic as dynamic_clusters
 from tfxla_lite.autojit import original_tf_function
 from tfxla_lite.clustering.cluster import form_clusters
@@ -132,6 +132,9 @@ class Program:
     # every graph of its rewritten function (`_rewritten_function`), since a graph that
     # calls that function may outlive the program.
     registrations: list[loader.Registration] = field(default_factory=list)
+    # Nodes must-compile leaves out of the rewrite: assertions, as TF's XLA compiles them
+    # away (tfxla_lite/assertions.py).
+    dropped: frozenset[str] = frozenset()
 
     @property
     def has_launches(self) -> bool:
@@ -345,7 +348,7 @@ def _store_in_cache(cache_key: str, graph: tf.Graph, program: Program) -> None:
     """Write `program`'s rewrite to the rewrite cache when it is of the plain kind the
     cache holds (tfxla_lite/rewrite_cache.py) and every executable is in the caches."""
     plain = (not program.bodies and not program.dynamic_clusters and not program.renames
-             and all(c.compiled for c in program.report.clusters)
+             and not program.dropped and all(c.compiled for c in program.report.clusters)
              and len(program.clusters) == len(program.compiled)
              and all(c.gpu_launch is None and c.fallback is None for c in program.compiled))
     keys = [getattr(a.executable, "optimized_key", None) for a in program.clusters]
@@ -446,11 +449,16 @@ def _compile_graph(graph: tf.Graph, function_name: str, settings: _Settings,
     jit_compile, options, dynamic = settings.jit_compile, settings.options, settings.dynamic
     report = ClusteringReport(function_name, jit_compile)
     # Bodies first: in must-compile mode a body that cannot compile is the error.
-    bodies, renames, functions = _compile_bodies(graph, function_name, settings, library)
+    bodies, renames, functions, assertion_ifs = _compile_bodies(graph, function_name,
+                                                                settings, library)
     tf_kernels = frozenset() if options.compile_convolutions else CONVOLUTION_OPS
     decisions = mark(graph, MarkOptions(dynamic_shapes=dynamic,
                                         allowlist=options.ops_to_cluster,
                                         tf_kernels=tf_kernels))
+    dropped = assertions.dropped_nodes(graph, assertion_ifs) if jit_compile else frozenset()
+    for name in dropped:
+        decisions[name] = dataclasses.replace(decisions[name], compilable=False,
+                                              reason=assertions.DROPPED_REASON)
     min_size = 1 if jit_compile else options.min_cluster_size
     clusters = form_clusters(graph, decisions, min_cluster_size=min_size,
                              max_cluster_size=options.max_cluster_size,
@@ -473,7 +481,8 @@ def _compile_graph(graph: tf.Graph, function_name: str, settings: _Settings,
         # control-flow ops, whose bodies compiled above.
         offending = [f for f in report.fallbacks
                      if f.op_type not in PLUMBING_OPS and not decisions[f.op_name].compilable
-                     and f.op_type not in control_flow.CONTROL_FLOW_OPS]
+                     and f.op_type not in control_flow.CONTROL_FLOW_OPS
+                     and f.op_name not in dropped]
         if offending:
             raise CompilationError(_must_compile_message(function_name, offending),
                                    offending)
@@ -580,7 +589,7 @@ def _compile_graph(graph: tf.Graph, function_name: str, settings: _Settings,
         _merge_body_report(report, body)
     return Program(None, report, artifacts, dynamic_clusters=planned, graph=graph,
                    bodies=bodies, compiled=compiled, renames=renames, functions=functions,
-                   pending=pending, registrations=registrations)
+                   pending=pending, registrations=registrations, dropped=dropped)
 
 
 def overlap_llvm() -> bool:
@@ -631,16 +640,18 @@ def _temp_bytes_without_reuse(executable: Any) -> int:
 
 def _compile_bodies(graph: tf.Graph, function_name: str, settings: _Settings,
                     library: dict[str, Any] | None
-                    ) -> tuple[list[BodyProgram], dict[tuple[str, str], str], list[Any]]:
+                    ) -> tuple[list[BodyProgram], dict[tuple[str, str], str], list[Any],
+                               set[str]]:
     """Compile the functions of `graph`'s While and If ops (tfxla_lite/control_flow.py).
 
     Returns the body programs, the function attributes to re-point ((node, attr) → the
-    rewritten function's name) and the rewritten ConcreteFunctions to add to the graph
-    the rewritten GraphDef is imported into. In auto mode a body that fails to compile
-    stays as it was.
+    rewritten function's name), the rewritten ConcreteFunctions to add to the graph
+    the rewritten GraphDef is imported into, and the If ops whose branches hold only
+    assertions that must-compile dropped (`assertions.assertion_only`). In auto mode a
+    body that fails to compile stays as it was.
     """
     if not any(op.type in control_flow.CONTROL_FLOW_OPS for op in graph.get_operations()):
-        return [], {}, []
+        return [], {}, [], set()
     if library is None:  # as the rewrite exports it (add_shapes also marks library nodes)
         library = {f.signature.name: f
                    for f in graph.as_graph_def(add_shapes=True).library.function}
@@ -649,6 +660,7 @@ def _compile_bodies(graph: tf.Graph, function_name: str, settings: _Settings,
     renames: dict[tuple[str, str], str] = {}
     functions: list[Any] = []
     done: dict[tuple[Any, ...], BodyProgram] = {}
+    branches: dict[str, list[BodyProgram]] = {}  # If node -> its branches' programs
     shape_lists: set[tuple[str, int]] = set()  # While outputs that accumulate shapes
     for call in calls:
         if is_compiled_function(call.function, library):
@@ -665,8 +677,8 @@ def _compile_bodies(graph: tf.Graph, function_name: str, settings: _Settings,
                 body_graph = control_flow.function_graph(library, call)
                 body_graph = inline_function_calls(body_graph) or body_graph
                 program = _compile_graph(body_graph, call.function, settings, library)
-                rewritten = (_rewritten_body(program, library) if program.has_launches
-                             else None)
+                rewritten = (_rewritten_body(program, library)
+                             if program.has_launches or program.dropped else None)
             except CompilationError:
                 raise
             except Exception as error:  # noqa: BLE001 - auto mode: the body runs as it is
@@ -683,11 +695,17 @@ def _compile_bodies(graph: tf.Graph, function_name: str, settings: _Settings,
             done[signature] = body
             bodies.append(body)
             shape_lists |= control_flow.shape_lists(call, program.graph)
+        if call.op_type in assertions.IF_OPS:
+            branches.setdefault(call.node, []).append(body)
         if body.function is not None:
             renames[(call.node, call.attr)] = body.function.function_def.signature.name
             if body.function not in functions:
                 functions.append(body.function)
-    return bodies, renames, functions
+    assertion_ifs = {
+        node for node, found in branches.items()
+        if len(found) == 2 and any(b.program.dropped for b in found)
+        and all(assertions.assertion_only(b.program.graph, b.program.dropped) for b in found)}
+    return bodies, renames, functions, assertion_ifs
 
 
 def _rewritten_body(program: Program, library: dict[str, Any]) -> Any:
@@ -695,8 +713,9 @@ def _rewritten_body(program: Program, library: dict[str, Any]) -> Any:
     graph = program.graph
     graph_def = rewrite_graph_def(graph.as_graph_def(add_shapes=True), program.compiled)
     control_flow.rename_functions(graph_def, program.renames)
+    assertions.without(graph_def, program.dropped)
     output_names = [rewritten_tensor_name(t.name, program.compiled) for t in graph.outputs]
-    control_names = [op.name for op in graph.control_outputs]
+    control_names = [op.name for op in graph.control_outputs if op.name not in program.dropped]
     fallbacks = [f for c in program.compiled for f in (c.fallback or ())]
     return control_flow.rewritten_body(graph, graph_def, output_names, control_names,
                                        [*program.functions, *fallbacks], library)
@@ -796,6 +815,7 @@ def _rewritten_function(concrete_function: Any, program: Program,
         graph_def = graph.as_graph_def(add_shapes=True)
     graph_def = rewrite_graph_def(graph_def, clusters)
     control_flow.rename_functions(graph_def, program.renames)
+    assertions.without(graph_def, program.dropped)
     placeholder_names = [t.op.name for t in concrete_function.inputs]
     captured = list(concrete_function.captured_inputs)
     num_arguments = len(concrete_function.inputs) - len(captured)
@@ -803,7 +823,7 @@ def _rewritten_function(concrete_function: Any, program: Program,
     flat = tf.nest.flatten(structured, expand_composites=True)
     output_names = [rewritten_tensor_name(t.name, clusters) for t in flat
                     if isinstance(t, tf.Tensor)]
-    control_names = [op.name for op in graph.control_outputs]
+    control_names = [op.name for op in graph.control_outputs if op.name not in program.dropped]
 
     def rewritten(*args: Any, **kwargs: Any) -> Any:
         func_graph = tf.compat.v1.get_default_graph()
