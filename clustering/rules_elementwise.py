@@ -267,7 +267,6 @@ def _lower_select(ctx: LoweringContext, op: tf.Operation, operands: Operands
 # (divide: -1, remainder: the dividend) instead of raising.
 _ZERO_DIVISOR = "an integer zero divisor gives HLO's value instead of TF's error"
 
-register("TruncateDiv", dtypes=INTEGER, note=_ZERO_DIVISOR)(_binary("divide"))
 register("TruncateMod", dtypes=NUMERIC, note=_ZERO_DIVISOR)(_binary("remainder"))
 register("BitwiseAnd", dtypes=INTEGER)(_binary("and"))
 register("BitwiseOr", dtypes=INTEGER)(_binary("or"))
@@ -300,6 +299,21 @@ def _lower_floor_div(ctx: LoweringContext, op: tf.Operation, operands: Operands
     adjust = _steps_past_zero(ctx, ctx.emit("remainder", [a, b]), b)
     stepped = ctx.emit("subtract", [quotient, ctx.full(1, quotient.shape)])
     return [ctx.emit("select", [adjust, stepped, quotient])]
+
+
+@register("TruncateDiv", dtypes=NUMERIC, note=_ZERO_DIVISOR)
+def _lower_truncate_div(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                        ) -> list[Instruction]:
+    # Integers: HLO's divide truncates. Floats: the quotient rounded to the type, then
+    # toward zero, as TF's kernel: ceil below zero, floor elsewhere, so that -0.0, NaN and
+    # the infinities pass through.
+    a, b = _broadcast_all(ctx, operands)
+    quotient = ctx.emit("divide", [a, b])
+    if a.shape.element_type not in FLOAT_TYPES:
+        return [quotient]
+    negative = ctx.emit("compare", [quotient, ctx.full(0, quotient.shape)], direction="LT")
+    return [ctx.emit("select", [negative, ctx.emit("ceil", [quotient]),
+                                ctx.emit("floor", [quotient])])]
 
 
 @register("FloorMod", dtypes=NUMERIC, note=_ZERO_DIVISOR)

@@ -58,6 +58,12 @@ SEMANTICS: tuple[tuple[str, str, str, str], ...] = (
     ("Cast of NaN, ±inf or an out-of-range float to an integer", "INT_MIN (x86)",
      "saturates at the integer's bounds; NaN gives 0", "as XLA"),
     ("Sign(-0.0)", "0.0", "-0.0", "as XLA"),
+    ("Assert (`tf.debugging.assert_*`, `tf.debugging.Assert`) with a false condition",
+     "raises InvalidArgumentError", "compiled to nothing: never checked (tf2xla's Assert "
+     "kernel only logs 'Ignoring Assert operator')", "`jit_compile=True`: as XLA, the "
+     "Assert, its message's string constants, the condition computed only for it and the "
+     "AssertGuard `If` around it are left out (`tfxla_lite/assertions.py`); auto mode: the "
+     "Assert stays in TF and is checked, as plain TF checks it"),
     ("Sum, Mean, Prod of float16", "accumulate in float16: a column of 4096 ones sums to "
      "2048, a mean can overflow to inf", "accumulate in float32, round once", "as XLA"),
     ("Max, Min reductions over a NaN", "NaN", "can drop it: reduce_max([1, NaN, 3]) is 3",
