@@ -161,6 +161,21 @@ def test_key_counter_ops_match_tf(mode: str) -> None:
     _assert_same_draws(draw, mode, *_seeds(tf.int64), *_seeds(tf.int32))
 
 
+def test_draws_of_an_unknown_batch_dimension_match_tf() -> None:
+    """The shape input is `tf.shape(x)` of an unknown batch (what Keras's retraced steps
+    give): the cluster compiles per concrete shape and still draws TF's numbers."""
+    def draw(x: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
+        keep = tf.random.stateless_uniform(tf.shape(x), seed=seed) > 0.3
+        return tf.where(keep, x, 0.0) + tf.random.stateless_normal(tf.shape(x), seed=seed)
+
+    spec = [tf.TensorSpec([None, 5]), tf.TensorSpec([2], tf.int64)]
+    plain = tf.function(draw, input_signature=spec)
+    compiled = tl.function(draw, input_signature=spec, jit_compile=True, options=STRICT)
+    for batch in (1, 7):
+        x, seed = tf.ones((batch, 5)), tf.constant([batch, 9], tf.int64)
+        np.testing.assert_array_equal(compiled(x, seed).numpy(), plain(x, seed).numpy())
+
+
 def test_random_ops_run_inside_the_cluster() -> None:
     def draw(seed: tf.Tensor, x: tf.Tensor) -> tf.Tensor:
         mask = tf.random.stateless_uniform((4, 8), seed=seed) >= 0.5
