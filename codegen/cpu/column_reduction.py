@@ -19,9 +19,11 @@ accumulators' size), and a chunk of rows. The chunks are fixed by the shape alon
 (never by the thread count); with one chunk a unit stores its columns' results, with
 several each unit stores its partial results into the launcher's stack and, after the
 parallel region, `emit_combine` folds chunk 0's partials with chunk 1's, 2's, ... in
-order, then the init value. So every thread count gives the same bits, and a float
-sum is the blocked sum of rows in the chunk plus a sum over at most `_MAX_CHUNKS`
-partials (TF's and XLA's column sums are blocked or tree-shaped too).
+order, then the init value. So every thread count gives the same bits. A float sum or
+product folds groups of `_GROUP_ROWS` rows from its identity and adds each group to the
+chunk's accumulators: three short sequential levels (rows in a group, groups in a
+chunk, chunks), where one long chain of f32 additions would lose about sqrt(rows)
+times more (a sequential sum of BatchNorm's 50176 rows: about 1e-5 relative).
 """
 
 from __future__ import annotations

@@ -4,10 +4,10 @@ minor dimensions, as BatchNorm's statistics and bias gradients do.
 Numerics against the evaluator (f32 sums against their exact value rounded, since the
 evaluator's own f32 column folds are sequential) over shapes with 0- and 1-sized
 dimensions, kept minor parts of 1 to 2100 columns, lead dimensions and size-1 kept
-dimensions among the reduced ones; f32, f64, f16 and bf16; NaN and infinities; sums
-with an elementwise producer, maxima (no identity: a chunk starts from its first row)
-and multi-output fusions with an input-shaped leaf. Every kernel gives the same bits on
-1, 2 and 3 threads, and the kernel is the row-accumulating one.
+dimensions among the reduced ones; f32, f64, f16, bf16 and s32 (wrapping); NaN and
+infinities; sums with an elementwise producer, maxima (no identity: a chunk starts from
+its first row) and multi-output fusions with an input-shaped leaf. Every kernel gives
+the same bits on 1, 2 and 3 threads, and the kernel is the row-accumulating one.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from tfxla_lite.hlo.ir import Instruction
 from tfxla_lite.hlo.parser import parse_module
 from tfxla_lite.hlo.shape import Shape
 
-_NUMPY = {"f32": np.float32, "f64": np.float64, "f16": np.float16, "bf16": ml_dtypes.bfloat16}
+_NUMPY = {"f32": np.float32, "f64": np.float64, "f16": np.float16, "bf16": ml_dtypes.bfloat16,
+          "s32": np.int32}
 
 
 def _reducer(kind: str, t: str) -> str:
@@ -66,7 +67,7 @@ def _args(t: str, dims: tuple[int, ...], seed: int = 0, edges: bool = True
           ) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
     x = random_array(Shape(t, dims), rng, edges=edges)
-    scale = rng.uniform(0.5, 1.5, size=dims[-1]).astype(_NUMPY[t])
+    scale = rng.uniform(0.5, 1.5, size=dims[-1]).astype(_NUMPY[t])  # 0 or 1 for s32
     return [x, scale]
 
 
@@ -110,7 +111,7 @@ SHAPES = [
 
 
 @pytest.mark.parametrize("dims,reduced", SHAPES)
-@pytest.mark.parametrize("t", ["f32", "f64", "f16", "bf16"])
+@pytest.mark.parametrize("t", ["f32", "f64", "f16", "bf16", "s32"])
 def test_sums(t: str, dims: tuple[int, ...], reduced: tuple[int, ...]) -> None:
     if t != "f32" and np.prod(dims) > 1 << 16:
         pytest.skip("the big shapes once, in f32")
