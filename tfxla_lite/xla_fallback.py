@@ -86,7 +86,8 @@ def _kept_in_tf(node: FallbackNode, graph: tf.Graph | None) -> bool:
 
 
 def is_random_op(op_type: str) -> bool:
-    """TF's random number ops, stateful and stateless (never lowered by tfxla-lite)."""
+    """TF's random number ops, stateful and stateless: the ones tfxla-lite does not lower
+    (stateful ops, truncated normals) stay in TF by design, drawing TF's numbers."""
     return ("Random" in op_type or op_type.startswith("Rng")
             or op_type in ("TruncatedNormal", "Multinomial", "StatelessMultinomial",
                            "StatelessTruncatedNormal", "StatelessTruncatedNormalV2",

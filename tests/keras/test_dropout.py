@@ -1,9 +1,10 @@
 """Dropout under tfxla-lite draws the same masks as plain TF, step for step.
 
 Keras 3 draws a Dropout mask with `tf.random.stateless_uniform` from a seed that a
-`SeedGenerator` variable holds (read, then incremented, in the step). Those random ops
-stay in TF under tfxla-lite (stateless random ops have no lowering), so they run TF's
-CPU kernel (Philox) and give exactly the masks of plain TF without XLA. TF's own XLA
+`SeedGenerator` variable holds (read, then incremented, in the step). tfxla-lite
+compiles those random ops to TF's own Philox and conversion to floats
+(`clustering/rules_random.py`), so they give exactly the masks of TF's CPU kernel, as
+plain TF without XLA draws them. TF's own XLA
 (`jit_compile=True` under plain TF) lowers them with XLA's generator instead, whose
 bits differ for the same seed (checked below): compared with *that* run, the masks, and
 so the losses, differ from the first step. The reference here is therefore plain TF
