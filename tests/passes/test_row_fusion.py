@@ -164,3 +164,30 @@ def test_row_spec_needs_trailing_dimensions() -> None:
     assert row_spec(_reduce(comp, x, (2,))).width == 4
     assert row_spec(_reduce(comp, x, (1,))) is None
     assert row_spec(_reduce(comp, x, (0, 2))) is None
+
+
+def test_roots_with_no_row_reduce_upstream_are_not_grown(monkeypatch) -> None:  # noqa: ANN001
+    """Growing every element-wise root's producers to find no reduce made the pass
+    quadratic in long element-wise chains (a Philox draw); only roots below a row reduce
+    are grown now, and the groups formed are the same."""
+    from tfxla_lite.passes import row_fusion
+
+    grown: list[str] = []
+    original = row_fusion._grow_row_group
+
+    def counting(root: Instruction, *args: object) -> list[Instruction] | None:
+        grown.append(root.name)
+        return original(root, *args)
+
+    monkeypatch.setattr(row_fusion, "_grow_row_group", counting)
+    module, comp = new_module("chain")
+    (x,) = parameters(comp, X)
+    value = x
+    for _ in range(50):
+        value = comp.create("multiply", [comp.create("add", [value, x]), x])
+    comp.root = value
+    assert RowFusion().run(module) is False
+    assert grown == []
+    module = _softmax_module()
+    _run(module)
+    assert grown and len(_row_fusions(module)) == 1

@@ -232,10 +232,30 @@ def _only_read_by(producer: Instruction, root: Instruction, member_ids: set[int]
 
 
 def fuse_rows(computation: Computation, max_row_bytes: int) -> int:
-    """Form the row fusions of `computation` in place; how many were formed."""
-    return fuse_groups(computation,
-                       lambda inst, needed: _grow_row_group(inst, needed, max_row_bytes),
-                       kind=ROW_FUSION_KIND)
+    """Form the row fusions of `computation` in place; how many were formed.
+
+    A group needs a row reduce among its members, so a root with none upstream is not
+    grown at all: growing the producers of every element-wise root and discarding the
+    group made the pass quadratic in long element-wise chains (a Philox draw: most of
+    a random op's compile time)."""
+    below_reduce = _downstream_of_row_reduces(computation)
+
+    def grow(inst: Instruction, needed: set[int]) -> list[Instruction] | None:
+        if id(inst) not in below_reduce:
+            return None
+        return _grow_row_group(inst, needed, max_row_bytes)
+
+    return fuse_groups(computation, grow, kind=ROW_FUSION_KIND)
+
+
+def _downstream_of_row_reduces(computation: Computation) -> set[int]:
+    """Ids of the instructions that are, or read (transitively), a reduce of rows."""
+    found: set[int] = set()
+    for inst in computation.instructions:  # topological order
+        if (inst.opcode == "reduce" and row_spec(inst) is not None) or \
+                any(id(o) in found for o in inst.operands):
+            found.add(id(inst))
+    return found
 
 
 @dataclass(frozen=True)
