@@ -56,6 +56,20 @@ _GROUP_ROWS = 16
 _SCALAR_BELOW = 32
 _VECTOR = 8
 _FALSE = ir.Constant(ir.IntType(1), 0)
+# Reducers whose folds may be regrouped (associative and commutative), so that a chunk
+# starts from its first row and chunks combine among themselves before the init.
+_REGROUPABLE = frozenset({"add", "multiply", "maximum", "minimum", "and", "or", "xor"})
+
+
+def _regroupable(reduce: Instruction) -> bool:
+    """Whether `reduce`'s reducer is one op of `_REGROUPABLE` of its two parameters: any
+    other computation (`x + y * y`) is folded from the init value in row-major order
+    by the generic kernel, as the evaluator folds it."""
+    computation = reduce.called_computations[0]
+    root = computation.root
+    return root is not None and root.opcode in _REGROUPABLE and \
+        len(computation.instructions) == 3 and len(set(map(id, root.operands))) == 2 and \
+        all(o.opcode == "parameter" for o in root.operands)
 
 
 @dataclass(frozen=True)
@@ -108,9 +122,11 @@ class ColumnPlan:
 
 def plan(reduces: Sequence[Instruction]) -> ColumnPlan | None:
     """The plan of reduces of one input shape and reduced dimensions, or None where this
-    kernel does not apply: a variadic reduce, reduced dimensions that are not one block
+    kernel does not apply: a variadic reduce, a reducer that is not one associative op
+    (`_regroupable`), reduced dimensions that are not one block
     (size-1 kept dimensions aside), no kept dimension after them, or nothing to fold."""
-    if not reduces or any(len(r.operands) != 2 or r.shape.is_tuple for r in reduces):
+    if not reduces or any(len(r.operands) != 2 or r.shape.is_tuple or not _regroupable(r)
+                          for r in reduces):
         return None
     first = reduces[0]
     dims = first.operand(0).shape.dims

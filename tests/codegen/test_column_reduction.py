@@ -246,3 +246,27 @@ def test_other_layouts_keep_their_kernels(dims: tuple[int, ...], reduced: tuple[
     assert compiler.plan_partition(_fusion(executable)).kind != "columns"
     args = _args("f32", dims)
     assert_close(executable(*args)[0], _expected(text, "f32", args), "reduce")
+
+
+def test_a_computed_reducer_folds_in_order_from_init() -> None:
+    """x + y*y is not one associative op: starting a chunk from its first row or
+    combining chunks would change the result, so the generic kernel folds it."""
+    text = """HloModule sum_of_squares
+%sum_sq (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  %bb = f32[] multiply(%b, %b)
+  ROOT %r = f32[] add(%a, %bb)
+}
+ENTRY %main (x: f32[300,32]) -> f32[32] {
+  %x = f32[300,32] parameter(0)
+  %init = f32[] constant(1)
+  ROOT %r = f32[32] reduce(%x, %init), dimensions={0}, to_apply=%sum_sq
+}
+"""
+    executable = compile_module(parse_module(text), cache=False)
+    reduce = executable.module.entry.root
+    reduce = reduce.operand(0) if reduce.opcode == "tuple" else reduce
+    assert column_reduction.plan([reduce]) is None
+    x = np.random.default_rng(3).uniform(-2.0, 2.0, size=(300, 32)).astype(np.float32)
+    assert_close(executable(x)[0], np.asarray(evaluate(parse_module(text), x)), "reduce")
