@@ -301,33 +301,43 @@ def emit_units(ctx: KernelContext, column_plan: ColumnPlan, targets: list[Target
 
 def emit_combine(ctx: KernelContext, column_plan: ColumnPlan, targets: list[Target]) -> None:
     """After the units (several chunks): each result = init folded with chunk 0's partial,
-    then chunk 1's, ... in order (accumulated in chunk 0's slots), stored to its outputs."""
+    then chunk 1's, ... in order, stored to its outputs. The running values are an array
+    of their own, not chunk 0's partials: loads and stores of one array at two offsets
+    would cost LLVM runtime alias checks and a second copy of each loop."""
     b = ctx.builder
     p = column_plan
     nuw = ["nuw", "nsw"]
     width_size = p.width_size
-    for target in targets:
-        fold = reduction.Accumulation(ctx, target.reduce)
-        element = value_type(fold.element_type)
-        partials = target.partials
-        assert partials is not None
-        init = fold.widen(ctx.value(target.reduce.operand(1), Index.scalar()))
+    scalar = p.scalar_columns
+    folds = [reduction.Accumulation(ctx, t.reduce) for t in targets]
+    types = [value_type(f.element_type) for f in folds]
+    running = [ctx.alloca(t, name="combined", count=width_size) for t in types]
+    inits = [fold.widen(ctx.value(t.reduce.operand(1), Index.scalar()))
+             for t, fold in zip(targets, folds)]
 
-        def partial(position: ir.Value, partials: ir.Value = partials,
-                    element: ir.Type = element) -> ir.Value:
-            return b.gep(partials, [position], inbounds=True, source_etype=element)
+    def at(array: ir.Value | None, position: ir.Value, element: ir.Type) -> ir.Value:
+        return b.gep(array, [position], inbounds=True, source_etype=element)
 
-        with ctx.loop(p.lead_size, name="lead") as lead:
-            base = b.mul(lead, i64(p.chunks * width_size), flags=nuw)
-            with ctx.loop(p.chunks, name="chunk", start=1) as chunk:
-                offset = b.add(base, b.mul(chunk, i64(width_size), flags=nuw), flags=nuw)
-                with _column_loop(ctx, width_size, "column", p.scalar_columns) as j:
-                    into = partial(b.add(base, j, flags=nuw))
-                    value = b.load(partial(b.add(offset, j, flags=nuw)), typ=element)
-                    b.store(fold.combine(b.load(into, typ=element), value), into)
-            out_base = b.mul(lead, i64(width_size), flags=nuw)
-            with _column_loop(ctx, width_size, "result", p.scalar_columns) as j:
-                value = b.load(partial(b.add(base, j, flags=nuw)), typ=element)
+    with ctx.loop(p.lead_size, name="lead") as lead:
+        base = b.mul(lead, i64(p.chunks * width_size), flags=nuw)
+        with _column_loop(ctx, width_size, "first", scalar) as j:
+            for target, values, element in zip(targets, running, types):
+                first = b.load(at(target.partials, b.add(base, j, flags=nuw), element),
+                               typ=element)
+                b.store(first, at(values, j, element))
+        with ctx.loop(p.chunks, name="chunk", start=1) as chunk:
+            offset = b.add(base, b.mul(chunk, i64(width_size), flags=nuw), flags=nuw)
+            with _column_loop(ctx, width_size, "column", scalar) as j:
+                for target, fold, values, element in zip(targets, folds, running, types):
+                    partial = b.load(at(target.partials, b.add(offset, j, flags=nuw),
+                                        element), typ=element)
+                    into = at(values, j, element)
+                    b.store(fold.combine(b.load(into, typ=element), partial), into)
+        out_base = b.mul(lead, i64(width_size), flags=nuw)
+        with _column_loop(ctx, width_size, "result", scalar) as j:
+            for target, fold, values, element, init in zip(targets, folds, running, types,
+                                                           inits):
+                value = b.load(at(values, j, element), typ=element)
                 result = fold.narrow(fold.combine(init, value))
                 shape = target.reduce.shape
                 index = Index(shape.dims, linear=b.add(out_base, j, flags=nuw))
