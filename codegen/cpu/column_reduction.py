@@ -301,9 +301,8 @@ def emit_units(ctx: KernelContext, column_plan: ColumnPlan, targets: list[Target
 
 def emit_combine(ctx: KernelContext, column_plan: ColumnPlan, targets: list[Target]) -> None:
     """After the units (several chunks): each result = init folded with chunk 0's partial,
-    then chunk 1's, ... in order, stored to its outputs. The running values are an array
-    of their own, not chunk 0's partials: loads and stores of one array at two offsets
-    would cost LLVM runtime alias checks and a second copy of each loop."""
+    then chunk 1's, ... in order, stored to its outputs; the running values are an array
+    of their own, so no loop reads and writes one array at two offsets."""
     b = ctx.builder
     p = column_plan
     nuw = ["nuw", "nsw"]
