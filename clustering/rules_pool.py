@@ -352,11 +352,31 @@ def _window_argmax(ctx: LoweringContext, x: Instruction, window: Window,
     return windows, index
 
 
-_MAX_GRAD_NOTE = ("SAME/VALID/EXPLICIT, NHWC/NCHW; each window's gradient goes to its "
+# MaxPoolGrad's element-wise form evaluates each window's pick once per window covering
+# an input element, branching at the padding: past 2x2 windows it is far slower than
+# TF's kernel (30-60x on 3x3 windows), so larger windows stay in TF until a
+# select-and-scatter kernel does better.
+LARGEST_COMPILED_GRAD_WINDOW = 4
+
+
+def _check_max_pool_grad(op: tf.Operation) -> str | None:
+    reason = _check_pool(op)
+    if reason is not None:
+        return reason
+    inputs = _SIZE_INPUTS.get(op.type, (None, None))
+    elements = int(np.prod(_sizes(op, "ksize", inputs[0])))
+    if elements > LARGEST_COMPILED_GRAD_WINDOW:
+        return (f"a {elements}-element window runs on TF's kernel (faster than tfxla-lite's "
+                f"past {LARGEST_COMPILED_GRAD_WINDOW} elements)")
+    return None
+
+
+_MAX_GRAD_NOTE = ("SAME/VALID/EXPLICIT, NHWC/NCHW, windows of up to 4 elements (larger "
+                  "ones run on TF's faster kernel); each window's gradient goes to its "
                   "first maximum (TF's CPU kernel; a NaN only when first)")
 
 
-@register("MaxPoolGrad", dtypes=FLOAT, unused_inputs=(1,), check=_check_pool,
+@register("MaxPoolGrad", dtypes=FLOAT, unused_inputs=(1,), check=_check_max_pool_grad,
           note=_MAX_GRAD_NOTE)
 def _lower_max_pool_grad(ctx: LoweringContext, op: tf.Operation, operands: Operands
                          ) -> list[Instruction]:
@@ -373,7 +393,7 @@ def _lower_max_pool_grad(ctx: LoweringContext, op: tf.Operation, operands: Opera
 
 
 register("MaxPoolGradV2", dtypes=FLOAT, static_inputs=(3, 4), unused_inputs=(1,),
-         check=_check_pool, note=_MAX_GRAD_NOTE)(_lower_max_pool_grad)
+         check=_check_max_pool_grad, note=_MAX_GRAD_NOTE)(_lower_max_pool_grad)
 
 
 @register("MaxPool3DGrad", dtypes=FLOAT, check=_check_pool,

@@ -17,9 +17,18 @@ from tf_harness import run_clusters, sample, trace
 from tolerances import assert_close
 
 import tfxla_lite as tl
+from tfxla_lite.clustering import rules_pool
+from tfxla_lite.clustering.mark import mark
 from tfxla_lite.options import Options
 
 F16, BF16, F32, F64 = np.float16, tf.bfloat16.as_numpy_dtype, np.float32, np.float64
+
+
+@pytest.fixture(autouse=True)
+def _every_window_compiled(monkeypatch: pytest.MonkeyPatch) -> None:
+    """MaxPoolGrad over windows of more than 4 elements stays on TF's (faster) kernel by
+    default; these tests lower every window, to check the lowering's values."""
+    monkeypatch.setattr(rules_pool, "LARGEST_COMPILED_GRAD_WINDOW", 1 << 20)
 
 
 def _expected(fn: Callable[..., Any], args: list[np.ndarray]) -> list[np.ndarray]:
@@ -283,6 +292,20 @@ def test_max_pool_3d_ties_and_nan(padding: str) -> None:
                                             ksize=k, strides=s, padding=padding)
 
     _check(grad_grad, [x, sample(x.shape, F32, seed=7, edges=False)], "MaxPool3DGradGrad")
+
+
+def test_large_max_pool_gradient_windows_stay_on_tf(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(rules_pool, "LARGEST_COMPILED_GRAD_WINDOW", 4)
+    for ksize, compiled in ((2, True), (3, False)):
+        pool = _pool_fn("max", (ksize, ksize), (2, 2), "SAME")
+        x = sample((1, 8, 8, 2), F32, seed=1, edges=False)
+        upstream = sample(_output_shape(pool, x), F32, seed=2, edges=False)
+        concrete = trace(_value_and_gradient(pool), [x, upstream])
+        decisions = mark(concrete.graph)
+        (grad,) = [op for op in concrete.graph.get_operations() if op.type == "MaxPoolGrad"]
+        assert decisions[grad.name].compilable == compiled, decisions[grad.name].reason
+        if not compiled:
+            assert "9-element window runs on TF's kernel" in decisions[grad.name].reason
 
 
 def test_pooling_in_both_modes() -> None:
