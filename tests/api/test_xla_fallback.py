@@ -108,15 +108,35 @@ def dropout_like(x, seed):
     return tf.where(mask, tf.exp(x) * 2.0, 0.0) + tf.tanh(x)
 
 
-def test_random_ops_stay_auto_clustered_with_tf_numbers() -> None:
-    # TF's XLA would draw other numbers for the seed; tfxla-lite leaves random ops to
-    # TF's kernels in every mode, so a Keras step with Dropout keeps them there.
+def truncated_like(x, seed):
+    noise = tf.random.stateless_truncated_normal(tf.shape(x), seed=seed)
+    return tf.exp(x) * 2.0 + noise + tf.tanh(x)
+
+
+def test_stateless_draws_compile_whole_with_tf_numbers() -> None:
+    # TF's XLA would draw other numbers for the seed; tfxla-lite compiles TF's own Philox
+    # (clustering/rules_random.py), so a Keras step with Dropout compiles whole and draws
+    # plain TF's masks.
     tl.enable()
     f = tf.function(dropout_like, jit_compile=True)
     x = np.linspace(-1, 1, 32, dtype=np.float32)
     seed = tf.constant([3, 4])
     np.testing.assert_allclose(f(x, seed).numpy(), ORIGINAL(dropout_like)(x, seed).numpy(),
                                rtol=1e-6)
+    report = f.explain(x, seed)
+    assert not report.runs_on_xla and report.compiled_clusters, report
+    assert report.jit_compile_fallback is None
+
+
+def test_random_ops_left_in_tf_stay_auto_clustered_with_tf_numbers() -> None:
+    # A truncated normal (a redraw loop) stays in TF's kernel in every mode: the trace
+    # runs auto-clustered, the draw TF's own, rather than on TF's XLA.
+    tl.enable()
+    f = tf.function(truncated_like, jit_compile=True)
+    x = np.linspace(-1, 1, 32, dtype=np.float32)
+    seed = tf.constant([3, 4])
+    np.testing.assert_allclose(f(x, seed).numpy(), ORIGINAL(truncated_like)(x, seed).numpy(),
+                               rtol=1e-6, atol=1e-6)
     report = f.explain(x, seed)
     assert not report.runs_on_xla and report.compiled_clusters, report
     assert report.jit_compile_fallback.target == xla_fallback.AUTO

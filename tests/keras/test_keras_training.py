@@ -90,9 +90,10 @@ def test_transformer_block_matches_tf() -> None:
 
 
 def test_transformer_block_with_dropout_trains() -> None:
-    # Dropout's random ops stay in TF and draw TF's CPU kernel's masks, while the plain
-    # run here (`jit_compile=True` without tfxla-lite) is TF's XLA, whose stateless random
-    # ops give other numbers for the same seed; so losses differ from the first step.
+    # Dropout's random ops compile to TF's own Philox and draw TF's CPU kernel's masks,
+    # while the plain run here (`jit_compile=True` without tfxla-lite) is TF's XLA, whose
+    # stateless random ops give other numbers for the same seed; so losses differ from the
+    # first step.
     # test_dropout.py compares step for step with plain TF without XLA (they match);
     # here, check that training runs, stays finite and learns.
     x, y = tokens()
