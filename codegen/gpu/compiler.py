@@ -17,6 +17,7 @@ from tfxla_lite.codegen.gpu.cuda_source import prelude
 from tfxla_lite.codegen.gpu.elemental import ModuleTables
 from tfxla_lite.codegen.gpu.kernels import KernelPlan, describe, plan_kernels, split_scratch
 from tfxla_lite.codegen.gpu.row_groups import merge_row_groups
+from tfxla_lite.codegen.gpu.sort import sort_scratch_bytes
 from tfxla_lite.codegen.gpu.templates import emit_plan
 from tfxla_lite.hlo.ir import HloModule, Instruction
 
@@ -38,7 +39,7 @@ class GpuProgram:
     module_name: str
     source: str
     thunks: list[Thunk]
-    scratch_bytes: int  # after the temp arena; split reductions' partials
+    scratch_bytes: int  # after the temp arena; split reductions' partials, sort indices
     element_types: set[str]
     body: str = ""  # the source after the prelude: shared functions, constants, kernels
 
@@ -85,6 +86,7 @@ def emit_program(module: HloModule, assignment: Any) -> GpuProgram:
         thunks.append(Thunk(plan, source.functions))
         if plan.kind == "split-reduction":
             scratch = max(scratch, split_scratch(plan)[1])
+        scratch = max(scratch, sort_scratch_bytes(plan))
     types = _element_types(module)
     body = "\n".join([*tables.definitions, *kernels])
     return GpuProgram(module.name, prelude(types) + "\n" + body, thunks, scratch, types, body)

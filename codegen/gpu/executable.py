@@ -42,6 +42,7 @@ from tfxla_lite.codegen.gpu import cublaslt
 from tfxla_lite.codegen.gpu.compiler import SCRATCH_ALIGNMENT, GpuProgram, Thunk
 from tfxla_lite.codegen.gpu.gemm import StridedGemm, dense_operands, plan_gemm, run_gemm
 from tfxla_lite.codegen.gpu.kernels import split_scratch
+from tfxla_lite.codegen.gpu.sort import sort_scratch_bytes
 from tfxla_lite.hlo.ir import HloModule, Instruction
 from tfxla_lite.hlo.shape import Shape
 
@@ -264,6 +265,8 @@ class GpuExecutable:
                 lt = self._lt_call(cupy, plan, gemm)
             elif plan.kind == "split-reduction":
                 scratch = Shape("u8", (split_scratch(plan)[1],))
+            elif sort_scratch_bytes(plan):
+                scratch = Shape("u8", (sort_scratch_bytes(plan),))
             calls.append((args, dot, scratch, lt))
         # Outputs living in another buffer (a parameter, a constant): none after the
         # `add-output-copies` pass, but a module compiled without it may have them.
@@ -391,7 +394,7 @@ class GpuExecutable:
         plan = thunk.plan
         if plan.kind == "dot":
             return
-        if plan.kind == "dot-epilogue":
+        if plan.kind == "dot-epilogue" or sort_scratch_bytes(plan):
             args.append(scratch)
         assert plan.launch is not None
         block = (plan.launch.block[0], plan.launch.block[1], 1)

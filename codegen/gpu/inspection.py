@@ -97,8 +97,8 @@ def launch_text(plan: KernelPlan) -> str:
 def _unit(plan: KernelPlan) -> str:
     return {"loop": "elements", "dot-epilogue": "elements", "transpose": "32x32 tiles",
             "row-reduction": "rows", "row-fusion": "rows", "row-group": "rows",
-            "split-reduction": "row chunks", "column-reduction": "outputs"}.get(plan.kind,
-                                                                               "units")
+            "split-reduction": "row chunks", "column-reduction": "outputs",
+            "sort": "rows", "topk": "rows"}.get(plan.kind, "units")
 
 
 def _team(plan: KernelPlan) -> str:
@@ -156,6 +156,14 @@ def why(plan: KernelPlan) -> str:
                 f"with a block each, so {plan.chunks} chunk(s) of {plan.chunk} elements a "
                 "row fold into partials, then a second kernel folds each row's partials "
                 "in chunk order")
+    if kind == "sort":
+        where = "scratch memory" if plan.extra["blocks"] else "shared memory"
+        return (f"a sort of {plan.rows} row(s) of {plan.width} elements: a block of "
+                f"{plan.team} per row merges a permutation of it in {where}, pairs of runs "
+                "of 1, 2, 4... one thread a pair (the evaluator's merge order)")
+    if kind == "topk":
+        return (f"a topk (k={plan.extra['k']}) of {plan.rows} row(s) of {plan.width} "
+                "elements: one thread per row streams it into its k best")
     root, computed = kernel_body(inst)
     if kind == "row-reduction":
         variadic = " (variadic: values and indices)" if root.shape.is_tuple else ""

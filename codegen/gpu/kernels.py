@@ -33,6 +33,9 @@ into one *row group* (`row_groups.py`). Templates:
   one pass), each storing the loop results of its input shape at the elements it reads
   (as XLA's reduction emitter), then a loop kernel for the loop results no phase can
   take (`plan_multi_output` says why).
+- `sort`, `topk`: whole-row kernels of their own (`sort.py`): a block per row merging a
+  permutation of it in the evaluator's order (`sort`), a thread per row streaming its k
+  best (`topk`).
 - `dot`: a library call (cuBLAS through CuPy), no generated kernel.
 - `dot-epilogue`: a kOutput fusion (a dot and its elementwise epilogue): cuBLAS writes
   the product to scratch memory, then a loop kernel applies the epilogue (bias,
@@ -103,7 +106,7 @@ class KernelPlan:
     """One kernel (or library call) of the executable."""
 
     # loop | transpose | row-reduction | split-reduction | column-reduction | row-group |
-    # row-fusion | multi-output | dot | dot-epilogue
+    # row-fusion | multi-output | dot | dot-epilogue | sort | topk
     kind: str
     name: str
     members: list[Instruction]  # the entry instructions it computes, in order
@@ -281,6 +284,10 @@ def plan_instruction(inst: Instruction, name: str, assignment: Any = None) -> Ke
         if operand.shape.is_tuple:
             raise NotImplementedError(f"GPU backend: tuple-shaped operand %{operand.name} of "
                                       f"%{inst.name}")
+    from tfxla_lite.codegen.gpu.sort import WHOLE_ROW_OPCODES, plan_sort  # imports this module
+
+    if inst.opcode in WHOLE_ROW_OPCODES:
+        return plan_sort(inst, name)
     if inst.opcode in ("tuple", "get-tuple-element", "while", "conditional", "call"):
         raise NotImplementedError(f"GPU backend: {inst.opcode} in the entry computation "
                                   f"(%{inst.name})")

@@ -102,13 +102,15 @@ def emit_plan(plan: KernelPlan, assignment: Any, tables: ModuleTables) -> Kernel
     # module's helpers.
     from tfxla_lite.codegen.gpu.columns import emit_column_reduction
     from tfxla_lite.codegen.gpu.multi_output import emit_multi_output
+    from tfxla_lite.codegen.gpu.sort import emit_sort
     from tfxla_lite.codegen.gpu.transpose import emit_transpose
 
     emitters: dict[str, Callable[[KernelPlan, Any, ModuleTables], KernelSource]] = {
         "loop": _emit_loop, "transpose": emit_transpose, "row-reduction": _emit_row_reduction,
         "split-reduction": _emit_split_reduction, "column-reduction": emit_column_reduction,
         "row-group": _emit_row_group, "row-fusion": _emit_row_fusion,
-        "dot-epilogue": _emit_dot_epilogue, "multi-output": emit_multi_output}
+        "dot-epilogue": _emit_dot_epilogue, "multi-output": emit_multi_output,
+        "sort": emit_sort, "topk": emit_sort}
     return emitters[plan.kind](plan, assignment, tables)
 
 

@@ -1,0 +1,222 @@
+"""GPU kernels of HLO `sort` and `topk`: whole-row kernels, not element generators.
+
+Where it sits: `kernels.plan_instruction` hands every entry `sort` and `topk` to
+`plan_sort` (fusion never takes one), `templates.emit_plan` to `emit_sort`; the kernel
+takes the output pointers, the input pointers, then (long sort rows only) a scratch
+pointer (`sort_scratch_bytes`, placed by the executable as split reductions' partials).
+The semantics and the order are `tfxla_lite/hlo/sort.py`'s, and the results are the
+evaluator's bit for bit (elements are copied in their storage type, never converted).
+
+`sort`: a block per row (grid-stride over rows; a row is the `n` elements along the
+sorted dimension at one index of the others). The block sorts a permutation of the row,
+two int arrays of `n` entries (in shared memory up to `SHARED_ELEMENTS`, else in the
+block's own region of the scratch area), by exactly the bottom-up merge of
+`merge_sort_order`: passes over runs of 1, 2, 4..., each pair of runs merged left to
+right by one thread, the right run's head taken only when the comparator (its device
+function, `ModuleTables.function_of`) puts it before the left's. The threads of a block
+merge different pairs of a pass, with a barrier between passes, so every comparison is
+the evaluator's and the CPU kernel's: the permutation is theirs even for a comparator
+that is no strict weak order (a plain LT of floats with NaN). The price: a pass merges
+at most `n / 2w` pairs at once, so the last passes of a long row run on few threads
+(the last on one: about 2n comparisons one after another per row). A merge-path split
+of each merge across threads would lift that, exact only for a strict weak order.
+
+`topk`: one thread per row (grid-stride), streaming the row once as the CPU kernel does:
+the output row is the buffer of its k best so far, best first; an element enters when
+it beats the last (one compare for most elements), shifting the worse ones down; an
+equal element never beats those already in, which gives topk's index order among
+equals. Simple and exact; a few long rows leave the GPU mostly idle (one thread a row).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tfxla_lite.codegen.gpu.cuda_source import Writer, compute_type, is_float, load
+from tfxla_lite.codegen.gpu.kernels import KernelPlan, Launch
+from tfxla_lite.hlo.ir import Instruction
+from tfxla_lite.hlo.sort import sort_dimension
+
+WHOLE_ROW_OPCODES = frozenset({"sort", "topk"})  # the opcodes `plan_sort` takes
+SHARED_ELEMENTS = 4096  # rows up to this long keep both index arrays in shared memory (32 KiB)
+SORT_MAX_THREADS = 256
+TOPK_THREADS = 128
+# Long sort rows: each block its own 2n ints of scratch, at most this many bytes in all
+# (at least one block's, however long the row).
+SCRATCH_BUDGET = 1 << 28
+SCRATCH_MAX_BLOCKS = 1024
+INT_INDEX_LIMIT = 1 << 30  # below this many elements, element positions are 32-bit
+
+
+def plan_sort(inst: Instruction, name: str) -> KernelPlan:
+    """The plan of an entry `sort` or `topk`: kind, rows, row length, launch geometry."""
+    dims = inst.operand(0).shape.dims
+    if inst.opcode == "topk":
+        n = dims[-1]
+        rows = inst.operand(0).shape.num_elements // n if n else 0
+        return KernelPlan("topk", name, [inst], Launch((TOPK_THREADS, 1), rows, TOPK_THREADS),
+                          rows=rows, width=n, extra={"k": int(inst.attributes["k"])})
+    dimension = sort_dimension(inst.attributes, len(dims))
+    n = dims[dimension]
+    if n >= 1 << 31:
+        raise NotImplementedError(f"GPU backend: sort rows of {n} elements (%{inst.name})")
+    rows = inst.operand(0).shape.num_elements // n if n else 0
+    # Pass 1 merges ceil(n / 2) pairs: threads for those, in whole warps.
+    pairs = (n + 1) // 2
+    threads = min(SORT_MAX_THREADS, max(32, (pairs + 31) // 32 * 32))
+    blocks = scratch_blocks(rows, n)
+    per_block = -(-rows // blocks) if blocks else 1
+    return KernelPlan("sort", name, [inst], Launch((threads, 1), rows, per_block), team=threads,
+                      rows=rows, width=n,
+                      extra={"dimension": dimension, "blocks": blocks})
+
+
+def scratch_blocks(rows: int, n: int) -> int:
+    """Blocks of a sort of `rows` rows of `n` elements whose index arrays live in scratch
+    memory (0: they fit in shared memory): the launch never has more."""
+    if n <= SHARED_ELEMENTS or not rows:
+        return 0
+    return max(1, min(rows, SCRATCH_MAX_BLOCKS, SCRATCH_BUDGET // (8 * n)))
+
+
+def sort_scratch_bytes(plan: KernelPlan) -> int:
+    """Scratch bytes a `sort` plan's kernel takes (0: none, no scratch parameter)."""
+    if plan.kind != "sort":
+        return 0
+    return plan.extra["blocks"] * 2 * plan.width * 4
+
+
+def emit_sort(plan: KernelPlan, assignment: Any, tables: Any) -> Any:
+    """The CUDA text of a `sort` or `topk` plan (a `templates.KernelSource`)."""
+    from tfxla_lite.codegen.gpu.templates import KernelSource, _header, _output_names, _signature
+
+    (inst,) = plan.members
+    scratch = sort_scratch_bytes(plan) > 0
+    params, names = _signature(plan, assignment, scratch=scratch)
+    inputs = [names[id(o)] for o in inst.operands]
+    outputs = _output_names(inst, names)
+    sizes = [inst.operand(0).shape.num_elements, *(s.num_elements for s in (
+        inst.shape.tuple_shapes or (inst.shape,)))]
+    idx = "int" if max(sizes) < INT_INDEX_LIMIT else "long long"
+    w = Writer()
+    assert plan.launch is not None
+    w.open(_header(plan.name, params, plan.launch.block[0]))
+    if plan.kind == "topk":
+        _topk_body(w, inst, plan, inputs, outputs, idx)
+    else:
+        _sort_body(w, inst, plan, inputs, outputs, idx, tables)
+    w.close()
+    return KernelSource(plan, [plan.name], w.text())
+
+
+def _sort_body(w: Writer, inst: Instruction, plan: KernelPlan, inputs: list[str],
+               outputs: list[str], idx: str, tables: Any) -> None:
+    n, rows = plan.width, plan.rows
+    if not rows or n == 0:
+        return
+    dims = inst.operand(0).shape.dims
+    inner = 1
+    for size in dims[plan.extra["dimension"] + 1:]:
+        inner *= size
+    if sort_scratch_bytes(plan):
+        w.line(f"int* const order = static_cast<int*>(scratch) + (long long)blockIdx.x * "
+               f"{2 * n};")
+    else:
+        w.line(f"__shared__ int order[{2 * n}];")
+    comparator = tables.function_of(inst.called_computations[0])
+    types = [o.shape.element_type for o in inst.operands]
+
+    def at(element: str) -> str:
+        return f"base + ({idx}){element}" + (f" * {inner}" if inner != 1 else "")
+
+    w.open(f"for ({idx} row = blockIdx.x; row < {rows}; row += gridDim.x)")
+    if inner == 1:
+        w.line(f"const {idx} base = row * {n};")
+    else:
+        w.line(f"const {idx} base = row / {inner} * {n * inner} + row % {inner};")
+    w.line("int* from = order;")
+    w.line(f"int* to = order + {n};")
+    w.line(f"for (int e = threadIdx.x; e < {n}; e += blockDim.x) from[e] = e;")
+    w.line("__syncthreads();")
+    # The passes of merge_sort_order: pairs of runs of `width`, one thread a pair.
+    w.open(f"for (long long width = 1; width < {n}; width *= 2)")
+    w.open(f"for (long long low = threadIdx.x * 2 * width; low < {n}; "
+           "low += blockDim.x * 2 * width)")
+    w.line(f"const int middle = (int)min(low + width, {n}LL);")
+    w.line(f"const int high = (int)min(low + 2 * width, {n}LL);")
+    w.line("int i = (int)low, j = middle, k = (int)low;")
+    w.open("while (i < middle && j < high)")
+    w.line("const int left = from[i], right = from[j];")
+    args = []
+    for pointer, element_type in zip(inputs, types):
+        args.append(load(element_type, pointer, at("right")))
+        args.append(load(element_type, pointer, at("left")))
+    w.line(f"const bool take_right = {comparator}({', '.join(args)});")
+    w.line("to[k++] = take_right ? right : left;")
+    w.line("if (take_right) ++j; else ++i;")
+    w.close()
+    w.line("while (i < middle) to[k++] = from[i++];")
+    w.line("while (j < high) to[k++] = from[j++];")
+    w.close()
+    w.line("__syncthreads();")
+    w.line("int* const merged = to;")
+    w.line("to = from;")
+    w.line("from = merged;")
+    w.close()
+    # Every operand's row permuted alike, copied in its storage type (bits kept).
+    w.open(f"for (int p = threadIdx.x; p < {n}; p += blockDim.x)")
+    w.line(f"const {idx} source = {at('from[p]')};")
+    w.line(f"const {idx} target = {at('p')};")
+    for output, pointer in zip(outputs, inputs):
+        w.line(f"{output}[target] = {pointer}[source];")
+    w.close()
+    w.line("__syncthreads();  // the index arrays serve the next row")
+    w.close()
+
+
+def _topk_body(w: Writer, inst: Instruction, plan: KernelPlan, inputs: list[str],
+               outputs: list[str], idx: str) -> None:
+    n, rows, k = plan.width, plan.rows, plan.extra["k"]
+    if not rows or not k:
+        return
+    element_type = inst.operand(0).shape.element_type
+    largest = bool(inst.attributes.get("largest", True))
+    c_type = compute_type(element_type)
+    (x,) = inputs
+    values, indices = outputs
+    ahead = ">" if largest else "<"
+    if is_float(element_type):
+        # NaN above every number (largest), below every number (smallest).
+        nan_wins = "(v != v && c == c)" if largest else "(c != c && v == v)"
+        better = f"(v {ahead} c || {nan_wins})"
+    else:
+        better = f"(v {ahead} c)"
+    w.open(f"for ({idx} row = blockIdx.x * blockDim.x + threadIdx.x; row < {rows}; "
+           "row += gridDim.x * blockDim.x)")
+    w.line(f"const {idx} in_base = row * {n};")
+    w.line(f"const {idx} out_base = row * {k};")
+    w.line("int filled = 0;")
+    w.open(f"for (int j = 0; j < {n}; ++j)")
+    w.line(f"const {c_type} v = {load(element_type, x, 'in_base + j')};")
+    w.open(f"if (filled == {k})")
+    w.line(f"const {c_type} c = {load(element_type, values, f'out_base + {k - 1}')};")
+    w.line(f"if (!{better}) continue;")
+    w.close()
+    w.line(f"int at = filled == {k} ? {k - 1} : filled;")
+    # Shift the worse ones down while v beats the one above.
+    w.open("while (at > 0)")
+    w.line(f"const {c_type} c = {load(element_type, values, 'out_base + at - 1')};")
+    w.line(f"if (!{better}) break;")
+    w.line(f"{values}[out_base + at] = {values}[out_base + at - 1];")
+    w.line(f"{indices}[out_base + at] = {indices}[out_base + at - 1];")
+    w.line("--at;")
+    w.close()
+    w.line(f"{values}[out_base + at] = {x}[in_base + j];")
+    w.line(f"{indices}[out_base + at] = j;")
+    w.line(f"if (filled < {k}) ++filled;")
+    w.close()
+    w.close()
+
+
+__all__ = ["SHARED_ELEMENTS", "WHOLE_ROW_OPCODES", "emit_sort", "plan_sort", "scratch_blocks",
+           "sort_scratch_bytes"]
