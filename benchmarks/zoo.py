@@ -29,7 +29,6 @@ import argparse
 import contextlib
 import inspect
 import json
-import math
 import os
 import sys
 import time
@@ -60,14 +59,6 @@ from tfxla_lite.timing import compare  # noqa: E402
 COMPILERS = ("tf_function", "xla", "lite")
 LAUNCH_OP = "TfxlaLiteLaunch"
 GOAL_VS_TF_FUNCTION, GOAL_VS_XLA, GOAL_GEOMEAN_VS_TF_FUNCTION = 1.0, 1.25, 1.5
-# Convolutions and their gradients at 2 FLOPs per multiply-add; `coverage.op_flops`
-# counts only Conv2D so, and the gradients one per output element, which would make a
-# CNN's training step look almost all compiled.
-CONVOLUTIONS = frozenset({
-    "Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter", "DepthwiseConv2dNative",
-    "DepthwiseConv2dNativeBackpropInput", "DepthwiseConv2dNativeBackpropFilter"})
-
-
 # -- the models ------------------------------------------------------------------------------
 
 @dataclass
@@ -319,45 +310,15 @@ def launch_count(function: Any, args: tuple) -> int:
     return sum(1 for node in nodes if node.op == LAUNCH_OP)
 
 
-def _real_flops(op: Any) -> int | None:
-    """FLOPs of a convolution or its gradient (see CONVOLUTIONS), None for other ops: each
-    is one multiply-add per element of the forward convolution's output, kernel tap and
-    input channel (one channel for a depthwise one)."""
-    if op.type not in CONVOLUTIONS:
-        return None
-    forward = op.type in ("Conv2D", "DepthwiseConv2dNative")
-    # Gradients take (input or its sizes, filter or its sizes, output gradient).
-    forward_output = op.outputs[0] if forward else op.inputs[2]
-    kernel = (op.outputs[0] if op.type.endswith("BackpropFilter") else op.inputs[1]).shape
-    if kernel.rank != 4 or None in kernel.as_list()[:3] or forward_output.shape.rank is None:
-        return None
-    height, width, channels = kernel.as_list()[:3]
-    depth = 1 if op.type.startswith("Depthwise") else channels
-    elements = math.prod(coverage.DEFAULT_ASSUMED_DIM if d is None else d
-                         for d in forward_output.shape.as_list())
-    return 2 * elements * height * width * depth
-
-
 def flop_share(programs: list[Any]) -> float | None:
     """Share of the FLOPs of tfxla-lite's programs inside compiled clusters
-    (`coverage.function_coverage`), convolutions recounted at their real cost."""
+    (`coverage.function_coverage`: convolutions and their gradients at 2 FLOPs per
+    multiply-add, pooling by window size)."""
     compiled = left = 0.0
     for program in programs:
         counted = coverage.function_coverage(program)
         compiled += counted.flops_compiled
         left += counted.flops_left
-        graph = program.graph if program.graph is not None else program.concrete_function.graph
-        inside = {name for cluster in program.report.compiled_clusters
-                  for name, _ in cluster.ops}
-        for op in graph.get_operations():
-            real = _real_flops(op)
-            if real is None:
-                continue
-            extra = real - coverage.op_flops(op)
-            if op.name in inside:
-                compiled += extra
-            else:
-                left += extra
     return compiled / (compiled + left) if compiled + left else None
 
 

@@ -31,6 +31,12 @@ SEEDS_64 = ((0, 0), (1, 2), (-1, -(2 ** 63)), (2 ** 63 - 1, 12345))
 SEEDS_32 = ((-7, 2 ** 31 - 1), (0, -1))
 STRICT = tl.Options(strict_jit_compile=True)
 MODES = ("jit_compile", "auto")
+# Registered random ops, each drawn against TF below (test_clustering_ops checks the list).
+TESTED_OPS = {"StatelessRandomGetKeyCounter", "StatelessRandomGetKeyCounterAlg",
+              "StatelessRandomNormal", "StatelessRandomNormalV2", "StatelessRandomUniform",
+              "StatelessRandomUniformFullInt", "StatelessRandomUniformFullIntV2",
+              "StatelessRandomUniformInt", "StatelessRandomUniformIntV2",
+              "StatelessRandomUniformV2"}
 
 
 def _compiled(fn: Callable[..., Any], mode: str) -> Any:
