@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -194,9 +195,21 @@ def run_hlo(options: HloFileOptions) -> int:
     text = _read(options.path)
     module = _parse_text(text, options.path)
     reference = _parse_text(text, options.path)  # compile_module rewrites `module`
+    unknown = unsupported_opcodes(module)
+    if unknown:
+        quoted = ", ".join(repr(opcode) for opcode in unknown)
+        raise CommandError(f"{options.path}: not supported: {', '.join(unknown)} (unknown "
+                           f"opcode{'s' if len(unknown) > 1 else ''} {quoted}: the text parses "
+                           f"and prints with `tfxla-lite opt -p '' --no-verify`, but nothing "
+                           f"evaluates or compiles it)")
     inputs = random_inputs(module, options.seed)
     try:
         executable = compile_module(module, options.pipeline, verify=options.verify)
+    except NotImplementedError as error:  # an opcode or form the CPU backend lacks
+        named = re.search(r"opcode '([^']+)'", str(error))
+        what = named.group(1) if named else "by the CPU backend"
+        raise CommandError(f"cannot compile {options.path}: not supported: {what} "
+                           f"({error})") from None
     except Exception as error:  # any backend failure is reported, not raised
         raise CommandError(f"cannot compile {options.path}: {type(error).__name__}: "
                            f"{error}") from None
@@ -227,6 +240,19 @@ def run_hlo(options: HloFileOptions) -> int:
         return EXIT_MISMATCH
     print(f"check: {len(outputs)} output(s) match the evaluator")
     return 0
+
+
+def unsupported_opcodes(module: Any) -> list[str]:
+    """The opcodes of `module` that tfxla-lite has no rules for, each once, in text order
+    (XLA's `custom-call`, `async-start`, `copy-start`, collectives, ...)."""
+    from tfxla_lite.hlo.opcodes import OPCODES
+
+    found: dict[str, None] = {}
+    for comp in module.computations:
+        for inst in comp.instructions:
+            if inst.opcode not in OPCODES:
+                found[inst.opcode] = None
+    return list(found)
 
 
 def _summary(array: np.ndarray) -> str:

@@ -18,6 +18,7 @@ import numpy as np
 
 from tfxla_lite.hlo.opcodes import infer_shape
 from tfxla_lite.hlo.shape import Shape, element_type_of
+from tfxla_lite.hlo.stack_frames import StackFrameIndex
 
 
 class Instruction:
@@ -25,7 +26,8 @@ class Instruction:
 
     `called_computations` holds the computations an instruction calls
     (`to_apply` of a reduce, `calls` of a fusion). `metadata` keeps where the
-    instruction came from: `op_type`, `op_name`, `source_file`, `source_line`.
+    instruction came from: `op_type`, `op_name`, `source_file`, `source_line`, and
+    from parsed text XLA's other keys (`stack_frame_id`, ...), as the parser read them.
     """
 
     __slots__ = ("opcode", "shape", "_operands", "users", "attributes", "called_computations",
@@ -260,6 +262,11 @@ class HloModule:
         # stem -> the first `stem.k` suffix that may be free (Computation._unique_name)
         self.suffix_hints: dict[str, int] = {}
         self._computation_names: set[str] = set()
+        # The header's attributes as XLA printed them (`is_scheduled`, `frontend_attributes`,
+        # ...), values verbatim; the printer recomputes `entry_computation_layout`.
+        self.attributes: dict[str, str] = {}
+        # XLA's stack-frame tables, which `metadata={stack_frame_id=N}` points into.
+        self.stack_frames: StackFrameIndex | None = None
 
     def add_computation(self, computation: Computation, entry: bool = False) -> Computation:
         if computation.module is not None:

@@ -6,7 +6,8 @@ so HLO can enter the compiler core from a file (the CLI's `opt` and `run-hlo`)
 and the printer is checked by round trips. The grammar follows
 `xla/hlo/parser/hlo_parser.cc`:
 
-    module      := 'HloModule' name (',' key '=' value)* computation*
+    module      := 'HloModule' name (',' key '=' value)* (table | computation)*
+    table       := ('FileNames' | 'FunctionNames' | 'FileLocations' | 'StackFrames') entry*
     computation := ['ENTRY'] name [signature] '{' instruction* '}'
     instruction := ['ROOT'] name '=' shape opcode '(' operands ')' (',' key '=' value)*
     operand     := [shape] name            (long form `f32[2]{0} %x` or short `%x`)
@@ -14,17 +15,21 @@ and the printer is checked by round trips. The grammar follows
 
 Decisions where XLA's text carries more than the IR holds:
 
-- Layouts (`{1,0}`, tiling after `:`) are read and then dropped: the IR is
-  row-major throughout. Only `bitcast` depends on layouts (it reinterprets the
-  bytes); one between non-default layouts becomes the equivalent row-major
-  transpose → reshape → transpose, so optimized HLO keeps its meaning.
+- Layouts (`{1,0}`; after `:` tiles `T(8,128)(2,1)`, element size `E(4)`, memory
+  space `S(1)`) are read and then dropped: the IR is row-major throughout, and a
+  layout changes where values live, not what they are. Only `bitcast` depends on
+  layouts (it reinterprets the bytes); one between non-default layouts becomes the
+  equivalent row-major transpose → reshape → transpose, so optimized HLO keeps its
+  meaning. A bitcast whose layouts carry tiles is kept when it changes nothing but the
+  memory space, and otherwise raises "not supported: bitcast between tiled layouts".
 - Constants elided as `{...}` (XLA elides literals of more than 10 elements, the
   printer more than 64) raise `ParseError`, since their values are gone;
   `fill_elided_constants=True` fills them with zeros instead, for structure-only
   uses (printing, passes, counts), never for numerics.
-- Opcodes the registry does not know (`custom-call`, `rng-bit-generator`, ...) parse
-  into instructions of the printed shape: the verifier then reports "unknown
-  opcode", and the evaluator and codegen name the opcode they lack.
+- Opcodes the registry does not know (`custom-call`, `async-start`, `copy-start`,
+  collectives, ...) parse into instructions of the printed shape, their attributes
+  kept verbatim: the verifier then reports "not supported: <opcode>", and the
+  evaluator and codegen name the opcode they lack.
 - Attributes the IR gives a meaning (`dimensions`, `slice`, `direction`, `kind`,
   `index`, `iota_dimension`, the dot dimension lists, `padding`, `window`, sort's
   `is_stable`, topk's `k` and `largest`, convolution's `dim_labels` and group counts,
@@ -34,11 +39,18 @@ Decisions where XLA's text carries more than the IR holds:
   `branch_computations`) become its `called_computations`, in that order. Every
   other one (`sharding`, `backend_config`, `frontend_attributes`,
   `operand_precision`, `indices_are_sorted`, ...) is kept
-  as a `RawAttribute` holding its text, which the printer writes back verbatim.
-  Module header attributes are skipped. `metadata` keeps op_type, op_name,
-  source_file and source_line.
+  as a `RawAttribute` holding its text, which the printer writes back verbatim
+  (`origin`, `statistics`, `custom_call_target`, `api_version`, async ops' `calls`).
+  `metadata` keeps every key (`stack_frame_id`, `source_end_line`,
+  `deduplicated_name`, `scheduling_name`, ...): integers as ints, quoted values as
+  strings, other words and `{...}` verbatim.
+- The module header's attributes are kept in `HloModule.attributes` and printed
+  back; `entry_computation_layout` is printed from the module (row-major). The
+  stack-frame tables, after the header (XLA) or after the computations, become
+  `HloModule.stack_frames` (`stack_frames.py`); a `stack_frame_id` must name one of
+  their frames. A computation's `execution_thread` is read and dropped.
 - Element types outside `tfxla_lite.hlo.shape` (c64, f8*, s4, token) and dynamic
-  dimensions (`<=4`, `?`) raise `ParseError`.
+  dimensions (`<=4`, `?`) raise `ParseError` ("not supported: ...").
 
 Every malformed input raises `ParseError` (a `ValueError`) with the line, the
 column and the offending text under a caret; nothing else escapes the parser.
@@ -56,25 +68,27 @@ import numpy as np
 
 from tfxla_lite.hlo.attributes import parse_padding, parse_window
 from tfxla_lite.hlo.convolution import parse_dim_labels
+from tfxla_lite.hlo.hlo_scanner import INTEGER as _INTEGER
+from tfxla_lite.hlo.hlo_scanner import SPACE as _SPACE
+from tfxla_lite.hlo.hlo_scanner import ParseError
+from tfxla_lite.hlo.hlo_scanner import Scanner as _Scanner
 from tfxla_lite.hlo.ir import Computation, HloModule, Instruction
 from tfxla_lite.hlo.printer import RawAttribute
 from tfxla_lite.hlo.shape import FLOAT_TYPES, INTEGER_TYPES, Shape, numpy_dtype
+from tfxla_lite.hlo.stack_frames import SECTIONS, StackFrameIndex, parse_tables
 
 # Deeper nesting of tuple shapes or literals than this is rejected, not recursed into.
 MAX_NESTING = 64
 # `fill_elided_constants` allocates zeros for at most this many elements per constant.
 MAX_FILLED_ELEMENTS = 1 << 26
 
-_SPACE = re.compile(r"(?:\s+|/\*.*?\*/|//[^\n]*)*", re.S)
-_NAME = re.compile(r"%?([A-Za-z_](?:[A-Za-z0-9_.]|-(?!>))*)")
-_INTEGER = re.compile(r"[-+]?\d+(?![\d.eE])")
 _NUMBER = re.compile(r"[-+]?(?:inf|nan(?:\(0x[0-9a-fA-F]+\))?"
                      r"|(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)")
 _SHAPE_START = re.compile(r"\(|[a-z][a-z0-9]*\[")
 _METADATA_WORD = re.compile(r"[^\s}]+")
 _INSTRUCTION_START = re.compile(r"(?:ROOT\s+)?%?[A-Za-z_](?:[A-Za-z0-9_.]|-(?!>))*\s*=")
-# Sections XLA appends after the computations (stack frame tables): not HLO, skipped.
-_TRAILING_SECTIONS = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
+# A layout's memory space (`S(1)`): where a buffer lives, not how its bytes are ordered.
+_MEMORY_SPACE = re.compile(r"S\(\d+\)")
 
 _INT_LIST_ATTRIBUTES = frozenset({"dimensions", "lhs_batch_dims", "lhs_contracting_dims",
                                   "rhs_batch_dims", "rhs_contracting_dims", "offset_dims",
@@ -90,141 +104,9 @@ _CALLED_ROLES = ("to_apply", "calls", "condition", "body", "true_computation",
                  "false_computation", "branch_computations")
 _WORD_ATTRIBUTES = frozenset({"direction", "kind"})
 _BOOL_ATTRIBUTES = frozenset({"is_stable", "largest"})
-_METADATA_KEYS = ("op_type", "op_name", "source_file", "source_line")
-
-
-class ParseError(ValueError):
-    """Malformed HLO text; says where (line, column, a caret under the text) and why."""
-
-    def __init__(self, message: str, text: str = "", position: int = 0) -> None:
-        position = max(0, min(position, len(text)))
-        start = text.rfind("\n", 0, position) + 1
-        end = text.find("\n", position)
-        self.message = message
-        self.line = text.count("\n", 0, position) + 1
-        self.column = position - start + 1
-        self.source_line = text[start:len(text) if end < 0 else end]
-        super().__init__(self._describe())
-
-    def _describe(self) -> str:
-        line, column = self.source_line, self.column - 1
-        if len(line) > 100:  # show a window around the column
-            first = max(0, column - 60)
-            line = ("..." if first else "") + line[first:first + 100]
-            column = column - first + (3 if first else 0)
-        return (f"line {self.line}, column {self.column}: {self.message}\n"
-                f"  {line}\n  {' ' * column}^")
-
-
-class _Scanner:
-    """Characters to tokens on demand: whitespace and comments skipped before each."""
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-        self.pos = 0
-
-    def skip(self) -> int:
-        match = _SPACE.match(self.text, self.pos)
-        self.pos = match.end() if match else self.pos
-        return self.pos
-
-    def error(self, message: str, position: int | None = None) -> ParseError:
-        at = self.skip() if position is None else position
-        found = re.match(r"[^\s,(){}\[\]]{1,30}|\S", self.text[at:at + 30])
-        where = f"'{found.group(0)}'" if found else "end of input"
-        return ParseError(f"{message}, found {where}", self.text, at)
-
-    def peek(self, literal: str) -> bool:
-        self.skip()
-        return self.text.startswith(literal, self.pos)
-
-    def accept(self, literal: str) -> bool:
-        if self.peek(literal):
-            self.pos += len(literal)
-            return True
-        return False
-
-    def expect(self, literal: str, what: str | None = None) -> None:
-        if not self.accept(literal):
-            raise self.error(f"expected {what or repr(literal)}")
-
-    def match(self, pattern: re.Pattern[str]) -> re.Match[str] | None:
-        self.skip()
-        match = pattern.match(self.text, self.pos)
-        if match:
-            self.pos = match.end()
-        return match
-
-    def name(self, what: str = "a name") -> str:
-        match = self.match(_NAME)
-        if not match:
-            raise self.error(f"expected {what}")
-        return match.group(1)
-
-    def peek_word(self) -> str | None:
-        self.skip()
-        match = _NAME.match(self.text, self.pos)
-        return match.group(0) if match else None
-
-    def integer(self, what: str = "an integer") -> int:
-        match = self.match(_INTEGER)
-        if not match:
-            raise self.error(f"expected {what}")
-        return int(match.group(0))
-
-    def string(self) -> str:
-        """A double-quoted string with C escapes; returns its contents."""
-        start = self.skip()
-        end = self._string_end(start)
-        body = self.text[start + 1:end - 1]
-        return re.sub(r"\\(.)", lambda m: {"n": "\n", "t": "\t"}.get(m.group(1), m.group(1)),
-                      body, flags=re.S)
-
-    def _string_end(self, start: int) -> int:
-        if not self.text.startswith('"', start):
-            raise self.error("expected a string", start)
-        at = start + 1
-        while at < len(self.text):
-            char = self.text[at]
-            if char == "\\":
-                at += 2
-                continue
-            if char == '"':
-                self.pos = at + 1
-                return at + 1
-            if char == "\n":
-                break
-            at += 1
-        raise ParseError("unterminated string", self.text, start)
-
-    def raw_value(self) -> str:
-        """An attribute value as text: up to a ',' or line end outside brackets and strings."""
-        start = self.skip()
-        closing: list[str] = []  # the closers the open brackets expect, innermost last
-        at = start
-        pairs = {"{": "}", "(": ")", "[": "]"}
-        while at < len(self.text):
-            char = self.text[at]
-            if char == '"':
-                at = self._string_end(at)
-                continue
-            if char in pairs:
-                closing.append(pairs[char])
-            elif char in "})]":
-                if not closing:
-                    break
-                if closing.pop() != char:
-                    raise ParseError("unbalanced brackets in attribute value", self.text, at)
-            elif not closing and char in ",\n":
-                break
-            at += 1
-        if closing:
-            raise ParseError("unbalanced brackets in attribute value", self.text, start)
-        value = self.text[start:at].rstrip()
-        if not value:
-            raise self.error("expected an attribute value", start)
-        self.pos = at
-        return value
+# Metadata values that are integers; the others keep their text (quoted or not).
+_METADATA_INTEGERS = frozenset({"source_line", "source_end_line", "source_column",
+                                "source_end_column", "stack_frame_id"})
 
 
 @dataclass
@@ -243,6 +125,7 @@ class _Statement:
     is_root: bool
     shape: Shape
     layout: tuple[int, ...] | None
+    tiling: str  # a layout's physical part after ':' (tiles, element size), memory space out
     opcode: str
     operands: list[_Operand] = field(default_factory=list)
     attributes: dict[str, Any] = field(default_factory=dict)
@@ -275,18 +158,46 @@ class _Parser:
             raise self.error("expected 'HloModule' at the start of the module")
         s.name()
         name = s.name("the module name")
+        attributes: dict[str, str] = {}
         while s.accept(","):
-            s.name("a module attribute")
-            s.expect("=")
-            s.raw_value()
+            at = s.skip()
+            key = s.name("a module attribute")
+            s.expect("=", f"'=' after module attribute {key}")
+            if key in attributes:
+                raise self.error(f"module attribute {key} given twice", at)
+            attributes[key] = s.raw_value()
         computations = []
+        tables = StackFrameIndex()
+        sections: set[str] = set()
         while s.skip() < len(self.text):
-            if s.peek_word() in _TRAILING_SECTIONS:
-                break
-            computations.append(self.computation())
+            if s.peek_word() in SECTIONS:  # before the computations, or after in old dumps
+                parse_tables(s, tables, sections)
+            else:
+                computations.append(self.computation())
         if not computations:
             raise self.error("expected a computation")
-        return _Builder(self.text).build(name, computations)
+        problem = tables.check()
+        if problem:
+            raise self.error(f"stack-frame tables: {problem}", 0)
+        module = _Builder(self.text).build(name, computations)
+        module.attributes = attributes
+        if sections:
+            module.stack_frames = tables
+        self.check_frame_ids(computations, tables if sections else None)
+        return module
+
+    def check_frame_ids(self, computations: list[_ComputationText],
+                        tables: StackFrameIndex | None) -> None:
+        """A `stack_frame_id` must name a frame of the module's tables, when it has them."""
+        if tables is None:
+            return
+        for computation in computations:
+            for statement in computation.statements:
+                frame = statement.metadata.get("stack_frame_id")
+                if frame is not None and not 0 <= frame <= len(tables.frames):
+                    raise self.error(f"stack_frame_id={frame} is not a frame of the "
+                                     f"StackFrames table (1..{len(tables.frames)})",
+                                     statement.position)
 
     def computation(self) -> _ComputationText:
         s = self.scanner
@@ -323,8 +234,9 @@ class _Parser:
         return _ComputationText(name, position, is_entry, statements)
 
     # -- shapes ----------------------------------------------------------------------------
-    def shape(self, depth: int = 0) -> tuple[Shape, tuple[int, ...] | None]:
-        """A shape and, for arrays, its layout (minor-to-major; None when not written)."""
+    def shape(self, depth: int = 0) -> tuple[Shape, tuple[int, ...] | None, str]:
+        """A shape and, for arrays, its layout (minor-to-major; None when not written) and
+        the layout's tiling text ('' when none)."""
         s = self.scanner
         if depth > MAX_NESTING:
             raise self.error("tuple shapes nest too deeply")
@@ -337,7 +249,7 @@ class _Parser:
                     if s.accept(")"):
                         break
                     s.expect(",", "',' or ')' in a tuple shape")
-            return Shape.tuple_of(elements), None
+            return Shape.tuple_of(elements), None, ""
         match = s.match(re.compile(r"([a-z][a-z0-9]*)\["))
         if not match:
             raise self.error("expected a shape")
@@ -346,19 +258,19 @@ class _Parser:
         if not s.accept("]"):
             while True:
                 if s.peek("<=") or s.peek("?"):
-                    raise self.error("dynamic dimensions are not supported")
+                    raise self.error("not supported: dynamic dimensions")
                 dims.append(s.integer("a dimension size"))
                 if s.accept("]"):
                     break
                 s.expect(",", "',' or ']' in a shape")
         if len(dims) > MAX_NESTING:
             raise ParseError(f"rank {len(dims)} is over {MAX_NESTING}", self.text, start)
-        layout = self.layout(len(dims)) if self._layout_follows() else None
+        layout, tiling = self.layout(len(dims)) if self._layout_follows() else (None, "")
         try:
             shape = Shape(element_type, tuple(dims))
         except ValueError as error:
-            raise ParseError(f"unsupported shape: {error}", self.text, start) from None
-        return shape, layout
+            raise ParseError(f"not supported: {error}", self.text, start) from None
+        return shape, layout, tiling
 
     def _layout_follows(self) -> bool:
         # `{` after a shape opens a layout, unless it opens a computation's body.
@@ -369,7 +281,9 @@ class _Parser:
         at = after.end() if after else s.pos + 1
         return at < len(self.text) and (self.text[at].isdigit() or self.text[at] in "}:")
 
-    def layout(self, rank: int) -> tuple[int, ...] | None:
+    def layout(self, rank: int) -> tuple[tuple[int, ...] | None, str]:
+        """Minor-to-major order, and the physical part after ':' (`T(8,128)(2,1)`,
+        `E(4)`, ...) with the memory space `S(n)` taken out."""
         s = self.scanner
         start = s.skip()
         s.expect("{")
@@ -378,16 +292,21 @@ class _Parser:
             order.append(s.integer("a layout dimension"))
             if not s.accept(","):
                 break
-        if s.accept(":"):  # tiling, memory space, ...: no meaning for a row-major IR
+        tiling = ""
+        if s.accept(":"):
             depth = 0
+            begin = s.pos
             while s.pos < len(self.text) and (depth or self.text[s.pos] != "}"):
+                if self.text[s.pos] in "\n{":
+                    raise self.error("expected '}' closing a layout", s.pos)
                 depth += {"(": 1, ")": -1}.get(self.text[s.pos], 0)
                 s.pos += 1
+            tiling = _MEMORY_SPACE.sub("", self.text[begin:s.pos]).strip()
         s.expect("}", "'}' closing a layout")
         if rank and sorted(order) != list(range(rank)):
             raise ParseError(f"layout {{{','.join(map(str, order))}}} is not a permutation "
                              f"of {rank} dimensions", self.text, start)
-        return tuple(order) if rank else None
+        return (tuple(order) if rank else None), tiling
 
     # -- instructions ----------------------------------------------------------------------
     def instruction(self) -> _Statement:
@@ -398,9 +317,9 @@ class _Parser:
         position = s.skip()
         name = s.name("an instruction name")
         s.expect("=")
-        shape, layout = self.shape()
+        shape, layout, tiling = self.shape()
         opcode = s.name("an opcode")
-        statement = _Statement(name, position, is_root, shape, layout, opcode)
+        statement = _Statement(name, position, is_root, shape, layout, tiling, opcode)
         s.expect("(", "'(' after the opcode")
         if opcode == "parameter":
             statement.attributes["parameter_number"] = s.integer("a parameter number")
@@ -547,21 +466,25 @@ class _Parser:
         while not s.accept("}"):
             key = s.name("a metadata key")
             s.expect("=")
-            if s.peek('"'):
+            quoted = s.peek('"')
+            if quoted:
                 value: Any = s.string()
             elif s.peek("{"):
-                value = s.raw_value()
+                value = s.braced()
             else:
                 word = s.match(_METADATA_WORD)
                 if not word:
                     raise self.error(f"expected a value for metadata {key}")
                 value = word.group(0)
-            if key == "source_line":
+            if key in _METADATA_INTEGERS:
                 if not re.fullmatch(r"-?\d+", str(value)):
-                    raise self.error("source_line must be an integer")
+                    raise self.error(f"{key} must be an integer")
                 value = int(value)
-            if key in _METADATA_KEYS:
-                metadata[key] = value
+            elif not quoted:
+                value = RawAttribute(value)  # an unquoted word or {...}: printed as written
+            if key in metadata:
+                raise self.error(f"metadata {key} given twice")
+            metadata[key] = value
         return metadata
 
     # -- literals --------------------------------------------------------------------------
@@ -722,7 +645,7 @@ class _Builder:
             raise self.error(f"parameters of %{text.name} are numbered {sorted(numbers)}, "
                              f"not 0..{len(numbers) - 1}", text.position)
         built: dict[str, Instruction] = {}
-        layouts: dict[int, tuple[int, ...] | None] = {}
+        layouts: dict[int, _Layout] = {}
         for statement in self.topological_order(text, statements):
             inst = self.instruction(comp, statement, built, layouts, computations)
             built[statement.name] = inst
@@ -761,7 +684,7 @@ class _Builder:
         return order
 
     def instruction(self, comp: Computation, statement: _Statement,
-                    built: dict[str, Instruction], layouts: dict[int, tuple[int, ...] | None],
+                    built: dict[str, Instruction], layouts: dict[int, _Layout],
                     computations: dict[str, Computation]) -> Instruction:
         operands = []
         for operand in statement.operands:
@@ -785,16 +708,31 @@ class _Builder:
                 callee_computation.is_fusion_computation = True
         if statement.opcode == "bitcast" and len(operands) == 1 and not statement.shape.is_tuple \
                 and not operands[0].shape.is_tuple:
-            source_layout = layouts.get(id(operands[0]))
-            if not (_is_default(source_layout) and _is_default(statement.layout)):
+            source_layout, source_tiling = layouts.get(id(operands[0]), (None, ""))
+            if source_tiling or statement.tiling:
+                self.check_tiled_bitcast(statement, operands[0], source_layout, source_tiling)
+            elif not (_is_default(source_layout) and _is_default(statement.layout)):
                 result = self.row_major_bitcast(comp, statement, operands[0], source_layout)
-                layouts[id(result)] = None
+                layouts[id(result)] = (None, "")
                 return result
         inst = Instruction(statement.opcode, statement.shape, operands, statement.attributes,
                            called, statement.name, statement.metadata)
         _append(comp, inst)
-        layouts[id(inst)] = statement.layout
+        layouts[id(inst)] = (statement.layout, statement.tiling)
         return inst
+
+    def check_tiled_bitcast(self, statement: _Statement, operand: Instruction,
+                            source_layout: tuple[int, ...] | None, source_tiling: str) -> None:
+        """Tiles reorder a buffer's bytes in a way a row-major IR cannot express; a bitcast
+        keeps its meaning only when it changes nothing but the memory space."""
+        rank = statement.shape.rank
+        if operand.shape == statement.shape and source_tiling == statement.tiling and \
+                _major_to_minor(source_layout, rank) == _major_to_minor(statement.layout, rank):
+            return
+        raise self.error(f"not supported: bitcast between tiled layouts ({operand.shape} "
+                         f"tiled {source_tiling or 'none'} to {statement.shape} tiled "
+                         f"{statement.tiling or 'none'}): tiles reorder the bytes, and the IR "
+                         f"is row-major", statement.position)
 
     def row_major_bitcast(self, comp: Computation, statement: _Statement, operand: Instruction,
                           source_layout: tuple[int, ...] | None) -> Instruction:
@@ -829,6 +767,9 @@ class _Builder:
                              statement.name, metadata)
         _append(comp, result)
         return result
+
+
+_Layout = tuple[tuple[int, ...] | None, str]  # minor-to-major order, tiling text
 
 
 def _callees(comp: Computation) -> Iterator[Computation]:

@@ -1,9 +1,10 @@
 """XLA's HLO text format, printed from the IR.
 
 The form is the one TF's XLA prints for `experimental_get_compiler_ir(...)
-(stage='hlo')`: module header with `entry_computation_layout`, callees first,
-`ENTRY` last, `%`-names, long-form operands (`f32[2]{0} %x`), `ROOT`, and
-attributes (`dimensions={...}`, `to_apply=%c`, `metadata={...}`).
+(stage='hlo')`: module header with `entry_computation_layout` (and the header
+attributes a parsed module kept), XLA's stack-frame tables when the module has them,
+callees first, `ENTRY` last, `%`-names, long-form operands (`f32[2]{0} %x`), `ROOT`,
+and attributes (`dimensions={...}`, `to_apply=%c`, `metadata={...}`).
 """
 
 from __future__ import annotations
@@ -73,18 +74,29 @@ def _format_attribute(key: str, value: Any) -> str:
     return f"{key}={value}"
 
 
+# XLA's order of the metadata keys (OpMetadataToString); other keys follow as read.
+_METADATA_ORDER = ("op_type", "op_name", "source_file", "source_line", "source_end_line",
+                   "source_column", "source_end_column", "profile_type", "deduplicated_name",
+                   "preserve_layout", "scheduling_name", "stack_frame_id")
+
+
 def _format_metadata(metadata: dict[str, Any]) -> str:
+    keys = [k for k in _METADATA_ORDER if k in metadata]
+    keys += [k for k in metadata if k not in _METADATA_ORDER]
     parts = []
-    for key in ("op_type", "op_name", "source_file", "source_line"):
-        if key in metadata and metadata[key] not in (None, ""):
-            value = metadata[key]
-            parts.append(f"{key}={value}" if key == "source_line"
-                         else f'{key}="{_escape(str(value))}"')
+    for key in keys:
+        value = metadata[key]
+        if value is None or value == "":
+            continue
+        if isinstance(value, RawAttribute) or isinstance(value, (int, np.integer)):
+            parts.append(f"{key}={value}")  # unquoted as read: integers, true, {...}
+        else:
+            parts.append(f'{key}="{_escape(str(value))}"')
     return "metadata={" + " ".join(parts) + "}"
 
 
 def _escape(text: str) -> str:
-    return text.replace("\\", "\\\\").replace('"', '\\"')
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 # Attributes printed inside the parentheses or handled on their own.
@@ -151,9 +163,21 @@ def module_to_text(module: HloModule, long_operands: bool = True,
     (else those over MAX_PRINTED_LITERAL_ELEMENTS print as `{...}`, which the parser
     rejects unless told to fill them)."""
     header = f"HloModule {module.name}"
-    if module.entry is not None and module.entry.root is not None:
-        header += f", entry_computation_layout={entry_computation_layout(module)}"
+    layout = (entry_computation_layout(module)
+              if module.entry is not None and module.entry.root is not None else None)
+    for key, value in module.attributes.items():
+        # The IR is row-major: the entry layout is the module's, not the one read.
+        if key == "entry_computation_layout":
+            value = layout or value
+            layout = None
+        header += f", {key}={value}"
+    if layout is not None:
+        header += f", entry_computation_layout={layout}"
     blocks = [header]
+    if module.stack_frames is not None:
+        tables = module.stack_frames.to_text()
+        if tables:
+            blocks.append(tables)
     for comp in module.called_computations_in_order():
         blocks.append(computation_to_text(comp, comp is module.entry, long_operands,
                                           print_large_constants))

@@ -135,7 +135,8 @@ def _verify_computation(computation: Computation, in_module: set[int]) -> None:
 
 def _verify_shape(inst: Instruction) -> None:
     if inst.opcode not in OPCODES:
-        raise _fail(inst, f"unknown opcode {inst.opcode!r}")
+        raise _fail(inst, f"not supported: {inst.opcode} (unknown opcode {inst.opcode!r}: "
+                          f"no shape rule, evaluator rule or kernel for it)")
     operand_shapes = [o.shape for o in inst.operands]
     if inst.opcode in _GIVEN_SHAPES:
         _check_given_shape(inst, operand_shapes)
