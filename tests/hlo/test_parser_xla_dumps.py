@@ -187,7 +187,10 @@ def test_async_and_copy_wrappers_parse_and_the_verifier_names_them() -> None:
     module = parse_module(ASYNC_WRAPPERS)
     start = _instruction(module, "async-start")
     assert start.attributes["calls"] == "%wrapped_negate"
-    assert start.attributes["async_execution_thread"] == '"main"'
+    assert start.attributes["async_execution_thread"] == '"parallel_thread"'
+    wrapped = next(c for c in module.computations if c.name == "wrapped_negate")
+    assert wrapped.attributes == {"execution_thread": '"parallel_thread"'}
+    assert '}, execution_thread="parallel_thread"\n' in module_to_text(module)
     assert _instruction(module, "copy-done").operand(0).opcode == "copy-start"
     with pytest.raises(VerificationError, match="not supported: copy-start"):
         verify(module)

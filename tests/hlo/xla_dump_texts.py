@@ -94,13 +94,13 @@ HloModule async_wrappers, is_scheduled=true, entry_computation_layout={(f32[4]{0
 %wrapped_negate (p: f32[4]) -> f32[4] {
   %p = f32[4]{0} parameter(0)
   ROOT %n = f32[4]{0} negate(f32[4]{0} %p)
-}
+}, execution_thread="parallel_thread"
 
 ENTRY %main (x: f32[4]) -> f32[4] {
   %x = f32[4]{0} parameter(0)
   %copy-start = (f32[4]{0:S(1)}, f32[4]{0}, u32[]) copy-start(f32[4]{0} %x), cross_program_prefetch_index=0
   %copy-done = f32[4]{0:S(1)} copy-done((f32[4]{0:S(1)}, f32[4]{0}, u32[]) %copy-start)
-  %async-start = ((f32[4]{0}), f32[4]{0}, s32[]) async-start(f32[4]{0} %copy-done), async_execution_thread="main", calls=%wrapped_negate
+  %async-start = ((f32[4]{0}), f32[4]{0}, s32[]) async-start(f32[4]{0} %copy-done), async_execution_thread="parallel_thread", calls=%wrapped_negate
   %async-done = f32[4]{0} async-done(((f32[4]{0}), f32[4]{0}, s32[]) %async-start)
   ROOT %custom-call = f32[4]{0} custom-call(f32[4]{0} %async-done), custom_call_target="my_ffi", api_version=API_VERSION_TYPED_FFI, operand_layout_constraints={f32[4]{0}}, backend_config={"k":1}
 }

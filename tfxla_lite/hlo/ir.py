@@ -111,6 +111,8 @@ class Computation:
         self.root: Instruction | None = None
         self.module: HloModule | None = None
         self.is_fusion_computation = False
+        # Attributes XLA prints after the closing brace (`execution_thread="x"`), verbatim.
+        self.attributes: dict[str, str] = {}
 
     @property
     def parameters(self) -> list[Instruction]:

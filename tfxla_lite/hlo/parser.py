@@ -48,7 +48,8 @@ Decisions where XLA's text carries more than the IR holds:
   back; `entry_computation_layout` is printed from the module (row-major). The
   stack-frame tables, after the header (XLA) or after the computations, become
   `HloModule.stack_frames` (`stack_frames.py`); a `stack_frame_id` must name one of
-  their frames. A computation's `execution_thread` is read and dropped.
+  their frames. A computation's attributes after its `}` (`execution_thread="x"`)
+  are kept verbatim in `Computation.attributes`.
 - Element types outside `tfxla_lite.hlo.shape` (c64, f8*, s4, token) and dynamic
   dimensions (`<=4`, `?`) raise `ParseError` ("not supported: ...").
 
@@ -140,6 +141,7 @@ class _ComputationText:
     position: int
     is_entry: bool
     statements: list[_Statement]
+    attributes: dict[str, str] = field(default_factory=dict)
 
 
 class _Parser:
@@ -227,11 +229,15 @@ class _Parser:
             statements.append(self.instruction())
         if not statements:
             raise self.error(f"computation %{name} has no instructions", position)
+        attributes: dict[str, str] = {}
         while s.accept(","):  # e.g. execution_thread="main"
-            s.name("a computation attribute")
-            s.expect("=")
-            s.raw_value()
-        return _ComputationText(name, position, is_entry, statements)
+            at = s.skip()
+            key = s.name("a computation attribute")
+            s.expect("=", f"'=' after computation attribute {key}")
+            if key in attributes:
+                raise self.error(f"computation attribute {key} given twice", at)
+            attributes[key] = s.raw_value()
+        return _ComputationText(name, position, is_entry, statements, attributes)
 
     # -- shapes ----------------------------------------------------------------------------
     def shape(self, depth: int = 0) -> tuple[Shape, tuple[int, ...] | None, str]:
@@ -593,6 +599,7 @@ class _Builder:
                 raise self.error(f"computation %{text.name} is defined twice", text.position)
             computations[text.name] = module.new_computation(text.name,
                                                              entry=text is entry_text)
+            computations[text.name].attributes = dict(text.attributes)
         for text in texts:
             self.fill(computations[text.name], text, computations)
         self.check_call_graph(texts, computations)

@@ -146,7 +146,7 @@ def computation_to_text(comp: Computation, entry: bool = False, long_operands: b
         prefix = "ROOT " if inst is comp.root else ""
         text = instruction_to_text(inst, long_operands, print_large_constants)
         lines.append(f"  {prefix}{text}")
-    lines.append("}")
+    lines.append("}" + "".join(f", {k}={v}" for k, v in comp.attributes.items()))
     return "\n".join(lines)
 
 
