@@ -15,15 +15,16 @@ from tfxla_lite.hlo.ir import HloModule
 
 def compile_module(module: HloModule, pipeline: str | None = None,
                    verify: bool = False, threads: int | None = None,
-                   cache: bool | None = None, donate: Collection[int] = (),
+                   cache: bool | str | None = None, donate: Collection[int] = (),
                    background: bool = False, tiered: bool = False) -> Executable:
     """Optimize `module` in place, assign its buffers and compile it for this CPU.
 
     `pipeline` is handed to `tfxla_lite.passes.optimize` (None: its default
     pipeline); `verify` runs the HLO verifier on the input and after every pass;
     `threads` is how many threads big kernels use (None: every CPU; 1: serial);
-    `cache` turns the compile caches on or off (None: as `TFXLA_LITE_CACHE` says,
-    both by default; see `tfxla_lite.codegen.cache`). A module whose lowered text was
+    `cache` chooses the compile caches: True or "on" both, "memory" the process's only,
+    False or "off" none (None: as `TFXLA_LITE_CACHE` says, both by default;
+    `tfxla_lite.codegen.cache`, `tfxla_lite.codegen.config`). A module whose lowered text was
     compiled before with the same options, in this process or an earlier one, runs no
     pass and no LLVM (its optimized form and machine code are reused; `module` is then
     left as it was); one whose optimized HLO, buffer assignment and thread count were,

@@ -45,9 +45,10 @@ module it was lowered from, and a hit maps it onto the current module's lines
 The rewrite cache one level further up (`tfxla_lite/rewrite_cache.py`) shares the entry
 format (`write_manifest_entry`, `read_manifest_entry`) and counts in `stats()`.
 
-`TFXLA_LITE_CACHE` (read at every compile) sets the default: unset or `1`: both
-caches; `memory`: the process only; `0`: none. `compile_module(..., cache=False)`
-turns both off for one compile, `cache=True` turns both on. `stats()` counts LLVM
+`TFXLA_LITE_CACHE` (read at every compile, `codegen/config.py`) sets the default: unset
+or `1`: both caches; `memory`: the process only; `0`: none. `compile_module(...,
+cache=...)` chooses for one compile (False or "off", "memory", True or "on"; the front
+end passes its `cache` option). `stats()` counts LLVM
 compilations, pass pipelines run and hits, so tests can see that a compile did no
 LLVM work and ran no pass.
 """
@@ -73,6 +74,7 @@ from typing import Any
 
 import llvmlite
 
+from tfxla_lite.codegen import config
 from tfxla_lite.codegen.executable import Executable
 from tfxla_lite.hlo.ir import HloModule
 
@@ -162,25 +164,22 @@ _pending: dict[tuple[int, str], Any] = {}
 _stats = CacheStats()
 
 
-_OFF = ("0", "off", "false", "no", "none")
-
-
 def switched_off(variable: str) -> bool:
     """Whether the environment variable `variable` turns its cache off (0, off, false,
-    no or none; unset means on)."""
-    return os.environ.get(variable, "1").strip().lower() in _OFF
+    no or none; unset means on; read by `codegen/config.py`)."""
+    return config.switched_off(variable)
 
 
-def policy(cache: bool | None = None) -> CachePolicy:
-    """The caches one compile uses: `cache` if given, else `TFXLA_LITE_CACHE`."""
-    if cache is not None:
-        return CachePolicy(bool(cache), bool(cache))
-    value = os.environ.get("TFXLA_LITE_CACHE", "1").strip().lower()
-    if value in _OFF:
-        return CachePolicy(False, False)
-    if value == "memory":
-        return CachePolicy(True, False)
-    return CachePolicy(True, True)
+def policy(cache: bool | str | None = None) -> CachePolicy:
+    """The caches one compile uses: `cache` if given (True or "on": both; "memory": the
+    process only; False or "off": none), else `TFXLA_LITE_CACHE` (`config.cache_setting`)."""
+    if isinstance(cache, bool):
+        return CachePolicy(cache, cache)
+    setting = config.cache_setting() if cache is None else cache
+    if setting not in config.CACHE_SETTINGS:
+        raise ValueError(f"cache must be a bool, None or one of "
+                         f"{', '.join(config.CACHE_SETTINGS)}, got {cache!r}")
+    return CachePolicy(setting != "off", setting == "on")
 
 
 def stats() -> CacheStats:

@@ -179,7 +179,7 @@ class Function(polymorphic_function.Function):
             return self._compile_unpaused(args, kwargs)
 
     def _compile_unpaused(self, args: tuple, kwargs: dict) -> Program:
-        with conversions_cached():
+        with conversions_cached(cache=self.options.cache):
             concrete = self._tracer.get_concrete_function(*args, **kwargs)
         try:
             program = self._build(concrete, self.jit_compile, self.options, args, kwargs)

@@ -79,11 +79,12 @@ _original: Any = None  # the transpiler's own transform_function, once installed
 
 
 @contextlib.contextmanager
-def conversions_cached(enabled: bool = True) -> Iterator[None]:
+def conversions_cached(enabled: bool = True, cache: str | None = None) -> Iterator[None]:
     """AutoGraph conversions in this block (this thread) read and write the disk cache;
-    nothing when `enabled` is False, the disk caches are off, or this TF's AutoGraph
+    nothing when `enabled` is False, the disk caches are off (`cache`, the `cache`
+    option; None: `TFXLA_LITE_CACHE`), or this TF's AutoGraph
     does not have the internals the cache relies on (`AVAILABLE`)."""
-    if (not enabled or not AVAILABLE or not caches.policy().disk
+    if (not enabled or not AVAILABLE or not caches.policy(cache).disk
             or caches.switched_off("TFXLA_LITE_AUTOGRAPH_CACHE")):
         yield
         return

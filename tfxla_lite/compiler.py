@@ -43,6 +43,7 @@ from tfxla_lite.clustering.mark import PLUMBING_OPS, MarkOptions, format_source,
 from tfxla_lite.clustering.rules_conv import CONVOLUTION_OPS
 from tfxla_lite.codegen import cache as code_caches
 from tfxla_lite.codegen import compile_module
+from tfxla_lite.codegen import config as code_config
 from tfxla_lite.codegen.cache import CachedExecutable
 from tfxla_lite.codegen.cpu.parallel import effective_threads
 from tfxla_lite.hlo import HloModule
@@ -306,7 +307,8 @@ def _program_from_cache(graph: tf.Graph, function_name: str, settings: _Settings
             current = functools.partial(rewrite_cache.with_current_sources, cached.hlo_text,
                                         graph)
             executable = code_caches.executable_from_cache(
-                cached.optimized_key, cached.hlo_text, threads, code_caches.policy(), current)
+                cached.optimized_key, cached.hlo_text, threads,
+                code_caches.policy(settings.options.cache), current)
             if executable is None:  # pruned or invalidated below: compile again
                 code_caches.count("rewrite_misses")
                 return None
@@ -493,7 +495,8 @@ def _compile_graph(graph: tf.Graph, function_name: str, settings: _Settings,
     # The trace's own clusters (not a body's: its rewritten function is traced within this
     # compile) compile LLVM in the background, overlapping the next cluster's Python work
     # and TF's trace of the rewritten graph; not with dumps, which read the code at once.
-    background = library is None and overlap_llvm() and dump.dump_directory(options) is None
+    background = (library is None and overlap_llvm(options)
+                  and dump.dump_directory(options) is None)
     # A cache miss runs on quick-tier code until its O3 code, compiled in the background,
     # is swapped in (codegen/cpu/tiers.py); not with dumps, which show the O3 code at once.
     tiered = _tiered(options)
@@ -532,6 +535,7 @@ def _compile_graph(graph: tf.Graph, function_name: str, settings: _Settings,
                 executable = compile_module(module, pipeline=options.effective_pipeline,
                                             verify=options.verify,
                                             donate=_forwardable(graph, cluster.inputs),
+                                            cache=options.cache,
                                             background=background and not tiered,
                                             tiered=tiered)
                 dump.dump_cluster(options, function_name, cluster.name, executable.hlo_text,
@@ -592,27 +596,30 @@ def _compile_graph(graph: tf.Graph, function_name: str, settings: _Settings,
                    pending=pending, registrations=registrations, dropped=dropped)
 
 
-def overlap_llvm() -> bool:
-    """Whether a trace's clusters compile LLVM in the background: `TFXLA_LITE_OVERLAP_LLVM=1`
-    (the code is the same either way). Off by default: on a quiet machine the cold first
-    calls of five workloads were within 2 ms of it (`benchmarks.startup --overlap-ab`;
-    docs/benchmarks.md, "Session 5's end")."""
-    return os.environ.get("TFXLA_LITE_OVERLAP_LLVM", "0") == "1"
+def overlap_llvm(options: Options) -> bool:
+    """Whether a trace's clusters compile LLVM in the background: the `overlap_llvm`
+    option, else `TFXLA_LITE_OVERLAP_LLVM=1` (the code is the same either way). Off by
+    default: no gain was measured (docs/benchmarks.md, "Session 5's end")."""
+    if options.overlap_llvm is not None:
+        return options.overlap_llvm
+    return code_config.overlap_llvm()
 
 
-def tiered_llvm() -> bool:
+def tiered_llvm(options: Options) -> bool:
     """Whether a compile-cache miss runs first on quick-tier code (the O1 pipeline, code
-    generation at level 0) while the O3 code compiles in the background:
-    `TFXLA_LITE_TIERED`, on unless 0, off, false, no or none (`cache.switched_off`). Only
-    O3 code is cached either way (codegen/cpu/tiers.py; measurements in
+    generation at level 0) while the O3 code compiles in the background: the
+    `tiered_llvm` option, else `TFXLA_LITE_TIERED` (on unless 0, off, false, no or none).
+    Only O3 code is cached either way (codegen/cpu/tiers.py; measurements in
     docs/benchmarks.md, "A tiered LLVM compile")."""
-    return not code_caches.switched_off("TFXLA_LITE_TIERED")
+    if options.tiered_llvm is not None:
+        return options.tiered_llvm
+    return code_config.tiered_llvm()
 
 
 def _tiered(options: Options) -> bool:
     """Tiered compiles for this build: on by the switch, off with dumps (which show the
     O3 code as each cluster compiles, so a quick tier would only be waste)."""
-    return tiered_llvm() and dump.dump_directory(options) is None
+    return tiered_llvm(options) and dump.dump_directory(options) is None
 
 
 def _finish_pending(program: Program) -> None:
@@ -756,6 +763,7 @@ def _plan_dynamic(graph: tf.Graph, cluster: Any, key: str, jit_compile: bool | N
     # Must-compile has no fallback to run: like TF's jit_compile=True, every shape compiles.
     planned.must_compile = bool(jit_compile)
     planned.tiered = _tiered(options)
+    planned.cache = options.cache
     planned.max_specializations = None if jit_compile else max_specializations
     planned.gpu = gpu
     if gpu is None:

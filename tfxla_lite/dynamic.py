@@ -109,6 +109,7 @@ class DynamicCluster:
     # Quick-tier code first, O3 swapped in when compiled (codegen/cpu/tiers.py): the
     # launch op's per-shape cache keeps the address it got, the trampoline's.
     tiered: bool = False
+    cache: str | None = None  # Options.cache: the compile caches (None: the environment)
     # The GPU TF runs the cluster on, None for the CPU: a GPU cluster compiles each
     # signature with the GPU backend and its launch (runtime/gpu_launch.py:
     # `GpuDynamicLaunch`) calls this object, not the launch op.
@@ -161,7 +162,7 @@ class DynamicCluster:
         module = lower_cluster(graph, cluster)
         if self.gpu is None:
             executable = compile_module(module, pipeline=self.pipeline, verify=self.verify,
-                                        tiered=self.tiered)
+                                        tiered=self.tiered, cache=self.cache)
         else:
             executable = gpu_launch.compile_cluster(module, self.gpu, self.pipeline, self.verify)
         outputs = [graph.get_tensor_by_name(t) for t in self.cluster.outputs]

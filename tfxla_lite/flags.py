@@ -111,6 +111,15 @@ FLAGS: dict[str, Flag] = {flag.name: flag for flag in (
          "openmp (libgomp) or serial"),
     Flag("output_pool_mb", "MB", _integer,
          "cap on the idle output blocks the launch op keeps mapped (default 1024; 0: off)"),
+    Flag("cache", "on|memory|off", lambda text: _text(text).lower(),
+         "the compile caches: on (process and disk), memory (process only) or off "
+         "(default: TFXLA_LITE_CACHE, else on)"),
+    Flag("tiered_llvm", "", _boolean,
+         "a cache miss runs quick code until its O3 code is ready "
+         "(default: TFXLA_LITE_TIERED, else true)"),
+    Flag("overlap_llvm", "", _boolean,
+         "compile a trace's clusters' LLVM on a background thread "
+         "(default: TFXLA_LITE_OVERLAP_LLVM=1, else false)"),
 )}
 
 

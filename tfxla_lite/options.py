@@ -16,6 +16,9 @@ from dataclasses import dataclass, fields, replace
 LOG_LEVELS = ("debug", "info", "warning", "error")
 # What the parallel parts of kernels launched by TF run on (`parallel_runtime`).
 PARALLEL_RUNTIMES = ("tf", "openmp", "serial")
+# What `cache` may be (as `tfxla_lite.codegen.config.CACHE_SETTINGS`; this module imports
+# no codegen: the start-up hook reads it).
+CACHE_SETTINGS = ("on", "memory", "off")
 
 
 class OptionsError(ValueError):
@@ -74,6 +77,15 @@ class Options:
     memory without a page fault per 4 KB page; this caps the bytes the pool keeps idle
     (the oldest blocks go first), process-wide. 0 turns the pool off (every output from
     TF's allocator). Why and what it buys: docs/buffers.md, "Output memory".
+
+    Three compile switches default to None, where an environment variable read at each
+    compile decides (`tfxla_lite/codegen/config.py`; a variable changed between two
+    compiles of one process counts): `cache`, the compile caches, "on" (in the process
+    and on disk), "memory" (the process only) or "off" (None: `TFXLA_LITE_CACHE`, on by
+    default); `tiered_llvm`, a cache miss first runs quickly compiled code while the O3
+    code compiles in the background (None: `TFXLA_LITE_TIERED`, on by default);
+    `overlap_llvm`, a trace's clusters compile LLVM on a background thread (None:
+    `TFXLA_LITE_OVERLAP_LLVM=1`, off by default). docs/architecture.md, "Switches".
     """
 
     min_cluster_size: int = 4
@@ -93,6 +105,9 @@ class Options:
     pause_collector: bool = True
     parallel_runtime: str = "tf"
     output_pool_mb: int = 1024
+    cache: str | None = None
+    tiered_llvm: bool | None = None
+    overlap_llvm: bool | None = None
 
     def __post_init__(self) -> None:
         _check_int("min_cluster_size", self.min_cluster_size, minimum=1)
@@ -124,6 +139,12 @@ class Options:
         if self.log_level is not None and self.log_level not in LOG_LEVELS:
             raise OptionsError(f"log_level must be one of {', '.join(LOG_LEVELS)}, "
                                f"got {self.log_level!r}")
+        for name in ("tiered_llvm", "overlap_llvm"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), bool):
+                raise OptionsError(f"{name} must be a bool or None, got {getattr(self, name)!r}")
+        if self.cache is not None and self.cache not in CACHE_SETTINGS:
+            raise OptionsError(f"cache must be one of {', '.join(CACHE_SETTINGS)} or None, "
+                               f"got {self.cache!r}")
         if self.parallel_runtime not in PARALLEL_RUNTIMES:
             raise OptionsError(f"parallel_runtime must be one of {', '.join(PARALLEL_RUNTIMES)}, "
                                f"got {self.parallel_runtime!r}")

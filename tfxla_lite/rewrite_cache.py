@@ -122,7 +122,7 @@ def enabled(options: Any) -> bool:
     """Whether a build with `options` may use the rewrite cache (see the module docstring)."""
     from tfxla_lite import dump
 
-    return (caches.policy().disk and not options.verify
+    return (caches.policy(options.cache).disk and not options.verify
             and dump.dump_directory(options) is None)
 
 
@@ -168,8 +168,10 @@ def _canonical(value: Any) -> Any:
 
 
 # Options that act only while a program runs or compiles, never on what a build
-# produces: a change of them must not miss the cache.
-_RUNTIME_ONLY_OPTIONS = frozenset({"parallel_runtime", "pause_collector", "log_level"})
+# produces: a change of them must not miss the cache (the compile switches decide how
+# and whether code is compiled and cached, not what the rewrite is).
+_RUNTIME_ONLY_OPTIONS = frozenset({"parallel_runtime", "pause_collector", "log_level",
+                                   "cache", "tiered_llvm", "overlap_llvm"})
 
 
 def rewrite_key(graph_def: tf.compat.v1.GraphDef, jit_compile: bool | None, options: Any,

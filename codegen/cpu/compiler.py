@@ -415,7 +415,7 @@ def _combine_partials(ctx: KernelContext, root: Instruction, output: ir.Value,
 
 def compile(module: HloModule, assignment: Any, hlo_text: str = "",
             optimized_hlo_text: str = "", threads: int | None = None,
-            cache: bool | None = None, donate: Collection[int] = (),
+            cache: bool | str | None = None, donate: Collection[int] = (),
             background: bool = False, tiered: bool = False) -> Executable:
     """Emit, optimize and JIT-compile `module` under `assignment`.
 

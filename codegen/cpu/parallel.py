@@ -38,6 +38,7 @@ import os
 import llvmlite.binding as llvm
 from llvmlite import ir
 
+from tfxla_lite.codegen import config
 from tfxla_lite.codegen.cpu.emitter import I32, I64, PTR, VOID, KernelContext, i64
 
 # Elements of work (the largest array a kernel reads or writes) below which a kernel
@@ -64,19 +65,11 @@ def default_threads() -> int:
 def openmp_available() -> bool:
     """Load libgomp into the process and bind its entry points into the JIT.
 
-    Unless the user chose otherwise (`OMP_WAIT_POLICY`, `GOMP_SPINCOUNT`, read once
-    when libgomp loads), libgomp's idle threads spin briefly, `GOMP_SPINCOUNT=20000`
-    (tens of microseconds), then sleep. The kernels of one executable run back to back,
-    so a short spin catches the next kernel's region without a futex wake-up, while a
-    team idle between launches goes to sleep quickly and leaves the cores to TF's own
-    threads. Measured on 2 cores, same runs interleaved: the Transformer training step
-    went from 0.83-0.87x TF's XLA with sleeping threads (`OMP_WAIT_POLICY=passive`) to
-    0.99-1.16x; spinning without limit (`active`) helped it as much but cost the
-    softmax workload a quarter of its speed. (A full benchmark run afterwards had the
-    step at 0.84x: on that machine the noise is as large as the effect.)
+    Unless the user chose otherwise (`OMP_WAIT_POLICY`, `GOMP_SPINCOUNT`), libgomp's
+    idle threads spin briefly, then sleep (`config.default_gomp_spin_count`, which sets
+    the variable libgomp reads when it loads: there is no other way to set it).
     """
-    if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
-        os.environ["GOMP_SPINCOUNT"] = "20000"
+    config.default_gomp_spin_count()
     for name in _LIBGOMP:
         try:
             library = ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)

@@ -12,7 +12,7 @@ warm process never loads quick code. Register-blocked dots' block functions and 
 packed GEMM's are compiled at O3 even in the quick tier, in a part of their own
 (`O3_EVEN_WHEN_QUICK`),
 and the compile thread runs at a lower priority (`BACKGROUND_NICE`;
-`TFXLA_LITE_BACKGROUND_NICE` overrides it, for A/B runs).
+`TFXLA_LITE_BACKGROUND_NICE` overrides it, for A/B runs: `codegen/config.py`).
 
 The swap. The quick tier's object holds, beside the module, a trampoline that is the
 executable's entry (the address the launch op and `Executable.__call__` call) and a
@@ -55,6 +55,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tfxla_lite.codegen import cache as kernel_cache
+from tfxla_lite.codegen import config
 from tfxla_lite.codegen.cpu import engine
 from tfxla_lite.codegen.executable import Executable
 
@@ -336,7 +337,7 @@ def _lower_priority() -> None:
     """Run the compile thread at `BACKGROUND_NICE` above the process's nice value (Linux
     sets it per thread), so that a first call's own work and its launches, which need
     both cores, come first; the O3 compile takes what they leave."""
-    nice = int(os.environ.get("TFXLA_LITE_BACKGROUND_NICE", BACKGROUND_NICE))
+    nice = config.background_nice(BACKGROUND_NICE)
     if nice <= 0 or not hasattr(os, "setpriority"):
         return
     try:

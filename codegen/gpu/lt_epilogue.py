@@ -30,14 +30,14 @@ run can time both paths (`benchmarks/gpu.py --cublaslt-ab`).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import numpy as np
 
+from tfxla_lite.codegen import config
 from tfxla_lite.hlo.ir import Instruction
 
-SWITCH = "TFXLA_LITE_CUBLASLT"
+SWITCH = config.CUBLASLT
 LT_TYPES = frozenset({"f16", "bf16", "f32"})
 # cublasLtEpilogue_t (cublasLt.h).
 EPILOGUES = {"BIAS": 4, "RELU": 2, "RELU_BIAS": 6}
@@ -56,13 +56,10 @@ class LtEpilogue:
         return EPILOGUES[self.name]
 
 
-_OFF = frozenset({"0", "off", "false", "no", "none"})  # as `codegen/cache.py`'s switches
-
-
 def enabled() -> bool:
     """Whether `TFXLA_LITE_CUBLASLT` leaves cuBLASLt epilogues on (unset: on). Read per
     plan, not cached, so that a benchmark can time both paths in one process."""
-    return os.environ.get(SWITCH, "1").strip().lower() not in _OFF
+    return config.cublaslt_epilogues()
 
 
 def lt_epilogue(fusion: Instruction, dot: Instruction) -> LtEpilogue | str:
