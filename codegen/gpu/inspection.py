@@ -162,8 +162,11 @@ def why(plan: KernelPlan) -> str:
                 f"{plan.team} per row merges a permutation of it in {where}, pairs of runs "
                 "of 1, 2, 4... one thread a pair (the evaluator's merge order)")
     if kind == "topk":
-        return (f"a topk (k={plan.extra['k']}) of {plan.rows} row(s) of {plan.width} "
-                "elements: one thread per row streams it into its k best")
+        head = f"a topk (k={plan.extra['k']}) of {plan.rows} row(s) of {plan.width} elements: "
+        if plan.team:
+            return (head + f"a block of {plan.team} per row, each thread streams a strided "
+                    "slice into its k best in shared memory, then the block merges them")
+        return head + "one thread per row streams it into its k best (k too large for shared)"
     root, computed = kernel_body(inst)
     if kind == "row-reduction":
         variadic = " (variadic: values and indices)" if root.shape.is_tuple else ""

@@ -34,8 +34,8 @@ into one *row group* (`row_groups.py`). Templates:
   (as XLA's reduction emitter), then a loop kernel for the loop results no phase can
   take (`plan_multi_output` says why).
 - `sort`, `topk`: whole-row kernels of their own (`sort.py`): a block per row merging a
-  permutation of it in the evaluator's order (`sort`), a thread per row streaming its k
-  best (`topk`).
+  permutation of it in the evaluator's order (`sort`); a block per row merging its
+  threads' k best, or for a large k a thread per row streaming them (`topk`).
 - `dot`: a library call (cuBLAS through CuPy), no generated kernel.
 - `dot-epilogue`: a kOutput fusion (a dot and its elementwise epilogue): cuBLAS writes
   the product to scratch memory, then a loop kernel applies the epilogue (bias,

@@ -21,18 +21,28 @@ at most `n / 2w` pairs at once, so the last passes of a long row run on few thre
 (the last on one: about 2n comparisons one after another per row). A merge-path split
 of each merge across threads would lift that, exact only for a strict weak order.
 
-`topk`: one thread per row (grid-stride), streaming the row once as the CPU kernel does:
-the output row is the buffer of its k best so far, best first; an element enters when
-it beats the last (one compare for most elements), shifting the worse ones down; an
-equal element never beats those already in, which gives topk's index order among
-equals. Simple and exact; a few long rows leave the GPU mostly idle (one thread a row).
+`topk`: every thread streams elements once, as the CPU kernel does, into a buffer of
+its k best so far, best first: an element enters when it beats the last (one compare
+for most elements), shifting the worse ones down; an equal element never beats those
+already in (lower indices). Where a block's buffers fit in shared memory
+(`topk_team`: k up to 64 for 4-byte types), a block per row: thread t streams elements
+t, t + T, ... into its own buffer, then the block merges the buffers pairwise in a tree
+(log2 T rounds) under topk's total order (value, NaN above numbers, then index), so any
+merge tree gives the one result. Otherwise (large k) one thread per row streams the
+whole row into the output row itself.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from tfxla_lite.codegen.gpu.cuda_source import Writer, compute_type, is_float, load
+from tfxla_lite.codegen.gpu.cuda_source import (
+    Writer,
+    compute_type,
+    is_float,
+    load,
+    storage_type,
+)
 from tfxla_lite.codegen.gpu.kernels import KernelPlan, Launch
 from tfxla_lite.hlo.ir import Instruction
 from tfxla_lite.hlo.sort import sort_dimension
@@ -40,12 +50,15 @@ from tfxla_lite.hlo.sort import sort_dimension
 WHOLE_ROW_OPCODES = frozenset({"sort", "topk"})  # the opcodes `plan_sort` takes
 SHARED_ELEMENTS = 4096  # rows up to this long keep both index arrays in shared memory (32 KiB)
 SORT_MAX_THREADS = 256
-TOPK_THREADS = 128
+TOPK_THREADS = 128  # threads of a block of the thread-per-row topk
+TOPK_SHARED_BYTES = 32768  # the two buffer sets of a block-per-row topk, at most
 # Long sort rows: each block its own 2n ints of scratch, at most this many bytes in all
 # (at least one block's, however long the row).
 SCRATCH_BUDGET = 1 << 28
 SCRATCH_MAX_BLOCKS = 1024
 INT_INDEX_LIMIT = 1 << 30  # below this many elements, element positions are 32-bit
+STORAGE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2,
+                 "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8}
 
 
 def plan_sort(inst: Instruction, name: str) -> KernelPlan:
@@ -54,8 +67,13 @@ def plan_sort(inst: Instruction, name: str) -> KernelPlan:
     if inst.opcode == "topk":
         n = dims[-1]
         rows = inst.operand(0).shape.num_elements // n if n else 0
+        k = int(inst.attributes["k"])
+        team = topk_team(k, inst.operand(0).shape.element_type)
+        if team:
+            return KernelPlan("topk", name, [inst], Launch((team, 1), rows, 1), team=team,
+                              rows=rows, width=n, extra={"k": k})
         return KernelPlan("topk", name, [inst], Launch((TOPK_THREADS, 1), rows, TOPK_THREADS),
-                          rows=rows, width=n, extra={"k": int(inst.attributes["k"])})
+                          rows=rows, width=n, extra={"k": k})
     dimension = sort_dimension(inst.attributes, len(dims))
     n = dims[dimension]
     if n >= 1 << 31:
@@ -69,6 +87,19 @@ def plan_sort(inst: Instruction, name: str) -> KernelPlan:
     return KernelPlan("sort", name, [inst], Launch((threads, 1), rows, per_block), team=threads,
                       rows=rows, width=n,
                       extra={"dimension": dimension, "blocks": blocks})
+
+
+def topk_team(k: int, element_type: str) -> int:
+    """Threads of a block-per-row topk (a power of two, 32 to 256): as many as can keep
+    two buffers of k (value, index) pairs each in `TOPK_SHARED_BYTES`; 0 when fewer than
+    32 can (a large k): one thread per row then."""
+    if k <= 0:
+        return 0
+    pair = STORAGE_BYTES[element_type] + 4
+    team = 256
+    while team >= 32 and 2 * team * k * pair > TOPK_SHARED_BYTES:
+        team //= 2
+    return team if team >= 32 else 0
 
 
 def scratch_blocks(rows: int, n: int) -> int:
@@ -184,39 +215,99 @@ def _topk_body(w: Writer, inst: Instruction, plan: KernelPlan, inputs: list[str]
     c_type = compute_type(element_type)
     (x,) = inputs
     values, indices = outputs
-    ahead = ">" if largest else "<"
-    if is_float(element_type):
-        # NaN above every number (largest), below every number (smallest).
-        nan_wins = "(v != v && c == c)" if largest else "(c != c && v == v)"
-        better = f"(v {ahead} c || {nan_wins})"
-    else:
-        better = f"(v {ahead} c)"
+
+    def better(a: str, b: str) -> str:
+        """Whether value `a` ranks strictly above value `b` (NaN above numbers for
+        largest, below them otherwise)."""
+        ahead = ">" if largest else "<"
+        if not is_float(element_type):
+            return f"({a} {ahead} {b})"
+        nan_wins = f"({a} != {a} && {b} == {b})" if largest else f"({b} != {b} && {a} == {a})"
+        return f"({a} {ahead} {b} || {nan_wins})"
+
+    team = plan.team
+    if team:
+        w.line(f"__shared__ {storage_type(element_type)} tk_values[2][{team * k}];")
+        w.line(f"__shared__ int tk_indices[2][{team * k}];")
+        w.line(f"__shared__ int tk_count[2][{team}];")
+        w.open(f"for ({idx} row = blockIdx.x; row < {rows}; row += gridDim.x)")
+        w.line(f"const {idx} in_base = row * {n};")
+        w.line(f"const {idx} out_base = row * {k};")
+        w.line(f"{storage_type(element_type)}* const best = tk_values[0] + threadIdx.x * {k};")
+        w.line(f"int* const best_index = tk_indices[0] + threadIdx.x * {k};")
+        _stream(w, element_type, c_type, k, x, "best", "best_index", "0",
+                f"for (int j = threadIdx.x; j < {n}; j += {team})", better)
+        w.line("tk_count[0][threadIdx.x] = filled;")
+        w.line("__syncthreads();")
+        # Merge the buffers pairwise: after the round of `step`, thread t (a multiple of
+        # 2 step) holds the k best of threads t .. t + 2 step - 1.
+        w.line("int from = 0;")
+        w.open(f"for (int step = 1; step < {team}; step *= 2)")
+        w.open("if (threadIdx.x % (2 * step) == 0)")
+        w.line(f"const int a = threadIdx.x * {k}, b = (threadIdx.x + step) * {k};")
+        w.line("const int a_count = tk_count[from][threadIdx.x];")
+        w.line("const int b_count = tk_count[from][threadIdx.x + step];")
+        w.line(f"const int count = min(a_count + b_count, {k});")
+        w.line("int i = 0, j = 0;")
+        w.open("for (int e = 0; e < count; ++e)")
+        w.line("bool take_b = i == a_count;")
+        w.open("if (!take_b && j < b_count)")
+        w.line(f"const {c_type} va = {load(element_type, 'tk_values[from]', 'a + i')};")
+        w.line(f"const {c_type} vb = {load(element_type, 'tk_values[from]', 'b + j')};")
+        # topk's total order: by value, then the lower index first.
+        w.line(f"take_b = {better('vb', 'va')} || (!{better('va', 'vb')} && "
+               "tk_indices[from][b + j] < tk_indices[from][a + i]);")
+        w.close()
+        w.line("const int pick = take_b ? b + j++ : a + i++;")
+        w.line("tk_values[1 - from][a + e] = tk_values[from][pick];")
+        w.line("tk_indices[1 - from][a + e] = tk_indices[from][pick];")
+        w.close()
+        w.line("tk_count[1 - from][threadIdx.x] = count;")
+        w.close()
+        w.line("from = 1 - from;")
+        w.line("__syncthreads();")
+        w.close()
+        w.open(f"for (int p = threadIdx.x; p < {k}; p += {team})")
+        w.line(f"{values}[out_base + p] = tk_values[from][p];")
+        w.line(f"{indices}[out_base + p] = tk_indices[from][p];")
+        w.close()
+        w.line("__syncthreads();  // the buffers serve the next row")
+        w.close()
+        return
     w.open(f"for ({idx} row = blockIdx.x * blockDim.x + threadIdx.x; row < {rows}; "
            "row += gridDim.x * blockDim.x)")
     w.line(f"const {idx} in_base = row * {n};")
     w.line(f"const {idx} out_base = row * {k};")
+    _stream(w, element_type, c_type, k, x, values, indices, "out_base",
+            f"for (int j = 0; j < {n}; ++j)", better)
+    w.close()
+
+
+def _stream(w: Writer, element_type: str, c_type: str, k: int, x: str, values: str,
+            indices: str, base: str, loop: str, better) -> None:
+    """Stream the elements `loop` visits (`j`) into the buffer of the k best at
+    `values`/`indices` + `base`, best first; leaves `filled`, the buffer's count."""
     w.line("int filled = 0;")
-    w.open(f"for (int j = 0; j < {n}; ++j)")
+    w.open(loop)
     w.line(f"const {c_type} v = {load(element_type, x, 'in_base + j')};")
     w.open(f"if (filled == {k})")
-    w.line(f"const {c_type} c = {load(element_type, values, f'out_base + {k - 1}')};")
-    w.line(f"if (!{better}) continue;")
+    w.line(f"const {c_type} c = {load(element_type, values, f'{base} + {k - 1}')};")
+    w.line(f"if (!{better('v', 'c')}) continue;")
     w.close()
     w.line(f"int at = filled == {k} ? {k - 1} : filled;")
     # Shift the worse ones down while v beats the one above.
     w.open("while (at > 0)")
-    w.line(f"const {c_type} c = {load(element_type, values, 'out_base + at - 1')};")
-    w.line(f"if (!{better}) break;")
-    w.line(f"{values}[out_base + at] = {values}[out_base + at - 1];")
-    w.line(f"{indices}[out_base + at] = {indices}[out_base + at - 1];")
+    w.line(f"const {c_type} c = {load(element_type, values, f'{base} + at - 1')};")
+    w.line(f"if (!{better('v', 'c')}) break;")
+    w.line(f"{values}[{base} + at] = {values}[{base} + at - 1];")
+    w.line(f"{indices}[{base} + at] = {indices}[{base} + at - 1];")
     w.line("--at;")
     w.close()
-    w.line(f"{values}[out_base + at] = {x}[in_base + j];")
-    w.line(f"{indices}[out_base + at] = j;")
+    w.line(f"{values}[{base} + at] = {x}[in_base + j];")
+    w.line(f"{indices}[{base} + at] = j;")
     w.line(f"if (filled < {k}) ++filled;")
-    w.close()
     w.close()
 
 
 __all__ = ["SHARED_ELEMENTS", "WHOLE_ROW_OPCODES", "emit_sort", "plan_sort", "scratch_blocks",
-           "sort_scratch_bytes"]
+           "sort_scratch_bytes", "topk_team"]

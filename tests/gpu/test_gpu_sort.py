@@ -96,7 +96,8 @@ SORT_TYPES = ["f16", "bf16", "s32", "u8"]
 TOPK_CASES = [((2, 6), 3, "f32", True), ((3, 50), 7, "f32", False), ((4, 9), 0, "f32", True),
               ((0, 5), 2, "f32", True), ((5, 1), 1, "s32", True), ((3, 100), 10, "bf16", True),
               ((3, 100), 10, "f16", False), ((2, 64), 5, "u8", True), ((2, 3, 40), 40, "f32", True),
-              ((3, 33), 33, "f32", False)]
+              ((3, 33), 33, "f32", False), ((2, 150), 100, "f32", True),
+              ((3, 700), 64, "f32", True), ((2, 300), 9, "f64", False)]
 
 
 def _texts() -> dict[str, str]:
@@ -138,6 +139,19 @@ def test_gpu_sort_plans_and_scratch() -> None:
     assert thunk.plan.launch.block == (gpu_sort.SORT_MAX_THREADS, 1)
     assert gpu_sort.scratch_blocks(10**6, n) == gpu_sort.SCRATCH_MAX_BLOCKS
     assert gpu_sort.scratch_blocks(3, 1 << 30) == 1  # one block's, over the budget
+
+
+def test_gpu_topk_plans_a_block_per_row_where_the_buffers_fit() -> None:
+    # Two sets of 256 buffers of k (4-byte value, index) pairs in 32 KiB: k <= 8.
+    assert gpu_sort.topk_team(8, "f32") == 256 and gpu_sort.topk_team(9, "f32") == 128
+    assert gpu_sort.topk_team(64, "f32") == 32 and gpu_sort.topk_team(64, "f16") == 32
+    assert gpu_sort.topk_team(65, "f32") == 0 and gpu_sort.topk_team(0, "f32") == 0
+    for (k, team) in ((10, 128), (100, 0)):
+        program, _, _ = emit_module(parse_module(_topk_module((4, 300), k, "f32", True)))
+        (plan,) = [t.plan for t in program.thunks if t.plan.kind == "topk"]
+        assert plan.team == team
+        assert plan.launch.block == ((team, 1) if team else (gpu_sort.TOPK_THREADS, 1))
+        assert ("__shared__" in program.body) == bool(team)
 
 
 @needs_gxx
