@@ -9,12 +9,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hlo_builders import reduce_sum_x_plus_y_times_z
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from xla_dump_texts import ASYNC_WRAPPERS, JAX_LOWERED, XLA_SCHEDULED
 
 from tfxla_lite import cli
 from tfxla_lite.hlo.evaluator import evaluate
+from tfxla_lite.hlo.ir import HloModule
 from tfxla_lite.hlo.parser import ParseError, parse_module
 from tfxla_lite.hlo.printer import RawAttribute, module_to_text
+from tfxla_lite.hlo.stack_frames import StackFrameIndex
 from tfxla_lite.hlo.verifier import VerificationError, verify
 
 
@@ -250,3 +255,61 @@ def test_run_hlo_compiles_a_jax_module_and_matches_the_evaluator(
 def test_types_the_ir_lacks_are_named(shape: str, message: str) -> None:
     with pytest.raises(ParseError, match=message):
         parse_module(f"HloModule m\nENTRY e {{\n  ROOT p = {shape} parameter(0)\n}}\n")
+
+
+# -- the new structures survive print → parse exactly ---------------------------------------
+
+_TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12)
+
+
+@st.composite
+def _modules_with_xla_notes(draw: st.DrawFn) -> HloModule:
+    """reduce_sum(x + y * z) carrying random stack-frame tables, header and computation
+    attributes and metadata of every kind the parser keeps."""
+    module = reduce_sum_x_plus_y_times_z()
+    files = draw(st.lists(_TEXT, min_size=1, max_size=3))
+    functions = draw(st.lists(_TEXT, min_size=1, max_size=3))
+    locations = draw(st.lists(st.builds(
+        lambda f, g, line: {"file_name_id": f, "function_name_id": g, "line": line,
+                            "end_line": line},
+        st.integers(1, len(files)), st.integers(1, len(functions)), st.integers(0, 10**6)),
+        min_size=1, max_size=3))
+    frames: list[dict[str, int]] = []
+    for _ in range(draw(st.integers(1, 4))):
+        frames.append({"file_location_id": draw(st.integers(1, len(locations))),
+                       "parent_frame_id": draw(st.integers(0, len(frames)))})
+    module.stack_frames = StackFrameIndex(files, functions, locations, frames)
+    module.attributes = draw(st.dictionaries(
+        st.sampled_from(("is_scheduled", "alias_passthrough_params", "frontend_attributes",
+                         "allow_spmd_sharding_propagation_to_output", "num_partitions")),
+        st.sampled_from(("true", "{true}", '{a="b,c"}', "2", "{{0,1}}")), max_size=3))
+    for comp in module.computations:
+        if comp is not module.entry and draw(st.booleans()):
+            comp.attributes = {"execution_thread": '"side"'}
+        for inst in comp.instructions:
+            inst.metadata = draw(st.fixed_dictionaries({}, optional={
+                "op_type": _TEXT.filter(bool), "op_name": _TEXT.filter(bool),
+                "source_file": _TEXT.filter(bool), "source_line": st.integers(1, 10**6),
+                "source_column": st.integers(1, 200),
+                "stack_frame_id": st.integers(1, len(frames)),
+                "deduplicated_name": _TEXT.filter(bool),
+                "preserve_layout": st.just(RawAttribute("true")),
+                "profile_type": st.just(RawAttribute("{1,2}"))}))
+    return module
+
+
+@settings(max_examples=80, deadline=None)
+@given(_modules_with_xla_notes())
+def test_tables_attributes_and_metadata_survive_a_round_trip(module: HloModule) -> None:
+    text = module_to_text(module)
+    again = parse_module(text)
+    assert again.stack_frames == module.stack_frames
+    assert again.attributes == {**module.attributes,
+                                "entry_computation_layout": again.attributes.get(
+                                    "entry_computation_layout")}
+    for comp in module.computations:
+        twin = next(c for c in again.computations if c.name == comp.name)
+        assert twin.attributes == comp.attributes
+        for inst, copy in zip(comp.instructions, twin.instructions, strict=True):
+            assert copy.metadata == inst.metadata
+    assert module_to_text(again) == text
