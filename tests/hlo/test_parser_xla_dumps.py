@@ -119,6 +119,14 @@ def test_malformed_tables_are_parse_errors(old: str, new: str, message: str) -> 
         parse_module(JAX_LOWERED.replace(old, new, 1))
 
 
+def test_verifier_errors_name_the_source_line_of_the_stack_frame() -> None:
+    text = JAX_LOWERED.replace("tanh.4 = f32[2,4]{1,0} tanh(dot.3)",
+                               "tanh.4 = f32[2,4]{1,0} tanh-ish(dot.3)")
+    with pytest.raises(VerificationError, match="not supported: tanh-ish") as error:
+        verify(parse_module(text))
+    assert "from TF op jit(f)/tanh (?) at /home/user/model.py:12" in str(error.value)
+
+
 def test_metadata_keys_are_kept_verbatim() -> None:
     module = parse_module(XLA_SCHEDULED)
     metadata = _instruction(module, "multiply.1").metadata

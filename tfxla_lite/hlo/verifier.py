@@ -48,6 +48,12 @@ def _describe(inst: Instruction) -> str:
         origin.append(f"TF op {metadata.get('op_name', '?')} ({metadata.get('op_type', '?')})")
     if metadata.get("source_file"):
         origin.append(f"at {metadata['source_file']}:{metadata.get('source_line', '?')}")
+    elif isinstance(metadata.get("stack_frame_id"), int):  # XLA's stack-frame tables
+        module = inst.parent.module if inst.parent is not None else None
+        tables = module.stack_frames if module is not None else None
+        location = tables.location(metadata["stack_frame_id"]) if tables else None
+        if location is not None:
+            origin.append(f"at {location[0]}:{location[1]}")
     if origin:
         lines.append("  from " + " ".join(origin))
     return "\n".join(lines)
