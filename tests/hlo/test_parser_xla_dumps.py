@@ -184,6 +184,13 @@ def test_bitcast_across_tiled_layouts_is_not_supported(source: str, target: str)
     parse_module(plain)
 
 
+def test_bitcast_of_one_tiled_element_is_a_reshape() -> None:
+    text = ("HloModule m\nENTRY e {\n  p = f32[]{:T(128)} parameter(0)\n"
+            "  ROOT b = f32[1,1]{1,0:T(2,128)} bitcast(p)\n}\n")
+    module = parse_module(text)
+    np.testing.assert_array_equal(evaluate(module, np.float32(3)), [[3]])
+
+
 def test_tiled_layouts_elsewhere_are_read_and_dropped() -> None:
     text = ("HloModule m\nENTRY e {\n  p = f32[3,5]{0,1:T(2,128)(2,1)E(32)S(2)} parameter(0)\n"
             "  s = f32[]{:T(128)} constant(2)\n"

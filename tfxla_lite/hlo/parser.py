@@ -21,7 +21,8 @@ Decisions where XLA's text carries more than the IR holds:
   layouts (it reinterprets the bytes); one between non-default layouts becomes the
   equivalent row-major transpose → reshape → transpose, so optimized HLO keeps its
   meaning. A bitcast whose layouts carry tiles is kept when it changes nothing but the
-  memory space, and otherwise raises "not supported: bitcast between tiled layouts".
+  memory space (or holds one element), and otherwise raises "not supported: bitcast
+  between tiled layouts".
 - Constants elided as `{...}` (XLA elides literals of more than 10 elements, the
   printer more than 64) raise `ParseError`, since their values are gone;
   `fill_elided_constants=True` fills them with zeros instead, for structure-only
@@ -736,6 +737,8 @@ class _Builder:
         if operand.shape == statement.shape and source_tiling == statement.tiling and \
                 _major_to_minor(source_layout, rank) == _major_to_minor(statement.layout, rank):
             return
+        if operand.shape.num_elements <= 1 and statement.shape.num_elements <= 1:
+            return  # one element has one order (the shape checks see to the rest)
         raise self.error(f"not supported: bitcast between tiled layouts ({operand.shape} "
                          f"tiled {source_tiling or 'none'} to {statement.shape} tiled "
                          f"{statement.tiling or 'none'}): tiles reorder the bytes, and the IR "
