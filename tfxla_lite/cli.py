@@ -11,7 +11,8 @@
 - `tfxla-lite run-hlo FILE [--check] [--seed N]`: parse, optimize and compile HLO text
   for this CPU, run it on seeded random inputs and print what comes out; with
   `--check`, compare with the NumPy evaluator. Exit status 0 when it ran (and
-  matched), 1 on a mismatch, 2 when the text does not parse, verify or compile.
+  matched), 1 on a mismatch, 2 when the text does not parse, verify or compile
+  (opcodes nothing here runs are named first: `not supported: custom-call, ...`).
 """
 
 from __future__ import annotations
