@@ -105,8 +105,8 @@ def parse_tables(scanner: Any, index: StackFrameIndex, seen: set[str]) -> None:
         raise scanner.error(f"the {section} table is given twice", position)
     seen.add(section)
     entries = index.table(section)
-    while re.match(r"\d", scanner.text[scanner.skip():scanner.skip() + 1]):
-        at = scanner.skip()
+    while scanner.text[scanner.skip():scanner.pos + 1].isdigit():  # entries open with ids
+        at = scanner.pos
         number = scanner.integer(f"an id in {section}")
         if number != len(entries) + 1:
             raise scanner.error(f"{section} ids count from 1 in order; expected "
