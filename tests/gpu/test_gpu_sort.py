@@ -107,6 +107,7 @@ def _texts() -> dict[str, str]:
     texts["sort_mixed"] = _module((4, 9), 1, extra="pred")
     texts["sort_long"] = _module((2, gpu_sort.SHARED_ELEMENTS + 3), 1)
     texts["top_k_order"] = _top_k_order_module((3, 29), "f32")
+    texts["one_operand"] = ONE_OPERAND
     texts.update({f"topk_{dims}_{k}_{t}_{largest}": _topk_module(dims, k, t, largest)
                   for dims, k, t, largest in TOPK_CASES})
     return texts
@@ -187,6 +188,33 @@ def test_gpu_sort_under_a_comparator_that_is_no_order(emulated: fake_cupy.Record
     _check(_module(x.shape, 1), x)
 
 
+# One operand (an array, not a tuple), sorted down its columns, read by kernels after it.
+ONE_OPERAND = """HloModule one_operand
+
+%less (x: s32[], y: s32[]) -> pred[] {
+  %x = s32[] parameter(0)
+  %y = s32[] parameter(1)
+  ROOT %lt = pred[] compare(s32[] %x, s32[] %y), direction=LT
+}
+
+ENTRY %main (a: s32[9,3]) -> (s32[9,3], s32[3,3]) {
+  %a = s32[9,3]{1,0} parameter(0)
+  %twice = s32[9,3]{1,0} add(%a, %a)
+  %sort = s32[9,3]{1,0} sort(s32[9,3]{1,0} %twice), dimensions={0}, to_apply=%less
+  %head = s32[3,3]{1,0} slice(%sort), slice={[0:3], [0:3]}
+  %negated = s32[3,3]{1,0} negate(%head)
+  ROOT %out = (s32[9,3], s32[3,3]) tuple(%sort, %negated)
+}
+"""
+
+
+@needs_gxx
+def test_gpu_sort_of_one_operand_between_other_kernels(emulated: fake_cupy.Recorder) -> None:
+    program, _, _ = emit_module(parse_module(ONE_OPERAND))
+    assert "sort" in [t.plan.kind for t in program.thunks] and len(program.thunks) >= 3
+    _check(ONE_OPERAND, _values((9, 3), "s32", 7))
+
+
 @needs_gxx
 def test_gpu_sort_under_topkv2s_comparator(emulated: fake_cupy.Recorder) -> None:
     x = _values((3, 29), "f32", 4)
@@ -226,3 +254,33 @@ def test_gpu_topk_of_an_ascending_row(emulated: fake_cupy.Recorder) -> None:
     x = np.arange(300, dtype=np.float32).reshape(1, 300)
     values, indices = _check(_topk_module(x.shape, 16, "f32", True), x)
     np.testing.assert_array_equal(indices[0], np.arange(299, 283, -1))
+
+
+@needs_gxx
+def test_gpu_top_k_through_tf_compiles_and_matches_tf(emulated_gpu: fake_cupy.Recorder) -> None:
+    """tf.math.top_k of long rows on GPU:0 compiles (it stayed in TF before these
+    kernels): k <= 64 through HLO `topk`, more through `sort`; TF's values and indices
+    exactly, ties (and -0.0 against 0.0) by index."""
+    tf = pytest.importorskip("tensorflow")
+    import tfxla_lite as tl
+
+    @tl.function(jit_compile=True)
+    def top(x: tf.Tensor) -> tuple[tf.Tensor, ...]:
+        with tf.device("/GPU:0"):
+            small = tf.math.top_k(x, k=5)
+            large = tf.math.top_k(x, k=100)
+            return small.values, small.indices, large.values, large.indices
+
+    x = np.random.default_rng(8).integers(-20, 20, (3, 400)).astype(np.float32)
+    x[x == 3] = -0.0
+    x[x == 4] = 0.0
+    got = top(tf.constant(x))
+    for n, k in enumerate((5, 100)):
+        want = tf.math.top_k(tf.constant(x), k=k)
+        assert got[2 * n].numpy().tobytes() == want.values.numpy().tobytes()
+        np.testing.assert_array_equal(got[2 * n + 1].numpy(), want.indices.numpy())
+    compiled = top._program(*top._canonical((tf.constant(x),), {})).compiled  # noqa: SLF001
+    programs = [c.gpu_launch.executable.program for c in compiled if c.gpu_launch is not None]
+    kinds = {t.plan.kind for program in programs for t in program.thunks}
+    assert {"topk", "sort"} <= kinds, [p.plan_text() for p in programs]
+    assert emulated_gpu.launches
