@@ -45,6 +45,7 @@ from tfxla_lite.codegen.gpu.cuda_source import (
 )
 from tfxla_lite.codegen.gpu.kernels import KernelPlan, Launch
 from tfxla_lite.hlo.ir import Instruction
+from tfxla_lite.hlo.shape import numpy_dtype
 from tfxla_lite.hlo.sort import sort_dimension
 
 WHOLE_ROW_OPCODES = frozenset({"sort", "topk"})  # the opcodes `plan_sort` takes
@@ -57,8 +58,6 @@ TOPK_SHARED_BYTES = 32768  # the two buffer sets of a block-per-row topk, at mos
 SCRATCH_BUDGET = 1 << 28
 SCRATCH_MAX_BLOCKS = 1024
 INT_INDEX_LIMIT = 1 << 30  # below this many elements, element positions are 32-bit
-STORAGE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2,
-                 "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8}
 
 
 def plan_sort(inst: Instruction, name: str) -> KernelPlan:
@@ -95,7 +94,7 @@ def topk_team(k: int, element_type: str) -> int:
     32 can (a large k): one thread per row then."""
     if k <= 0:
         return 0
-    pair = STORAGE_BYTES[element_type] + 4
+    pair = numpy_dtype(element_type).itemsize + 4
     team = 256
     while team >= 32 and 2 * team * k * pair > TOPK_SHARED_BYTES:
         team //= 2
