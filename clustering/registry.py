@@ -507,6 +507,7 @@ def _load_rules() -> None:
     from tfxla_lite.clustering import (  # noqa: F401
         rules_batch_norm,
         rules_conv,
+        rules_conv_grad,
         rules_elementwise,
         rules_gradients,
         rules_indexing,

@@ -1,11 +1,12 @@
-"""Lowering rules of TF's convolutions: Conv2D, Conv3D and DepthwiseConv2dNative, forward.
+"""Lowering rules of TF's convolutions: Conv2D, Conv3D and DepthwiseConv2dNative, forward
+(their gradients: `rules_conv_grad.py`).
 
 Registered into `registry.OP_RULES` on import. Each becomes one HLO `convolution`, as
 TF's XLA bridge builds it (tf2xla/kernels/conv_op_helpers.cc, MakeXlaForwardConvOp):
 the window from strides, dilations and padding (SAME pads `max(0, (out-1)·stride +
 (k-1)·dilation + 1 - in)`, the odd element at the end; EXPLICIT takes the op's pairs);
 a grouped convolution (input depth a multiple k of the filter's) has
-feature_group_count k (refused by the check until the gradients are lowered); a
+feature_group_count k (refused by the check: see there); a
 depthwise filter [H, W, C, M] is reshaped to [H, W, 1, C·M] with feature_group_count C
 (output channel c·M + m, TF's order). Channels-first inputs (NCHW/NCDHW) are
 transposed to channels-last around a channels-last convolution, as XLA's CPU backend
@@ -62,10 +63,10 @@ def _check_convolution(op: tf.Operation) -> str | None:
     if op.type in ("Conv2D", "Conv3D"):
         depth = op.inputs[0].shape[-1 if channels_last else 1]
         if depth is not None and depth != op.inputs[1].shape[-2]:
-            # Keras runs grouped convolutions in a jit_compile function; compiled here, its
-            # launch op would sit inside the training step that TF's XLA then compiles
-            # whole (the gradients have no lowering yet), and TF's XLA has no launch op.
-            return "grouped convolution (its gradients are not lowered yet)"
+            # TF's CPU kernels have no grouped convolution (Keras runs them in a jit_compile
+            # function, for TF's XLA), but the `tf_kernels` gate leaves every Conv2D to
+            # them unless compile_convolutions: refused, a grouped one goes to TF's XLA.
+            return "grouped convolution (TF's XLA compiles it)"
     return None
 
 
@@ -119,7 +120,7 @@ def _channels_first(ctx: LoweringContext, x: Instruction, data_format: str) -> I
 
 
 def convolution(ctx: LoweringContext, lhs: Instruction, rhs: Instruction, window: Window,
-                feature_groups: int = 1) -> Instruction:
+                feature_groups: int = 1, batch_groups: int = 1) -> Instruction:
     """A channels-last convolution (`b01f_01io->b01f`); 2-byte floats in f32, rounded once."""
     etype = lhs.shape.element_type
     attributes: dict[str, Any] = {"window": window,
@@ -127,6 +128,8 @@ def convolution(ctx: LoweringContext, lhs: Instruction, rhs: Instruction, window
                                       lhs.shape.rank - 2)}
     if feature_groups != 1:
         attributes["feature_group_count"] = feature_groups
+    if batch_groups != 1:
+        attributes["batch_group_count"] = batch_groups
     if etype not in _HALF_TYPES:
         return ctx.emit("convolution", [lhs, rhs], **attributes)
     wide = ctx.emit("convolution", [ctx.convert(lhs, "f32"), ctx.convert(rhs, "f32")],
@@ -134,9 +137,14 @@ def convolution(ctx: LoweringContext, lhs: Instruction, rhs: Instruction, window
     return ctx.convert(wide, etype)
 
 
-# The convolutions, which stay on TF's kernels unless `Options.compile_convolutions`: the
-# CPU kernel (codegen/cpu/convolution_gemm.py) is not yet as fast as oneDNN's.
-CONVOLUTION_OPS = frozenset({"Conv2D", "Conv3D", "DepthwiseConv2dNative"})
+# The convolutions and their gradients (`rules_conv_grad.py`), which stay on TF's kernels
+# unless `Options.compile_convolutions`: the CPU kernels (codegen/cpu/convolution_gemm.py)
+# are not yet as fast as oneDNN's.
+CONVOLUTION_OPS = frozenset({
+    "Conv2D", "Conv3D", "DepthwiseConv2dNative",
+    "Conv2DBackpropInput", "Conv3DBackpropInputV2", "DepthwiseConv2dNativeBackpropInput",
+    "Conv2DBackpropFilter", "Conv3DBackpropFilterV2", "DepthwiseConv2dNativeBackpropFilter",
+})
 
 
 @register("Conv2D", "Conv3D", dtypes=FLOAT, check=_check_convolution,

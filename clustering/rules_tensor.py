@@ -53,6 +53,49 @@ def _lower_shape(ctx: LoweringContext, op: tf.Operation, operands: Operands
     return [ctx.constant(np.array(dims), ctx.output_shape().element_type)]
 
 
+# Convolution gradients take their input and filter sizes from a ShapeN. Its inputs are
+# all value-free: negative indices count from the end, so these cover every input of a
+# ShapeN of up to 1024 (a larger one is refused by its inputs' dtypes).
+@register("ShapeN", dtypes=INTEGER, unused_inputs=tuple(range(-1024, 0)),
+          note="folded to constants: the inputs' shapes are static")
+def _lower_shape_n(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                   ) -> list[Instruction]:
+    etype = ctx.output_shape().element_type
+    results = []
+    for tensor in op.inputs:
+        dims = static_dims(tensor)
+        if dims is None:
+            raise LoweringError(f"shape of {tensor.name} is not fully static: {tensor.shape}")
+        results.append(ctx.constant(np.array(dims), etype))
+    return results
+
+
+# ConcatV2's gradient slices its output gradient at these offsets: the axis and the N
+# shapes (inputs 0..N) are all static.
+@register("ConcatOffset", dtypes=INTEGER, static_inputs=(-1,), static_leading="N",
+          note="folded to constants")
+def _lower_concat_offset(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                         ) -> list[Instruction]:
+    shapes = [ctx.static_input(i).reshape(-1) for i in range(1, len(op.inputs))]
+    rank = len(shapes[0])
+    axis = int(ctx.static_input(0))
+    if not -rank <= axis < rank:
+        raise LoweringError(f"ConcatOffset axis {axis} out of range for rank {rank}")
+    axis %= rank
+    etype = ctx.output_shape().element_type
+    results, offset = [], 0
+    for shape in shapes:
+        if len(shape) != rank or any(shape[d] != shapes[0][d] for d in range(rank)
+                                     if d != axis):
+            raise LoweringError(f"ConcatOffset shapes {[list(s) for s in shapes]} differ "
+                                f"outside axis {axis}")
+        value = np.zeros(rank, np.int64)
+        value[axis] = offset
+        results.append(ctx.constant(value, etype))
+        offset += int(shape[axis])
+    return results
+
+
 @register("Rank", "Size", dtypes=INTEGER, unused_inputs=(0,))
 def _lower_rank_and_size(ctx: LoweringContext, op: tf.Operation, operands: Operands
                          ) -> list[Instruction]:

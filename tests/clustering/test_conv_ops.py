@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 import tensorflow as tf
+from test_conv_gradients import TESTED_OPS as GRADIENT_OPS
 from tf_harness import run_clusters, sample, trace
 from tolerances import assert_close
 
@@ -144,7 +145,8 @@ def test_conv3d(strides: tuple[int, ...], padding: str) -> None:
 
 
 def test_grouped_conv2d_stays_in_tf() -> None:
-    # Until the gradients are lowered (see rules_conv._check_convolution).
+    # TF's CPU kernels have none, and the tf_kernels gate is by op type: it goes to TF's XLA
+    # (see rules_conv._check_convolution).
 
     def fn(x: tf.Tensor, w: tf.Tensor) -> tf.Tensor:
         return tf.nn.conv2d(x, w, 1, "SAME")
@@ -199,5 +201,6 @@ def test_convolutions_stay_on_tf_kernels_by_default() -> None:
         assert "runs on TF's kernel" in conv.reason
 
 
-# For test_clustering_ops.test_every_registered_op_is_tested.
-TESTED_OPS = frozenset({"Conv2D", "Conv3D", "DepthwiseConv2dNative"})
+# For test_clustering_ops.test_every_registered_op_is_tested; the gradients, ShapeN and
+# ConcatOffset are tested in test_conv_gradients.py.
+TESTED_OPS = frozenset({"Conv2D", "Conv3D", "DepthwiseConv2dNative"}) | GRADIENT_OPS

@@ -1,0 +1,203 @@
+"""Lowering rules of the convolution gradients TF's autodiff emits: Conv2DBackpropInput,
+Conv2DBackpropFilter, Conv3DBackpropInputV2, Conv3DBackpropFilterV2 and the depthwise
+DepthwiseConv2dNativeBackpropInput / DepthwiseConv2dNativeBackpropFilter.
+
+Registered into `registry.OP_RULES` on import, beside the forward rules of
+`rules_conv.py` whose window, layout and 2-byte-float helpers they share. Each is one
+HLO `convolution`, as TF's XLA bridge builds it (tf2xla/kernels/conv_op_helpers.cc):
+
+- backprop-input (MakeXlaBackpropInputConvOp): the output gradient convolved with the
+  filter mirrored in its spatial dims and its input/output features swapped; the
+  gradient is base-dilated by the forward stride (`lhs_dilate`), the window keeps the
+  forward dilation, and the padding is `k_eff - 1 - pad_low` before and what brings the
+  result to the input's size after (`k_eff = (k-1)·dilation + 1`).
+- backprop-filter (MakeXlaBackpropFilterConvOp): the input convolved with the output
+  gradient as the kernel, batch as the contracted feature; the window is the gradient's
+  spatial size dilated by the forward stride, striding by the forward dilation, padded
+  by the forward's low padding (negative at the end where the forward never read the
+  input's last elements).
+
+XLA expresses both with dimension numbers (`f01b_i01o->01bf` and a kernel `01oi`); here
+the filter and operands are transposed (and the filter reversed) into channels-last
+`b01f_01io->b01f` convolutions instead, the layout the CPU backend's GEMM path reads
+(`codegen/cpu/convolution_gemm.py`); the transposes touch a filter or one pass over an
+activation. A depthwise filter [H, W, C, M] is the grouped filter [H, W, 1, C·M] with C
+groups, so one formula serves both: backprop-input has `feature_group_count` G and
+backprop-filter `batch_group_count` G (XLA's form for depthwise filter gradients).
+
+The sizes input (`input_sizes` / `filter_sizes`, usually a ShapeN of static shapes) must
+be a compile-time constant and agree with the static output shape.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from tfxla_lite.clustering.registry import (
+    FLOAT,
+    LoweringContext,
+    LoweringError,
+    register,
+)
+from tfxla_lite.clustering.rules_conv import (
+    _attr,
+    _channels_first,
+    _channels_last,
+    _check_convolution,
+    _spatial_window,
+    convolution,
+)
+from tfxla_lite.hlo import Instruction
+from tfxla_lite.hlo.attributes import Window, WindowDimension
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+
+Operands = list[Any]
+
+BACKPROP_INPUT_OPS = ("Conv2DBackpropInput", "Conv3DBackpropInputV2",
+                      "DepthwiseConv2dNativeBackpropInput")
+BACKPROP_FILTER_OPS = ("Conv2DBackpropFilter", "Conv3DBackpropFilterV2",
+                       "DepthwiseConv2dNativeBackpropFilter")
+
+
+def _transpose(ctx: LoweringContext, x: Instruction, perm: tuple[int, ...]) -> Instruction:
+    if perm == tuple(range(len(perm))):
+        return x
+    dims = tuple(x.shape.dims[p] for p in perm)
+    return ctx.emit("transpose", [x], shape=x.shape.with_dims(dims), dimensions=perm)
+
+
+def _channels_last_dims(dims: tuple[int, ...], data_format: str) -> tuple[int, ...]:
+    if data_format.endswith("C"):
+        return dims
+    return (dims[0], *dims[2:], dims[1])
+
+
+def _check_sizes(ctx: LoweringContext, op: tf.Operation, index: int) -> None:
+    """The sizes input must say what the static output shape says."""
+    sizes = tuple(int(v) for v in np.asarray(ctx.static_input(index)).reshape(-1))
+    dims = ctx.output_shape().dims
+    if sizes != dims:
+        raise LoweringError(f"{op.type} {op.name}: sizes input {list(sizes)} disagrees "
+                            f"with its output shape {list(dims)}")
+
+
+def _check_gradient(op: tf.Operation) -> str | None:
+    reason = _check_convolution(op)
+    if reason is not None or op.type.startswith("Depthwise"):
+        return reason
+    data_format = _attr(op, "data_format", "NHWC")
+    is_input = op.type in BACKPROP_INPUT_OPS
+    forward_input = op.outputs[0] if is_input else op.inputs[0]
+    filter_tensor = op.inputs[1] if is_input else op.outputs[0]
+    depth = forward_input.shape[-1 if data_format.endswith("C") else 1]
+    filter_depth = filter_tensor.shape[-2] if filter_tensor.shape.rank else None
+    if depth is not None and filter_depth is not None and depth != filter_depth:
+        # The forward grouped convolution stays in TF (rules_conv._check_convolution).
+        return "grouped convolution"
+    return None
+
+
+def _filter_as_grouped(ctx: LoweringContext, op: tf.Operation, w: Instruction
+                       ) -> Instruction:
+    """The filter as [spatial..., Cin/G, Cout]: a depthwise [H, W, C, M] as [H, W, 1, C·M]."""
+    if not op.type.startswith("Depthwise"):
+        return w
+    *spatial, channels, multiplier = w.shape.dims
+    return ctx.reshape(w, (*spatial, 1, channels * multiplier))
+
+
+def _backprop_input_kernel(ctx: LoweringContext, w: Instruction, groups: int) -> Instruction:
+    """Filter [k..., Cin/G, Cout] mirrored spatially, as [k..., Cout/G, Cin]: output
+    feature g·Cin/G + c of group g reads gradient features [g·Cout/G, (g+1)·Cout/G)."""
+    *spatial, group_inputs, outputs = w.shape.dims
+    rank = len(spatial)
+    if any(spatial):
+        w = ctx.emit("reverse", [w], dimensions=tuple(range(rank)))
+    w = ctx.reshape(w, (*spatial, group_inputs, groups, outputs // groups))
+    w = _transpose(ctx, w, (*range(rank), rank + 2, rank + 1, rank))
+    return ctx.reshape(w, (*spatial, outputs // groups, groups * group_inputs))
+
+
+def _backprop_input_window(forward: Window, input_dims: tuple[int, ...],
+                           grad_dims: tuple[int, ...]) -> Window:
+    dims = []
+    for i, d in enumerate(forward.dimensions):
+        effective = (d.size - 1) * d.window_dilation + 1
+        expanded = (grad_dims[1 + i] - 1) * d.stride + 1 if grad_dims[1 + i] else 0
+        before = effective - 1 - d.padding_low
+        after = input_dims[1 + i] + effective - 1 - expanded - before
+        dims.append(WindowDimension(d.size, 1, before, after, d.window_dilation, d.stride))
+    return Window(tuple(dims))
+
+
+@register(*BACKPROP_INPUT_OPS, dtypes=FLOAT, static_inputs=(0,), check=_check_gradient,
+          note="strides, dilations, SAME/VALID/EXPLICIT padding, NHWC/NCHW (NDHWC/NCDHW), "
+               "not grouped yet; input_sizes a compile-time constant; 2-byte floats "
+               "accumulate in float32")
+def _lower_backprop_input(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                          ) -> list[Instruction]:
+    _check_sizes(ctx, op, 0)
+    data_format = _attr(op, "data_format", "NHWC")
+    input_dims = _channels_last_dims(ctx.output_shape().dims, data_format)
+    w = _filter_as_grouped(ctx, op, operands[1])
+    grad = _channels_last(ctx, operands[2], data_format)
+    group_inputs = w.shape.dims[-2]
+    if group_inputs == 0 or input_dims[-1] % group_inputs:
+        raise LoweringError(f"input depth {input_dims[-1]} is not a multiple of the "
+                            f"filter's {group_inputs}")
+    groups = input_dims[-1] // group_inputs
+    forward = _spatial_window(op, input_dims, w.shape.dims[:-2])
+    window = _backprop_input_window(forward, input_dims, grad.shape.dims)
+    kernel = _backprop_input_kernel(ctx, w, groups)
+    result = convolution(ctx, grad, kernel, window, feature_groups=groups)
+    if result.shape.dims != input_dims:
+        raise LoweringError(f"{op.type} {op.name}: gradient of shape {result.shape.dims}, "
+                            f"the input's is {input_dims}")
+    return [_channels_first(ctx, result, data_format)]
+
+
+@register(*BACKPROP_FILTER_OPS, dtypes=FLOAT, static_inputs=(1,), check=_check_gradient,
+          note="strides, dilations, SAME/VALID/EXPLICIT padding, NHWC/NCHW (NDHWC/NCDHW), "
+               "not grouped yet; filter_sizes a compile-time constant; 2-byte floats "
+               "accumulate in float32")
+def _lower_backprop_filter(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                           ) -> list[Instruction]:
+    _check_sizes(ctx, op, 1)
+    data_format = _attr(op, "data_format", "NHWC")
+    x = _channels_last(ctx, operands[0], data_format)
+    grad = _channels_last(ctx, operands[2], data_format)
+    filter_dims = ctx.output_shape().dims
+    if op.type.startswith("Depthwise"):
+        *spatial, channels, multiplier = filter_dims
+        grouped_dims = (*spatial, 1, channels * multiplier)
+    else:
+        grouped_dims = filter_dims
+    rank = x.shape.rank
+    spatial_rank = rank - 2
+    group_inputs = grouped_dims[-2]
+    if group_inputs == 0 or x.shape.dims[-1] % group_inputs:
+        raise LoweringError(f"input depth {x.shape.dims[-1]} is not a multiple of the "
+                            f"filter's {group_inputs}")
+    groups = x.shape.dims[-1] // group_inputs
+    forward = _spatial_window(op, x.shape.dims, grouped_dims[:-2])
+    dims = []
+    for i, d in enumerate(forward.dimensions):
+        out = grad.shape.dims[1 + i]
+        expanded = (out - 1) * d.stride + 1 if out else 0
+        total = expanded + (d.size - 1) * d.window_dilation - x.shape.dims[1 + i]
+        dims.append(WindowDimension(out, d.window_dilation, d.padding_low,
+                                    total - d.padding_low, d.stride))
+    # The input as [C, spatial..., N] (C the batch, N the contracted feature), the
+    # gradient as the kernel [spatial..., N, Cout]: the result is [Cin/G, k..., Cout].
+    lhs = _transpose(ctx, x, (rank - 1, *range(1, rank - 1), 0))
+    rhs = _transpose(ctx, grad, (*range(1, rank - 1), 0, rank - 1))
+    result = convolution(ctx, lhs, rhs, Window(tuple(dims)), batch_groups=groups)
+    result = _transpose(ctx, result, (*range(1, spatial_rank + 1), 0, rank - 1))
+    if result.shape.dims != grouped_dims:
+        raise LoweringError(f"{op.type} {op.name}: gradient of shape {result.shape.dims}, "
+                            f"the filter's is {grouped_dims}")
+    return [ctx.reshape(result, filter_dims)]
