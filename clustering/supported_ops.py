@@ -68,6 +68,9 @@ SEMANTICS: tuple[tuple[str, str, str, str], ...] = (
      "2048, a mean can overflow to inf", "accumulate in float32, round once", "as XLA"),
     ("Max, Min reductions over a NaN", "NaN", "can drop it: reduce_max([1, NaN, 3]) is 3",
      "as TF (NaN)"),
+    ("Softmax of a row holding NaN", "oneDNN's kernel (the default on x86): NaN where "
+     "the input is NaN, 0 in the rest of the row; Eigen's (TF_ENABLE_ONEDNN_OPTS=0): NaN "
+     "across the row", "NaN across the row", "as XLA (and TF's Eigen kernel)"),
     ("MaxPool (2-D and 3-D) over NaN, or a window of -inf", "skips NaN; a window of "
      "NaN or -inf gives the lowest finite value", "skips NaN; a window of -inf gives -inf",
      "as TF"),
