@@ -20,6 +20,7 @@ from tf_harness import check_against_tf, run_clusters, sample, trace
 from tolerances import assert_close
 
 import tfxla_lite as tl
+from tfxla_lite.clustering import cluster_graph, lower_cluster
 from tfxla_lite.clustering.mark import mark
 from tfxla_lite.clustering.registry import constant_value
 from tfxla_lite.options import Options
@@ -121,6 +122,26 @@ def test_conv2d_backprop_input(case: int) -> None:
                                               out_backprop=grad, **attrs)
 
     _check(fn, [w, grad], "Conv2DBackpropInput")
+
+
+def test_strided_backprop_input_is_a_channels_last_convolution() -> None:
+    """The stride's base dilation is a `pad` with interior zeros, so the convolution is
+    one the CPU backend's GEMM path takes (`b01f_01io->b01f`, no lhs_dilate)."""
+    attrs, (_, w, grad), x_shape = _conv2d_case(1)
+
+    def fn(w: tf.Tensor, grad: tf.Tensor) -> tf.Tensor:
+        return tf.raw_ops.Conv2DBackpropInput(input_sizes=tf.constant(x_shape), filter=w,
+                                              out_backprop=grad, **attrs)
+
+    concrete = trace(fn, [w, grad])
+    (cluster,) = cluster_graph(concrete.graph, min_cluster_size=1).clusters
+    instructions = [i for c in lower_cluster(concrete.graph, cluster).computations
+                    for i in c.instructions]
+    (conv,) = [i for i in instructions if i.opcode == "convolution"]
+    assert str(conv.attributes["dim_labels"]) == "b01f_01io->b01f"
+    assert all(d.base_dilation == 1 for d in conv.attributes["window"].dimensions)
+    (pad,) = [i for i in instructions if i.opcode == "pad"]
+    assert [d.interior for d in pad.attributes["padding"].dimensions] == [0, 1, 1, 0]
 
 
 @pytest.mark.parametrize("case", range(len(CONV2D_CASES)))
