@@ -857,7 +857,7 @@ def executable_from_cache(key: str, hlo_text: str, threads: int, caches: CachePo
     and its machine code), for the module whose lowered text is `hlo_text`; None when
     either is missing. `current_hlo_text`: a callable giving the lowered text with the
     current metadata, called only when a text is read (`CachedExecutable.defer_metadata`)."""
-    from tfxla_lite.codegen.cpu.compiler import ENTRY_NAME
+    from tfxla_lite.codegen.cpu.emitter import ENTRY_NAME
 
     found = optimized_lookup(key, caches)
     if found is None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import itertools
-import re
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
@@ -30,7 +29,9 @@ from tfxla_lite.codegen.cpu import (  # noqa: F401
     data_movement,
     elementwise,
     engine,
+    machine_code,
     module_split,
+    multi_output,
     parallel,
     reduction,
     row_kernel,
@@ -42,6 +43,7 @@ from tfxla_lite.codegen.cpu.convolution_gemm import emit_convolution_kernel
 from tfxla_lite.codegen.cpu.donation import output_donations
 from tfxla_lite.codegen.cpu.dot import emit_dot_kernel
 from tfxla_lite.codegen.cpu.emitter import (
+    ENTRY_NAME,
     I8,
     I64,
     KERNEL_EMITTERS,
@@ -51,22 +53,26 @@ from tfxla_lite.codegen.cpu.emitter import (
     Index,
     KernelContext,
     i64,
+    kernel_name,
+    new_kernel_function,
     value_type,
+)
+from tfxla_lite.codegen.cpu.partition import (
+    FLAT_ALIGN,
+    SPLIT_CHUNK,
+    SPLIT_MAX_CHUNKS,
+    Partition,
+    is_flat,
 )
 from tfxla_lite.codegen.cpu.tiers import TieredExecutable
 from tfxla_lite.codegen.executable import ENTRY_SIGNATURE, Executable
 from tfxla_lite.hlo.ir import HloModule, Instruction
 from tfxla_lite.passes.buffer_assignment import leaves
 
-ENTRY_NAME = "entry"
 # Opcodes of the entry computation that own a buffer but emit no kernel.
 _NO_KERNEL = frozenset({"parameter", "constant"})
-# Opcodes a loop kernel can run over a flat linear index (no multi-index needed).
-_FLAT_OPCODES = frozenset({"parameter", "constant", "reshape", "bitcast"})
-
-
-def _kernel_name(inst: Instruction) -> str:
-    return "kernel." + re.sub(r"[^A-Za-z0-9_.]", "_", inst.name)
+# Partitions whose range functions can store their output with streaming stores.
+_STREAMED_KINDS = frozenset({"flat", "rows", "dimension"})
 
 
 def _kernel_body(inst: Instruction) -> tuple[Instruction, list[Instruction]]:
@@ -80,61 +86,6 @@ def _kernel_body(inst: Instruction) -> tuple[Instruction, list[Instruction]]:
     return inst, [inst]
 
 
-def _is_flat(instructions: list[Instruction]) -> bool:
-    """Whether every instruction maps the output's linear index to its operands' unchanged."""
-    from tfxla_lite.hlo.opcodes import is_elementwise
-
-    for inst in instructions:
-        # Reshapes keep the linear index; clamp's scalar bounds and a broadcast scalar
-        # take the scalar index.
-        if inst.opcode in _FLAT_OPCODES or is_elementwise(inst.opcode):
-            continue
-        if inst.opcode == "broadcast" and not inst.operand(0).shape.dims:
-            continue
-        return False
-    return True
-
-
-@dataclass(frozen=True)
-class Partition:
-    """How a kernel's range function splits its work: `total` units of `kind`.
-
-    `flat`: elements of a flat loop; `dimension`: the output's dimension `dim`;
-    `column`: the operand's dimension `dim` of a column reduction; `columns`: units of
-    a column reduction that keeps the minor dimensions (`column_reduction.py`; `chunk`
-    chunks of rows, partial results when more than 1); `split`: chunks of `chunk`
-    elements of a full reduction, folded into partial results; `rows`: rows of a row
-    fusion (`row_kernel.py`). `work` is the
-    largest element count the kernel reads or writes (the threshold compares it).
-    """
-
-    kind: str
-    total: int
-    work: int
-    dim: int = 0
-    chunk: int = 0
-
-    @property
-    def align(self) -> int:
-        return _FLAT_ALIGN if self.kind == "flat" else 1
-
-    @property
-    def has_partials(self) -> bool:
-        """Whether the range function stores partial results the launcher combines."""
-        return self.kind == "split" or (self.kind == "columns" and self.chunk > 1)
-
-
-# Parts of a flat range start at multiples of 64 elements (whole cache lines, whole
-# vectors); a split full reduction uses chunks of this many elements, at most 64 of
-# them, fixed by the input size alone so that the result never depends on the
-# number of threads.
-_FLAT_ALIGN = 64
-# Partitions whose range functions can store their output with streaming stores.
-_STREAMED_KINDS = frozenset({"flat", "rows", "dimension"})
-_SPLIT_CHUNK = 1 << 16
-_SPLIT_MAX_CHUNKS = 64
-
-
 def plan_partition(inst: Instruction) -> Partition:
     """The partition of entry instruction `inst`'s kernel (not a GEMM)."""
     root, computed = _kernel_body(inst)
@@ -145,9 +96,9 @@ def plan_partition(inst: Instruction) -> Partition:
     if root.opcode == "reduce":
         operand_size = root.operand(0).shape.num_elements
         if shape.num_elements == 1 and operand_size >= parallel.PARALLEL_MIN_WORK:
-            chunks = min(_SPLIT_MAX_CHUNKS, -(-operand_size // _SPLIT_CHUNK))
+            chunks = min(SPLIT_MAX_CHUNKS, -(-operand_size // SPLIT_CHUNK))
             chunk = -(-operand_size // chunks)
-            chunk = -(-chunk // _FLAT_ALIGN) * _FLAT_ALIGN
+            chunk = -(-chunk // FLAT_ALIGN) * FLAT_ALIGN
             return Partition("split", -(-operand_size // chunk), work, chunk=chunk)
         if not reduction.is_row_reduction(root):
             columns = column_reduction.plan([root])
@@ -157,7 +108,7 @@ def plan_partition(inst: Instruction) -> Partition:
             if dim is None:
                 return Partition("column", 1, work, dim=-1)
             return Partition("column", root.operand(0).shape.dims[dim], work, dim=dim)
-    elif _is_flat(computed):
+    elif is_flat(computed):
         return Partition("flat", shape.num_elements, work)
     for dim, size in enumerate(shape.dims):
         if size > 1:
@@ -195,17 +146,17 @@ def emit_kernel(module: ir.Module, pool: ConstantPool, inst: Instruction,
         noalias_output = False  # no in-place variant of these: plain aliasing rules
         in_place_operand = None
     # A GEMM-shaped dot, alone or with its kOutput epilogue: units of tiles (dot.py).
-    dot_kernel = emit_dot_kernel(module, pool, inst, _kernel_name(inst), noalias_output,
+    dot_kernel = emit_dot_kernel(module, pool, inst, kernel_name(inst), noalias_output,
                                  threads, _new_kernel)
     if dot_kernel is not None:
         return dot_kernel
     # A GEMM-shaped convolution: blocks of patch rows and a GEMM call each.
-    conv_kernel = emit_convolution_kernel(module, pool, inst, _kernel_name(inst),
+    conv_kernel = emit_convolution_kernel(module, pool, inst, kernel_name(inst),
                                           noalias_output, threads, _new_kernel)
     if conv_kernel is not None:
         return conv_kernel
     if inst.opcode in KERNEL_EMITTERS:  # a whole-kernel emitter (scatter: indexing.py)
-        ctx, output, _ = _new_kernel(module, pool, inst, _kernel_name(inst), noalias_output)
+        ctx, output, _ = _new_kernel(module, pool, inst, kernel_name(inst), noalias_output)
         KERNEL_EMITTERS[inst.opcode](ctx, inst, output)
         ctx.builder.ret_void()
         return ctx.function
@@ -217,7 +168,7 @@ def emit_kernel(module: ir.Module, pool: ConstantPool, inst: Instruction,
     only_in_place = always_in_place and in_place_operand is not None
     range_function = None if only_in_place else _emit_range_function(
         module, pool, inst, noalias_output, partition, stream=stream)
-    ctx, output, inputs = _new_kernel(module, pool, inst, _kernel_name(inst) + ".launch",
+    ctx, output, inputs = _new_kernel(module, pool, inst, kernel_name(inst) + ".launch",
                                       noalias_output and in_place_operand is None)
     pointers = [output, *inputs]
     partials = None
@@ -274,29 +225,6 @@ def _new_kernel(module: ir.Module, pool: ConstantPool, inst: Instruction, name: 
     return ctx, output, inputs
 
 
-def new_kernel_function(module: ir.Module, pool: ConstantPool, inst: Instruction, name: str,
-                        output_count: int, extra: list[ir.Type]
-                        ) -> tuple[KernelContext, list[ir.Value], list[ir.Value]]:
-    """A function `void name(out..., in..., *extra)` with `output_count` outputs (left for
-    the caller to name and mark) and one input per operand of `inst`, and a context
-    whose buffers are those inputs; its outputs and inputs."""
-    count = output_count + len(inst.operands)
-    signature = ir.FunctionType(VOID, [PTR] * count + extra)
-    function = ir.Function(module, signature, name=name)
-    function.linkage = "internal"
-    function.attributes.add("nounwind")
-    outputs, inputs = list(function.args[:output_count]), list(function.args[output_count:count])
-    for arg in inputs:
-        arg.name = "input"
-        arg.attributes.add("captures(none)")  # LLVM infers readonly itself
-    if inst.opcode == "fusion":
-        params = inst.fused_computation.parameters
-        buffers = {id(p): arg for p, arg in zip(params, inputs)}
-    else:
-        buffers = {id(o): arg for o, arg in zip(inst.operands, inputs)}
-    return KernelContext(function, pool, buffers), outputs, inputs
-
-
 def _emit_range_function(module: ir.Module, pool: ConstantPool, inst: Instruction,
                          noalias_output: bool, partition: Partition,
                          in_place_operand: int | None = None, stream: bool = False
@@ -306,7 +234,7 @@ def _emit_range_function(module: ir.Module, pool: ConstantPool, inst: Instructio
     `stream`, a flat or row kernel stores its output with streaming stores."""
     root, _ = _kernel_body(inst)
     extra = ([PTR] if partition.has_partials else []) + [I64, I64]
-    name = _kernel_name(inst) + (".in_place" if in_place_operand is not None else "")
+    name = kernel_name(inst) + (".in_place" if in_place_operand is not None else "")
     ctx, output, _ = _new_kernel(module, pool, inst, name, noalias_output, extra)
     if in_place_operand is not None:
         operand = (inst.fused_computation.parameters[in_place_operand]
@@ -523,21 +451,7 @@ def _finish_code(emitted: EmittedModule, key: str, signature: dict[str, Any],
 def _machine_code(emitted: EmittedModule) -> kernel_cache.CompiledCode:
     """Optimize and compile the emitted parts (one object each) and load them."""
     kernel_cache.count("llvm_compilations")
-    return _o3_machine_code(emitted)
-
-
-def _o3_machine_code(emitted: EmittedModule, threads: int | None = None
-                     ) -> kernel_cache.CompiledCode:
-    """`_machine_code`'s work, on at most `threads` threads (`engine.compile_parts`), not
-    counted (a tiered compile counts its module when it starts)."""
-    split = emitted.split
-    parts = engine.compile_parts(split.parts, threads=threads)
-    execution_engine = engine.load_objects(parts.objects)
-    address = execution_engine.get_function_address(ENTRY_NAME)
-    return kernel_cache.CompiledCode(
-        execution_engine, address, emitted.kernel_count, split.text,
-        kernel_cache.optimized_text(parts.bitcode, split.exported), parts.objects,
-        parts.bitcode, split.exported)
+    return machine_code.o3_machine_code(emitted)
 
 
 def _emit_code(module: HloModule, assignment: Any, team: int,
@@ -589,8 +503,6 @@ def _emit_code(module: HloModule, assignment: Any, team: int,
         if inst.opcode in ("sort", "topk"):  # a kernel of its own (sort.py)
             kernel = sort.emit_sort_kernel(llvm_module, pool, inst, team)
         elif inst.shape.is_tuple:
-            from tfxla_lite.codegen.cpu import multi_output  # it imports this module
-
             kernel = multi_output.emit_kernel(llvm_module, pool, inst, noalias, team)
         else:
             in_place = donated.get(id(inst), _reused_operand(assignment, inst))

@@ -9,11 +9,14 @@ fused producers are thereby computed inline, at whatever index their consumer ne
 
 `EMITTERS` maps each HLO opcode to its generator (house habit 2: one registration
 per opcode); `elementwise.py`, `data_movement.py`, `reduction.py` and `dot.py` fill
-it. `KernelContext` holds the state of one kernel function being emitted.
+it. `KernelContext` holds the state of one kernel function being emitted;
+`new_kernel_function` makes a kernel's function and its context (every kernel shape:
+`compiler.py`, `multi_output.py`, `sort.py`).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -30,6 +33,8 @@ I32 = ir.IntType(32)
 I64 = ir.IntType(64)
 VOID = ir.VoidType()
 PTR = ir.PointerType()
+# The exported function of the ABI (`tfxla_lite.codegen.executable`).
+ENTRY_NAME = "entry"
 
 # bf16 lives in registers as an f32 that is always a bf16 value (every computed bf16
 # element is rounded, `round_bf16`), and in memory as its 16 high bits.
@@ -463,3 +468,31 @@ def _nest(ctx: KernelContext, dims: list[int], name: str, outer: list[ir.Value],
     with ctx.loop(stop, name=f"{name}{d}", start=start) as counter, \
             _nest(ctx, dims, name, outer + [counter], restrict) as multi:
         yield multi
+
+
+def kernel_name(inst: Instruction) -> str:
+    """The LLVM name of entry instruction `inst`'s kernel."""
+    return "kernel." + re.sub(r"[^A-Za-z0-9_.]", "_", inst.name)
+
+
+def new_kernel_function(module: ir.Module, pool: ConstantPool, inst: Instruction, name: str,
+                        output_count: int, extra: list[ir.Type]
+                        ) -> tuple[KernelContext, list[ir.Value], list[ir.Value]]:
+    """A function `void name(out..., in..., *extra)` with `output_count` outputs (left for
+    the caller to name and mark) and one input per operand of `inst`, and a context
+    whose buffers are those inputs; its outputs and inputs."""
+    count = output_count + len(inst.operands)
+    signature = ir.FunctionType(VOID, [PTR] * count + extra)
+    function = ir.Function(module, signature, name=name)
+    function.linkage = "internal"
+    function.attributes.add("nounwind")
+    outputs, inputs = list(function.args[:output_count]), list(function.args[output_count:count])
+    for arg in inputs:
+        arg.name = "input"
+        arg.attributes.add("captures(none)")  # LLVM infers readonly itself
+    if inst.opcode == "fusion":
+        params = inst.fused_computation.parameters
+        buffers = {id(p): arg for p, arg in zip(params, inputs)}
+    else:
+        buffers = {id(o): arg for o, arg in zip(inst.operands, inputs)}
+    return KernelContext(function, pool, buffers), outputs, inputs

@@ -34,15 +34,6 @@ from dataclasses import dataclass
 from llvmlite import ir
 
 from tfxla_lite.codegen.cpu import column_reduction, parallel, reduction, variadic_reduce
-from tfxla_lite.codegen.cpu.compiler import (
-    _FLAT_ALIGN,
-    _SPLIT_CHUNK,
-    _SPLIT_MAX_CHUNKS,
-    Partition,
-    _is_flat,
-    _kernel_name,
-    new_kernel_function,
-)
 from tfxla_lite.codegen.cpu.emitter import (
     I64,
     PTR,
@@ -50,7 +41,16 @@ from tfxla_lite.codegen.cpu.emitter import (
     Index,
     KernelContext,
     i64,
+    kernel_name,
+    new_kernel_function,
     value_type,
+)
+from tfxla_lite.codegen.cpu.partition import (
+    FLAT_ALIGN,
+    SPLIT_CHUNK,
+    SPLIT_MAX_CHUNKS,
+    Partition,
+    is_flat,
 )
 from tfxla_lite.hlo.ir import Instruction, user_edges, widened_reduce_op
 from tfxla_lite.hlo.opcodes import is_elementwise
@@ -113,7 +113,7 @@ def plan(inst: Instruction) -> Partition:
             raise NotImplementedError(f"CPU backend: loop fusion %{inst.name} with outputs "
                                       f"of different dimensions ({inst.shape})")
         computed = inst.fused_computation.instructions if inst.opcode == "fusion" else [inst]
-        if _is_flat([c for c in computed if c.opcode != "tuple"]):
+        if is_flat([c for c in computed if c.opcode != "tuple"]):
             return Partition("flat", leaves[0].shape.num_elements, work)
         return _dimension_partition(dims, work)
     first = reduces[0]
@@ -130,9 +130,9 @@ def plan(inst: Instruction) -> Partition:
     input_size = first.operand(0).shape.num_elements
     if not output_dims and not extras and input_size >= parallel.PARALLEL_MIN_WORK:
         # A full reduction: fixed chunks (chosen as compiler.plan_partition does).
-        chunks = min(_SPLIT_MAX_CHUNKS, -(-input_size // _SPLIT_CHUNK))
+        chunks = min(SPLIT_MAX_CHUNKS, -(-input_size // SPLIT_CHUNK))
         chunk = -(-input_size // chunks)
-        chunk = -(-chunk // _FLAT_ALIGN) * _FLAT_ALIGN
+        chunk = -(-chunk // FLAT_ALIGN) * FLAT_ALIGN
         return Partition("split", -(-input_size // chunk), work, chunk=chunk)
     if reduction.is_row_reduction(first):
         return _dimension_partition(output_dims, work)
@@ -181,7 +181,7 @@ def emit_kernel(module: ir.Module, pool: ConstantPool, inst: Instruction,
     columns = column_reduction.plan(_reduces(leaves)) if partition.kind == "columns" else None
     column_partials = len(_reduces(leaves)) if partition.has_partials and columns else 0
     extra = [PTR] * (len(keys) + column_partials) + [I64, I64]
-    ctx, outputs = _new_function(module, pool, inst, _kernel_name(inst), noalias, extra)
+    ctx, outputs = _new_function(module, pool, inst, kernel_name(inst), noalias, extra)
     begin, end = ctx.function.args[-2:]
     begin.name, end.name = "begin", "end"
     if split:
@@ -204,7 +204,7 @@ def emit_kernel(module: ir.Module, pool: ConstantPool, inst: Instruction,
     ctx.builder.ret_void()
     range_function = ctx.function
 
-    launcher, outputs = _new_function(module, pool, inst, _kernel_name(inst) + ".launch",
+    launcher, outputs = _new_function(module, pool, inst, kernel_name(inst) + ".launch",
                                       noalias, [])
     inputs = list(launcher.function.args[len(outputs):])
     pointers = [*outputs, *inputs]

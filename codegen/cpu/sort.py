@@ -33,6 +33,7 @@ from tfxla_lite.codegen.cpu.emitter import (
     Index,
     KernelContext,
     i64,
+    new_kernel_function,
     storage_type,
     value_type,
 )
@@ -66,7 +67,6 @@ def emit_sort_kernel(module: ir.Module, pool: ConstantPool, inst: Instruction,
 def _row_kernel(module: ir.Module, pool: ConstantPool, inst: Instruction, threads: int,
                 rows: int, work: int, emit_rows) -> ir.Function:
     """A range function over rows [begin, end) made by `emit_rows`, and its launcher."""
-    from tfxla_lite.codegen.cpu.compiler import new_kernel_function  # it imports this module
 
     count = len(inst.shape.tuple_shapes) if inst.shape.is_tuple else 1
     name = "kernel." + "".join(c if c.isalnum() or c in "_." else "_" for c in inst.name)

@@ -56,7 +56,7 @@ from typing import Any
 
 from tfxla_lite.codegen import cache as kernel_cache
 from tfxla_lite.codegen import config
-from tfxla_lite.codegen.cpu import engine
+from tfxla_lite.codegen.cpu import engine, machine_code
 from tfxla_lite.codegen.executable import Executable
 
 logger = logging.getLogger("tfxla_lite")
@@ -259,11 +259,9 @@ def o3_tier(executable: TieredExecutable, emitted: Any, key: str, signature: dic
             caches: kernel_cache.CachePolicy) -> kernel_cache.CompiledCode:
     """The background half of a tiered compile: O3 machine code on one thread, the kernel
     caches' writes, then the swap."""
-    from tfxla_lite.codegen.cpu import compiler  # it imports this module
-
     if _exit_deadline is not None and time.monotonic() > _exit_deadline:
         raise AbandonedCompile("the interpreter is exiting")
-    code = compiler._o3_machine_code(emitted, threads=1)
+    code = machine_code.o3_machine_code(emitted, threads=1)
     if caches.disk:
         kernel_cache.disk_store(key, signature, code)
     if caches.memory:

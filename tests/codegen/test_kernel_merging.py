@@ -207,7 +207,7 @@ def test_merging_compares_every_baked_in_fact(first: dict, second: dict, merged:
     assert (kernels[0] is kernels[1]) == merged
     assert merger.merged == int(merged)
     defined = [f.name for f in module.functions if not f.is_declaration]
-    assert all(name.startswith(compiler._kernel_name(a)) for name in defined) == merged
+    assert all(name.startswith(compiler.kernel_name(a)) for name in defined) == merged
     # The texts kept for the module split are the functions' texts as they are now
     # (a kernel launched twice became `noinline` after it was printed).
     assert set(merger.texts) == set(defined)
