@@ -48,8 +48,9 @@ class Options:
     `tf.function` or `tfxla_lite.function`) raises `CompilationError` where tfxla-lite
     cannot compile a trace, instead of falling back to TF's XLA (or auto-clustering)
     with a warning (`tfxla_lite/xla_fallback.py`). `compile_convolutions`: Conv2D,
-    Conv3D and DepthwiseConv2dNative join clusters (off by default: TF's oneDNN kernels
-    are faster than tfxla-lite's convolution today, docs/benchmarks.md). `log_level`
+    Conv3D and DepthwiseConv2dNative and their gradients join clusters (off by default:
+    TF's oneDNN kernels are faster than tfxla-lite's convolution today,
+    docs/benchmarks.md). `log_level`
     sets the level of the "tfxla_lite" logger (None: leave it as it is).
     `dump_to`: a directory for XLA-style dumps of every compiled cluster and every
     clustering decision, and report.html (`tfxla_lite.dump`); "-" prints the HLO to
