@@ -8,10 +8,13 @@ HLO `convolution`, as TF's XLA bridge builds it (tf2xla/kernels/conv_op_helpers.
 
 - backprop-input (MakeXlaBackpropInputConvOp): the output gradient convolved with the
   filter mirrored in its spatial dims and its input/output features swapped; the
-  gradient is base-dilated by the forward stride (XLA's `lhs_dilate`; here a `pad`
-  with interior zeros, which the CPU GEMM path can read), the window keeps the
+  gradient is base-dilated by the forward stride (`lhs_dilate`), the window keeps the
   forward dilation, and the padding is `k_eff - 1 - pad_low` before and what brings the
-  result to the input's size after (`k_eff = (k-1)·dilation + 1`).
+  result to the input's size after (`k_eff = (k-1)·dilation + 1`). A strided one is
+  then split by the phase of the input position (`_backprop_input_by_phases`): s^rank
+  stride-1 convolutions over the undilated gradient, each with the taps that reach its
+  phase, interleaved; none multiplies the zeros a base dilation inserts, and the CPU
+  backend's GEMM path, which reads no base dilation, takes each.
 - backprop-filter (MakeXlaBackpropFilterConvOp): the input convolved with the output
   gradient as the kernel, batch as the contracted feature; the window is the gradient's
   spatial size dilated by the forward stride, striding by the forward dilation, padded
@@ -32,7 +35,9 @@ be a compile-time constant and agree with the static output shape.
 
 from __future__ import annotations
 
-from dataclasses import replace
+import itertools
+import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -136,18 +141,89 @@ def _backprop_input_window(forward: Window, input_dims: tuple[int, ...],
     return Window(tuple(dims))
 
 
-def _dilate_explicitly(ctx: LoweringContext, grad: Instruction, window: Window
-                       ) -> tuple[Instruction, Window]:
-    """The base dilation as a `pad` with interior zeros: the CPU backend's GEMM path takes
-    no base dilation, and its element generator runs a strided gradient about 100 times
-    slower than the GEMM over the zero-filled one (stride² more products)."""
+@dataclass(frozen=True)
+class _Phase:
+    """The input positions φ, φ+s, φ+2s, ... of one spatial dim of a strided gradient:
+    the taps t0, t0+step, ... of the mirrored kernel reach them, each through gradient
+    elements spaced `dilation` apart, with `window` padding that gives `size` outputs."""
+
+    size: int
+    first_tap: int
+    taps: int
+    step: int
+    dilation: int
+    low: int
+    high: int
+
+
+def _phases(d: WindowDimension, input_size: int, grad_size: int) -> list[_Phase | None]:
+    """Per phase φ of the stride s = d.base_dilation: the sub-convolution over the
+    undilated gradient that makes input positions φ + s·m (None where no tap reaches)."""
+    stride, dilation = d.base_dilation, d.window_dilation
+    step = stride // math.gcd(stride, dilation)
+    phases: list[_Phase | None] = []
+    for phase in range(stride):
+        size = max(0, -(-(input_size - phase) // stride))
+        first = next((t for t in range(min(d.size, step))
+                      if (phase + t * dilation - d.padding_low) % stride == 0), None)
+        if first is None or size == 0:
+            phases.append(None)
+            continue
+        taps = len(range(first, d.size, step))
+        sub_dilation = step * dilation // stride
+        low = -((phase + first * dilation - d.padding_low) // stride)
+        high = size - grad_size - low + (taps - 1) * sub_dilation
+        phases.append(_Phase(size, first, taps, step, sub_dilation, low, high))
+    return phases
+
+
+def _backprop_input_by_phases(ctx: LoweringContext, grad: Instruction, kernel: Instruction,
+                              window: Window, input_dims: tuple[int, ...], groups: int
+                              ) -> Instruction:
+    """A strided gradient (base dilation s) as s^rank stride-1 convolutions over the
+    undilated gradient, one per phase of the input positions, interleaved: the products
+    of the zeros a base dilation inserts are never made, and every convolution is one
+    the CPU backend's GEMM path takes (it reads no base dilation)."""
+    rank = len(window.dimensions)
+    batch, channels = input_dims[0], input_dims[-1]
+    per_dim = [_phases(d, input_dims[1 + i], grad.shape.dims[1 + i])
+               for i, d in enumerate(window.dimensions)]
     strides = [d.base_dilation for d in window.dimensions]
-    if all(s == 1 for s in strides):
-        return grad, window
-    config = [(0, 0, 0), *((0, 0, s - 1) for s in strides), (0, 0, 0)]
-    grad = ctx.emit("pad", [grad, ctx.constant(0, grad.shape.element_type)],
-                    padding=PaddingConfig.of(*config))
-    return grad, Window(tuple(replace(d, base_dilation=1) for d in window.dimensions))
+    blocks = [-(-input_dims[1 + i] // strides[i]) for i in range(rank)]
+    etype = grad.shape.element_type
+    # Each phase's result, padded to the block counts, as [N, M1, 1, M2, 1, ..., C].
+    spread = (batch, *[v for m in blocks for v in (m, 1)], channels)
+    parts: dict[tuple[int, ...], Instruction] = {}
+    for key in itertools.product(*[range(s) for s in strides]):
+        phases = [per_dim[i][p] for i, p in enumerate(key)]
+        if any(p is None for p in phases):
+            parts[key] = ctx.full(0, grad.shape.with_dims(spread))
+            continue
+        chosen = [p for p in phases if p is not None]
+        spec = [(p.first_tap, p.first_tap + p.step * (p.taps - 1) + 1, p.step)
+                for p in chosen] + [(0, n, 1) for n in kernel.shape.dims[rank:]]
+        sub_kernel = ctx.emit("slice", [kernel], slice=tuple(spec))
+        sub_window = Window(tuple(WindowDimension(p.taps, 1, p.low, p.high, p.dilation)
+                                  for p in chosen))
+        part = convolution(ctx, grad, sub_kernel, sub_window, feature_groups=groups)
+        config = [(0, 0), *((0, m - p.size) for m, p in zip(blocks, chosen)), (0, 0)]
+        if any(c != (0, 0) for c in config):
+            part = ctx.emit("pad", [part, ctx.constant(0, etype)],
+                            padding=PaddingConfig.of(*config))
+        parts[key] = ctx.reshape(part, spread)
+    # Interleave, last spatial dim first: [.., Mi, 1, ..] of each phase → [.., Mi, si, ..].
+    for i in reversed(range(rank)):
+        merged: dict[tuple[int, ...], Instruction] = {}
+        for key in itertools.product(*[range(s) for s in strides[:i]]):
+            pieces = [parts[(*key, p)] for p in range(strides[i])]
+            merged[key] = pieces[0] if len(pieces) == 1 else ctx.emit(
+                "concatenate", pieces, dimensions=(2 + 2 * i,))
+        parts = merged
+    whole = ctx.reshape(parts[()], (batch, *[m * s for m, s in zip(blocks, strides)],
+                                    channels))
+    if whole.shape.dims == input_dims:
+        return whole
+    return ctx.emit("slice", [whole], slice=tuple((0, n, 1) for n in input_dims))
 
 
 @register(*BACKPROP_INPUT_OPS, dtypes=FLOAT, static_inputs=(0,), check=_check_gradient,
@@ -169,8 +245,10 @@ def _lower_backprop_input(ctx: LoweringContext, op: tf.Operation, operands: Oper
     forward = _spatial_window(op, input_dims, w.shape.dims[:-2])
     window = _backprop_input_window(forward, input_dims, grad.shape.dims)
     kernel = _backprop_input_kernel(ctx, w, groups)
-    grad, window = _dilate_explicitly(ctx, grad, window)
-    result = convolution(ctx, grad, kernel, window, feature_groups=groups)
+    if all(d.base_dilation == 1 for d in window.dimensions):
+        result = convolution(ctx, grad, kernel, window, feature_groups=groups)
+    else:
+        result = _backprop_input_by_phases(ctx, grad, kernel, window, input_dims, groups)
     if result.shape.dims != input_dims:
         raise LoweringError(f"{op.type} {op.name}: gradient of shape {result.shape.dims}, "
                             f"the input's is {input_dims}")

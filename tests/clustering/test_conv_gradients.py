@@ -96,6 +96,8 @@ CONV2D_CASES = [
     ((1, 6, 7, 3), (3, 3, 3, 4), (1, 1), [[0, 0], [2, 0], [1, 3], [0, 0]], (1, 1)),
     ((1, 6, 7, 3), (2, 2, 3, 4), (2, 1), [[0, 0], [0, 1], [3, 2], [0, 0]], (1, 2)),
     ((1, 8, 7, 2), (2, 2, 2, 2), (3, 3), [[0, 0], [1, 0], [2, 0], [0, 0]], (1, 1)),
+    ((1, 9, 8, 2), (3, 3, 2, 3), (2, 2), "SAME", (2, 2)),  # phases no tap reaches
+    ((1, 11, 10, 2), (2, 3, 2, 2), (2, 3), "VALID", (3, 2)),
 ]
 
 
@@ -124,8 +126,9 @@ def test_conv2d_backprop_input(case: int) -> None:
     _check(fn, [w, grad], "Conv2DBackpropInput")
 
 
-def test_strided_backprop_input_is_a_channels_last_convolution() -> None:
-    """The stride's base dilation is a `pad` with interior zeros, so the convolution is
+def test_strided_backprop_input_by_phases() -> None:
+    """A stride-2 gradient is four stride-1 convolutions over the undilated gradient, one
+    per phase of the input positions (taps 2×2, 2×1, 1×2, 1×1 of a 3×3 filter), each
     one the CPU backend's GEMM path takes (`b01f_01io->b01f`, no lhs_dilate)."""
     attrs, (_, w, grad), x_shape = _conv2d_case(1)
 
@@ -137,11 +140,13 @@ def test_strided_backprop_input_is_a_channels_last_convolution() -> None:
     (cluster,) = cluster_graph(concrete.graph, min_cluster_size=1).clusters
     instructions = [i for c in lower_cluster(concrete.graph, cluster).computations
                     for i in c.instructions]
-    (conv,) = [i for i in instructions if i.opcode == "convolution"]
-    assert str(conv.attributes["dim_labels"]) == "b01f_01io->b01f"
-    assert all(d.base_dilation == 1 for d in conv.attributes["window"].dimensions)
-    (pad,) = [i for i in instructions if i.opcode == "pad"]
-    assert [d.interior for d in pad.attributes["padding"].dimensions] == [0, 1, 1, 0]
+    convolutions = [i for i in instructions if i.opcode == "convolution"]
+    assert sorted(tuple(d.size for d in c.attributes["window"].dimensions)
+                  for c in convolutions) == [(1, 1), (1, 2), (2, 1), (2, 2)]
+    for conv in convolutions:
+        assert str(conv.attributes["dim_labels"]) == "b01f_01io->b01f"
+        assert all(d.base_dilation == 1 and d.stride == 1
+                   for d in conv.attributes["window"].dimensions)
 
 
 @pytest.mark.parametrize("case", range(len(CONV2D_CASES)))
