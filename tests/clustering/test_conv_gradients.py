@@ -304,6 +304,20 @@ def test_conv3d_gradient_tape(strides: tuple[int, ...], padding: str,
     _check(_tape(forward), args, "Conv3DBackpropFilterV2")
 
 
+@pytest.mark.parametrize("dtype", [F32, BF16], ids=["f32", "bf16"])
+def test_conv3d_gradient_ncdhw(dtype: Any) -> None:
+    x_shape, w_shape = (1, 5, 6, 4, 2), (2, 3, 3, 2, 3)
+    out = _forward_output_dims(x_shape, w_shape[:3], 3, (2, 1, 2), "SAME", (1, 1, 1))
+    args = [sample(x_shape, dtype, seed=4, edges=False).transpose(0, 4, 1, 2, 3),
+            sample(w_shape, dtype, seed=5, edges=False),
+            sample(out, dtype, seed=6, edges=False).transpose(0, 4, 1, 2, 3)]
+
+    def forward(x: tf.Tensor, w: tf.Tensor) -> tf.Tensor:
+        return tf.nn.conv3d(x, w, [1, 1, 2, 1, 2], "SAME", data_format="NCDHW")
+
+    _check(_tape(forward), args, "Conv3DBackpropInputV2", reference_xla=True)
+
+
 def test_concat_offset_folds() -> None:
     """The ConcatOffset of a concat's gradient is a constant (test_conv2d_gradient_tape
     checks ShapeN's), and the gradient of a concat clusters whole."""
@@ -322,6 +336,21 @@ def test_concat_offset_folds() -> None:
     offsets = [constant_value(t) for t in ops["ConcatOffset"].outputs]
     assert [list(v) for v in offsets] == [[0, 0], [0, 3]]
     check_against_tf(fn, args, "ConcatOffset")
+
+
+def test_grouped_gradients_stay_in_tf() -> None:
+    """As the grouped forward does (rules_conv._check_convolution)."""
+
+    def fn(w: tf.Tensor, grad: tf.Tensor) -> tf.Tensor:
+        return tf.raw_ops.Conv2DBackpropInput(input_sizes=tf.constant([1, 5, 5, 4]),
+                                              filter=w, out_backprop=grad, strides=[1] * 4,
+                                              padding="SAME")
+
+    concrete = trace(fn, [sample((3, 3, 2, 6), F32), sample((1, 5, 5, 6), F32)])
+    decisions = mark(concrete.graph)
+    (op,) = [op for op in concrete.graph.get_operations() if op.type == "Conv2DBackpropInput"]
+    assert not decisions[op.name].compilable
+    assert "grouped" in decisions[op.name].reason
 
 
 def test_unknown_sizes_stay_in_tf() -> None:
