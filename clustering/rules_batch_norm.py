@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from tfxla_lite.clustering.registry import (
-    FLOAT,
+    HALF,
     LoweringContext,
     LoweringError,
     register,
@@ -107,8 +107,14 @@ _NOTE_FORWARD = ("training and inference, NHWC/NCHW (NDHWC/NCDHW), exponential_a
                  "TF's CPU arithmetic (two-pass variance); 2-byte floats compute in float32")
 
 
-@register("FusedBatchNorm", "FusedBatchNormV2", dtypes=FLOAT, check=_check,
-          note=_NOTE_FORWARD)
+# TF's kernels: the first versions take float32 only; V2 and V3 float32 and the 2-byte
+# floats (their statistics float32).
+_V1_DTYPES = frozenset({"float32"})
+_DTYPES = HALF | _V1_DTYPES
+
+
+@register("FusedBatchNorm", dtypes=_V1_DTYPES, check=_check, note=_NOTE_FORWARD)
+@register("FusedBatchNormV2", dtypes=_DTYPES, check=_check, note=_NOTE_FORWARD)
 def _lower_batch_norm(ctx: LoweringContext, op: tf.Operation, operands: Operands
                       ) -> list[Instruction]:
     x, scale, offset, old_mean, old_variance = operands[:5]
@@ -151,7 +157,7 @@ def _reserve_space_dims(op: tf.Operation, index: int) -> tuple[int, ...] | None:
     return (0,) if index == 5 else None
 
 
-register("FusedBatchNormV3", dtypes=FLOAT, check=_check, note=_NOTE_FORWARD,
+register("FusedBatchNormV3", dtypes=_DTYPES, check=_check, note=_NOTE_FORWARD,
          output_dims=_reserve_space_dims)(_lower_batch_norm)
 
 
@@ -159,8 +165,10 @@ _NOTE_GRADIENT = ("training and inference, NHWC/NCHW (NDHWC/NCDHW), reading the 
                   "op's reserve spaces; 2-byte floats compute in float32")
 
 
-@register("FusedBatchNormGrad", "FusedBatchNormGradV2", "FusedBatchNormGradV3", dtypes=FLOAT,
-          unused_inputs=(5,), check=_check, note=_NOTE_GRADIENT)
+@register("FusedBatchNormGrad", dtypes=_V1_DTYPES, unused_inputs=(5,), check=_check,
+          note=_NOTE_GRADIENT)
+@register("FusedBatchNormGradV2", "FusedBatchNormGradV3", dtypes=_DTYPES, unused_inputs=(5,),
+          check=_check, note=_NOTE_GRADIENT)
 def _lower_batch_norm_grad(ctx: LoweringContext, op: tf.Operation, operands: Operands
                            ) -> list[Instruction]:
     dy, x, scale, mean, variance = operands[:5]

@@ -455,8 +455,11 @@ _GRAD_GRAD_NOTE = ("SAME/VALID/EXPLICIT, NHWC/NCHW (NDHWC/NCDHW); reads the grad
                    "CPU kernel (0 where none is)")
 
 
-@register("MaxPoolGradGrad", "MaxPool3DGradGrad", dtypes=FLOAT, check=_check_pool,
+# MaxPool3DGradGrad: neither TF's CPU kernels nor TF's XLA take float16, so nothing could
+# say what its float16 result is; it stays in TF, which refuses it as plain TF does.
+@register("MaxPool3DGradGrad", dtypes=FLOAT - {"float16"}, check=_check_pool,
           note=_GRAD_GRAD_NOTE)
+@register("MaxPoolGradGrad", dtypes=FLOAT, check=_check_pool, note=_GRAD_GRAD_NOTE)
 def _lower_max_pool_grad_grad(ctx: LoweringContext, op: tf.Operation, operands: Operands
                               ) -> list[Instruction]:
     x, pooled, grad = operands[:3]

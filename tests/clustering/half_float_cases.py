@@ -375,3 +375,132 @@ CASES: list[Case] = [
              [((3, 4), 1, False, False), ((3, 4), 0, True, True), ((1, 0), 1, False, False)],
              compare_as="Prod"),
 ]
+
+# -- pooling, batch norm, convolution gradients, random draws (finite inputs: NaN and
+# infinities in windows are test_pooling's, seeds and shapes test_random_ops') --
+_POOL = dict(ksize=[1, 2, 2, 1], strides=[1, 2, 2, 1], padding="VALID")
+_POOL3 = dict(ksize=[1, 2, 2, 2, 1], strides=[1, 2, 2, 2, 1], padding="VALID")
+
+
+def _max_pool_grads(x: Any, g: Any) -> list[Any]:
+    y = raw.MaxPool(input=x, **_POOL)
+    vector = dict(ksize=tf.constant(_POOL["ksize"]), strides=tf.constant(_POOL["strides"]),
+                  padding="VALID")
+    return [raw.MaxPoolGrad(orig_input=x, orig_output=y, grad=g, **_POOL),
+            raw.MaxPoolGradV2(orig_input=x, orig_output=y, grad=g, **vector),
+            raw.MaxPoolGradGrad(orig_input=x, orig_output=y, grad=x * 0.5, **_POOL),
+            raw.MaxPoolGradGradV2(orig_input=x, orig_output=y, grad=x * 0.5, **vector)]
+
+
+def _max_pool_3d_grad(x: Any, g: Any) -> Any:
+    y = raw.MaxPool3D(input=x, **_POOL3)
+    return raw.MaxPool3DGrad(orig_input=x, orig_output=y, grad=g, **_POOL3)
+
+
+def _max_pool_3d_grad_grad(x: Any) -> Any:
+    y = raw.MaxPool3D(input=x, **_POOL3)
+    return raw.MaxPool3DGradGrad(orig_input=x, orig_output=y, grad=x * 0.5, **_POOL3)
+
+
+def _batch_norms(x: Any, scale: Any, offset: Any) -> list[Any]:
+    f32 = [tf.cast(v, tf.float32) for v in (scale, offset)]
+    empty = tf.constant([], tf.float32)
+    out = []
+    for op in (raw.FusedBatchNormV2, raw.FusedBatchNormV3):
+        out.extend(op(x=x, scale=f32[0], offset=f32[1], mean=empty, variance=empty,
+                      epsilon=1e-3, is_training=True)[:3])
+    return out
+
+
+def _batch_norm_grads(dy: Any, x: Any, scale: Any) -> list[Any]:
+    s = tf.cast(scale, tf.float32)
+    mean, variance = tf.reduce_mean(tf.cast(x, tf.float32), [0, 1, 2]), tf.ones_like(s)
+    out = []
+    for op in (raw.FusedBatchNormGradV2, raw.FusedBatchNormGradV3):
+        extra = {"reserve_space_3": tf.constant([], tf.float32)} \
+            if op is raw.FusedBatchNormGradV3 else {}
+        out.extend(op(y_backprop=dy, x=x, scale=s, reserve_space_1=mean,
+                      reserve_space_2=variance, epsilon=1e-3, is_training=True, **extra)[:3])
+    return out
+
+
+def _conv_grads(x: Any, w: Any, dy: Any) -> list[Any]:
+    sizes = dict(strides=[1, 1, 1, 1], padding="VALID")
+    return [raw.Conv2DBackpropInput(input_sizes=tf.constant([1, 5, 5, 3]), filter=w,
+                                    out_backprop=dy, **sizes),
+            raw.Conv2DBackpropFilter(input=x, filter_sizes=tf.constant([3, 3, 3, 4]),
+                                     out_backprop=dy, **sizes)]
+
+
+def _depthwise_grads(x: Any, w: Any, dy: Any) -> list[Any]:
+    sizes = dict(strides=[1, 1, 1, 1], padding="VALID")
+    return [raw.DepthwiseConv2dNativeBackpropInput(input_sizes=tf.constant([1, 5, 4, 3]),
+                                                   filter=w, out_backprop=dy, **sizes),
+            raw.DepthwiseConv2dNativeBackpropFilter(input=x, filter_sizes=tf.constant(
+                [2, 2, 3, 2]), out_backprop=dy, **sizes)]
+
+
+def _conv3d_grads(x: Any, w: Any, dy: Any) -> list[Any]:
+    sizes = dict(strides=[1, 1, 1, 1, 1], padding="VALID")
+    return [raw.Conv3DBackpropInputV2(input_sizes=tf.constant([1, 4, 4, 3, 2]), filter=w,
+                                      out_backprop=dy, **sizes),
+            raw.Conv3DBackpropFilterV2(input=x, filter_sizes=tf.constant([2, 2, 2, 2, 3]),
+                                       out_backprop=dy, **sizes)]
+
+
+def _draws(x: Any) -> list[Any]:
+    seed = tf.constant([7, -3])
+    key, counter = raw.StatelessRandomGetKeyCounter(seed=seed)
+    shape = tf.constant([3, 5])
+    return [x + raw.StatelessRandomUniform(shape=shape, seed=seed, dtype=x.dtype),
+            x + raw.StatelessRandomNormal(shape=shape, seed=seed, dtype=x.dtype),
+            x + raw.StatelessRandomUniformV2(shape=shape, key=key, counter=counter, alg=1,
+                                             dtype=x.dtype),
+            x + raw.StatelessRandomNormalV2(shape=shape, key=key, counter=counter, alg=1,
+                                            dtype=x.dtype)]
+
+
+CASES += [
+    Case("MaxPool", lambda x: tf.nn.max_pool2d(x, 2, 2, "SAME"), arrays([[(2, 5, 4, 3)]], "f")),
+    Case("MaxPoolV2", lambda x: raw.MaxPoolV2(input=x, ksize=tf.constant([1, 3, 3, 1]),
+                                              strides=tf.constant([1, 2, 2, 1]),
+                                              padding="SAME"),
+         arrays([[(2, 5, 4, 3)]], "f")),
+    Case("MaxPool3D", lambda x: tf.nn.max_pool3d(x, 2, 2, "VALID"),
+         arrays([[(1, 4, 4, 4, 2)]], "f")),
+    Case("AvgPool", lambda x: tf.nn.avg_pool2d(x, 3, 2, "SAME"), arrays([[(2, 5, 4, 3)]], "f"),
+         compare_as="Sum"),
+    Case("AvgPool3D", lambda x: tf.nn.avg_pool3d(x, 2, 1, "VALID"),
+         arrays([[(1, 3, 4, 3, 2)]], "f"), compare_as="Sum"),
+    Case("AvgPoolGrad", lambda g: raw.AvgPoolGrad(orig_input_shape=tf.constant([2, 4, 4, 3]),
+                                                  grad=g, **_POOL),
+         arrays([[(2, 2, 2, 3)]], "f"), compare_as="Sum"),
+    Case("AvgPool3DGrad", lambda g: raw.AvgPool3DGrad(
+        orig_input_shape=tf.constant([1, 4, 4, 4, 2]), grad=g, **_POOL3),
+        arrays([[(1, 2, 2, 2, 2)]], "f"), compare_as="Sum"),
+    *[Case(op, _max_pool_grads, arrays([[(2, 4, 4, 3), (2, 2, 2, 3)]], "ff"), compare_as="Sum")
+      for op in ("MaxPoolGrad", "MaxPoolGradV2", "MaxPoolGradGrad", "MaxPoolGradGradV2")],
+    Case("MaxPool3DGrad", _max_pool_3d_grad, arrays([[(1, 4, 4, 4, 2), (1, 2, 2, 2, 2)]], "ff"),
+         compare_as="Sum"),
+    Case("MaxPool3DGradGrad", _max_pool_3d_grad_grad, arrays([[(1, 4, 4, 4, 2)]], "f"),
+         compare_as="Sum"),
+    *[Case(op, _batch_norms, arrays([[(4, 3, 3, 5), (5,), (5,)]], "fpf"),
+           compare_as="FusedBatchNormV3") for op in ("FusedBatchNormV2", "FusedBatchNormV3")],
+    *[Case(op, _batch_norm_grads, arrays([[(4, 3, 3, 5), (4, 3, 3, 5), (5,)]], "ffp"),
+           compare_as="FusedBatchNormGradV3")
+      for op in ("FusedBatchNormGradV2", "FusedBatchNormGradV3")],
+    # Positive operands: TF's float16 gradients (Eigen's, where oneDNN lacks AVX-512 half
+    # support) accumulate in float16, and cancellation would leave little of their sums.
+    *[Case(op, _conv_grads, arrays([[(1, 5, 5, 3), (3, 3, 3, 4), (1, 3, 3, 4)]], "ppp"),
+           compare_as="Conv2D") for op in ("Conv2DBackpropInput", "Conv2DBackpropFilter")],
+    *[Case(op, _depthwise_grads, arrays([[(1, 5, 4, 3), (2, 2, 3, 2), (1, 4, 3, 6)]], "ppp"),
+           compare_as="Conv2D")
+      for op in ("DepthwiseConv2dNativeBackpropInput", "DepthwiseConv2dNativeBackpropFilter")],
+    *[Case(op, _conv3d_grads, arrays([[(1, 4, 4, 3, 2), (2, 2, 2, 2, 3), (1, 3, 3, 2, 3)]],
+                                     "ppp"), compare_as="Conv2D")
+      for op in ("Conv3DBackpropInputV2", "Conv3DBackpropFilterV2")],
+    *[Case(op, _draws, arrays([[(3, 5)]], "f"), compare_as="Add") for op in (
+        "StatelessRandomUniform", "StatelessRandomNormal", "StatelessRandomUniformV2",
+        "StatelessRandomNormalV2")],
+    Case("TruncateDiv", over_shapes(tf.truncatediv, 2), arrays(SAME_SHAPES[1:], "fp")),
+]
