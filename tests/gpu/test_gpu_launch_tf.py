@@ -50,14 +50,17 @@ def _arguments() -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
 
 def _placed(device: str | None, **options: object) -> tl.Function:
     """The model with its ops placed on `device` (None: TF's placement), compiled with
-    `options` (default: must-compile)."""
+    `options` (default: must-compile, its two independent clusters kept apart, so that
+    each is a launch node of its own: test_independent_gpu_clusters_share_one_launch
+    merges them)."""
     def placed(x: tf.Tensor, n: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, ...]:
         if device is None:
             return _model(x, n, y)
         with tf.device(device):
             return _model(x, n, y)
 
-    return tl.function(placed, **(options or {"jit_compile": True}))
+    return tl.function(placed, **(options or {"jit_compile": True, "options": tl.Options(
+        merge_independent_clusters=False)}))
 
 
 def _ops(function: tl.Function, *args: tf.Tensor) -> list[tf.Operation]:
@@ -113,6 +116,17 @@ def test_gpu_cluster_runs_through_the_gpu_launch_node(emulated_gpu: fake_cupy.Re
     launches = len(emulated_gpu.launches)
     _assert_matches_tf(function(*args), args)  # the second call reuses the program
     assert len(emulated_gpu.launches) == 2 * launches
+
+
+@needs_gxx
+def test_independent_gpu_clusters_share_one_launch(emulated_gpu: fake_cupy.Recorder) -> None:
+    """By default the model's two clusters, which no path joins, are one launch node."""
+    function = _placed("/GPU:0", jit_compile=True)
+    args = _arguments()
+    _assert_matches_tf(function(*args), args)
+    assert [c.compiled for c in function.explain(*args).clusters] == [True]
+    calls = [op for op in _ops(function, *args) if op.type == "EagerPyFunc"]
+    assert len(calls) == 1 and calls[0].device.endswith("device:GPU:0")
 
 
 @needs_gxx
