@@ -55,7 +55,10 @@ NUMERIC = FLOAT | INTEGER
 BOOL = frozenset({"bool"})
 ALL = NUMERIC | BOOL
 
-_HALF_TYPES = frozenset({"f16", "bf16"})
+# The same 2-byte floats as HLO element types.
+HALF_ELEMENT_TYPES = frozenset({"f16", "bf16"})
+# The layouts of TF's convolution, pooling and batch-norm ops (`data_format`).
+DATA_FORMATS = ("NHWC", "NCHW", "NDHWC", "NCDHW")
 
 LowerFn = Callable[["LoweringContext", "tf.Operation", list[Any]], list[Instruction]]
 CheckFn = Callable[["tf.Operation"], "str | None"]
@@ -198,6 +201,15 @@ def known_dims(tensor: tf.Tensor) -> tuple[int, ...] | None:
 # Folding stops at results larger than this: static inputs are axes and shapes.
 _FOLD_LIMIT = 1 << 12
 _FOLDABLE_DTYPES = frozenset({"int32", "int64", "bool"})
+
+
+def attribute(op: tf.Operation, name: str, default: Any) -> Any:
+    """`op`'s attribute `name` (strings decoded), or `default` where the op has none."""
+    try:
+        value = op.get_attr(name)
+    except ValueError:
+        return default
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def constant_value(tensor: tf.Tensor) -> np.ndarray | None:
@@ -468,7 +480,7 @@ class LoweringContext:
         """Reduce `x` over `axes` with the scalar computation `kind`, from `init`. Sums and
         products of 2-byte floats accumulate in f32 (XLA's SumAccumulationType)."""
         etype = x.shape.element_type
-        if kind in ("add", "multiply") and etype in _HALF_TYPES:
+        if kind in ("add", "multiply") and etype in HALF_ELEMENT_TYPES:
             wide = self.reduce(self.convert(x, "f32"), axes, kind, init)
             return self.convert(wide, etype)
         computation = self.module.reduction_computation(kind, etype)
@@ -479,7 +491,7 @@ class LoweringContext:
         """HLO `dot`; 2-byte floats multiply and accumulate in f32, then round once (what
         XLA's CPU backend does with their dots)."""
         etype = a.shape.element_type
-        if etype not in _HALF_TYPES:
+        if etype not in HALF_ELEMENT_TYPES:
             return self.emit("dot", [a, b], **dimensions)
         wide = self.emit("dot", [self.convert(a, "f32"), self.convert(b, "f32")], **dimensions)
         return self.convert(wide, etype)

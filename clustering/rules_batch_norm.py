@@ -29,9 +29,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from tfxla_lite.clustering.registry import (
+    DATA_FORMATS,
     HALF,
     LoweringContext,
     LoweringError,
+    attribute,
     register,
 )
 from tfxla_lite.hlo import Instruction
@@ -40,20 +42,11 @@ if TYPE_CHECKING:
     import tensorflow as tf
 
 Operands = list[Any]
-_LAYOUTS = ("NHWC", "NCHW", "NDHWC", "NCDHW")
-
-
-def _attr(op: tf.Operation, name: str, default: Any) -> Any:
-    try:
-        value = op.get_attr(name)
-    except ValueError:
-        return default
-    return value.decode() if isinstance(value, bytes) else value
 
 
 def _check(op: tf.Operation) -> str | None:
-    data_format = _attr(op, "data_format", "NHWC")
-    if data_format not in _LAYOUTS:
+    data_format = attribute(op, "data_format", "NHWC")
+    if data_format not in DATA_FORMATS:
         return f"data_format {data_format}"
     rank = op.inputs[0].shape.rank
     if rank is not None and rank != len(data_format):
@@ -65,7 +58,7 @@ class _Features:
     """The feature dimension of the op's layout, and how a per-feature vector spreads."""
 
     def __init__(self, op: tf.Operation, x: Instruction) -> None:
-        data_format = _attr(op, "data_format", "NHWC")
+        data_format = attribute(op, "data_format", "NHWC")
         rank = x.shape.rank
         if rank != len(data_format):
             raise LoweringError(f"a rank-{rank} input for {data_format}")
@@ -120,14 +113,14 @@ def _lower_batch_norm(ctx: LoweringContext, op: tf.Operation, operands: Operands
     x, scale, offset, old_mean, old_variance = operands[:5]
     etype = x.shape.element_type
     wide_type = scale.shape.element_type
-    epsilon = float(_attr(op, "epsilon", 1e-4))
+    epsilon = float(attribute(op, "epsilon", 1e-4))
     features = _Features(op, x)
     wide = ctx.convert(x, wide_type)
     if x.shape.num_elements == 0:
         # TF's kernel, in either mode: NaN statistics and zero reserve spaces.
         nan, zero = ctx.full(float("nan"), scale.shape), ctx.full(0, scale.shape)
         outputs = [ctx.full(0, x.shape), nan, nan, zero, zero]
-    elif not _attr(op, "is_training", True):
+    elif not attribute(op, "is_training", True):
         centered = _binary(ctx, "subtract", wide, features.spread(ctx, old_mean))
         y = _scale_and_shift(ctx, features, centered, old_variance, scale, offset, epsilon)
         outputs = [ctx.convert(y, etype), old_mean, old_variance, old_mean, old_variance]
@@ -139,7 +132,7 @@ def _lower_batch_norm(ctx: LoweringContext, op: tf.Operation, operands: Operands
         variance = _scalar_times(ctx, squares, 1.0 / count)
         y = _scale_and_shift(ctx, features, centered, variance, scale, offset, epsilon)
         corrected = _scalar_times(ctx, variance, count / max(count - 1, 1))
-        factor = float(_attr(op, "exponential_avg_factor", 1.0))
+        factor = float(attribute(op, "exponential_avg_factor", 1.0))
         running_mean, running_variance = mean, corrected
         if factor != 1.0:
             running_mean = _binary(ctx, "add", _scalar_times(ctx, old_mean, 1.0 - factor),
@@ -174,7 +167,7 @@ def _lower_batch_norm_grad(ctx: LoweringContext, op: tf.Operation, operands: Ope
     dy, x, scale, mean, variance = operands[:5]
     etype = x.shape.element_type
     wide_type = scale.shape.element_type
-    epsilon = float(_attr(op, "epsilon", 1e-4))
+    epsilon = float(attribute(op, "epsilon", 1e-4))
     features = _Features(op, x)
     dy, x = ctx.convert(dy, wide_type), ctx.convert(x, wide_type)
     inv = ctx.emit("rsqrt", [_binary(ctx, "add", variance, ctx.full(epsilon, variance.shape))])
@@ -183,7 +176,7 @@ def _lower_batch_norm_grad(ctx: LoweringContext, op: tf.Operation, operands: Ope
     offset_backprop = features.total(ctx, dy)
     scale_backprop = features.total(ctx, _binary(ctx, "multiply", dy, x_scaled))
     coefficient = features.spread(ctx, _binary(ctx, "multiply", scale, inv))
-    if not _attr(op, "is_training", True):
+    if not attribute(op, "is_training", True):
         x_backprop = _binary(ctx, "multiply", dy, coefficient)
     else:
         count = features.count

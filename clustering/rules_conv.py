@@ -20,9 +20,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from tfxla_lite.clustering.registry import (
+    DATA_FORMATS,
     FLOAT,
+    HALF_ELEMENT_TYPES,
     LoweringContext,
     LoweringError,
+    attribute,
     register,
 )
 from tfxla_lite.hlo import Instruction
@@ -33,31 +36,22 @@ if TYPE_CHECKING:
     import tensorflow as tf
 
 Operands = list[Any]
-_HALF_TYPES = frozenset({"f16", "bf16"})
-
-
-def _attr(op: tf.Operation, name: str, default: Any) -> Any:
-    try:
-        value = op.get_attr(name)
-    except ValueError:
-        return default
-    return value.decode() if isinstance(value, bytes) else value
 
 
 def _check_convolution(op: tf.Operation) -> str | None:
-    data_format = _attr(op, "data_format", "NHWC")
-    if data_format not in ("NHWC", "NCHW", "NDHWC", "NCDHW"):
+    data_format = attribute(op, "data_format", "NHWC")
+    if data_format not in DATA_FORMATS:
         return f"data_format {data_format}"
     rank = len(data_format)
     channels_last = data_format.endswith("C")
     spatial = range(1, rank - 1) if channels_last else range(2, rank)
     for name in ("strides", "dilations"):
-        values = list(_attr(op, name, [1] * rank)) or [1] * rank
+        values = list(attribute(op, name, [1] * rank)) or [1] * rank
         if len(values) != rank or any(values[d] != 1 for d in range(rank) if d not in spatial):
             return f"{name} {values} on the batch or channel dimension"
         if any(v < 1 for v in values):
             return f"{name} {values}"
-    padding = _attr(op, "padding", "VALID")
+    padding = attribute(op, "padding", "VALID")
     if padding not in ("SAME", "VALID", "EXPLICIT"):
         return f"padding {padding}"
     if op.type in ("Conv2D", "Conv3D"):
@@ -73,14 +67,14 @@ def _check_convolution(op: tf.Operation) -> str | None:
 def _spatial_window(op: tf.Operation, input_dims: tuple[int, ...],
                     kernel_dims: tuple[int, ...]) -> Window:
     """The window of a channels-last convolution over `input_dims` (N, spatial..., C)."""
-    data_format = _attr(op, "data_format", "NHWC")
+    data_format = attribute(op, "data_format", "NHWC")
     rank = len(data_format)
     channels_last = data_format.endswith("C")
     spatial = list(range(1, rank - 1)) if channels_last else list(range(2, rank))
-    strides = list(_attr(op, "strides", [1] * rank)) or [1] * rank
-    dilations = list(_attr(op, "dilations", [1] * rank)) or [1] * rank
-    padding = _attr(op, "padding", "VALID")
-    explicit = list(_attr(op, "explicit_paddings", []))
+    strides = list(attribute(op, "strides", [1] * rank)) or [1] * rank
+    dilations = list(attribute(op, "dilations", [1] * rank)) or [1] * rank
+    padding = attribute(op, "padding", "VALID")
+    explicit = list(attribute(op, "explicit_paddings", []))
     dims = []
     for i, d in enumerate(spatial):
         size, kernel = input_dims[1 + i], kernel_dims[i]
@@ -130,7 +124,7 @@ def convolution(ctx: LoweringContext, lhs: Instruction, rhs: Instruction, window
         attributes["feature_group_count"] = feature_groups
     if batch_groups != 1:
         attributes["batch_group_count"] = batch_groups
-    if etype not in _HALF_TYPES:
+    if etype not in HALF_ELEMENT_TYPES:
         return ctx.emit("convolution", [lhs, rhs], **attributes)
     wide = ctx.emit("convolution", [ctx.convert(lhs, "f32"), ctx.convert(rhs, "f32")],
                     **attributes)
@@ -152,7 +146,7 @@ CONVOLUTION_OPS = frozenset({
                "not grouped yet; 2-byte floats accumulate in float32")
 def _lower_conv(ctx: LoweringContext, op: tf.Operation, operands: Operands
                 ) -> list[Instruction]:
-    data_format = _attr(op, "data_format", "NHWC")
+    data_format = attribute(op, "data_format", "NHWC")
     x = _channels_last(ctx, operands[0], data_format)
     w = operands[1]
     depth, filter_depth = x.shape.dims[-1], w.shape.dims[-2]
@@ -169,7 +163,7 @@ def _lower_conv(ctx: LoweringContext, op: tf.Operation, operands: Operands
                "accumulate in float32")
 def _lower_depthwise(ctx: LoweringContext, op: tf.Operation, operands: Operands
                      ) -> list[Instruction]:
-    data_format = _attr(op, "data_format", "NHWC")
+    data_format = attribute(op, "data_format", "NHWC")
     x = _channels_last(ctx, operands[0], data_format)
     w = operands[1]
     height, width, channels, multiplier = w.shape.dims

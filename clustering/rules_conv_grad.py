@@ -46,10 +46,10 @@ from tfxla_lite.clustering.registry import (
     FLOAT,
     LoweringContext,
     LoweringError,
+    attribute,
     register,
 )
 from tfxla_lite.clustering.rules_conv import (
-    _attr,
     _channels_first,
     _channels_last,
     _check_convolution,
@@ -96,7 +96,7 @@ def _check_gradient(op: tf.Operation) -> str | None:
     reason = _check_convolution(op)
     if reason is not None or op.type.startswith("Depthwise"):
         return reason
-    data_format = _attr(op, "data_format", "NHWC")
+    data_format = attribute(op, "data_format", "NHWC")
     is_input = op.type in BACKPROP_INPUT_OPS
     forward_input = op.outputs[0] if is_input else op.inputs[0]
     filter_tensor = op.inputs[1] if is_input else op.outputs[0]
@@ -233,7 +233,7 @@ def _backprop_input_by_phases(ctx: LoweringContext, grad: Instruction, kernel: I
 def _lower_backprop_input(ctx: LoweringContext, op: tf.Operation, operands: Operands
                           ) -> list[Instruction]:
     _check_sizes(ctx, op, 0)
-    data_format = _attr(op, "data_format", "NHWC")
+    data_format = attribute(op, "data_format", "NHWC")
     input_dims = _channels_last_dims(ctx.output_shape().dims, data_format)
     w = _filter_as_grouped(ctx, op, operands[1])
     grad = _channels_last(ctx, operands[2], data_format)
@@ -262,7 +262,7 @@ def _lower_backprop_input(ctx: LoweringContext, op: tf.Operation, operands: Oper
 def _lower_backprop_filter(ctx: LoweringContext, op: tf.Operation, operands: Operands
                            ) -> list[Instruction]:
     _check_sizes(ctx, op, 1)
-    data_format = _attr(op, "data_format", "NHWC")
+    data_format = attribute(op, "data_format", "NHWC")
     x = _channels_last(ctx, operands[0], data_format)
     grad = _channels_last(ctx, operands[2], data_format)
     filter_dims = ctx.output_shape().dims

@@ -37,9 +37,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tfxla_lite.clustering.registry import (
+    DATA_FORMATS,
     FLOAT,
+    HALF_ELEMENT_TYPES,
     LoweringContext,
     LoweringError,
+    attribute,
     constant_value,
     register,
     value_range,
@@ -51,22 +54,12 @@ if TYPE_CHECKING:
     import tensorflow as tf
 
 Operands = list[Any]
-_HALF_TYPES = frozenset({"f16", "bf16"})
-_LAYOUTS = ("NHWC", "NCHW", "NDHWC", "NCDHW")
-
-
-def _attr(op: tf.Operation, name: str, default: Any) -> Any:
-    try:
-        value = op.get_attr(name)
-    except ValueError:
-        return default
-    return value.decode() if isinstance(value, bytes) else value
 
 
 def _sizes(op: tf.Operation, name: str, input_index: int | None) -> list[int]:
     """ksize or strides: an attribute, or for the V2 ops a constant input."""
     if input_index is None:
-        return [int(v) for v in _attr(op, name, [])]
+        return [int(v) for v in attribute(op, name, [])]
     value = constant_value(op.inputs[input_index])
     if value is None:
         raise LoweringError(f"{name} of {op.name} must be a constant")
@@ -92,15 +85,15 @@ class Pooling:
 def _geometry(op: tf.Operation, input_dims: tuple[int, ...]) -> Pooling:
     """The op's window over an input of `input_dims`: sizes and strides per dimension,
     padding from SAME (the odd element at the end, as TF pads), VALID or EXPLICIT."""
-    data_format = _attr(op, "data_format", "NHWC")
+    data_format = attribute(op, "data_format", "NHWC")
     rank = len(data_format)
     inputs = _SIZE_INPUTS.get(op.type, (None, None))
     ksize, strides = _sizes(op, "ksize", inputs[0]), _sizes(op, "strides", inputs[1])
     if len(ksize) != rank or len(strides) != rank or len(input_dims) != rank:
         raise LoweringError(f"ksize {ksize} / strides {strides} for a rank-{len(input_dims)} "
                             f"{data_format} input")
-    padding = _attr(op, "padding", "VALID")
-    explicit = [int(v) for v in _attr(op, "explicit_paddings", [])]
+    padding = attribute(op, "padding", "VALID")
+    explicit = [int(v) for v in attribute(op, "explicit_paddings", [])]
     dims = []
     for d, (size, k, s) in enumerate(zip(input_dims, ksize, strides)):
         if padding == "SAME":
@@ -116,12 +109,12 @@ def _geometry(op: tf.Operation, input_dims: tuple[int, ...]) -> Pooling:
 
 
 def _check_pool(op: tf.Operation) -> str | None:
-    data_format = _attr(op, "data_format", "NHWC")
-    if data_format not in _LAYOUTS:
+    data_format = attribute(op, "data_format", "NHWC")
+    if data_format not in DATA_FORMATS:
         return f"data_format {data_format}"
     rank = len(data_format)
     channel = rank - 1 if data_format.endswith("C") else 1
-    padding = _attr(op, "padding", "VALID")
+    padding = attribute(op, "padding", "VALID")
     if padding not in ("SAME", "VALID", "EXPLICIT"):
         return f"padding {padding}"
     inputs = _SIZE_INPUTS.get(op.type, (None, None))
@@ -136,7 +129,7 @@ def _check_pool(op: tf.Operation) -> str | None:
     if any(ksize[d] != 1 or strides[d] != 1 for d in (0, channel)):
         return "pooling over the batch or channel dimension"
     if padding == "EXPLICIT":
-        explicit = [int(v) for v in _attr(op, "explicit_paddings", [])]
+        explicit = [int(v) for v in attribute(op, "explicit_paddings", [])]
         if len(explicit) != 2 * rank or any(v < 0 for v in explicit):
             return f"explicit_paddings {explicit}"
         if any(explicit[2 * d] or explicit[2 * d + 1] for d in (0, channel)):
@@ -149,7 +142,7 @@ def _check_pool(op: tf.Operation) -> str | None:
 
 def _wide(ctx: LoweringContext, x: Instruction) -> Instruction:
     """2-byte floats widened to f32 for sums (XLA's SumAccumulationType)."""
-    return ctx.convert(x, "f32") if x.shape.element_type in _HALF_TYPES else x
+    return ctx.convert(x, "f32") if x.shape.element_type in HALF_ELEMENT_TYPES else x
 
 
 def _valid_counts(pooling: Pooling, input_dims: tuple[int, ...],
