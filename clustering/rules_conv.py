@@ -141,6 +141,15 @@ CONVOLUTION_OPS = frozenset({
 })
 
 
+def feature_groups(depth: int, filter_depth: int) -> int:
+    """How many groups an input of `depth` channels forms for a filter of `filter_depth`
+    input channels (1 but for a grouped convolution)."""
+    if filter_depth == 0 or depth % filter_depth:
+        raise LoweringError(f"input depth {depth} is not a multiple of the filter's "
+                            f"{filter_depth}")
+    return depth // filter_depth
+
+
 @register("Conv2D", "Conv3D", dtypes=FLOAT, check=_check_convolution,
           note="strides, dilations, SAME/VALID/EXPLICIT padding, NHWC/NCHW (NDHWC/NCDHW), "
                "not grouped yet; 2-byte floats accumulate in float32")
@@ -149,12 +158,9 @@ def _lower_conv(ctx: LoweringContext, op: tf.Operation, operands: Operands
     data_format = attribute(op, "data_format", "NHWC")
     x = _channels_last(ctx, operands[0], data_format)
     w = operands[1]
-    depth, filter_depth = x.shape.dims[-1], w.shape.dims[-2]
-    if filter_depth == 0 or depth % filter_depth:
-        raise LoweringError(f"input depth {depth} is not a multiple of the filter's "
-                            f"{filter_depth}")
+    groups = feature_groups(x.shape.dims[-1], w.shape.dims[-2])
     window = _spatial_window(op, x.shape.dims, w.shape.dims[:-2])
-    result = convolution(ctx, x, w, window, depth // filter_depth)
+    result = convolution(ctx, x, w, window, groups)
     return [_channels_first(ctx, result, data_format)]
 
 

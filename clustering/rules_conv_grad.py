@@ -55,6 +55,7 @@ from tfxla_lite.clustering.rules_conv import (
     _check_convolution,
     _spatial_window,
     convolution,
+    feature_groups,
 )
 from tfxla_lite.hlo import Instruction
 from tfxla_lite.hlo.attributes import PaddingConfig, Window, WindowDimension
@@ -237,11 +238,7 @@ def _lower_backprop_input(ctx: LoweringContext, op: tf.Operation, operands: Oper
     input_dims = _channels_last_dims(ctx.output_shape().dims, data_format)
     w = _filter_as_grouped(ctx, op, operands[1])
     grad = _channels_last(ctx, operands[2], data_format)
-    group_inputs = w.shape.dims[-2]
-    if group_inputs == 0 or input_dims[-1] % group_inputs:
-        raise LoweringError(f"input depth {input_dims[-1]} is not a multiple of the "
-                            f"filter's {group_inputs}")
-    groups = input_dims[-1] // group_inputs
+    groups = feature_groups(input_dims[-1], w.shape.dims[-2])
     forward = _spatial_window(op, input_dims, w.shape.dims[:-2])
     window = _backprop_input_window(forward, input_dims, grad.shape.dims)
     kernel = _backprop_input_kernel(ctx, w, groups)
@@ -273,11 +270,7 @@ def _lower_backprop_filter(ctx: LoweringContext, op: tf.Operation, operands: Ope
         grouped_dims = filter_dims
     rank = x.shape.rank
     spatial_rank = rank - 2
-    group_inputs = grouped_dims[-2]
-    if group_inputs == 0 or x.shape.dims[-1] % group_inputs:
-        raise LoweringError(f"input depth {x.shape.dims[-1]} is not a multiple of the "
-                            f"filter's {group_inputs}")
-    groups = x.shape.dims[-1] // group_inputs
+    groups = feature_groups(x.shape.dims[-1], grouped_dims[-2])
     forward = _spatial_window(op, x.shape.dims, grouped_dims[:-2])
     dims = []
     for i, d in enumerate(forward.dimensions):

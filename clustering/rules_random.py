@@ -451,13 +451,15 @@ def _seeded_key_counter(ctx: LoweringContext, operands: Operands
     return key, (low, high)
 
 
-def _uniform(key_counter: Any) -> Any:
+def _bits_as(convert: Any, key_counter: Any) -> Any:
+    """A draw of fixed width: each element's lanes converted by `convert(ctx, lanes,
+    etype)` (uniform floats, full-range integers)."""
     def lower(ctx: LoweringContext, op: tf.Operation, operands: Operands) -> list[Instruction]:
         shape = ctx.output_shape()
         key, counter = key_counter(ctx, operands)
         etype = shape.element_type
         return [_fill_fixed(ctx, key, counter, shape.dims, etype,
-                            lambda lanes: _uniform_float(ctx, lanes, etype))]
+                            lambda lanes: convert(ctx, lanes, etype))]
     return lower
 
 
@@ -466,16 +468,6 @@ def _normal(key_counter: Any) -> Any:
         shape = ctx.output_shape()
         key, counter = key_counter(ctx, operands)
         return [normal(ctx, key, counter, shape.dims, shape.element_type)]
-    return lower
-
-
-def _uniform_full_int(key_counter: Any) -> Any:
-    def lower(ctx: LoweringContext, op: tf.Operation, operands: Operands) -> list[Instruction]:
-        shape = ctx.output_shape()
-        key, counter = key_counter(ctx, operands)
-        etype = shape.element_type
-        return [_fill_fixed(ctx, key, counter, shape.dims, etype,
-                            lambda lanes: _full_int(ctx, lanes, etype))]
     return lower
 
 
@@ -489,16 +481,16 @@ def _uniform_int(key_counter: Any, bounds: int) -> Any:
 
 
 register("StatelessRandomUniformV2", dtypes=FLOAT | KEY_COUNTER, static_inputs=(0, 3),
-         check=_check_v2, note=_BITS_NOTE)(_uniform(_v2_key_counter))
+         check=_check_v2, note=_BITS_NOTE)(_bits_as(_uniform_float, _v2_key_counter))
 register("StatelessRandomUniformFullIntV2", dtypes=INTEGER | UNSIGNED, static_inputs=(0, 3),
-         check=_check_v2, note=_BITS_NOTE)(_uniform_full_int(_v2_key_counter))
+         check=_check_v2, note=_BITS_NOTE)(_bits_as(_full_int, _v2_key_counter))
 register("StatelessRandomUniformIntV2", dtypes=INTEGER | KEY_COUNTER, static_inputs=(0, 3),
          check=_check_v2, note=_BITS_NOTE + "; minval < maxval (an empty range at run "
          "time draws minval + bits; TF raises)")(_uniform_int(_v2_key_counter, 4))
 register("StatelessRandomUniform", dtypes=FLOAT | SEEDS, static_inputs=(0,),
-         check=_check_seeded, note=_BITS_NOTE)(_uniform(_seeded_key_counter))
+         check=_check_seeded, note=_BITS_NOTE)(_bits_as(_uniform_float, _seeded_key_counter))
 register("StatelessRandomUniformFullInt", dtypes=INTEGER | UNSIGNED, static_inputs=(0,),
-         check=_check_seeded, note=_BITS_NOTE)(_uniform_full_int(_seeded_key_counter))
+         check=_check_seeded, note=_BITS_NOTE)(_bits_as(_full_int, _seeded_key_counter))
 register("StatelessRandomUniformInt", dtypes=INTEGER, static_inputs=(0,),
          check=_check_seeded, note=_BITS_NOTE + "; minval < maxval (an empty range at run "
          "time draws minval + bits; TF raises)")(_uniform_int(_seeded_key_counter, 2))
