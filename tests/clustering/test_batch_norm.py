@@ -13,27 +13,16 @@ from typing import Any
 import numpy as np
 import pytest
 import tensorflow as tf
-from tf_harness import run_clusters, sample, trace
+from tf_harness import check_against_tf, check_in_both_modes, sample
 from tolerances import assert_close
-
-import tfxla_lite as tl
-from tfxla_lite.options import Options
 
 F16, BF16, F32 = np.float16, tf.bfloat16.as_numpy_dtype, np.float32
 
 
 def _check(fn: Callable[..., Any], args: list[np.ndarray], op_type: str,
            compare_as: str = "FusedBatchNormV3") -> None:
-    expected = [t.numpy() for t in tf.nest.flatten(fn(*[tf.constant(a) for a in args]))]
-    concrete = trace(fn, args)
-    assert op_type in {op.type for op in concrete.graph.get_operations()}
-    evaluated, executed = run_clusters(concrete, args)
-    for i, (output, want) in enumerate(zip(concrete.graph.outputs, expected, strict=True)):
-        assert output.name in evaluated, f"output {i} was not clustered"
-        assert_close(evaluated[output.name], want, compare_as, f"output {i}, evaluator")
-        if executed:
-            assert_close(np.asarray(executed[output.name]), want, compare_as,
-                         f"output {i}, compiled")
+    check_against_tf(fn, args, op_type, compare=lambda actual, want, _, where: assert_close(
+        actual, want, compare_as, where))
 
 
 def _statistics(channels: int, seed: int) -> list[np.ndarray]:
@@ -169,17 +158,8 @@ def test_batch_norm_layer_in_both_modes() -> None:
     scale, offset, mean, variance = _statistics(4, 10)
     fn = _gradients(True, factor=0.1)
     tensors = [tf.constant(a) for a in (x, scale, offset, mean, variance, upstream)]
-    expected = [t.numpy() for t in fn(*tensors)]
-    for jit_compile in (None, True):
-        compiled = tl.function(fn, jit_compile=jit_compile,
-                               options=Options(min_cluster_size=1, verify=True,
-                                               strict_jit_compile=bool(jit_compile)))
-        for got, want in zip(compiled(*tensors), expected, strict=True):
-            assert_close(got.numpy(), want, "model gradient", f"jit_compile={jit_compile}")
-        report = compiled.explain(*tensors)
-        assert not report.runs_on_xla
-        stuck = {f.op_type for f in report.fallbacks}
-        assert not stuck & {"FusedBatchNormV3", "FusedBatchNormGradV3"}, report
+    check_in_both_modes(fn, tensors, "model gradient",
+                        {"FusedBatchNormV3", "FusedBatchNormGradV3"})
 
 
 # For test_clustering_ops.test_every_registered_op_is_tested.

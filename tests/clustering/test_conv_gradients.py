@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 import tensorflow as tf
-from tf_harness import check_against_tf, run_clusters, sample, trace
+from tf_harness import check_against_tf, sample, tf_result, trace
 from tolerances import assert_close
 
 import tfxla_lite as tl
@@ -35,27 +35,10 @@ def _compare(actual: np.ndarray, expected: np.ndarray, op_type: str, where: str)
 
 def _check(fn: Callable[..., Any], args: list[np.ndarray], op_type: str,
            reference_xla: bool = False) -> None:
-    """Like tf_harness.check_against_tf, with TF's XLA as the oracle where asked (the
-    channels-first layouts TF's CPU kernels lack) or where TF's CPU kernel refuses."""
-    tensors = [tf.constant(a) for a in args]
-    if not reference_xla:
-        try:
-            fn(*tensors)
-        except (tf.errors.UnimplementedError, tf.errors.InvalidArgumentError):
-            reference_xla = True  # a dilation with a stride: TF's CPU kernels refuse
-    if not reference_xla:
-        check_against_tf(fn, args, op_type, compare=_compare)
-        return
-    expected = tf.nest.flatten(tf.function(fn, jit_compile=True)(*tensors))
-    concrete = trace(fn, args)
-    assert op_type in {op.type for op in concrete.graph.get_operations()}
-    evaluated, executed = run_clusters(concrete, args)
-    for i, (output, want) in enumerate(zip(concrete.graph.outputs, expected, strict=True)):
-        assert output.name in evaluated, f"output {i} was not clustered"
-        _compare(evaluated[output.name], want.numpy(), op_type, f"output {i}, evaluator")
-        if executed:
-            _compare(np.asarray(executed[output.name]), want.numpy(), op_type,
-                     f"output {i}, compiled")
+    """Against TF's XLA where asked (the channels-first layouts TF's CPU kernels lack) or
+    where TF's CPU kernel refuses; against TF's kernels otherwise."""
+    check_against_tf(fn, args, op_type, compare=_compare,
+                     expected=tf_result(fn, args, xla=reference_xla))
 
 
 def _padding_attrs(padding: str | list[list[int]]) -> dict[str, Any]:

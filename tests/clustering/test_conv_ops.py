@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from test_conv_gradients import TESTED_OPS as GRADIENT_OPS
-from tf_harness import run_clusters, sample, trace
+from tf_harness import check_against_tf, sample, tf_result, trace
 from tolerances import assert_close
 
 import tfxla_lite as tl
@@ -23,23 +23,8 @@ from tfxla_lite.options import Options
 F16, BF16, F32, F64 = np.float16, tf.bfloat16.as_numpy_dtype, np.float32, np.float64
 
 
-def _expected(fn: Callable[..., Any], args: list[np.ndarray]) -> np.ndarray:
-    tensors = [tf.constant(a) for a in args]
-    try:
-        return fn(*tensors).numpy()
-    except (tf.errors.UnimplementedError, tf.errors.InvalidArgumentError):
-        return tf.function(fn, jit_compile=True)(*tensors).numpy()
-
-
 def _check(fn: Callable[..., Any], args: list[np.ndarray], op_type: str) -> None:
-    expected = _expected(fn, args)
-    concrete = trace(fn, args)
-    assert op_type in {op.type for op in concrete.graph.get_operations()}
-    evaluated, executed = run_clusters(concrete, args)
-    (output,) = concrete.graph.outputs
-    assert output.name in evaluated, "the convolution was not clustered"
-    assert_close(evaluated[output.name], expected, op_type, "evaluator")
-    assert_close(np.asarray(executed[output.name]), expected, op_type, "compiled")
+    check_against_tf(fn, args, op_type, expected=tf_result(fn, args))
 
 
 def _operands(x_shape: tuple[int, ...], w_shape: tuple[int, ...], dtype: Any, seed: int = 0,

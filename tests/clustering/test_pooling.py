@@ -13,13 +13,10 @@ from typing import Any
 import numpy as np
 import pytest
 import tensorflow as tf
-from tf_harness import run_clusters, sample, trace
-from tolerances import assert_close
+from tf_harness import check_against_tf, check_in_both_modes, sample, tf_result, trace
 
-import tfxla_lite as tl
 from tfxla_lite.clustering import rules_pool
 from tfxla_lite.clustering.mark import mark
-from tfxla_lite.options import Options
 
 F16, BF16, F32, F64 = np.float16, tf.bfloat16.as_numpy_dtype, np.float32, np.float64
 
@@ -31,26 +28,8 @@ def _every_window_compiled(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(rules_pool, "LARGEST_COMPILED_GRAD_WINDOW", 1 << 20)
 
 
-def _expected(fn: Callable[..., Any], args: list[np.ndarray]) -> list[np.ndarray]:
-    tensors = [tf.constant(a) for a in args]
-    try:
-        results = fn(*tensors)
-    except (tf.errors.UnimplementedError, tf.errors.InvalidArgumentError):
-        results = tf.function(fn, jit_compile=True)(*tensors)
-    return [r.numpy() for r in tf.nest.flatten(results)]
-
-
 def _check(fn: Callable[..., Any], args: list[np.ndarray], op_type: str) -> None:
-    expected = _expected(fn, args)
-    concrete = trace(fn, args)
-    assert op_type in {op.type for op in concrete.graph.get_operations()}
-    evaluated, executed = run_clusters(concrete, args)
-    for i, (output, want) in enumerate(zip(concrete.graph.outputs, expected, strict=True)):
-        assert output.name in evaluated, f"output {i} was not clustered"
-        assert_close(evaluated[output.name], want, op_type, f"output {i}, evaluator")
-        if executed:
-            assert_close(np.asarray(executed[output.name]), want, op_type,
-                         f"output {i}, compiled")
+    check_against_tf(fn, args, op_type, expected=tf_result(fn, args))
 
 
 def _value_and_gradient(pool: Callable[[tf.Tensor], tf.Tensor]
@@ -322,17 +301,8 @@ def test_pooling_in_both_modes() -> None:
         return [y, tape.gradient(loss, x)]
 
     tensors = [tf.constant(a) for a in (x, upstream)]
-    expected = [t.numpy() for t in fn(*tensors)]
-    for jit_compile in (None, True):
-        compiled = tl.function(fn, jit_compile=jit_compile,
-                               options=Options(min_cluster_size=1, verify=True,
-                                               strict_jit_compile=bool(jit_compile)))
-        for got, want in zip(compiled(*tensors), expected, strict=True):
-            assert_close(got.numpy(), want, "MaxPool", f"jit_compile={jit_compile}")
-        report = compiled.explain(*tensors)
-        assert not report.runs_on_xla
-        stuck = {f.op_type for f in report.fallbacks}
-        assert not stuck & {"MaxPool", "AvgPool", "MaxPoolGrad", "AvgPoolGrad"}, report
+    check_in_both_modes(fn, tensors, "MaxPool",
+                        {"MaxPool", "AvgPool", "MaxPoolGrad", "AvgPoolGrad"})
 
 
 # For test_clustering_ops.test_every_registered_op_is_tested.

@@ -11,6 +11,7 @@ import numpy as np
 import tensorflow as tf
 from tolerances import assert_close
 
+import tfxla_lite as tl
 from tfxla_lite.clustering import cluster_graph, lower_cluster
 from tfxla_lite.hlo.evaluator import evaluate
 
@@ -79,22 +80,37 @@ def run_clusters(concrete: Any, args: Sequence[np.ndarray], compiled: bool = Tru
     return evaluated, executed
 
 
+def tf_result(fn: Callable[..., Any], args: Sequence[np.ndarray], xla: bool = False
+              ) -> list[np.ndarray]:
+    """`fn`'s outputs as TF's kernels compute them; as TF's XLA does where asked (`xla`)
+    or where TF's CPU kernel refuses the arguments (a layout or a stride with a
+    dilation it lacks), since must-compile mirrors TF's XLA there."""
+    tensors = [tf.constant(a) for a in args]
+    if not xla:
+        try:
+            return [np.asarray(t) for t in tf.nest.flatten(fn(*tensors))]
+        except (tf.errors.UnimplementedError, tf.errors.InvalidArgumentError):
+            pass
+    return [np.asarray(t) for t in tf.nest.flatten(tf.function(fn, jit_compile=True)(*tensors))]
+
+
 def check_against_tf(fn: Callable[..., Any], args: Sequence[np.ndarray], op_type: str,
-                     compiled: bool = True, compare: Callable[..., None] | None = None) -> None:
+                     compiled: bool = True, compare: Callable[..., None] | None = None,
+                     expected: Sequence[np.ndarray] | None = None) -> None:
     """Trace `fn`, require `op_type` in it and every output made by a cluster, and
-    compare each output with TF's eager result."""
-    expected = tf.nest.flatten(fn(*[tf.constant(a) for a in args]))
+    compare each output with `expected` (default: TF's eager result)."""
+    if expected is None:
+        expected = [t.numpy() for t in tf.nest.flatten(fn(*[tf.constant(a) for a in args]))]
     concrete = trace(fn, args)
     types = {op.type for op in concrete.graph.get_operations()}
     assert op_type in types, f"{op_type} not in traced graph: {sorted(types)}"
     evaluated, executed = run_clusters(concrete, args, compiled)
     compare = compare or assert_close
-    for i, (tensor, want) in enumerate(zip(concrete.graph.outputs, expected)):
+    for i, (tensor, want) in enumerate(zip(concrete.graph.outputs, expected, strict=True)):
         assert tensor.name in evaluated, f"output {tensor.name} not made by a cluster"
-        compare(evaluated[tensor.name], want.numpy(), op_type, f"output {i}, evaluator")
+        compare(evaluated[tensor.name], want, op_type, f"output {i}, evaluator")
         if tensor.name in executed:
-            compare(np.asarray(executed[tensor.name]), want.numpy(), op_type,
-                    f"output {i}, compiled")
+            compare(np.asarray(executed[tensor.name]), want, op_type, f"output {i}, compiled")
 
 
 def over_shapes(fn: Callable[..., Any], arity: int) -> Callable[..., list[Any]]:
@@ -113,3 +129,22 @@ def inputs(shape_groups: Sequence[Sequence[tuple[int, ...]]], dtypes: Sequence[A
         for k, (shape, dtype) in enumerate(zip(shapes, dtypes)):
             args.append(sample(shape, dtype, seed=10 * g + k, edges=edges, **kwargs))
     return args
+
+
+def check_in_both_modes(fn: Callable[..., Any], tensors: Sequence[tf.Tensor], op_type: str,
+                        compiled_ops: set[str]) -> None:
+    """`fn` through `tfxla_lite.function` in auto-clustering and strict must-compile mode:
+    every output within `op_type`'s tolerance of TF's, nothing run on TF's XLA, and none
+    of `compiled_ops` left in TF."""
+    expected = [t.numpy() for t in tf.nest.flatten(fn(*tensors))]
+    for jit_compile in (None, True):
+        compiled = tl.function(fn, jit_compile=jit_compile,
+                               options=tl.Options(min_cluster_size=1, verify=True,
+                                                  strict_jit_compile=bool(jit_compile)))
+        actual = tf.nest.flatten(compiled(*tensors))
+        for got, want in zip(actual, expected, strict=True):
+            assert_close(got.numpy(), want, op_type, f"jit_compile={jit_compile}")
+        report = compiled.explain(*tensors)
+        assert not report.runs_on_xla
+        stuck = {f.op_type for f in report.fallbacks}
+        assert not stuck & compiled_ops, report
