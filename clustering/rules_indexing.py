@@ -360,30 +360,23 @@ def _scan(ctx: LoweringContext, op: tf.Operation, x: Instruction, reducer: Compu
 def _log_add_exp(ctx: LoweringContext, etype: str) -> Computation:
     """TF's LogSumExp reducer (scan_ops.h) as a scalar computation:
     hi + log1p(exp(lo - hi)), or hi itself when hi is -inf (so -inf stays -inf)."""
-    name = f"log_add_exp_{etype}"
-    for comp in ctx.module.computations:
-        if comp.name == name:
-            return comp
-    comp = ctx.module.new_computation(name)
-    # Callees before their callers, as `reduction_computation` places them: the printed
-    # module must parse back.
-    ctx.module.computations.remove(comp)
-    ctx.module.computations.insert(0, comp)
-    scalar = Shape(etype, ())
-    a = comp.add_parameter(0, scalar, name="x")
-    b = comp.add_parameter(1, scalar, name="y")
-    # Eigen's max and min without NaN propagation: a < b ? b : a, b < a ? b : a.
-    a_below = comp.create("compare", [a, b], direction="LT")
-    b_below = comp.create("compare", [b, a], direction="LT")
-    hi = comp.create("select", [a_below, b, a])
-    lo = comp.create("select", [b_below, b, a])
-    tail = comp.create("log-plus-one", [comp.create("exponential", [
-        comp.create("subtract", [lo, hi])])])
-    total = comp.create("add", [tail, hi])
-    lowest = comp.add_constant(value_range(etype)[0], etype)
-    empty = comp.create("compare", [hi, lowest], direction="LT")
-    comp.root = comp.create("select", [empty, hi, total])
-    return comp
+    def build(comp: Computation) -> None:
+        scalar = Shape(etype, ())
+        a = comp.add_parameter(0, scalar, name="x")
+        b = comp.add_parameter(1, scalar, name="y")
+        # Eigen's max and min without NaN propagation: a < b ? b : a, b < a ? b : a.
+        a_below = comp.create("compare", [a, b], direction="LT")
+        b_below = comp.create("compare", [b, a], direction="LT")
+        hi = comp.create("select", [a_below, b, a])
+        lo = comp.create("select", [b_below, b, a])
+        tail = comp.create("log-plus-one", [comp.create("exponential", [
+            comp.create("subtract", [lo, hi])])])
+        total = comp.create("add", [tail, hi])
+        lowest = comp.add_constant(value_range(etype)[0], etype)
+        empty = comp.create("compare", [hi, lowest], direction="LT")
+        comp.root = comp.create("select", [empty, hi, total])
+
+    return ctx.module.shared_computation(f"log_add_exp_{etype}", build)
 
 
 @register("CumulativeLogsumexp", dtypes=FLOAT, static_inputs=(1,), check=_check_scan,

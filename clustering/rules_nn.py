@@ -253,26 +253,23 @@ def _top_k_by_sort(ctx: LoweringContext, op: tf.Operation, x: Instruction, k: in
 def _top_k_order(module: HloModule, etype: str) -> Computation:
     """The comparator of `_lower_top_k`'s order over (value, index) pairs, one a module
     for each value type."""
-    name = f"top_k_order_{etype}"
-    for computation in module.computations:
-        if computation.name == name:
-            return computation
-    comp = module.new_computation(name)
-    scalar, index = Shape(etype, ()), Shape("s32", ())
-    lhs, rhs = comp.add_parameter(0, scalar, "lhs"), comp.add_parameter(1, scalar, "rhs")
-    lhs_index = comp.add_parameter(2, index, "lhs_index")
-    rhs_index = comp.add_parameter(3, index, "rhs_index")
-    greater = comp.create("compare", [lhs, rhs], direction="GT")
-    equal = comp.create("compare", [lhs, rhs], direction="EQ")
-    if etype in FLOAT_TYPES:
-        nan_lhs = comp.create("compare", [lhs, lhs], direction="NE")
-        nan_rhs = comp.create("compare", [rhs, rhs], direction="NE")
-        greater = comp.create("or", [greater, comp.create(
-            "and", [nan_lhs, comp.create("not", [nan_rhs])])])
-        equal = comp.create("or", [equal, comp.create("and", [nan_lhs, nan_rhs])])
-    earlier = comp.create("compare", [lhs_index, rhs_index], direction="LT")
-    comp.root = comp.create("or", [greater, comp.create("and", [equal, earlier])])
-    return comp
+    def build(comp: Computation) -> None:
+        scalar, index = Shape(etype, ()), Shape("s32", ())
+        lhs, rhs = comp.add_parameter(0, scalar, "lhs"), comp.add_parameter(1, scalar, "rhs")
+        lhs_index = comp.add_parameter(2, index, "lhs_index")
+        rhs_index = comp.add_parameter(3, index, "rhs_index")
+        greater = comp.create("compare", [lhs, rhs], direction="GT")
+        equal = comp.create("compare", [lhs, rhs], direction="EQ")
+        if etype in FLOAT_TYPES:
+            nan_lhs = comp.create("compare", [lhs, lhs], direction="NE")
+            nan_rhs = comp.create("compare", [rhs, rhs], direction="NE")
+            greater = comp.create("or", [greater, comp.create(
+                "and", [nan_lhs, comp.create("not", [nan_rhs])])])
+            equal = comp.create("or", [equal, comp.create("and", [nan_lhs, nan_rhs])])
+        earlier = comp.create("compare", [lhs_index, rhs_index], direction="LT")
+        comp.root = comp.create("or", [greater, comp.create("and", [equal, earlier])])
+
+    return module.shared_computation(f"top_k_order_{etype}", build)
 
 
 # -- one-hot ------------------------------------------------------------------------------------

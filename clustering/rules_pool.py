@@ -198,21 +198,14 @@ def _greater_of(ctx: LoweringContext, etype: str) -> Computation:
     """TF's max-pool reducer `x > acc ? x : acc` as a scalar computation: a NaN never
     replaces the accumulator, and of two zeros the first stays (one `maxps` on x86,
     where HLO `maximum` propagates NaN at several instructions' cost)."""
-    name = f"greater_of_{etype}"
-    for comp in ctx.module.computations:
-        if comp.name == name:
-            return comp
-    comp = ctx.module.new_computation(name)
-    # Callees before their callers, as `reduction_computation` places them: the printed
-    # module must parse back.
-    ctx.module.computations.remove(comp)
-    ctx.module.computations.insert(0, comp)
-    scalar = Shape(etype, ())
-    accumulator = comp.add_parameter(0, scalar, name="x")
-    element = comp.add_parameter(1, scalar, name="y")
-    greater = comp.create("compare", [element, accumulator], direction="GT")
-    comp.root = comp.create("select", [greater, element, accumulator])
-    return comp
+    def build(comp: Computation) -> None:
+        scalar = Shape(etype, ())
+        accumulator = comp.add_parameter(0, scalar, name="x")
+        element = comp.add_parameter(1, scalar, name="y")
+        greater = comp.create("compare", [element, accumulator], direction="GT")
+        comp.root = comp.create("select", [greater, element, accumulator])
+
+    return ctx.module.shared_computation(f"greater_of_{etype}", build)
 
 
 @register("AvgPool", "AvgPool3D", dtypes=FLOAT, check=_check_pool,

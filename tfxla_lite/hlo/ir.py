@@ -295,10 +295,11 @@ class HloModule:
         self._computation_names.discard(computation.name)
         computation.module = None
 
-    def reduction_computation(self, kind: str, element_type: str) -> Computation:
-        """The scalar computation `kind(x, y)` (add, maximum, minimum, multiply, and, or),
-        shared by every reduce of the module that needs it."""
-        name = f"{kind}_{element_type}"
+    def shared_computation(self, name: str, build: Callable[[Computation], None]
+                           ) -> Computation:
+        """The module's computation `name` (a reducer, a comparator), which `build` fills
+        the first time it is asked for; every caller of the module shares it. It is
+        placed before the computations that exist, so that it precedes its callers."""
         for comp in self.computations:
             if comp.name == name:
                 return comp
@@ -306,11 +307,19 @@ class HloModule:
         self.computations.insert(0, comp)
         self._computation_names.add(name)
         comp.module = self
-        scalar = Shape(element_type, ())
-        x = comp.add_parameter(0, scalar, name="x")
-        y = comp.add_parameter(1, scalar, name="y")
-        comp.root = comp.create(kind, [x, y])
+        build(comp)
         return comp
+
+    def reduction_computation(self, kind: str, element_type: str) -> Computation:
+        """The scalar computation `kind(x, y)` (add, maximum, minimum, multiply, and, or),
+        shared by every reduce of the module that needs it."""
+        def build(comp: Computation) -> None:
+            scalar = Shape(element_type, ())
+            x = comp.add_parameter(0, scalar, name="x")
+            y = comp.add_parameter(1, scalar, name="y")
+            comp.root = comp.create(kind, [x, y])
+
+        return self.shared_computation(f"{kind}_{element_type}", build)
 
     def called_computations_in_order(self) -> list[Computation]:
         """All computations, every callee before its callers, entry last."""
