@@ -42,6 +42,7 @@ from tfxla_lite.codegen.cpu.emitter import (
     Index,
     KernelContext,
     constant,
+    declare,
     i64,
     minimum,
     register,
@@ -546,9 +547,9 @@ def _emit_packed_kernel(module: ir.Module, pool: Any, inst: Instruction, dot: In
     b = launcher.builder
     floats = gemm_packed.scratch_floats(plan, sched.tiles, sched.block_m)
     size = -(-4 * floats // gemm_packed.ALIGN)
-    allocate = dot_blocks.declare(module, gemm_packed.ALLOCATOR,
+    allocate = declare(module, gemm_packed.ALLOCATOR,
                                   ir.FunctionType(PTR, [I64, I64]))
-    release = dot_blocks.declare(module, "free", ir.FunctionType(VOID, [PTR]))
+    release = declare(module, "free", ir.FunctionType(VOID, [PTR]))
     buffer = b.call(allocate, [i64(gemm_packed.ALIGN), i64(size * gemm_packed.ALIGN)],
                     name="scratch")
     # Where the scratch cannot be had (aligned_alloc answers null), the same product by

@@ -20,7 +20,16 @@ from typing import TYPE_CHECKING
 import llvmlite.binding as llvm
 from llvmlite import ir
 
-from tfxla_lite.codegen.cpu.emitter import I32, I64, PTR, VOID, KernelContext, i64, value_type
+from tfxla_lite.codegen.cpu.emitter import (
+    I32,
+    I64,
+    PTR,
+    VOID,
+    KernelContext,
+    declare,
+    i64,
+    value_type,
+)
 
 if TYPE_CHECKING:
     from tfxla_lite.codegen.cpu.dot import GemmPlan, Tile
@@ -270,7 +279,3 @@ def masked_intrinsic(module: ir.Module, name: str, vector: ir.VectorType) -> ir.
         signature = ir.FunctionType(VOID, [vector, PTR, I32, mask])
     return declare(module, f"llvm.masked.{name}.{_vector_name(vector)}.p0", signature)
 
-
-def declare(module: ir.Module, name: str, signature: ir.FunctionType) -> ir.Function:
-    existing = module.globals.get(name)
-    return existing if existing is not None else ir.Function(module, signature, name=name)

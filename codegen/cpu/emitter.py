@@ -124,6 +124,12 @@ def minimum(builder: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
     return builder.select(builder.icmp_signed("<", x, y), x, y)
 
 
+def declare(module: ir.Module, name: str, signature: ir.FunctionType) -> ir.Function:
+    """The module's function `name` (a library call, an intrinsic), declared once."""
+    existing = module.globals.get(name)
+    return existing if existing is not None else ir.Function(module, signature, name=name)
+
+
 def row_major_strides(dims: tuple[int, ...]) -> list[int]:
     strides = [1] * len(dims)
     for d in range(len(dims) - 2, -1, -1):

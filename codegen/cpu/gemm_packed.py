@@ -40,8 +40,18 @@ from typing import TYPE_CHECKING
 import llvmlite.binding as llvm
 from llvmlite import ir
 
-from tfxla_lite.codegen.cpu.dot_blocks import declare, masked_intrinsic, register_sums, splat
-from tfxla_lite.codegen.cpu.emitter import I1, I32, I64, PTR, VOID, KernelContext, i64, minimum
+from tfxla_lite.codegen.cpu.dot_blocks import masked_intrinsic, register_sums, splat
+from tfxla_lite.codegen.cpu.emitter import (
+    I1,
+    I32,
+    I64,
+    PTR,
+    VOID,
+    KernelContext,
+    declare,
+    i64,
+    minimum,
+)
 
 if TYPE_CHECKING:
     from tfxla_lite.codegen.cpu.dot import GemmPlan, Tile

@@ -32,7 +32,9 @@ from tfxla_lite.codegen.cpu.emitter import (
     ConstantPool,
     Index,
     KernelContext,
+    declare,
     i64,
+    minimum,
     new_kernel_function,
     storage_type,
     value_type,
@@ -97,12 +99,12 @@ def _emit_rows(ctx: KernelContext, inst: Instruction, outputs: list[ir.Value],
     index_type = ir.IntType(32) if n < (1 << 31) else I64
     on_heap = n > STACK_ELEMENTS
     if on_heap:
-        malloc = _declare(ctx.module, "malloc", ir.FunctionType(PTR, [I64]))
-        free = _declare(ctx.module, "free", ir.FunctionType(VOID, [PTR]))
+        malloc = declare(ctx.module, "malloc", ir.FunctionType(PTR, [I64]))
+        free = declare(ctx.module, "free", ir.FunctionType(VOID, [PTR]))
         bytes_each = index_type.width // 8
         block = b.call(malloc, [i64(2 * n * bytes_each)], name="sort.scratch")
         with b.if_then(b.icmp_unsigned("==", block, ir.Constant(PTR, None)), likely=False):
-            b.call(_declare(ctx.module, "llvm.trap", ir.FunctionType(VOID, [])), [])
+            b.call(declare(ctx.module, "llvm.trap", ir.FunctionType(VOID, [])), [])
         first = block
         second = b.gep(block, [i64(n)], inbounds=True, source_etype=index_type)
     else:
@@ -162,8 +164,8 @@ def _merge_passes(ctx: KernelContext, inst: Instruction, inputs: list[ir.Value],
         pairs = -(-n // (2 * width))
         with ctx.loop(pairs, name=f"merge{width}") as pair:
             low = b.mul(pair, i64(2 * width))
-            middle = _minimum(b, b.add(low, i64(width)), i64(n))
-            high = _minimum(b, b.add(low, i64(2 * width)), i64(n))
+            middle = minimum(b, b.add(low, i64(width)), i64(n))
+            high = minimum(b, b.add(low, i64(2 * width)), i64(n))
             _merge(ctx, source, target, low, middle, high, load_index, before, index_type)
         source, target = target, source
         width *= 2
@@ -224,18 +226,6 @@ def _copy(ctx: KernelContext, source: ir.Value, target: ir.Value, start: ir.Valu
 
 def _position(b: ir.IRBuilder, base: ir.Value, element: ir.Value, inner: int) -> ir.Value:
     return b.add(base, b.mul(element, i64(inner)) if inner != 1 else element)
-
-
-def _minimum(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
-    return b.select(b.icmp_signed("<", x, y), x, y)
-
-
-def _declare(module: ir.Module, name: str, signature: ir.FunctionType) -> ir.Function:
-    existing = module.globals.get(name)
-    if isinstance(existing, ir.Function):
-        return existing
-    return ir.Function(module, signature, name=name)
-
 
 
 def _emit_topk_rows(ctx: KernelContext, inst: Instruction, outputs: list[ir.Value],
