@@ -195,16 +195,8 @@ def _lower_top_k(ctx: LoweringContext, op: tf.Operation, operands: Operands
                    dimensions=tuple(range(rank - 1)) + (rank - 1,))
     x_j = ctx.emit("broadcast", [x], shape=x.shape.with_dims(square),
                    dimensions=tuple(range(rank - 1)) + (rank,))
-    greater = ctx.emit("compare", [x_i, x_j], direction="GT")
-    equal = ctx.emit("compare", [x_i, x_j], direction="EQ")
-    if x.shape.element_type in FLOAT_TYPES:
-        nan_i = ctx.emit("compare", [x_i, x_i], direction="NE")
-        nan_j = ctx.emit("compare", [x_j, x_j], direction="NE")
-        greater = ctx.emit("or", [greater, ctx.emit("and", [nan_i, ctx.emit("not", [nan_j])])])
-        equal = ctx.emit("or", [equal, ctx.emit("and", [nan_i, nan_j])])
-    earlier = ctx.emit("compare", [_iota(ctx, "s32", square, rank - 1),
-                                   _iota(ctx, "s32", square, rank)], direction="LT")
-    ahead = ctx.emit("or", [greater, ctx.emit("and", [equal, earlier])])
+    ahead = _ahead(ctx.emit, x_i, x_j, _iota(ctx, "s32", square, rank - 1),
+                   _iota(ctx, "s32", square, rank), x.shape.element_type in FLOAT_TYPES)
     place = ctx.reduce(ctx.convert(ahead, "s32"), [rank - 1], "add", 0)  # batch + (n,)
     picks = batch + (k, n)  # axis rank - 1: output p, axis rank: element j
     hit = ctx.emit("compare", [
@@ -223,6 +215,22 @@ def _lower_top_k(ctx: LoweringContext, op: tf.Operation, operands: Operands
     values = ctx.reduce(ctx.emit("select", [hit, spread, ctx.full(bottom, spread.shape)]),
                         [rank], "maximum", bottom)
     return [values, ctx.convert(indices, element_type(op.outputs[1].dtype))]
+
+
+def _ahead(create: Any, x: Instruction, y: Instruction, x_index: Instruction,
+           y_index: Instruction, is_float: bool) -> Instruction:
+    """Whether x (at x_index) is ahead of y (at y_index) in `_lower_top_k`'s order,
+    element-wise, built with `create(opcode, operands, **attributes)` (a lowering's
+    `ctx.emit` or a computation's `create`)."""
+    greater = create("compare", [x, y], direction="GT")
+    equal = create("compare", [x, y], direction="EQ")
+    if is_float:
+        nan_x = create("compare", [x, x], direction="NE")
+        nan_y = create("compare", [y, y], direction="NE")
+        greater = create("or", [greater, create("and", [nan_x, create("not", [nan_y])])])
+        equal = create("or", [equal, create("and", [nan_x, nan_y])])
+    earlier = create("compare", [x_index, y_index], direction="LT")
+    return create("or", [greater, create("and", [equal, earlier])])
 
 
 def _top_k_by_topk(ctx: LoweringContext, op: tf.Operation, x: Instruction, k: int
@@ -258,16 +266,7 @@ def _top_k_order(module: HloModule, etype: str) -> Computation:
         lhs, rhs = comp.add_parameter(0, scalar, "lhs"), comp.add_parameter(1, scalar, "rhs")
         lhs_index = comp.add_parameter(2, index, "lhs_index")
         rhs_index = comp.add_parameter(3, index, "rhs_index")
-        greater = comp.create("compare", [lhs, rhs], direction="GT")
-        equal = comp.create("compare", [lhs, rhs], direction="EQ")
-        if etype in FLOAT_TYPES:
-            nan_lhs = comp.create("compare", [lhs, lhs], direction="NE")
-            nan_rhs = comp.create("compare", [rhs, rhs], direction="NE")
-            greater = comp.create("or", [greater, comp.create(
-                "and", [nan_lhs, comp.create("not", [nan_rhs])])])
-            equal = comp.create("or", [equal, comp.create("and", [nan_lhs, nan_rhs])])
-        earlier = comp.create("compare", [lhs_index, rhs_index], direction="LT")
-        comp.root = comp.create("or", [greater, comp.create("and", [equal, earlier])])
+        comp.root = _ahead(comp.create, lhs, rhs, lhs_index, rhs_index, etype in FLOAT_TYPES)
 
     return module.shared_computation(f"top_k_order_{etype}", build)
 
