@@ -362,14 +362,17 @@ def _gradient_step(x: tf.Tensor, w: tf.Tensor, upstream: tf.Tensor) -> list[tf.T
     return [d, *tape.gradient(d, [x, w], output_gradients=upstream)]
 
 
+def _gradient_step_run() -> tuple[list[tf.Tensor], list[np.ndarray]]:
+    """The step's inputs and TF's results."""
+    tensors = [tf.constant(sample(shape, F32, seed=seed, edges=False)) for seed, shape in
+               enumerate([(2, 8, 8, 3), (3, 3, 3, 4), (2, 4, 4, 4)], start=1)]
+    return tensors, [t.numpy() for t in _gradient_step(*tensors)]
+
+
 def test_gradients_in_both_modes() -> None:
     """A conv, relu, depthwise step and its gradients through tl.function, auto and
     must-compile, with compile_convolutions: every convolution op compiled."""
-    args = [sample((2, 8, 8, 3), F32, seed=1, edges=False),
-            sample((3, 3, 3, 4), F32, seed=2, edges=False),
-            sample((2, 4, 4, 4), F32, seed=3, edges=False)]
-    tensors = [tf.constant(a) for a in args]
-    expected = [t.numpy() for t in _gradient_step(*tensors)]
+    tensors, expected = _gradient_step_run()
     for jit_compile in (None, True):
         compiled = tl.function(_gradient_step, jit_compile=jit_compile,
                                options=Options(min_cluster_size=1, verify=True,
@@ -388,11 +391,7 @@ def test_gradients_in_both_modes() -> None:
 
 def test_gradients_stay_on_tf_kernels_by_default() -> None:
     """Without compile_convolutions, the gradients run on TF's kernels in both modes."""
-    args = [sample((2, 8, 8, 3), F32, seed=1, edges=False),
-            sample((3, 3, 3, 4), F32, seed=2, edges=False),
-            sample((2, 4, 4, 4), F32, seed=3, edges=False)]
-    tensors = [tf.constant(a) for a in args]
-    expected = [t.numpy() for t in _gradient_step(*tensors)]
+    tensors, expected = _gradient_step_run()
     for jit_compile in (None, True):
         compiled = tl.function(_gradient_step, jit_compile=jit_compile,
                                options=Options(min_cluster_size=1, verify=True))

@@ -168,12 +168,8 @@ def test_max_pool_gradient_ties(ksize: tuple[int, int], strides: tuple[int, int]
     _check(_value_and_gradient(pool), [x, upstream], "MaxPoolGrad")
 
 
-@pytest.mark.parametrize("ksize, strides, padding", [((2, 2), (1, 1), "VALID"),
-                                                      ((3, 3), (2, 2), "SAME")])
-def test_max_pool_grad_grad(ksize: tuple[int, int], strides: tuple[int, int],
-                            padding: str) -> None:
-    rng = np.random.default_rng(1)
-    x = rng.integers(0, 4, size=(2, 6, 5, 3)).astype(np.float32)
+def _check_grad_grad(x: np.ndarray, ksize: tuple[int, int], strides: tuple[int, int],
+                     padding: str) -> None:
     k, s = [1, *ksize, 1], [1, *strides, 1]
 
     def fn(x: tf.Tensor, grad: tf.Tensor) -> tf.Tensor:
@@ -182,6 +178,15 @@ def test_max_pool_grad_grad(ksize: tuple[int, int], strides: tuple[int, int],
                                           strides=s, padding=padding)
 
     _check(fn, [x, sample(x.shape, F32, seed=5, edges=False)], "MaxPoolGradGrad")
+
+
+@pytest.mark.parametrize("ksize, strides, padding", [((2, 2), (1, 1), "VALID"),
+                                                      ((3, 3), (2, 2), "SAME")])
+def test_max_pool_grad_grad(ksize: tuple[int, int], strides: tuple[int, int],
+                            padding: str) -> None:
+    rng = np.random.default_rng(1)
+    x = rng.integers(0, 4, size=(2, 6, 5, 3)).astype(np.float32)
+    _check_grad_grad(x, ksize, strides, padding)
 
 
 @pytest.mark.parametrize("ksize, strides, padding", [((2, 2), (2, 2), "VALID"),
@@ -193,14 +198,7 @@ def test_max_pool_grad_grad_nan_and_infinities(ksize: tuple[int, int],
     x = np.array([np.nan, 1, 2, 3,  1, np.nan, 2, 3,  3, 1, 2, np.nan,
                   np.nan, np.nan, np.nan, np.nan,  -np.inf, -np.inf, -np.inf, -np.inf,
                   np.inf, 1, np.inf, 2], np.float32).reshape(1, 6, 4, 1)
-    k, s = [1, *ksize, 1], [1, *strides, 1]
-
-    def fn(x: tf.Tensor, grad: tf.Tensor) -> tf.Tensor:
-        y = tf.raw_ops.MaxPool(input=x, ksize=k, strides=s, padding=padding)
-        return tf.raw_ops.MaxPoolGradGrad(orig_input=x, orig_output=y, grad=grad, ksize=k,
-                                          strides=s, padding=padding)
-
-    _check(fn, [x, sample(x.shape, F32, seed=5, edges=False)], "MaxPoolGradGrad")
+    _check_grad_grad(x, ksize, strides, padding)
 
 
 def test_max_pool_grad_grad_v2_and_3d() -> None:
