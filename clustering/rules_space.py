@@ -1,0 +1,157 @@
+"""Lowering rules of TF's block rearrangements: SpaceToBatchND and BatchToSpaceND.
+
+Registered into `registry.OP_RULES` on import. TF builds dilated convolutions from them
+(`tf.nn.with_space_to_batch`, `tf.nn.atrous_conv2d`, and Keras's dilated convolutions
+where the backend asks for it), and each is the other's gradient. Both are pure data
+movement, lowered as TF's op documentation defines them and as tf2xla does: a `pad`
+(SpaceToBatchND) or `slice` (BatchToSpaceND), a `reshape` that splits each spatial
+dimension into (blocks, block offset), a `transpose` that moves the block offsets next
+to the batch, and a `reshape` that merges them. The block shape, paddings and crops
+must be compile-time constants; the dims left after the block dims ride along.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from tfxla_lite.clustering.registry import (
+    NUMERIC,
+    LoweringContext,
+    LoweringError,
+    constant_value,
+    register,
+)
+from tfxla_lite.hlo import Instruction
+from tfxla_lite.hlo.attributes import PaddingConfig
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+
+Operands = list[Any]
+
+
+def _blocks_and_edges(op: tf.Operation) -> tuple[np.ndarray, np.ndarray] | str:
+    """(block_shape [M], paddings or crops [M, 2]) as int64, or why they cannot compile."""
+    block = constant_value(op.inputs[1])
+    edges = constant_value(op.inputs[2])
+    if block is None:
+        return "input 1 (block_shape) must be a constant"
+    if edges is None:
+        return "input 2 (paddings or crops) must be a constant"
+    block = block.astype(np.int64).reshape(-1)
+    count = block.size
+    if edges.shape != (count, 2):
+        return f"input 2 has shape {list(edges.shape)}, not [{count}, 2]"
+    edges = edges.astype(np.int64)
+    rank = op.inputs[0].shape.rank
+    if rank is not None and rank < 1 + count:
+        return f"input of rank {rank} has fewer than 1 + {count} dimensions"
+    if (block < 1).any():
+        return f"block_shape {block.tolist()} has an element below 1"
+    if (edges < 0).any():
+        return f"negative paddings or crops {edges.tolist()}"
+    return block, edges
+
+
+def _check_space_to_batch(op: tf.Operation) -> str | None:
+    found = _blocks_and_edges(op)
+    if isinstance(found, str):
+        return found
+    block, paddings = found
+    dims = op.inputs[0].shape.as_list() if op.inputs[0].shape.rank is not None else None
+    if dims is None:
+        return None
+    for i, size in enumerate(dims[1:1 + block.size]):
+        if size is not None and (size + paddings[i].sum()) % block[i]:
+            return (f"padded dimension {i + 1} ({size} + {paddings[i].tolist()}) is not a "
+                    f"multiple of block {block[i]}")
+    return None
+
+
+def _check_batch_to_space(op: tf.Operation) -> str | None:
+    found = _blocks_and_edges(op)
+    if isinstance(found, str):
+        return found
+    block, crops = found
+    dims = op.inputs[0].shape.as_list() if op.inputs[0].shape.rank is not None else None
+    if dims is None:
+        return None
+    if dims[0] is not None and dims[0] % int(np.prod(block)):
+        return f"batch {dims[0]} is not a multiple of the {int(np.prod(block))} blocks"
+    for i, size in enumerate(dims[1:1 + block.size]):
+        if size is not None and crops[i].sum() > size * block[i]:
+            return f"crops {crops[i].tolist()} exceed dimension {i + 1} ({size * block[i]})"
+    return None
+
+
+def _pad(ctx: LoweringContext, x: Instruction, paddings: np.ndarray) -> Instruction:
+    """`x` with zeros before and after dims 1..M (the spatial ones)."""
+    if not paddings.any():
+        return x
+    config = [(0, 0)] * x.shape.rank
+    for i, (low, high) in enumerate(paddings):
+        config[1 + i] = (int(low), int(high))
+    return ctx.emit("pad", [x, ctx.constant(0, x.shape.element_type)],
+                    padding=PaddingConfig.of(*config))
+
+
+@register("SpaceToBatchND", dtypes=NUMERIC, static_inputs=(1, 2), check=_check_space_to_batch,
+          note="constant block_shape and paddings")
+def _lower_space_to_batch(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                          ) -> list[Instruction]:
+    found = _blocks_and_edges(op)
+    if isinstance(found, str):
+        raise LoweringError(found)
+    block, paddings = found
+    count = block.size
+    x = _pad(ctx, operands[0], paddings)
+    batch, spatial, rest = x.shape.dims[0], x.shape.dims[1:1 + count], x.shape.dims[1 + count:]
+    # [batch, s0/b0, b0, ..., s(M-1)/b(M-1), b(M-1), rest...]
+    split = [batch]
+    for size, b in zip(spatial, block):
+        split += [size // int(b), int(b)]
+    x = ctx.reshape(x, split + list(rest))
+    # [b0, ..., b(M-1), batch, s0/b0, ..., s(M-1)/b(M-1), rest...]
+    perm = ([2 + 2 * i for i in range(count)] + [0] + [1 + 2 * i for i in range(count)]
+            + list(range(1 + 2 * count, 1 + 2 * count + len(rest))))
+    x = _transpose(ctx, x, perm)
+    return [ctx.reshape(x, ctx.output_shape().dims)]
+
+
+@register("BatchToSpaceND", dtypes=NUMERIC, static_inputs=(1, 2), check=_check_batch_to_space,
+          note="constant block_shape and crops")
+def _lower_batch_to_space(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                          ) -> list[Instruction]:
+    found = _blocks_and_edges(op)
+    if isinstance(found, str):
+        raise LoweringError(found)
+    block, crops = found
+    count = block.size
+    x = operands[0]
+    batch, spatial = x.shape.dims[0], x.shape.dims[1:1 + count]
+    rest = x.shape.dims[1 + count:]
+    blocks = [int(b) for b in block]
+    # [b0, ..., b(M-1), batch / prod(b), s0, ..., s(M-1), rest...]
+    x = ctx.reshape(x, blocks + [batch // int(np.prod(block))] + list(spatial) + list(rest))
+    # [batch / prod(b), s0, b0, ..., s(M-1), b(M-1), rest...]
+    perm = [count]
+    for i in range(count):
+        perm += [count + 1 + i, i]
+    perm += list(range(1 + 2 * count, 1 + 2 * count + len(rest)))
+    x = _transpose(ctx, x, perm)
+    uncropped = [x.shape.dims[0]] + [s * b for s, b in zip(spatial, blocks)] + list(rest)
+    x = ctx.reshape(x, uncropped)
+    if crops.any():
+        spec = [(0, size, 1) for size in uncropped]
+        for i, (low, high) in enumerate(crops):
+            spec[1 + i] = (int(low), uncropped[1 + i] - int(high), 1)
+        x = ctx.emit("slice", [x], slice=tuple(spec))
+    return [x]
+
+
+def _transpose(ctx: LoweringContext, x: Instruction, perm: list[int]) -> Instruction:
+    if perm == sorted(perm):
+        return x
+    return ctx.emit("transpose", [x], dimensions=tuple(perm))
