@@ -1,16 +1,27 @@
-"""Convolution throughput: tfxla-lite's convolution kernel against TF's Conv2D (oneDNN) and
-TF's XLA, interleaved in one process (`tfxla_lite.timing.compare`).
+"""Convolution throughput: tfxla-lite's convolution kernels against TF's (oneDNN), forward,
+backprop-input and backprop-filter, on the convolution shapes of the model zoo's CNNs,
+interleaved in one process (`tfxla_lite.timing.compare`).
 
-Run: .venv/bin/python benchmarks/convolution.py
-Shapes: a ResNet-like 3×3 convolution (16×32×32×64 → 64, SAME) and a 1×1 one (same
-input → 256), float32, NHWC. Prints GFLOP/s of each and tfxla-lite's share of TF's
-throughput, with the load average (ratios hold on a busy machine; absolute figures do
-not).
+Run: .venv/bin/python benchmarks/convolution.py [--models small_cnn,resnet50,mobilenetv2]
+     [--directions forward,input,filter] [--limit N] [--xla]
+The shapes are those of the zoo's models (`benchmarks/zoo.py`: small_cnn at batch 64,
+ResNet50 64×64 and MobileNetV2 96×96 at batch 16, depthwise layers included), read off
+the Keras layers, each distinct shape once with how often it occurs. Per shape and
+direction it prints tfxla-lite's speed as a share of TF's (`lite/tf`: TF's time over
+tfxla-lite's, above 1 is faster) and, with `--xla`, TF's XLA's; then the total per
+model and direction (each shape weighted by its count). Each
+tfxla-lite variant is compiled with `compile_convolutions` (every convolution on our
+kernels) and checked against TF's result. Ratios hold on a busy machine; absolute
+figures do not (the load average is printed).
 """
 
 from __future__ import annotations
 
+import argparse
 import os
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -21,38 +32,126 @@ import tfxla_lite as tl  # noqa: E402
 from benchmarks.workloads import measured_options  # noqa: E402
 from tfxla_lite.timing import compare  # noqa: E402
 
-SHAPES = {
-    "3x3 16x32x32x64->64": ((16, 32, 32, 64), (3, 3, 64, 64)),
-    "1x1 16x32x32x64->256": ((16, 32, 32, 64), (1, 1, 64, 256)),
-}
+DIRECTIONS = ("forward", "input", "filter")
+
+
+@dataclass(frozen=True)
+class ConvShape:
+    """One convolution of a model: NHWC input, HWIO filter (HWCM when depthwise)."""
+
+    input: tuple[int, int, int, int]
+    filter: tuple[int, int, int, int]
+    stride: int
+    padding: str
+    depthwise: bool
+
+    def __str__(self) -> str:
+        kind = "dw" if self.depthwise else "conv"
+        n, h, w, c = self.input
+        kh, kw, _, o = self.filter
+        return f"{kind} {kh}x{kw}/{self.stride} {self.padding} {n}x{h}x{w}x{c}->{o}"
+
+    @property
+    def flops(self) -> int:
+        n, h, w, _ = self.input
+        out_h, out_w = (-(-h // self.stride), -(-w // self.stride)) if self.padding == "SAME" \
+            else ((h - self.filter[0]) // self.stride + 1, (w - self.filter[1]) // self.stride + 1)
+        return 2 * n * out_h * out_w * int(np.prod(self.filter))
+
+
+def model_shapes(name: str) -> Counter[ConvShape]:
+    """The distinct convolution shapes of the zoo model `name`, with their counts."""
+    import keras
+
+    if name == "small_cnn":
+        layers = [keras.Input((28, 28, 1), batch_size=64)]
+        for n in (32, 64):
+            layers += [keras.layers.Conv2D(n, 3, padding="same"), keras.layers.MaxPooling2D()]
+        model, batch = keras.Sequential(layers), 64
+    else:
+        constructor, side = {"resnet50": ("ResNet50", 64),
+                             "mobilenetv2": ("MobileNetV2", 96)}[name]
+        model = getattr(keras.applications, constructor)(
+            weights=None, input_shape=(side, side, 3), classes=10)
+        batch = 16
+    shapes: Counter[ConvShape] = Counter()
+    for layer in model.layers:
+        if not isinstance(layer, keras.layers.Conv2D | keras.layers.DepthwiseConv2D):
+            continue
+        depthwise = isinstance(layer, keras.layers.DepthwiseConv2D)
+        _, h, w, c = layer.input.shape
+        kernel = tuple(layer.kernel.shape)
+        shapes[ConvShape((batch, h, w, c), kernel, layer.strides[0], layer.padding.upper(),
+                         depthwise)] += 1
+    return shapes
+
+
+def _functions(shape: ConvShape, direction: str) -> tuple[Callable[..., tf.Tensor],
+                                                          list[tf.Tensor]]:
+    rng = np.random.default_rng(0)
+    x = tf.constant(rng.standard_normal(shape.input).astype(np.float32))
+    w = tf.constant(rng.standard_normal(shape.filter).astype(np.float32) * 0.1)
+    strides = [1, shape.stride, shape.stride, 1]
+    conv = tf.nn.depthwise_conv2d if shape.depthwise else tf.nn.conv2d
+    y = conv(x, w, strides, shape.padding)
+    dy = tf.constant(rng.standard_normal(y.shape).astype(np.float32))
+    if direction == "forward":
+        return (lambda x, w: conv(x, w, strides, shape.padding)), [x, w]
+    ops = tf.raw_ops
+    if direction == "input":
+        op = ops.DepthwiseConv2dNativeBackpropInput if shape.depthwise \
+            else ops.Conv2DBackpropInput
+        return (lambda w, dy: op(input_sizes=list(shape.input), filter=w, out_backprop=dy,
+                                 strides=strides, padding=shape.padding)), [w, dy]
+    op = ops.DepthwiseConv2dNativeBackpropFilter if shape.depthwise \
+        else ops.Conv2DBackpropFilter
+    return (lambda x, dy: op(input=x, filter_sizes=list(shape.filter), out_backprop=dy,
+                             strides=strides, padding=shape.padding)), [x, dy]
+
+
+def measure(shape: ConvShape, direction: str, xla: bool) -> dict[str, float]:
+    """Seconds per call of TF's kernel, tfxla-lite's (and TF's XLA's), interleaved."""
+    fn, args = _functions(shape, direction)
+    variants = {"tf": tf.function(fn),
+                "lite": tl.function(fn, jit_compile=True,
+                                    options=measured_options(compile_convolutions=True))}
+    if xla:
+        variants["xla"] = tf.function(fn, jit_compile=True)
+    expected = variants["tf"](*args).numpy()
+    got = variants["lite"](*args).numpy()
+    scale = max(1.0, float(np.abs(expected).max(initial=0.0)))
+    np.testing.assert_allclose(got, expected, rtol=1e-3, atol=1e-4 * scale)
+    return compare({k: (lambda f=f: f(*args).numpy()) for k, f in variants.items()},
+                   repeats=7)
 
 
 def main() -> None:
-    rng = np.random.default_rng(0)
-    for name, (x_shape, w_shape) in SHAPES.items():
-        x = tf.constant(rng.standard_normal(x_shape).astype(np.float32))
-        w = tf.constant(rng.standard_normal(w_shape).astype(np.float32))
-
-        def conv(x: tf.Tensor, w: tf.Tensor) -> tf.Tensor:
-            return tf.nn.conv2d(x, w, 1, "SAME")
-
-        variants = {
-            "tf": tf.function(conv),
-            "xla": tf.function(conv, jit_compile=True),
-            "lite": tl.function(conv, jit_compile=True,
-                                options=measured_options(compile_convolutions=True)),
-        }
-        expected = variants["tf"](x, w).numpy()
-        got = variants["lite"](x, w).numpy()
-        np.testing.assert_allclose(got, expected, rtol=1e-3, atol=1e-3)
-        flops = 2 * np.prod(expected.shape) * np.prod(w_shape[:3])
-        load = os.getloadavg()[0]
-        seconds = compare({k: (lambda f=f, x=x, w=w: f(x, w).numpy()) for k, f in variants.items()})
-        rates = {k: flops / s / 1e9 for k, s in seconds.items()}
-        print(f"{name}: load {load:.1f}; " + ", ".join(
-            f"{k} {rates[k]:.0f} GFLOP/s ({seconds[k] * 1e3:.2f} ms)" for k in variants)
-            + f"; lite/tf {rates['lite'] / rates['tf']:.2f}, lite/xla "
-              f"{rates['lite'] / rates['xla']:.2f}")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default="small_cnn,resnet50,mobilenetv2")
+    parser.add_argument("--directions", default=",".join(DIRECTIONS))
+    parser.add_argument("--limit", type=int, default=0,
+                        help="per model, only the N shapes of most FLOPs")
+    parser.add_argument("--xla", action="store_true", help="time TF's XLA too")
+    args = parser.parse_args()
+    print(f"load {open('/proc/loadavg').read().strip()}")
+    for model in args.models.split(","):
+        shapes = model_shapes(model)
+        chosen = sorted(shapes, key=lambda s: -s.flops * shapes[s])
+        if args.limit:
+            chosen = chosen[:args.limit]
+        for direction in args.directions.split(","):
+            totals: Counter[str] = Counter()
+            for shape in chosen:
+                seconds = measure(shape, direction, args.xla)
+                for k, s in seconds.items():
+                    totals[k] += s * shapes[shape]
+                extra = f", xla/tf {seconds['tf'] / seconds['xla']:.2f}" if args.xla else ""
+                print(f"{model} {direction:7} {shape} x{shapes[shape]}: "
+                      f"{shape.flops / seconds['tf'] / 1e9:.1f} GFLOP/s tf, "
+                      f"lite/tf {seconds['tf'] / seconds['lite']:.2f}{extra}", flush=True)
+            print(f"{model} {direction} total ({len(chosen)} shapes): lite/tf "
+                  f"{totals['tf'] / totals['lite']:.2f}; load {os.getloadavg()[0]:.1f}",
+                  flush=True)
 
 
 if __name__ == "__main__":

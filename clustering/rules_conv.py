@@ -114,12 +114,13 @@ def _channels_first(ctx: LoweringContext, x: Instruction, data_format: str) -> I
 
 
 def convolution(ctx: LoweringContext, lhs: Instruction, rhs: Instruction, window: Window,
-                feature_groups: int = 1, batch_groups: int = 1) -> Instruction:
-    """A channels-last convolution (`b01f_01io->b01f`); 2-byte floats in f32, rounded once."""
+                feature_groups: int = 1, batch_groups: int = 1,
+                dnums: ConvolutionDimensions | None = None) -> Instruction:
+    """A convolution, channels-last (`b01f_01io->b01f`) unless `dnums` says otherwise;
+    2-byte floats in f32, rounded once."""
     etype = lhs.shape.element_type
-    attributes: dict[str, Any] = {"window": window,
-                                  "dim_labels": ConvolutionDimensions.channels_last(
-                                      lhs.shape.rank - 2)}
+    dnums = dnums or ConvolutionDimensions.channels_last(lhs.shape.rank - 2)
+    attributes: dict[str, Any] = {"window": window, "dim_labels": dnums}
     if feature_groups != 1:
         attributes["feature_group_count"] = feature_groups
     if batch_groups != 1:

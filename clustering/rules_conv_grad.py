@@ -21,13 +21,15 @@ HLO `convolution`, as TF's XLA bridge builds it (tf2xla/kernels/conv_op_helpers.
   by the forward's low padding (negative at the end where the forward never read the
   input's last elements).
 
-XLA expresses both with dimension numbers (`f01b_i01o->01bf` and a kernel `01oi`); here
-the filter and operands are transposed (and the filter reversed) into channels-last
-`b01f_01io->b01f` convolutions instead, the layout the CPU backend's GEMM path reads
-(`codegen/cpu/convolution_gemm.py`); the transposes touch a filter or one pass over an
-activation. A depthwise filter [H, W, C, M] is the grouped filter [H, W, 1, C·M] with C
-groups, so one formula serves both: backprop-input has `feature_group_count` G and
-backprop-filter `batch_group_count` G (XLA's form for depthwise filter gradients).
+Backprop-filter keeps XLA's dimension numbers (`f01b_i01o->01bf`: the input and the
+gradient read in place, the result a filter), which the CPU backend runs as the
+forward's patches transposed times the gradient (`codegen/cpu/convolution_filter.py`).
+Backprop-input's filter is transposed (and reversed) into a channels-last
+`b01f_01io->b01f` convolution instead of XLA's kernel `01oi`, the layout the GEMM path
+reads (`codegen/cpu/convolution_gemm.py`); the transposes touch only a filter. A
+depthwise filter [H, W, C, M] is the grouped filter [H, W, 1, C·M] with C groups, so
+one formula serves both: backprop-input has `feature_group_count` G and backprop-filter
+`batch_group_count` G (XLA's form for depthwise filter gradients).
 
 The sizes input (`input_sizes` / `filter_sizes`, usually a ShapeN of static shapes) must
 be a compile-time constant and agree with the static output shape.
@@ -59,6 +61,7 @@ from tfxla_lite.clustering.rules_conv import (
 )
 from tfxla_lite.hlo import Instruction
 from tfxla_lite.hlo.attributes import PaddingConfig, Window, WindowDimension
+from tfxla_lite.hlo.convolution import ConvolutionDimensions
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -268,8 +271,7 @@ def _lower_backprop_filter(ctx: LoweringContext, op: tf.Operation, operands: Ope
         grouped_dims = (*spatial, 1, channels * multiplier)
     else:
         grouped_dims = filter_dims
-    rank = x.shape.rank
-    spatial_rank = rank - 2
+    spatial_rank = x.shape.rank - 2
     groups = feature_groups(x.shape.dims[-1], grouped_dims[-2])
     forward = _spatial_window(op, x.shape.dims, grouped_dims[:-2])
     dims = []
@@ -279,12 +281,10 @@ def _lower_backprop_filter(ctx: LoweringContext, op: tf.Operation, operands: Ope
         total = expanded + (d.size - 1) * d.window_dilation - x.shape.dims[1 + i]
         dims.append(WindowDimension(out, d.window_dilation, d.padding_low,
                                     total - d.padding_low, d.stride))
-    # The input as [C, spatial..., N] (C the batch, N the contracted feature), the
-    # gradient as the kernel [spatial..., N, Cout]: the result is [Cin/G, k..., Cout].
-    lhs = _transpose(ctx, x, (rank - 1, *range(1, rank - 1), 0))
-    rhs = _transpose(ctx, grad, (*range(1, rank - 1), 0, rank - 1))
-    result = convolution(ctx, lhs, rhs, Window(tuple(dims)), batch_groups=groups)
-    result = _transpose(ctx, result, (*range(1, spatial_rank + 1), 0, rank - 1))
+    # XLA's form, read in place: the input's C is the batch and N the contracted
+    # feature, the gradient the kernel (N its input feature), the result [k..., Cin/G, Cout].
+    result = convolution(ctx, x, grad, Window(tuple(dims)), batch_groups=groups,
+                         dnums=ConvolutionDimensions.filter_gradient(spatial_rank))
     if result.shape.dims != grouped_dims:
         raise LoweringError(f"{op.type} {op.name}: gradient of shape {result.shape.dims}, "
                             f"the filter's is {grouped_dims}")

@@ -66,6 +66,16 @@ class ConvolutionDimensions:
                                      spatial_rank + 1, tuple(range(spatial_rank)),
                                      0, spatial_rank + 1, spatial)
 
+    @staticmethod
+    def filter_gradient(spatial_rank: int) -> ConvolutionDimensions:
+        """`f01b_i01o->01bf` (XLA's filter gradient): the input (NHWC) with its batch as
+        the contracted feature and its channels as the batch, the output gradient (NHWC)
+        as the kernel, the result a filter (HWIO)."""
+        spatial = tuple(range(1, spatial_rank + 1))
+        return ConvolutionDimensions(spatial_rank + 1, 0, spatial, 0, spatial_rank + 1,
+                                     spatial, spatial_rank, spatial_rank + 1,
+                                     tuple(range(spatial_rank)))
+
     def __str__(self) -> str:
         def labels(first: int, first_char: str, second: int, second_char: str,
                    spatial: tuple[int, ...]) -> str:
