@@ -6,7 +6,8 @@ Layout: `emitter.py` (types, indices, loops, registry), `elementwise.py`,
 `data_movement.py`, `indexing.py`, `reduction.py`, `dot.py` (the generators and kernel shapes),
 `convolution.py` and `convolution_gemm.py` (convolutions: element generator, patches + GEMM),
 `variadic_reduce.py` (variadic reduces, tuples as structs), `calls.py` (call),
-`multi_output.py` (kernels with several outputs),
+`multi_output.py` (kernels with several outputs), `control_flow.py` (while and
+conditional: loops and branches calling their computations' functions),
 `math.py` (vectorizable f32 transcendentals), `compiler.py` (kernels and the ABI's
 `entry`), `parallel.py` (kernels split across libgomp's threads), `engine.py` (LLVM,
 JIT, BLAS).
@@ -22,10 +23,6 @@ from tfxla_lite.codegen.cpu.emitter import EMITTERS
 # NotImplementedError naming it.
 UNSUPPORTED_OPCODES: dict[str, str] = {
     "fusion": "an entry fusion is a kernel (compiler.py); nested fusions are not supported",
-    "while": "control flow runs in the evaluator only; the CPU backend emits straight-line "
-             "kernels",
-    "conditional": "control flow runs in the evaluator only; the CPU backend emits "
-                   "straight-line kernels",
 }
 
 __all__ = ["EMITTERS", "UNSUPPORTED_OPCODES", "compile"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import itertools
+import re
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +27,7 @@ from tfxla_lite.codegen.cache import _Prepared
 from tfxla_lite.codegen.cpu import (  # noqa: F401
     calls,
     column_reduction,
+    control_flow,
     data_movement,
     elementwise,
     engine,
@@ -67,7 +69,7 @@ from tfxla_lite.codegen.cpu.partition import (
 from tfxla_lite.codegen.cpu.tiers import TieredExecutable
 from tfxla_lite.codegen.executable import ENTRY_SIGNATURE, Executable
 from tfxla_lite.hlo.ir import HloModule, Instruction
-from tfxla_lite.passes.buffer_assignment import leaves
+from tfxla_lite.passes.buffer_assignment import entry_values, leaves
 
 # Opcodes of the entry computation that own a buffer but emit no kernel.
 _NO_KERNEL = frozenset({"parameter", "constant"})
@@ -461,18 +463,55 @@ def _emit_code(module: HloModule, assignment: Any, team: int,
     `tiered`: also the quick tier's parts, if any function must be set apart."""
     entry = module.entry
     assert entry is not None and entry.root is not None
-    root = entry.root
-    outputs = list(root.operands) if root.opcode == "tuple" else [root]
     llvm_module = ir.Module(name=module.name)
     pool = ConstantPool(llvm_module)
+    kernels = KernelMerger(llvm_module)
+    _, kernel_count = emit_function(llvm_module, pool, kernels, entry, assignment, team,
+                                    ENTRY_NAME, donations)
 
-    entry_function = ir.Function(llvm_module, ir.FunctionType(VOID, [PTR, PTR, PTR]),
-                                 name=ENTRY_NAME)
-    entry_function.attributes.add("nounwind")
-    params_arg, outputs_arg, temp_arg = entry_function.args
+    engine.half_runtime()  # f16 code may call libgcc's conversions
+    # Big modules are optimized and compiled in parts, one thread and one object each
+    # (module_split.py); one engine links the objects.
+    split = module_split.split_module(llvm_module, ENTRY_NAME, engine.optimizer_threads(),
+                                      engine.PARALLEL_IR_BYTES, kernels.texts)
+    apart = tiers.o3_even_when_quick(llvm_module.globals) if tiered else []
+    quick_split = None
+    if apart:
+        quick_split = module_split.split_module(
+            llvm_module, ENTRY_NAME, engine.optimizer_threads(), engine.PARALLEL_IR_BYTES,
+            kernels.texts, apart=apart)
+    return EmittedModule(split, kernel_count, quick_split)
+
+
+def emit_function(llvm_module: ir.Module, pool: ConstantPool, kernels: KernelMerger,
+                  computation: Any, assignment: Any, team: int, name: str,
+                  donations: tuple[tuple[int, int], ...] = ()) -> tuple[ir.Function, int]:
+    """`void name(void** params, void** outputs, void* temp)`, the ABI's entry function
+    (`executable.py`) of `computation` under `assignment`: the entry, or a computation a
+    loop or a conditional calls (internal, called by its caller's function,
+    `control_flow.py`); and how many kernel launches it holds."""
+    root = computation.root
+    assert root is not None
+    outputs = list(root.operands) if root.opcode == "tuple" else [root]
+    function = ir.Function(llvm_module, ir.FunctionType(VOID, [PTR, PTR, PTR]), name=name)
+    function.attributes.add("nounwind")
+    if name != ENTRY_NAME:
+        function.linkage = "internal"
+    params_arg, outputs_arg, temp_arg = function.args
     params_arg.name, outputs_arg.name, temp_arg.name = "params", "outputs", "temp"
-    builder = ir.IRBuilder(entry_function.append_basic_block("entry"))
+    builder = ir.IRBuilder(function.append_basic_block("entry"))
     pointers: dict[tuple[int, tuple[int, ...]], ir.Value] = {}
+    functions: dict[str, ir.Function] = {}
+
+    def called_function(callee: Any, plan: Any) -> ir.Function:
+        """The function of a computation a loop or conditional calls, emitted once."""
+        nonlocal kernel_count
+        if callee.name not in functions:
+            functions[callee.name], count = emit_function(
+                llvm_module, pool, kernels, callee, plan, team,
+                f"{name}.{re.sub(r'[^A-Za-z0-9_.]', '_', callee.name)}")
+            kernel_count += count
+        return functions[callee.name]
 
     def pointer_of(inst: Instruction, index: tuple[int, ...] = ()) -> ir.Value:
         if (id(inst), index) not in pointers:
@@ -482,17 +521,20 @@ def _emit_code(module: HloModule, assignment: Any, team: int,
         return pointers[(id(inst), index)]
 
     kernel_count = 0
-    kernels = KernelMerger(llvm_module)
     # Kernels whose output may be a parameter's own buffer: the operand number it reads
     # that parameter as (donation.py).
     donated = {id(outputs[j]): [o.opcode == "parameter" and o.parameter_number == i
                                 for o in outputs[j].operands].index(True)
                for j, i in donations}
-    for inst in entry.instructions:
+    for inst in computation.instructions:
         if inst.opcode in _NO_KERNEL or (inst is root and inst.opcode == "tuple"):
             continue
         if inst.opcode in ("tuple", "get-tuple-element"):
             continue  # names for its operands' buffers (buffer assignment aliases them)
+        if inst.opcode in control_flow.OPCODES:  # a loop or branches calling functions
+            control_flow.emit(builder, inst, assignment.control_flow[inst.name], pointer_of,
+                              temp_arg, called_function)
+            continue
         # One output pointer per leaf: a tuple-shaped kernel (a multi-output fusion, a
         # variadic reduce) writes each leaf to its own slice (multi_output.py).
         indices = [index for index, _ in leaves(inst.shape)]
@@ -514,30 +556,20 @@ def _emit_code(module: HloModule, assignment: Any, team: int,
                      + [pointer_of(o) for o in inst.operands])
 
     # Outputs whose value lives elsewhere (a parameter, a constant, an earlier output)
-    # are copied; after the `add-output-copies` pass there are none.
-    for j, inst in enumerate(outputs):
-        out_slice = assignment.slice_of(inst)
-        if out_slice.kind == "output" and out_slice.index == j:
+    # are copied; after the `add-output-copies` pass the entry has none. A called
+    # computation's output may be its parameter's own buffer (a loop's unchanged state).
+    value_at = entry_values(computation)
+    for j, (index, shape) in enumerate(leaves(root.shape)):
+        value = value_at[(id(root), index)]
+        out_slice = _leaf_slice(assignment, value.instruction, value.index)
+        if (out_slice.kind == "output" and out_slice.index == j) or not shape.byte_size:
             continue
         destination = builder.load(builder.gep(outputs_arg, [I64(j)], source_etype=PTR), typ=PTR)
-        size = inst.shape.byte_size
-        if size:
-            memcpy = llvm_module.declare_intrinsic("llvm.memcpy", [PTR, PTR, I64])
-            builder.call(memcpy, [destination, pointer_of(inst), I64(size), ir.IntType(1)(0)])
+        source = pointer_of(value.instruction, value.index)
+        control_flow.emit_copy(builder, destination, source, shape.byte_size,
+                               maybe_same=out_slice.kind == "parameter")
     builder.ret_void()
-
-    engine.half_runtime()  # f16 code may call libgcc's conversions
-    # Big modules are optimized and compiled in parts, one thread and one object each
-    # (module_split.py); one engine links the objects.
-    split = module_split.split_module(llvm_module, ENTRY_NAME, engine.optimizer_threads(),
-                                      engine.PARALLEL_IR_BYTES, kernels.texts)
-    apart = tiers.o3_even_when_quick(llvm_module.globals) if tiered else []
-    quick_split = None
-    if apart:
-        quick_split = module_split.split_module(
-            llvm_module, ENTRY_NAME, engine.optimizer_threads(), engine.PARALLEL_IR_BYTES,
-            kernels.texts, apart=apart)
-    return EmittedModule(split, kernel_count, quick_split)
+    return function, kernel_count
 
 
 class PendingExecutable(Executable):

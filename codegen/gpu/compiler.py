@@ -73,6 +73,11 @@ def emit_program(module: HloModule, assignment: Any) -> GpuProgram:
     """The CUDA source and thunks of `module` (already optimized) under `assignment`."""
     entry = module.entry
     assert entry is not None and entry.root is not None
+    for inst in entry.instructions:
+        if inst.opcode in ("while", "conditional"):
+            raise NotImplementedError(
+                f"GPU backend: HLO {inst.opcode} (%{inst.name}) is not compiled for the GPU; "
+                "the CPU backend compiles loops and conditionals")
     plans = merge_row_groups(plan_kernels(list(entry.instructions), assignment), assignment)
     tables = ModuleTables()
     kernels, thunks = [], []

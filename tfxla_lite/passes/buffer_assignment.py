@@ -42,6 +42,16 @@ whose live range is the union of theirs; chains (a → b → c) form one buffer 
 
 Run `add-output-copies` first to give every output a buffer of its own: without
 it, an output that is a parameter or a constant keeps that kind here.
+
+Control flow (`while`, `conditional`) is opaque here: such an instruction defines one
+value per leaf of its result, like a multi-output kernel, and reads its operands'
+leaves. The computations it calls are planned on their own, each as an entry would be
+(`assign_computation`): a called computation's parameters are the flat leaves of its
+parameters (a loop body's tuple state is one parameter per leaf), its outputs the flat
+leaves of its root. Their temp arenas, and what the caller's loop needs besides (a
+second buffer per loop-state leaf the body changes, for ping-pong, and the condition's
+pred), lie in one *region* after the caller's own temps (`ControlFlowPlan`): control
+flow instructions run one at a time, so they all share that region.
 """
 
 from __future__ import annotations
@@ -84,6 +94,25 @@ class BufferSlice:
 
 
 @dataclass
+class ControlFlowPlan:
+    """The memory of one `while` or `conditional`, offsets into its caller's temp arena.
+
+    `computations`: the plan of each called computation (condition and body, or the
+    branches) by name, whose temp arenas all start at `callee_temp`. A while's
+    `scratch` gives, per flat leaf of its state that the body changes, the offset of
+    the leaf's second buffer (the body writes the next state there while it reads the
+    current one); leaves the body passes through unchanged (`passthrough`) have one
+    buffer. `flag` is the offset of the condition's pred.
+    """
+
+    computations: dict[str, BufferAssignment]
+    callee_temp: int
+    scratch: dict[int, int] = field(default_factory=dict)
+    passthrough: frozenset[int] = frozenset()
+    flag: int | None = None  # None for a conditional
+
+
+@dataclass
 class BufferAssignment:
     slices: dict[str, BufferSlice]  # keyed by entry instruction name
     temp_bytes: int  # arena size: the end of its last buffer (offsets are 64-aligned)
@@ -97,6 +126,8 @@ class BufferAssignment:
     # Names that define no value of their own (get-tuple-element, a tuple other than
     # the root, leaf by leaf) -> the value they forward, e.g. `gte` -> `fusion{1}`.
     aliases: dict[str, str] = field(default_factory=dict)
+    # By control-flow instruction name: the memory of its loop or branches.
+    control_flow: dict[str, ControlFlowPlan] = field(default_factory=dict)
 
     def slice_of(self, instruction: Instruction | str, index: tuple[int, ...] = ()
                  ) -> BufferSlice:
@@ -139,6 +170,14 @@ class BufferAssignment:
                 reuse = f" in place of %{self.in_place[m]}" if m in self.in_place else ""
                 lines.append(f"  %{m} {shape} offset {buffer.offset} size {buffer.size} "
                              f"live [{start}, {end}]{reuse}")
+        for name, plan in self.control_flow.items():
+            extra = "".join(f" scratch {{{leaf}}} offset {offset}"
+                            for leaf, offset in plan.scratch.items())
+            lines.append(f"control flow %{name}: callee arenas at offset {plan.callee_temp}"
+                         f"{extra}" + ("" if plan.flag is None else f" flag offset {plan.flag}"))
+            for callee, nested in plan.computations.items():
+                lines.append(f"  computation %{callee}:")
+                lines.extend("    " + line for line in nested.to_text().splitlines())
         lines.append(f"total temp bytes: {self.temp_bytes_without_reuse} before reuse, "
                      f"{self.temp_bytes} after reuse")
         return "\n".join(lines) + "\n"
@@ -230,6 +269,17 @@ def reads_only_elementwise(inst: Instruction, operand_number: int,
                for _, user in user_edges([fused.parameter(operand_number)], ends_walk))
 
 
+def parameter_slots(computation: Computation) -> dict[tuple[int, tuple[int, ...]], int]:
+    """The ABI parameter number of each (parameter number, shape index) leaf: the flat
+    leaves of the parameters, in parameter order (an array parameter's own number when
+    every parameter is an array)."""
+    slots: dict[tuple[int, tuple[int, ...]], int] = {}
+    for parameter in computation.parameters:
+        for index, _ in leaves(parameter.shape):
+            slots[(parameter.parameter_number, index)] = len(slots)
+    return slots
+
+
 class EntryValues:
     """What buffer assignment derives from the entry's instructions whatever their order:
     the value at each leaf, the values each instruction defines and reads, the outputs,
@@ -247,8 +297,10 @@ class EntryValues:
         self.computation = computation
         self.value_at = entry_values(computation)
         for inst in computation.instructions:
-            if inst.opcode in ("parameter", "constant") and inst.shape.is_tuple:
-                raise NotImplementedError(f"tuple-shaped entry {inst.opcode} %{inst.name}")
+            if inst.opcode == "constant" and inst.shape.is_tuple:
+                raise NotImplementedError(f"tuple-shaped constant %{inst.name}")
+        # A tuple-shaped parameter (a loop body's state) is one ABI parameter per leaf.
+        self.parameter_slots = parameter_slots(computation)
         # The root's leaves, in flat order, are the outputs; a value that appears twice
         # is the output of its first position (codegen copies it to the others).
         self.outputs: dict[int, int] = {}
@@ -302,6 +354,15 @@ def assign_buffers(module: HloModule, in_place: bool = True,
     entry = module.entry
     if entry is None or entry.root is None:
         raise ValueError(f"module {module.name} has no entry root")
+    return assign_computation(entry, in_place, values)
+
+
+def assign_computation(entry: Computation, in_place: bool = True,
+                       values: EntryValues | None = None) -> BufferAssignment:
+    """`assign_buffers` of one computation as an entry: the entry itself, or a
+    computation a `while` or `conditional` calls (module docstring)."""
+    if entry.root is None:
+        raise ValueError(f"computation {entry.name} has no root")
     root = entry.root
     facts = values if values is not None else EntryValues(entry)
     assert facts.computation is entry and len(facts.defines) == len(entry.instructions)
@@ -334,7 +395,8 @@ def assign_buffers(module: HloModule, in_place: bool = True,
         live_ranges[value.name] = (start, end)
         shapes[value.name] = value.shape
         if inst.opcode == "parameter":
-            slices[value.name] = BufferSlice("parameter", inst.parameter_number, 0, size)
+            slot = facts.parameter_slots[(inst.parameter_number, value.index)]
+            slices[value.name] = BufferSlice("parameter", slot, 0, size)
         elif inst.opcode == "constant":
             slices[value.name] = BufferSlice("constant", 0, 0, size)
         elif id(value) in outputs:
@@ -373,8 +435,50 @@ def assign_buffers(module: HloModule, in_place: bool = True,
             for index, _ in leaves(inst.shape):
                 aliases[leaf_name(inst.name, index)] = value_at[(id(inst), index)].name
     ordered = {v.name: slices[v.name] for v in defined}
+    control_flow: dict[str, ControlFlowPlan] = {}
+    region = _align(temp_bytes)
+    for inst in order:
+        if inst.opcode in ("while", "conditional"):
+            control_flow[inst.name], size = _control_flow_plan(inst, region, in_place)
+            temp_bytes = max(temp_bytes, region + size)
     return BufferAssignment(ordered, temp_bytes, temp_bytes_without_reuse,
-                            live_ranges, shapes, reused, aliases)
+                            live_ranges, shapes, reused, aliases, control_flow)
+
+
+def loop_passthrough(body: Computation) -> frozenset[int]:
+    """The flat leaves of a loop body's state that its root returns unchanged (the
+    parameter's own leaf at the same position): one buffer serves both states."""
+    assert body.root is not None
+    value_at = entry_values(body)
+    (parameter,) = body.parameters
+    return frozenset(
+        number for number, (index, _) in enumerate(leaves(body.root.shape))
+        if value_at[(id(body.root), index)].instruction is parameter
+        and value_at[(id(body.root), index)].index == index)
+
+
+def _control_flow_plan(inst: Instruction, region: int, in_place: bool
+                       ) -> tuple[ControlFlowPlan, int]:
+    """The plan of a while or conditional whose region starts at `region`, and the
+    region's size: a while's scratch state and flag, then the callees' arenas."""
+    offset = region
+    scratch: dict[int, int] = {}
+    passthrough: frozenset[int] = frozenset()
+    flag = None
+    if inst.opcode == "while":
+        passthrough = loop_passthrough(inst.called_computations[1])
+        for number, (_, shape) in enumerate(leaves(inst.shape)):
+            if number not in passthrough:
+                scratch[number] = offset
+                offset += _align(shape.byte_size)
+        flag, offset = offset, offset + ALIGNMENT
+    plans: dict[str, BufferAssignment] = {}
+    for callee in inst.called_computations:
+        if callee.name not in plans:
+            plans[callee.name] = assign_computation(callee, in_place)
+    arena = max(plan.temp_bytes for plan in plans.values())
+    plan = ControlFlowPlan(plans, offset, scratch, passthrough, flag)
+    return plan, offset + arena - region
 
 
 def _place_groups(groups: list[list[Value]], outputs: dict[int, int],

@@ -24,8 +24,9 @@ from tfxla_lite.hlo.ir import Computation, HloModule, Instruction
 from tfxla_lite.passes.base import Pass
 
 # Opcodes whose value is not an array computed from operand arrays alone.
+# Control flow is not run at compile time: a loop may run long, or forever.
 _NEVER_FOLDED = frozenset({"parameter", "constant", "tuple", "get-tuple-element", "fusion",
-                           "call"})
+                           "call", "while", "conditional"})
 
 
 def _is_foldable(inst: Instruction, max_elements: int, max_bytes: int) -> bool:

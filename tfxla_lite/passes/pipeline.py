@@ -13,6 +13,10 @@ from tfxla_lite.hlo.verifier import VerificationError, verify
 from tfxla_lite.passes.base import Pass
 from tfxla_lite.passes.call_inliner import CallInliner
 from tfxla_lite.passes.constant_folding import ConstantFolding
+from tfxla_lite.passes.control_flow import (
+    WhileLoopInvariantCodeMotion,
+    optimize_called_computations,
+)
 from tfxla_lite.passes.cse import CommonSubexpressionElimination
 from tfxla_lite.passes.dce import DeadCodeElimination
 from tfxla_lite.passes.dot_folding import DotFolding
@@ -30,6 +34,8 @@ from tfxla_lite.passes.simplify import AlgebraicSimplifier
 # constant-folding: evaluate what depends on constants only (small results).
 # cse: lowering repeats work (each TF op lowers on its own) and folding makes equal
 #      constants; one instruction per value.
+# while-licm: loop-invariant work leaves loop bodies (control_flow.py); after cse, so
+#      that equal invariant values are hoisted once.
 # dot-folding: the broadcasts, batch sums, reshapes and transposes TF puts around
 #      dots read as the dots' own dimension numbers (one GEMM instead of a batch of
 #      small ones, no copy kernel), before fusion gathers them into kernels; after
@@ -52,7 +58,7 @@ from tfxla_lite.passes.simplify import AlgebraicSimplifier
 # schedule: last, the instruction order (live ranges, kernel order) with the smallest
 #      temp arena, as XLA schedules just before buffer assignment.
 DEFAULT_PIPELINE = (
-    "call-inliner,simplify,constant-folding,cse,dot-folding,simplify,dce,fuse-rows,fuse,"
+    "call-inliner,simplify,constant-folding,cse,while-licm,dot-folding,simplify,dce,fuse-rows,fuse,"
     "output-fusion,multi-output-fusion,dce,"
     "add-output-copies,schedule")
 
@@ -60,7 +66,8 @@ PASSES: dict[str, type[Pass]] = {
     cls.name: cls for cls in (AlgebraicSimplifier, ConstantFolding,
                               CommonSubexpressionElimination, DeadCodeElimination, Fusion,
                               OutputFusion, AddOutputCopies, RowFusion, MemoryScheduler,
-                              MultiOutputFusion, CallInliner, DotFolding)
+                              MultiOutputFusion, CallInliner, DotFolding,
+                              WhileLoopInvariantCodeMotion)
 }
 
 
@@ -78,13 +85,23 @@ def parse_pipeline(text: str) -> list[Pass]:
 
 def optimize(module: HloModule, pipeline: str = DEFAULT_PIPELINE,
              verify: bool = False) -> HloModule:
-    """Run `pipeline` on `module` in place and return it; with `verify`, check after each pass."""
+    """Run `pipeline` on `module` in place and return it; with `verify`, check after each pass.
+
+    The entry is optimized first; then each computation its whiles and conditionals
+    call, as an entry of its own (`control_flow.optimize_called_computations`), by the
+    same pipeline less `add-output-copies`: a called computation's results go where its
+    caller's loop or branch says (`codegen/cpu/control_flow.py`)."""
     if verify:
         _verify(module, "before the pipeline")
     for hlo_pass in parse_pipeline(pipeline):
         hlo_pass.run(module)
         if verify:
             _verify(module, f"after pass {hlo_pass.name}")
+    called = ",".join(name for name in (part.strip() for part in pipeline.split(","))
+                      if name != AddOutputCopies.name)
+    optimize_called_computations(module, lambda scratch: optimize(scratch, called))
+    if verify:
+        _verify(module, "after optimizing called computations")
     return module
 
 

@@ -1,0 +1,194 @@
+"""HLO `while` and `conditional` in the CPU backend: loops and branches that call the
+functions of the computations they run.
+
+Each computation a loop or conditional calls (condition, body, branches) is optimized
+as an entry of its own (`tfxla_lite/passes/control_flow.py`), planned by buffer
+assignment as one (`assign_computation`), and emitted as an internal function with
+the ABI of `entry` (`executable.py`: `f(void** params, void** outputs, void* temp)`,
+`compiler.emit_function`): its parameters are the flat leaves of its parameter, its
+outputs the flat leaves of its root. The caller's function emits the control flow
+around the calls, at the buffers its own plan gives (`ControlFlowPlan`):
+
+- `while`: the initial state is copied into the loop's state buffers once; then the
+  condition runs on the state into a pred in the temp arena, and while it holds, the
+  body reads the current state and writes the next one into the other buffer of each
+  leaf it changes (ping-pong: a leaf's two buffers swap roles each iteration, by
+  swapping the pointer arrays passed to the calls, so nothing is copied per iteration
+  and nothing is allocated); a leaf the body returns unchanged has one buffer, passed
+  as both its parameter and its output (the body's copy of it is skipped at run time,
+  since source and destination are the same). After an odd number of iterations the
+  changed leaves live in their second buffers and are copied back once.
+- `conditional`: the selector is read (a pred: true runs branch 0, false branch 1; an
+  s32: branch i, an index out of range runs the last branch, as XLA does) and a switch
+  calls the branch's function with its operand's leaves and the conditional's own
+  buffers as outputs.
+
+Every pointer the calls need is computed before the loop or switch, where it dominates
+every later use. The callees' temp arenas start at the plan's `callee_temp` in the
+caller's arena, after the caller's own temps, the loop's second buffers and its pred.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from llvmlite import ir
+
+from tfxla_lite.codegen.cpu.emitter import I8, I32, I64, PTR
+from tfxla_lite.hlo.ir import Computation, Instruction
+from tfxla_lite.passes.buffer_assignment import ControlFlowPlan, leaves
+
+OPCODES = frozenset({"while", "conditional"})
+
+PointerOf = Callable[[Instruction, tuple[int, ...]], ir.Value]
+FunctionOf = Callable[[Computation, Any], ir.Function]
+
+
+def emit(builder: ir.IRBuilder, inst: Instruction, plan: ControlFlowPlan,
+         pointer_of: PointerOf, temp: ir.Value, function_of: FunctionOf) -> None:
+    """Emit `inst` (a while or a conditional) at the builder; `function_of` gives the
+    function of a called computation under its plan."""
+    if inst.opcode == "while":
+        _emit_while(builder, inst, plan, pointer_of, temp, function_of)
+    else:
+        _emit_conditional(builder, inst, plan, pointer_of, temp, function_of)
+
+
+def emit_copy(builder: ir.IRBuilder, destination: ir.Value, source: ir.Value, size: int,
+              maybe_same: bool = False) -> None:
+    """memcpy of `size` bytes; `maybe_same`: skipped at run time when the two pointers
+    are the same buffer (a loop state leaf passed as both a parameter and an output)."""
+    if not size:
+        return
+    module = builder.module
+    memcpy = module.declare_intrinsic("llvm.memcpy", [PTR, PTR, I64])
+    if not maybe_same:
+        builder.call(memcpy, [destination, source, I64(size), ir.IntType(1)(0)])
+        return
+    differ = builder.icmp_unsigned("!=", builder.ptrtoint(destination, I64),
+                                   builder.ptrtoint(source, I64))
+    with builder.if_then(differ):
+        builder.call(memcpy, [destination, source, I64(size), ir.IntType(1)(0)])
+
+
+def _defining(inst: Instruction, index: tuple[int, ...]
+              ) -> tuple[Instruction, tuple[int, ...]]:
+    """The instruction and leaf that define the leaf `index` of `inst`, through tuples and
+    get-tuple-elements (which only name values: a constant's pointer is its own)."""
+    while True:
+        if inst.opcode == "tuple" and index:
+            inst, index = inst.operand(index[0]), index[1:]
+        elif inst.opcode == "get-tuple-element":
+            inst, index = inst.operand(0), (int(inst.attributes["index"]), *index)
+        else:
+            return inst, index
+
+
+def _pointer_array(builder: ir.IRBuilder, pointers: list[ir.Value], name: str) -> ir.Value:
+    """An array of `pointers` on the stack (in the function's entry block), filled here."""
+    array = _entry_alloca(builder, PTR, name, max(1, len(pointers)))
+    for n, pointer in enumerate(pointers):
+        builder.store(pointer, builder.gep(array, [I64(n)], inbounds=True, source_etype=PTR))
+    return array
+
+
+def _entry_alloca(builder: ir.IRBuilder, typ: ir.Type, name: str, count: int | None = None
+                  ) -> ir.Value:
+    """A stack slot made once per call of the function: in its entry block, before the
+    block's terminator (an alloca inside a loop would grow the stack every iteration)."""
+    entry = builder.function.entry_basic_block
+    with builder.goto_block(entry):
+        if entry.is_terminated:
+            builder.position_before(entry.terminator)
+        return builder.alloca(typ, size=None if count is None else I64(count), name=name)
+
+
+def _temp_at(builder: ir.IRBuilder, temp: ir.Value, offset: int, name: str) -> ir.Value:
+    return builder.gep(temp, [I64(offset)], source_etype=I8, name=name)
+
+
+def _emit_while(builder: ir.IRBuilder, inst: Instruction, plan: ControlFlowPlan,
+                pointer_of: PointerOf, temp: ir.Value, function_of: FunctionOf) -> None:
+    b = builder
+    condition, body = inst.called_computations
+    state = leaves(inst.shape)
+    init = inst.operand(0)
+    own = [pointer_of(inst, index) for index, _ in state]
+    sources = [pointer_of(*_defining(init, index)) for index, _ in state]
+    second = [own[n] if n in plan.passthrough else _temp_at(b, temp, plan.scratch[n], "state")
+              for n in range(len(state))]
+    assert plan.flag is not None
+    flag = _temp_at(b, temp, plan.flag, "flag")
+    callee_temp = _temp_at(b, temp, plan.callee_temp, "callee.temp")
+    condition_function = function_of(condition, plan.computations[condition.name])
+    body_function = function_of(body, plan.computations[body.name])
+    for n, (_, shape) in enumerate(state):
+        emit_copy(b, own[n], sources[n], shape.byte_size)
+    first = _pointer_array(b, own, "state.a")
+    other = _pointer_array(b, second, "state.b")
+    flag_outputs = _pointer_array(b, [flag], "flag.out")
+    current = _entry_alloca(b, PTR, "current")
+    following = _entry_alloca(b, PTR, "next")
+    b.store(first, current)
+    b.store(other, following)
+
+    function = b.function
+    head = function.append_basic_block(f"{inst.name}.condition")
+    loop = function.append_basic_block(f"{inst.name}.body")
+    done = function.append_basic_block(f"{inst.name}.done")
+    b.branch(head)
+    b.position_at_end(head)
+    now = b.load(current, typ=PTR)
+    b.call(condition_function, [now, flag_outputs, callee_temp])
+    go = b.icmp_unsigned("!=", b.load(flag, typ=I8), I8(0))
+    b.cbranch(go, loop, done)
+    b.position_at_end(loop)
+    now = b.load(current, typ=PTR)
+    then = b.load(following, typ=PTR)
+    b.call(body_function, [now, then, callee_temp])
+    b.store(then, current)
+    b.store(now, following)
+    b.branch(head)
+    b.position_at_end(done)
+    changed = [n for n in range(len(state)) if n not in plan.passthrough and state[n][1].byte_size]
+    if changed:
+        odd = b.icmp_unsigned("!=", b.ptrtoint(b.load(current, typ=PTR), I64),
+                              b.ptrtoint(first, I64))
+        with b.if_then(odd):
+            for n in changed:
+                emit_copy(b, own[n], second[n], state[n][1].byte_size)
+
+
+def _emit_conditional(builder: ir.IRBuilder, inst: Instruction, plan: ControlFlowPlan,
+                      pointer_of: PointerOf, temp: ir.Value, function_of: FunctionOf) -> None:
+    b = builder
+    selector, *operands = inst.operands
+    branches = inst.called_computations
+    callee_temp = _temp_at(b, temp, plan.callee_temp, "callee.temp")
+    outputs = _pointer_array(b, [pointer_of(inst, index) for index, _ in leaves(inst.shape)],
+                             f"{inst.name}.outputs")
+    arguments = [_pointer_array(b, [pointer_of(*_defining(operand, index))
+                                    for index, _ in leaves(operand.shape)],
+                                f"{inst.name}.params{n}")
+                 for n, operand in enumerate(operands)]
+    functions = [function_of(branch, plan.computations[branch.name]) for branch in branches]
+    if selector.shape.element_type == "pred":
+        chosen = b.select(b.icmp_unsigned("!=", b.load(pointer_of(selector, ()), typ=I8), I8(0)),
+                          I32(0), I32(1))
+    else:
+        index = b.load(pointer_of(selector, ()), typ=I32)
+        inside = b.icmp_unsigned("<", index, I32(len(branches)))  # negatives are large
+        chosen = b.select(inside, index, I32(len(branches) - 1))
+    function = b.function
+    done = function.append_basic_block(f"{inst.name}.done")
+    blocks = [function.append_basic_block(f"{inst.name}.branch{n}")
+              for n in range(len(branches))]
+    switch = b.switch(chosen, blocks[-1])
+    for n, block in enumerate(blocks[:-1]):
+        switch.add_case(I32(n), block)
+    for block, branch_function, argument in zip(blocks, functions, arguments):
+        b.position_at_end(block)
+        b.call(branch_function, [argument, outputs, callee_temp])
+        b.branch(done)
+    b.position_at_end(done)

@@ -1,0 +1,509 @@
+"""HLO `while` and `conditional` compiled by the CPU backend (codegen/cpu/control_flow.py),
+checked against the evaluator: loops of 0, 1 and many iterations, tuple state of mixed
+element types (scalars, 0-sized arrays), nested loops, a buffer filled by
+dynamic-update-slice in a loop, data-dependent trip counts, conditionals on a pred and
+on an index (out of range included), and the loop-invariant hoist."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from tolerances import assert_close
+
+from tfxla_lite.codegen import compile_module
+from tfxla_lite.hlo.evaluator import evaluate
+from tfxla_lite.hlo.parser import parse_module
+
+
+def flat(value: Any) -> list[np.ndarray]:
+    """The evaluator's result as the executable's flat list of outputs."""
+    if isinstance(value, (tuple, list)):
+        return [leaf for element in value for leaf in flat(element)]
+    return [np.asarray(value)]
+
+
+def check(text: str, *args: Any, cache: Any = False, op_type: str = "Exp"
+          ) -> list[np.ndarray]:
+    """Compile `text`, run it on `args` and compare every output with the evaluator's
+    (within `op_type`'s tolerance)."""
+    expected = flat(evaluate(parse_module(text), *args))
+    executable = compile_module(parse_module(text), cache=cache, verify=True)
+    got = executable(*args)
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected, strict=True):
+        assert g.dtype == e.dtype and g.shape == e.shape
+        assert_close(g, e, op_type, "HLO control flow")
+    return got
+
+
+COUNTED = """
+HloModule counted
+
+cond {
+  p = (s32[], s32[], f32[3,4], f16[5], pred[], s64[], f32[0,3]) parameter(0)
+  i = s32[] get-tuple-element(p), index=0
+  n = s32[] get-tuple-element(p), index=1
+  ROOT lt = pred[] compare(i, n), direction=LT
+}
+
+body {
+  p = (s32[], s32[], f32[3,4], f16[5], pred[], s64[], f32[0,3]) parameter(0)
+  i = s32[] get-tuple-element(p), index=0
+  n = s32[] get-tuple-element(p), index=1
+  one = s32[] constant(1)
+  i1 = s32[] add(i, one)
+  x = f32[3,4] get-tuple-element(p), index=2
+  half = f32[] constant(0.5)
+  hb = f32[3,4] broadcast(half), dimensions={}
+  fi = f32[] convert(i)
+  fb = f32[3,4] broadcast(fi), dimensions={}
+  xh = f32[3,4] multiply(x, hb)
+  x1 = f32[3,4] add(xh, fb)
+  h = f16[5] get-tuple-element(p), index=3
+  h1 = f16[5] negate(h)
+  b = pred[] get-tuple-element(p), index=4
+  b1 = pred[] not(b)
+  s = s64[] get-tuple-element(p), index=5
+  si = s64[] convert(i)
+  s1 = s64[] add(s, si)
+  e = f32[0,3] get-tuple-element(p), index=6
+  e1 = f32[0,3] exponential(e)
+  ROOT t = (s32[], s32[], f32[3,4], f16[5], pred[], s64[], f32[0,3])
+    tuple(i1, n, x1, h1, b1, s1, e1)
+}
+
+ENTRY main {
+  n = s32[] parameter(0)
+  x = f32[3,4] parameter(1)
+  h = f16[5] parameter(2)
+  e = f32[0,3] parameter(3)
+  zero = s32[] constant(0)
+  f = pred[] constant(false)
+  s = s64[] constant(7)
+  init = (s32[], s32[], f32[3,4], f16[5], pred[], s64[], f32[0,3]) tuple(zero, n, x, h, f, s, e)
+  ROOT loop = (s32[], s32[], f32[3,4], f16[5], pred[], s64[], f32[0,3]) while(init),
+    condition=cond, body=body
+}
+"""
+
+
+@pytest.mark.parametrize("trips", [0, 1, 2, 7])
+def test_counted_loop_with_mixed_tuple_state(trips: int) -> None:
+    rng = np.random.default_rng(trips)
+    x = rng.standard_normal((3, 4)).astype(np.float32)
+    h = rng.standard_normal(5).astype(np.float16)
+    got = check(COUNTED, np.int32(trips), x, h, np.zeros((0, 3), np.float32))
+    assert got[0] == trips and got[4] == bool(trips % 2) and got[5] == 7 + trips * (trips - 1) // 2
+
+
+DATA_DEPENDENT = """
+HloModule doubling
+
+cond {
+  p = (f32[], f32[], s32[]) parameter(0)
+  x = f32[] get-tuple-element(p), index=0
+  limit = f32[] get-tuple-element(p), index=1
+  ROOT lt = pred[] compare(x, limit), direction=LT
+}
+
+body {
+  p = (f32[], f32[], s32[]) parameter(0)
+  x = f32[] get-tuple-element(p), index=0
+  limit = f32[] get-tuple-element(p), index=1
+  k = s32[] get-tuple-element(p), index=2
+  two = f32[] constant(2)
+  one = s32[] constant(1)
+  x2 = f32[] multiply(x, two)
+  k1 = s32[] add(k, one)
+  ROOT t = (f32[], f32[], s32[]) tuple(x2, limit, k1)
+}
+
+ENTRY main {
+  x = f32[] parameter(0)
+  limit = f32[] parameter(1)
+  zero = s32[] constant(0)
+  init = (f32[], f32[], s32[]) tuple(x, limit, zero)
+  loop = (f32[], f32[], s32[]) while(init), condition=cond, body=body
+  ROOT k = s32[] get-tuple-element(loop), index=2
+}
+"""
+
+
+@pytest.mark.parametrize("x,limit,trips", [(1.0, 1000.0, 10), (5.0, 1.0, 0), (1.0, 2.0, 1)])
+def test_data_dependent_trip_count(x: float, limit: float, trips: int) -> None:
+    (k,) = check(DATA_DEPENDENT, np.float32(x), np.float32(limit))
+    assert k == trips
+
+
+# A swap of two state elements (the body's outputs are its parameters at other
+# positions) and a while whose whole tuple is the entry's result.
+SWAP = """
+HloModule swap
+
+cond {
+  p = (s32[], f32[2], f32[2]) parameter(0)
+  i = s32[] get-tuple-element(p), index=0
+  three = s32[] constant(3)
+  ROOT lt = pred[] compare(i, three), direction=LT
+}
+
+body {
+  p = (s32[], f32[2], f32[2]) parameter(0)
+  i = s32[] get-tuple-element(p), index=0
+  a = f32[2] get-tuple-element(p), index=1
+  b = f32[2] get-tuple-element(p), index=2
+  one = s32[] constant(1)
+  i1 = s32[] add(i, one)
+  ROOT t = (s32[], f32[2], f32[2]) tuple(i1, b, a)
+}
+
+ENTRY main {
+  a = f32[2] parameter(0)
+  b = f32[2] parameter(1)
+  zero = s32[] constant(0)
+  init = (s32[], f32[2], f32[2]) tuple(zero, a, b)
+  ROOT loop = (s32[], f32[2], f32[2]) while(init), condition=cond, body=body
+}
+"""
+
+
+def test_state_elements_swapped_each_iteration() -> None:
+    a, b = np.array([1, 2], np.float32), np.array([3, 4], np.float32)
+    _, x, y = check(SWAP, a, b)
+    np.testing.assert_array_equal(x, b)
+    np.testing.assert_array_equal(y, a)
+
+
+# Row i of a buffer written by dynamic-update-slice in a loop (TensorList's lowering),
+# then read back row by row with dynamic-slice in a second loop.
+FILL = """
+HloModule fill
+
+fill_cond {
+  p = (s32[], f32[8,3], f32[3]) parameter(0)
+  i = s32[] get-tuple-element(p), index=0
+  n = s32[] constant(8)
+  ROOT lt = pred[] compare(i, n), direction=LT
+}
+
+fill_body {
+  p = (s32[], f32[8,3], f32[3]) parameter(0)
+  i = s32[] get-tuple-element(p), index=0
+  buffer = f32[8,3] get-tuple-element(p), index=1
+  x = f32[3] get-tuple-element(p), index=2
+  fi = f32[] convert(i)
+  bi = f32[3] broadcast(fi), dimensions={}
+  row = f32[3] multiply(x, bi)
+  update = f32[1,3] reshape(row)
+  zero = s32[] constant(0)
+  written = f32[8,3] dynamic-update-slice(buffer, update, i, zero)
+  one = s32[] constant(1)
+  i1 = s32[] add(i, one)
+  ROOT t = (s32[], f32[8,3], f32[3]) tuple(i1, written, x)
+}
+
+sum_cond {
+  p = (s32[], f32[8,3], f32[3]) parameter(0)
+  i = s32[] get-tuple-element(p), index=0
+  n = s32[] constant(8)
+  ROOT lt = pred[] compare(i, n), direction=LT
+}
+
+sum_body {
+  p = (s32[], f32[8,3], f32[3]) parameter(0)
+  i = s32[] get-tuple-element(p), index=0
+  buffer = f32[8,3] get-tuple-element(p), index=1
+  acc = f32[3] get-tuple-element(p), index=2
+  zero = s32[] constant(0)
+  row = f32[1,3] dynamic-slice(buffer, i, zero), dynamic_slice_sizes={1,3}
+  flat = f32[3] reshape(row)
+  one = s32[] constant(1)
+  i1 = s32[] add(i, one)
+  acc1 = f32[3] add(acc, flat)
+  ROOT t = (s32[], f32[8,3], f32[3]) tuple(i1, buffer, acc1)
+}
+
+ENTRY main {
+  x = f32[3] parameter(0)
+  zero = s32[] constant(0)
+  z = f32[] constant(0)
+  empty = f32[8,3] broadcast(z), dimensions={}
+  init = (s32[], f32[8,3], f32[3]) tuple(zero, empty, x)
+  filled = (s32[], f32[8,3], f32[3]) while(init), condition=fill_cond, body=fill_body
+  buffer = f32[8,3] get-tuple-element(filled), index=1
+  acc = f32[3] broadcast(z), dimensions={}
+  init2 = (s32[], f32[8,3], f32[3]) tuple(zero, buffer, acc)
+  summed = (s32[], f32[8,3], f32[3]) while(init2), condition=sum_cond, body=sum_body
+  total = f32[3] get-tuple-element(summed), index=2
+  ROOT r = (f32[8,3], f32[3]) tuple(buffer, total)
+}
+"""
+
+
+def test_buffer_filled_by_dynamic_update_slice_in_a_loop() -> None:
+    x = np.array([1, -2, 0.5], np.float32)
+    buffer, total = check(FILL, x)
+    np.testing.assert_array_equal(buffer, np.arange(8, dtype=np.float32)[:, None] * x)
+    assert_close(total, 28 * x, "Add")
+
+
+NESTED = """
+HloModule nested
+
+inner_cond {
+  p = (s32[], f32[4]) parameter(0)
+  j = s32[] get-tuple-element(p), index=0
+  m = s32[] constant(3)
+  ROOT lt = pred[] compare(j, m), direction=LT
+}
+
+inner_body {
+  p = (s32[], f32[4]) parameter(0)
+  j = s32[] get-tuple-element(p), index=0
+  v = f32[4] get-tuple-element(p), index=1
+  fj = f32[] convert(j)
+  one = s32[] constant(1)
+  j1 = s32[] add(j, one)
+  bj = f32[4] broadcast(fj), dimensions={}
+  v1 = f32[4] add(v, bj)
+  ROOT t = (s32[], f32[4]) tuple(j1, v1)
+}
+
+outer_cond {
+  p = (s32[], s32[], f32[4], f32[4]) parameter(0)
+  i = s32[] get-tuple-element(p), index=0
+  n = s32[] get-tuple-element(p), index=1
+  ROOT lt = pred[] compare(i, n), direction=LT
+}
+
+outer_body {
+  p = (s32[], s32[], f32[4], f32[4]) parameter(0)
+  i = s32[] get-tuple-element(p), index=0
+  n = s32[] get-tuple-element(p), index=1
+  v = f32[4] get-tuple-element(p), index=2
+  w = f32[4] get-tuple-element(p), index=3
+  zero = s32[] constant(0)
+  scaled = f32[4] multiply(v, w)
+  start = (s32[], f32[4]) tuple(zero, scaled)
+  inner = (s32[], f32[4]) while(start), condition=inner_cond, body=inner_body
+  one = s32[] constant(1)
+  i1 = s32[] add(i, one)
+  v1 = f32[4] get-tuple-element(inner), index=1
+  ROOT t = (s32[], s32[], f32[4], f32[4]) tuple(i1, n, v1, w)
+}
+
+ENTRY main {
+  n = s32[] parameter(0)
+  v = f32[4] parameter(1)
+  w = f32[4] parameter(2)
+  zero = s32[] constant(0)
+  init = (s32[], s32[], f32[4], f32[4]) tuple(zero, n, v, w)
+  loop = (s32[], s32[], f32[4], f32[4]) while(init), condition=outer_cond, body=outer_body
+  ROOT r = f32[4] get-tuple-element(loop), index=2
+}
+"""
+
+
+@pytest.mark.parametrize("trips", [0, 1, 4])
+def test_nested_loops(trips: int) -> None:
+    v = np.array([1, 2, 3, 4], np.float32)
+    w = np.array([0.5, 1, -1, 2], np.float32)
+    check(NESTED, np.int32(trips), v, w)
+
+
+BRANCHES = """
+HloModule branches
+
+on_true {
+  p = (f32[3], s32[]) parameter(0)
+  x = f32[3] get-tuple-element(p), index=0
+  k = s32[] get-tuple-element(p), index=1
+  ex = f32[3] exponential(x)
+  ROOT t = (f32[3], s32[]) tuple(ex, k)
+}
+
+on_false {
+  p = f32[2,3] parameter(0)
+  z = f32[] constant(0)
+  r = f32[3] reduce(p, z), dimensions={0}, to_apply=add
+  m = s32[] constant(-1)
+  ROOT t = (f32[3], s32[]) tuple(r, m)
+}
+
+add {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT s = f32[] add(a, b)
+}
+
+ENTRY main {
+  c = pred[] parameter(0)
+  x = f32[3] parameter(1)
+  k = s32[] parameter(2)
+  y = f32[2,3] parameter(3)
+  xk = (f32[3], s32[]) tuple(x, k)
+  ROOT r = (f32[3], s32[]) conditional(c, xk, y), true_computation=on_true,
+    false_computation=on_false
+}
+"""
+
+
+@pytest.mark.parametrize("flag", [True, False])
+def test_conditional_on_a_pred(flag: bool) -> None:
+    x = np.array([0, 1, -1], np.float32)
+    y = np.arange(6, dtype=np.float32).reshape(2, 3)
+    check(BRANCHES, np.bool_(flag), x, np.int32(5), y)
+
+
+INDEXED = """
+HloModule indexed
+
+b0 {
+  p = f32[4] parameter(0)
+  ROOT r = f32[4] negate(p)
+}
+
+b1 {
+  p = f32[4] parameter(0)
+  ROOT r = f32[4] multiply(p, p)
+}
+
+b2 {
+  p = f32[0] parameter(0)
+  ROOT r = f32[4] constant({7, 8, 9, 10})
+}
+
+ENTRY main {
+  i = s32[] parameter(0)
+  x = f32[4] parameter(1)
+  e = f32[0] constant({})
+  ROOT r = f32[4] conditional(i, x, x, e), branch_computations={b0, b1, b2}
+}
+"""
+
+
+@pytest.mark.parametrize("index", [0, 1, 2, 3, -1, 100])
+def test_conditional_on_an_index_out_of_range_runs_the_last_branch(index: int) -> None:
+    (got,) = check(INDEXED, np.int32(index), np.array([1, -2, 3, 0.5], np.float32))
+    if index not in (0, 1):
+        np.testing.assert_array_equal(got, [7, 8, 9, 10])
+
+
+# A conditional inside a loop body: Collatz steps until 1.
+COLLATZ = """
+HloModule collatz
+
+even {
+  p = s32[] parameter(0)
+  two = s32[] constant(2)
+  ROOT h = s32[] divide(p, two)
+}
+
+odd {
+  p = s32[] parameter(0)
+  three = s32[] constant(3)
+  one = s32[] constant(1)
+  p3 = s32[] multiply(p, three)
+  ROOT h = s32[] add(p3, one)
+}
+
+cond {
+  p = (s32[], s32[]) parameter(0)
+  x = s32[] get-tuple-element(p), index=0
+  one = s32[] constant(1)
+  ROOT gt = pred[] compare(x, one), direction=GT
+}
+
+body {
+  p = (s32[], s32[]) parameter(0)
+  x = s32[] get-tuple-element(p), index=0
+  k = s32[] get-tuple-element(p), index=1
+  two = s32[] constant(2)
+  zero = s32[] constant(0)
+  one = s32[] constant(1)
+  r = s32[] remainder(x, two)
+  is_even = pred[] compare(r, zero), direction=EQ
+  next = s32[] conditional(is_even, x, x), true_computation=even, false_computation=odd
+  k1 = s32[] add(k, one)
+  ROOT t = (s32[], s32[]) tuple(next, k1)
+}
+
+ENTRY main {
+  x = s32[] parameter(0)
+  zero = s32[] constant(0)
+  init = (s32[], s32[]) tuple(x, zero)
+  loop = (s32[], s32[]) while(init), condition=cond, body=body
+  ROOT k = s32[] get-tuple-element(loop), index=1
+}
+"""
+
+
+@pytest.mark.parametrize("start,steps", [(1, 0), (2, 1), (27, 111)])
+def test_conditional_in_a_loop_body(start: int, steps: int) -> None:
+    (k,) = check(COLLATZ, np.int32(start))
+    assert k == steps
+
+
+def test_loop_invariant_work_is_hoisted_out_of_the_body() -> None:
+    text = """
+HloModule hoist
+
+cond {
+  p = (s32[], f32[16], f32[16]) parameter(0)
+  i = s32[] get-tuple-element(p), index=0
+  five = s32[] constant(5)
+  ROOT lt = pred[] compare(i, five), direction=LT
+}
+
+body {
+  p = (s32[], f32[16], f32[16]) parameter(0)
+  i = s32[] get-tuple-element(p), index=0
+  x = f32[16] get-tuple-element(p), index=1
+  w = f32[16] get-tuple-element(p), index=2
+  ew = f32[16] exponential(w)
+  one = s32[] constant(1)
+  i1 = s32[] add(i, one)
+  xe = f32[16] multiply(x, ew)
+  ROOT t = (s32[], f32[16], f32[16]) tuple(i1, xe, w)
+}
+
+ENTRY main {
+  x = f32[16] parameter(0)
+  w = f32[16] parameter(1)
+  zero = s32[] constant(0)
+  init = (s32[], f32[16], f32[16]) tuple(zero, x, w)
+  loop = (s32[], f32[16], f32[16]) while(init), condition=cond, body=body
+  ROOT r = f32[16] get-tuple-element(loop), index=1
+}
+"""
+    x = np.linspace(-1, 1, 16, dtype=np.float32)
+    w = np.linspace(0, 0.3, 16, dtype=np.float32)
+    check(text, x, w, op_type="model gradient")  # five rounded products in a row
+    module = parse_module(text)
+    executable = compile_module(module, cache=False)
+    entry = module.entry
+    ops = {inst.opcode for inst in entry.instructions}
+    assert "exponential" in {i.opcode for c in module.computations for i in c.instructions}
+    loop = next(i for i in entry.instructions if i.opcode == "while")
+    body_ops = {i.opcode for i in loop.called_computations[1].instructions}
+    body_fused = {i.opcode for inst in loop.called_computations[1].instructions
+                  if inst.opcode == "fusion" for i in inst.fused_computation.instructions}
+    assert "exponential" not in body_ops | body_fused, executable.optimized_hlo_text
+    assert "while" in ops and len(loop.shape.tuple_shapes) == 4
+
+
+def test_a_changed_body_does_not_hit_the_old_compile() -> None:
+    """The compile caches key on the called computations too."""
+    changed = COLLATZ.replace("three = s32[] constant(3)", "three = s32[] constant(5)")
+    first = check(COLLATZ, np.int32(7), cache="memory")
+    second = check(changed, np.int32(7), cache="memory")
+    assert first[0] == 16 and second[0] != first[0]
+
+
+def test_the_gpu_backend_refuses_control_flow_clearly() -> None:
+    from tfxla_lite.codegen import gpu
+
+    with pytest.raises(NotImplementedError, match="GPU backend: HLO while"):
+        gpu.emit_module(parse_module(DATA_DEPENDENT))

@@ -1,0 +1,230 @@
+"""Passes for HLO control flow: the computations `while` and `conditional` call are
+optimized as entries of their own, and loop-invariant code leaves loop bodies.
+
+Every other pass treats a `while` or `conditional` as one opaque instruction of its
+computation: fusion, CSE, simplification, scheduling and buffer assignment work on
+the entry, and on a loop body or branch only when `optimize_called_computations` runs
+the pipeline on it, as the entry of a scratch module that shares the module's names
+(so kernels stay uniquely named). The CPU backend then compiles each called
+computation as a function of its own (`codegen/cpu/control_flow.py`).
+
+`WhileLoopInvariantCodeMotion` hoists what a loop body computes from loop-invariant
+state and constants only out of the loop, as XLA's `WhileLoopInvariantCodeMotion`
+does; its docstring gives the rule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import ClassVar
+
+from tfxla_lite.hlo.ir import Computation, HloModule, Instruction
+from tfxla_lite.hlo.shape import Shape
+from tfxla_lite.passes.base import Pass
+
+CONTROL_FLOW = frozenset({"while", "conditional"})
+
+# Never moved out of a loop: control flow, calls, and ops with effects or state.
+_NOT_HOISTED = frozenset({
+    "parameter", "while", "conditional", "call", "custom-call", "rng", "rng-bit-generator",
+    "rng-get-and-update-state", "infeed", "outfeed", "send", "send-done", "recv", "recv-done",
+    "after-all", "all-reduce", "all-gather", "all-to-all", "collective-permute",
+    "reduce-scatter", "partition-id", "replica-id", "tuple", "get-tuple-element"})
+# Cheap, and often bigger than what they read: hoisted only as operands of an
+# instruction that is worth hoisting (XLA's NotWorthHoistingIndividually), never as
+# new loop state of their own.
+_NOT_WORTH_ALONE = frozenset({
+    "constant", "broadcast", "iota", "reshape", "bitcast", "transpose", "slice", "reverse",
+    "copy", "convert", "pad", "concatenate", "dynamic-slice"})
+
+
+def control_flow_callees(computation: Computation) -> list[Computation]:
+    """The computations the whiles and conditionals of `computation` call, each once."""
+    found: list[Computation] = []
+    for inst in computation.instructions:
+        if inst.opcode in CONTROL_FLOW:
+            found.extend(c for c in inst.called_computations if all(c is not f for f in found))
+    return found
+
+
+def optimize_called_computations(module: HloModule,
+                                 optimize: Callable[[HloModule], object]) -> None:
+    """Run `optimize` (the pipeline) on each computation the entry's control flow calls,
+    as the entry of a scratch module; nested loops follow through `optimize` itself."""
+    entry = module.entry
+    if entry is None:
+        return
+    for callee in control_flow_callees(entry):
+        # The module that holds it: this one, or for a nested loop the module its
+        # caller was moved out of (a scratch module holds only its own entry).
+        owner = callee.module
+        assert owner is not None, f"%{callee.name} belongs to no module"
+        scratch = HloModule(f"{module.name}.{callee.name}")
+        # Shared, so that names made in the scratch module are unique in the owner.
+        scratch.names = owner.names
+        scratch.suffix_hints = owner.suffix_hints
+        scratch._computation_names = owner._computation_names
+        scratch.stack_frames = owner.stack_frames
+        position = owner.computations.index(callee)
+        owner.computations.remove(callee)
+        callee.module = scratch
+        scratch.computations.append(callee)
+        scratch.entry = callee
+        try:
+            optimize(scratch)
+        finally:
+            members = {id(c) for c in scratch.computations}
+            for comp in scratch.called_computations_in_order():
+                if id(comp) in members:
+                    comp.module = owner
+                    owner.computations.insert(position, comp)
+                    position += 1
+
+
+def _callers(module: HloModule) -> dict[int, int]:
+    """How many instructions of the module call each computation, by id."""
+    count: dict[int, int] = {}
+    for comp in module.computations:
+        for inst in comp.instructions:
+            for callee in inst.called_computations:
+                count[id(callee)] = count.get(id(callee), 0) + 1
+    return count
+
+
+@dataclass(frozen=True)
+class WhileLoopInvariantCodeMotion(Pass):
+    """Needs: a module that verifies. Guarantees: the same values; a while body computes
+    nothing that depends only on loop-invariant state and constants when moving it is
+    worth it.
+
+    The rule (XLA's `WhileLoopInvariantCodeMotion`): a loop-invariant state element is
+    one the body's root returns unchanged (the parameter's own element at the same
+    tuple position). An instruction of the body is invariant when every operand is an
+    invariant element, a constant or another invariant instruction, and it has no
+    effect (not control flow, a call, a custom call, random numbers, I/O or a
+    collective). It is hoisted, with the invariant instructions it reads, when it is
+    worth it: not one of the cheap shape ops (constant, broadcast, iota, reshape,
+    transpose, slice, copy, convert, pad, concatenate, dynamic-slice, ...), which the
+    fusion pass folds into their readers anyway and which hoisted would often make the
+    loop state bigger, and its result no bigger than its operands together (hoisting
+    adds its result to the loop state for every iteration's reads). Each hoisted value
+    that body code still reads becomes a new loop-invariant element of the state.
+    Only loops whose body and condition no other instruction calls are changed.
+    """
+
+    name: ClassVar[str] = "while-licm"
+
+    def run(self, module: HloModule) -> bool:
+        entry = module.entry
+        if entry is None:
+            return False
+        changed = False
+        for inst in [i for i in entry.instructions if i.opcode == "while"]:
+            changed |= hoist_invariants(entry, inst, _callers(module))
+        return changed
+
+
+def _invariant_elements(body: Computation) -> dict[int, int]:
+    """id(get-tuple-element of the body's parameter) -> its element, for the elements
+    the root returns unchanged."""
+    root = body.root
+    (parameter,) = body.parameters
+    if root is None or root.opcode != "tuple" or not parameter.shape.is_tuple:
+        return {}
+    passed = {n for n, o in enumerate(root.operands)
+              if o.opcode == "get-tuple-element" and o.operand(0) is parameter
+              and int(o.attributes["index"]) == n}
+    return {id(user): int(user.attributes["index"]) for user in parameter.users
+            if user.opcode == "get-tuple-element" and int(user.attributes["index"]) in passed}
+
+
+def hoist_invariants(caller: Computation, loop: Instruction, callers: dict[int, int]) -> bool:
+    """Move the worthwhile invariant code of `loop`'s body into `caller` (class
+    docstring); True when anything moved."""
+    condition, body = loop.called_computations
+    if callers.get(id(body), 0) != 1 or callers.get(id(condition), 0) != 1 \
+            or condition is body:
+        return False
+    elements = _invariant_elements(body)
+    if not elements:
+        return False
+    invariant: set[int] = set(elements)
+    for inst in body.instructions:
+        if inst.opcode == "constant" or (
+                inst.opcode not in _NOT_HOISTED and not inst.shape.is_tuple
+                and inst.operands and all(id(o) in invariant for o in inst.operands)):
+            invariant.add(id(inst))
+    worth = [inst for inst in body.instructions if id(inst) in invariant
+             and id(inst) not in elements and inst.opcode not in _NOT_WORTH_ALONE
+             and inst.shape.byte_size <= sum(o.shape.byte_size for o in inst.operands)
+             and any(id(u) not in invariant or u is body.root for u in inst.users)]
+    if not worth:
+        return False
+    # Clone what the worthwhile instructions read into the caller, operands first.
+    init = loop.operand(0)
+    clones: dict[int, Instruction] = {}
+
+    def clone(inst: Instruction) -> Instruction:
+        if id(inst) in clones:
+            return clones[id(inst)]
+        if id(inst) in elements:
+            made = _element_of(caller, init, elements[id(inst)])
+        else:
+            operands = [clone(o) for o in inst.operands]
+            made = caller.add(Instruction(inst.opcode, inst.shape, operands, inst.attributes,
+                                          inst.called_computations, inst.name, inst.metadata))
+        clones[id(inst)] = made
+        return made
+
+    hoisted = [clone(inst) for inst in worth]
+    # The loop state grows by one invariant element per hoisted value.
+    old_shapes = list(loop.shape.tuple_shapes or ())
+    count = len(old_shapes)
+    state = Shape.tuple_of([*old_shapes, *(h.shape for h in hoisted)])
+    elements_init = [_element_of(caller, init, n) for n in range(count)]
+    new_init = caller.create("tuple", [*elements_init, *hoisted], shape=state)
+    for comp in (condition, body):
+        (parameter,) = comp.parameters
+        parameter.shape = state
+    (parameter,) = body.parameters
+    reads = []
+    for n, (inst, value) in enumerate(zip(worth, hoisted)):
+        read = body.create("get-tuple-element", [parameter], shape=value.shape,
+                           index=count + n)
+        inst.replace_all_uses_with(read)
+        reads.append(read)
+    old_root = body.root
+    assert old_root is not None
+    body.root = body.create("tuple", [*old_root.operands, *reads], shape=state)
+    if not old_root.users:
+        body.remove(old_root)
+    # The caller keeps seeing the old shape: a tuple of the old elements.
+    users = list(loop.users)
+    was_root = caller.root is loop
+    loop.replace_operand(0, new_init)
+    loop.shape = state
+    if [u for u in users if u.opcode != "get-tuple-element"] or was_root:
+        old = caller.create("tuple", [caller.create("get-tuple-element", [loop], index=n,
+                                                    shape=old_shapes[n]) for n in range(count)])
+        for user in users:
+            if user.opcode != "get-tuple-element":
+                for k, operand in enumerate(user.operands):
+                    if operand is loop:
+                        user.replace_operand(k, old)
+        if was_root:
+            caller.root = old
+    if not init.users and init.opcode == "tuple" and init is not caller.root:
+        caller.remove(init)
+    caller.sort()
+    body.sort()
+    return True
+
+
+def _element_of(caller: Computation, init: Instruction, n: int) -> Instruction:
+    """Element `n` of the loop's initial state as an instruction of the caller."""
+    if init.opcode == "tuple":
+        return init.operand(n)
+    assert init.shape.tuple_shapes is not None
+    return caller.create("get-tuple-element", [init], index=n,
+                         shape=init.shape.tuple_shapes[n])
