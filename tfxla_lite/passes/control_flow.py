@@ -56,8 +56,7 @@ def optimize_called_computations(module: HloModule,
     if entry is None:
         return
     for callee in control_flow_callees(entry):
-        # The module that holds it: this one, or for a nested loop the module its
-        # caller was moved out of (a scratch module holds only its own entry).
+        # The module that holds it (for a nested loop, its caller's scratch module).
         owner = callee.module
         assert owner is not None, f"%{callee.name} belongs to no module"
         scratch = HloModule(f"{module.name}.{callee.name}")
@@ -66,10 +65,15 @@ def optimize_called_computations(module: HloModule,
         scratch.suffix_hints = owner.suffix_hints
         scratch._computation_names = owner._computation_names
         scratch.stack_frames = owner.stack_frames
-        position = owner.computations.index(callee)
-        owner.computations.remove(callee)
-        callee.module = scratch
-        scratch.computations.append(callee)
+        # The callee and what it calls (fusions, reducers, nested loops' computations)
+        # move to the scratch module while it is optimized, so that passes that drop or
+        # add computations find them there; they all move back after.
+        moved = _subtree(callee, owner)
+        position = min(owner.computations.index(c) for c in moved)
+        for comp in moved:
+            owner.computations.remove(comp)
+            comp.module = scratch
+            scratch.computations.append(comp)
         scratch.entry = callee
         try:
             optimize(scratch)
@@ -80,6 +84,19 @@ def optimize_called_computations(module: HloModule,
                     comp.module = owner
                     owner.computations.insert(position, comp)
                     position += 1
+
+
+def _subtree(callee: Computation, owner: HloModule) -> list[Computation]:
+    """`callee` and the computations of `owner` it calls, directly or not, in `owner`'s
+    order."""
+    reached: set[int] = set()
+    stack = [callee]
+    while stack:
+        comp = stack.pop()
+        if id(comp) not in reached:
+            reached.add(id(comp))
+            stack.extend(c for inst in comp.instructions for c in inst.called_computations)
+    return [c for c in owner.computations if id(c) in reached]
 
 
 def _callers(module: HloModule) -> dict[int, int]:
