@@ -38,6 +38,9 @@ _TRANSCENDENTAL = Tolerance(ulps=4, atol=1e-7)
 _ZERO_SIGN_FREE = Tolerance(ulps=1, signed_zero=True)
 _ACCUMULATING = Tolerance(ulps=4, atol=1e-5, rtol=1e-5, signed_zero=True)
 
+_LINALG = Tolerance(ulps=16, atol=1e-5, rtol=1e-4, signed_zero=True)
+_LINALG_OPS = ("Cholesky", "MatrixTriangularSolve", "cholesky", "triangular-solve")
+
 _CONVOLUTIONS = ("Conv2D", "Conv3D", "DepthwiseConv2dNative", "convolution")
 _POOLING_AND_NORMALIZATION = ("AvgPool", "AvgPool3D", "AvgPoolGrad", "AvgPool3DGrad",
                               "MaxPool3DGrad", "FusedBatchNormV3", "FusedBatchNormGradV3")
@@ -91,6 +94,9 @@ TOLERANCES: dict[str, Tolerance] = {
     "model gradient": Tolerance(ulps=16, atol=2e-5, rtol=2e-4, signed_zero=True),
     "Softmax": Tolerance(ulps=8, atol=1e-7),
     "LogSoftmax": Tolerance(ulps=8, atol=1e-6),
+    # factorizations and substitutions: n-term sums in another order than LAPACK's or
+    # XLA's blocked ones, each divided by a pivot (the test matrices are well conditioned)
+    **{op: _LINALG for op in _LINALG_OPS},
 }
 
 _F64_OVERRIDES: dict[str, Tolerance] = {
@@ -98,6 +104,7 @@ _F64_OVERRIDES: dict[str, Tolerance] = {
         "Sum", "Mean", "Prod", "AddN", "MatMul", "BatchMatMulV2", "BatchMatMul", "reduce",
         "dot", "BiasAddGrad", "L2Loss", "Einsum", "BatchMatMulV3", *_CONVOLUTIONS,
         *_POOLING_AND_NORMALIZATION)},
+    **{op: Tolerance(ulps=16, atol=1e-12, rtol=1e-10, signed_zero=True) for op in _LINALG_OPS},
 }
 
 

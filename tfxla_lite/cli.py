@@ -251,7 +251,10 @@ def unsupported_opcodes(module: Any) -> list[str]:
     found: dict[str, None] = {}
     for comp in module.computations:
         for inst in comp.instructions:
-            if inst.opcode not in OPCODES:
+            if inst.opcode == "custom-call":  # named by its target: `custom-call lapack_spotrf`
+                target = str(inst.attributes.get("custom_call_target", "")).strip('"')
+                found[f"custom-call {target}".strip()] = None
+            elif inst.opcode not in OPCODES:
                 found[inst.opcode] = None
     return list(found)
 

@@ -25,16 +25,19 @@ from tfxla_lite.codegen.cache import _Prepared
 
 # Importing the emitter modules fills the EMITTERS registry.
 from tfxla_lite.codegen.cpu import (  # noqa: F401
+    bit_ops,
     calls,
     column_reduction,
     control_flow,
     data_movement,
     elementwise,
     engine,
+    linalg,
     machine_code,
     module_split,
     multi_output,
     parallel,
+    random_bits,
     reduction,
     row_kernel,
     sort,
@@ -544,6 +547,8 @@ def emit_function(llvm_module: ir.Module, pool: ConstantPool, kernels: KernelMer
         mark = kernels.mark()
         if inst.opcode in ("sort", "topk"):  # a kernel of its own (sort.py)
             kernel = sort.emit_sort_kernel(llvm_module, pool, inst, team)
+        elif inst.opcode == "rng-bit-generator":  # state and bits (random_bits.py)
+            kernel = random_bits.emit_rng_kernel(llvm_module, pool, inst, team)
         elif inst.shape.is_tuple:
             kernel = multi_output.emit_kernel(llvm_module, pool, inst, noalias, team)
         else:

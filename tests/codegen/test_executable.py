@@ -127,9 +127,11 @@ def test_reentrant_threads() -> None:
 
 # Opcodes with no element generator; compiling one raises NotImplementedError naming it.
 ALLOWED_WITHOUT_EMITTER = {"fusion"}
-# Whole-row kernels with no element generator (an element depends on its whole row), and
-# control flow, which calls functions of its computations (codegen/cpu/control_flow.py).
-WHOLE_KERNELS = {"sort", "topk", "while", "conditional"}
+# Whole-row kernels with no element generator (an element depends on its whole row),
+# control flow, which calls functions of its computations (codegen/cpu/control_flow.py),
+# and whole kernels of their own (codegen/cpu/linalg.py, random_bits.py).
+WHOLE_KERNELS = {"sort", "topk", "while", "conditional", "rng-bit-generator", "cholesky",
+                 "triangular-solve"}
 
 
 def test_every_opcode_has_an_emitter() -> None:

@@ -46,10 +46,10 @@ to_apply=%add_f32
 }
 """
 
-CHOLESKY_HLO = """HloModule m
+POPCNT_HLO = """HloModule m
 ENTRY e {
-  p = f32[2,2]{1,0} parameter(0)
-  ROOT q = f32[2,2]{1,0} cholesky(p), lower=true
+  p = s32[2,2]{1,0} parameter(0)
+  ROOT q = s32[2,2]{1,0} popcnt(p)
 }
 """
 
@@ -116,10 +116,10 @@ def test_run_hlo_reports_parse_errors_with_position(tmp_path: Path,
 
 def test_run_hlo_names_an_unsupported_opcode(tmp_path: Path,
                                              capsys: pytest.CaptureFixture[str]) -> None:
-    path = tmp_path / "cholesky.hlo"
-    path.write_text(CHOLESKY_HLO)
+    path = tmp_path / "popcnt.hlo"
+    path.write_text(POPCNT_HLO)
     assert cli.main(["run-hlo", str(path), "--check"]) == cli.EXIT_ERROR
-    assert "unknown opcode 'cholesky'" in capsys.readouterr().err
+    assert "unknown opcode 'popcnt'" in capsys.readouterr().err
 
 
 def test_random_inputs_by_element_type() -> None:

@@ -48,7 +48,11 @@ def test_gpu_each_kernel_shape_maps_to_its_template(name: str) -> None:
 def test_gpu_every_computing_opcode_has_an_element_generator() -> None:
     structural = {"tuple", "get-tuple-element", "fusion", "call", "while", "conditional"}
     # sort and topk: whole-row kernels of their own (codegen/gpu/sort.py), no generators.
-    missing = set(OPCODES) - set(EMITTERS) - structural - WHOLE_ROW_OPCODES
+    # Compiled by the CPU backend only: the GPU backend raises NotImplementedError naming
+    # them ("GPU backend: no element generator for cholesky").
+    cpu_only = {"cholesky", "triangular-solve", "rng-bit-generator", "bitcast-convert",
+                "reduce-precision", "get-dimension-size", "set-dimension-size", "opt-barrier"}
+    missing = set(OPCODES) - set(EMITTERS) - structural - WHOLE_ROW_OPCODES - cpu_only
     assert not missing
 
 

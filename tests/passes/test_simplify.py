@@ -154,6 +154,19 @@ def _convert_to_same(comp: Computation, x: Instruction) -> Instruction:
     return comp.create("convert", [x], element_type="f32")
 
 
+@build(F32)
+def _barrier_of_set_size(comp: Computation, x: Instruction) -> Instruction:
+    size = comp.create("get-dimension-size", [x], dimensions=(0,))
+    return comp.create("opt-barrier", [comp.create("set-dimension-size", [x, size],
+                                                   dimensions=(0,))])
+
+
+@build(F32)
+def _dimension_size_plus_one(comp: Computation, x: Instruction) -> Instruction:
+    size = comp.create("get-dimension-size", [x], dimensions=(0,))
+    return comp.create("add", [size, comp.add_constant(1, "s32")])
+
+
 def _same_shape(opcode: str, **attributes: object) -> Callable[[], HloModule]:
     @build(Shape("f32", (2, 4)))
     def make(comp: Computation, x: Instruction) -> Instruction:
@@ -202,6 +215,10 @@ CASES: dict[str, list[tuple[Callable[[], HloModule], list[str]]]] = {
                                r"ROOT %broadcast = pred\[8\]"]),
                              (_self("compare", S32, direction="GE"), [r"constant\(true\)"])],
     "convert-same-type": [(_convert_to_same, [ROOT_IS_PARAM])],
+    "pass-through": [(_barrier_of_set_size, [ROOT_IS_PARAM])],
+    "dimension-size": [(_dimension_size_plus_one,
+                        [r"%constant.* = s32\[\] constant\(8\)",
+                         r"ROOT %add = s32\[\] add\(s32\[\] %constant"])],
     "fold-broadcast-scalars": [(_add_of_scalar_products,
                                 [r"%constant.* = f32\[\] constant\(6\)",
                                  r"%broadcast.* = f32\[8\]\{0\} broadcast\(f32\[\] %constant",

@@ -27,6 +27,11 @@ are those of XLA's `HloCostAnalysis` (`xla/service/hlo_cost_analysis.cc`):
   accessed only at the fusion's boundary, its operands plus its output (XLA
   refines operand reads by their fused users; here every operand is read once).
 - call: its computation's totals.
+- cholesky: n³/3 multiply-adds and n square roots per n×n matrix; triangular-solve:
+  k/2 multiply-adds per element of the result, for a k×k `a` (each unknown sums over
+  half the triangle on average). reduce-precision is elementwise (a flop an element);
+  bitcast-convert, set-dimension-size and rng-bit-generator move data (no flops), and
+  opt-barrier and get-dimension-size touch nothing (static shapes).
 
 Optimal seconds, XLA's fourth property, needs per-device rates and is left out.
 """
@@ -87,7 +92,8 @@ def computation_cost(computation: Computation) -> Cost:
 def instruction_cost(inst: Instruction) -> Cost:
     """The cost of one instruction under XLA's definitions (see the module docstring)."""
     opcode = inst.opcode
-    if opcode in ("parameter", "constant", "get-tuple-element", "bitcast"):
+    if opcode in ("parameter", "constant", "get-tuple-element", "bitcast", "opt-barrier",
+                  "get-dimension-size"):
         return Cost()
     if opcode == "tuple":
         return Cost(bytes_accessed=POINTER_BYTES * len(inst.shape.tuple_shapes or ()))
@@ -112,6 +118,15 @@ def instruction_cost(inst: Instruction) -> Cost:
         combinations = inst.operand(0).shape.num_elements - output.num_elements
         per_combination = computation_cost(inst.called_computations[0])
         return per_combination.scaled(combinations) + Cost(bytes_accessed=_default_bytes(inst))
+    if opcode == "cholesky":
+        n = inst.shape.dims[-1]
+        matrices = _elements(inst.shape) // (n * n) if n else 0
+        return Cost(flops=FMA_FLOPS * matrices * n**3 // 3, transcendentals=matrices * n,
+                    bytes_accessed=_default_bytes(inst))
+    if opcode == "triangular-solve":
+        k = inst.operand(0).shape.dims[-1]
+        return Cost(flops=FMA_FLOPS * _elements(inst.shape) * k // 2,
+                    bytes_accessed=_default_bytes(inst))
     if is_elementwise(opcode) and opcode != "copy":
         count = _elements(inst.shape)
         if is_transcendental(opcode):

@@ -55,7 +55,7 @@ from typing import Any
 
 import numpy as np
 
-from tfxla_lite.hlo import convolution, sort
+from tfxla_lite.hlo import bit_ops, convolution, linalg, random_bits, sort
 from tfxla_lite.hlo.attributes import ScatterDimensions
 from tfxla_lite.hlo.ir import Computation, HloModule, Instruction
 from tfxla_lite.hlo.opcodes import OPCODES
@@ -726,6 +726,12 @@ def _convolution(inst: Instruction, operands: Sequence[Any]) -> np.ndarray:
                                    inst.attributes["dim_labels"], feature_groups, batch_groups,
                                    compute)
     return _result(result, inst.shape)
+
+
+# cholesky, triangular-solve, rng-bit-generator, bitcast-convert, reduce-precision, the
+# dimension-size ops and opt-barrier: their references sit with their shape rules.
+for _module in (linalg, bit_ops, random_bits):
+    REFERENCES.update(_module.REFERENCES)
 
 
 # -- driver -----------------------------------------------------------------------------

@@ -166,7 +166,7 @@ class Computation:
         operands = list(operands)
         if shape is None:
             shape = infer_shape(opcode, [o.shape for o in operands], attributes)
-        if opcode == "convert":
+        if opcode in ("convert", "bitcast-convert"):
             attributes.pop("element_type", None)  # the shape says it
         return self.add(Instruction(opcode, shape, operands, attributes, called_computations,
                                     name, metadata))

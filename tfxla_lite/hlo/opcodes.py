@@ -17,6 +17,11 @@ scatter's `update_window_dims`, `inserted_window_dims`, `scatter_dims_to_operand
 `while` calls (condition, body); `conditional` calls its branches, for a pred
 index (true_computation, false_computation). `sort` takes `dimensions={d}`, `is_stable`
 (a bool) and its comparator `to_apply`; `topk` takes `k` and `largest` (`sort.py`).
+`cholesky` takes `lower`, `triangular-solve` `left_side`, `lower`, `unit_diagonal` and
+`transpose_a` (`linalg.py`); `rng-bit-generator` its `algorithm` (`random_bits.py`);
+`bitcast-convert` (its `element_type`, as convert), `reduce-precision` (`exponent_bits`,
+`mantissa_bits`), `get-dimension-size`, `set-dimension-size` and `opt-barrier` are in
+`bit_ops.py`.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tfxla_lite.hlo import bit_ops, linalg, random_bits
 from tfxla_lite.hlo.attributes import PaddingConfig, Window
 from tfxla_lite.hlo.convolution import ConvolutionShapeError, convolution_shape
 from tfxla_lite.hlo.shape import INTEGER_TYPES, Shape
@@ -338,11 +344,13 @@ def _gather_rule(shapes: list[Shape], attributes: Mapping[str, Any]) -> Shape:
     return operand.with_dims(tuple(dims))
 
 
-def _sorting_rule(rule: ShapeRule) -> ShapeRule:
+def _sorting_rule(rule: ShapeRule,
+                  errors: tuple[type[ValueError], ...] = (SortShapeError,)) -> ShapeRule:
+    """`rule`, its own errors (`errors`) raised as ShapeError."""
     def checked(shapes: list[Shape], attributes: Mapping[str, Any]) -> Shape:
         try:
             return rule(shapes, attributes)
-        except SortShapeError as error:
+        except errors as error:
             raise ShapeError(str(error)) from None
 
     return checked
@@ -457,6 +465,17 @@ _register("scatter", "data-movement", _scatter_rule)
 _register("sort", "sort", _sorting_rule(sort_shape))
 _register("topk", "sort", _sorting_rule(topk_shape))
 _register("while", "control-flow", _while_rule)
+_OWN_ERRORS = (linalg.LinalgShapeError, bit_ops.BitOpShapeError, random_bits.RandomShapeError)
+for _name, _category, _rule in (
+        ("cholesky", "linalg", linalg.cholesky_shape),
+        ("triangular-solve", "linalg", linalg.triangular_solve_shape),
+        ("rng-bit-generator", "random", random_bits.rng_bit_generator_shape),
+        ("bitcast-convert", "data-movement", bit_ops.bitcast_convert_shape),
+        ("reduce-precision", "elementwise", bit_ops.reduce_precision_shape),
+        ("get-dimension-size", "other", bit_ops.get_dimension_size_shape),
+        ("set-dimension-size", "other", bit_ops.set_dimension_size_shape),
+        ("opt-barrier", "other", bit_ops.optimization_barrier_shape)):
+    _register(_name, _category, _sorting_rule(_rule, _OWN_ERRORS))
 _register("conditional", "control-flow", _given_rule)
 _register("tuple", "other", _tuple_rule)
 _register("get-tuple-element", "other", _get_tuple_element_rule)

@@ -100,12 +100,13 @@ _INT_LIST_ATTRIBUTES = frozenset({"dimensions", "lhs_batch_dims", "lhs_contracti
                                   "inserted_window_dims", "scatter_dims_to_operand_dims",
                                   "input_batching_dims", "scatter_indices_batching_dims"})
 _INT_ATTRIBUTES = frozenset({"index", "iota_dimension", "index_vector_dim",
-                             "feature_group_count", "batch_group_count", "k"})
+                             "feature_group_count", "batch_group_count", "k",
+                             "exponent_bits", "mantissa_bits"})
 # Attributes naming called computations, in the order `called_computations` keeps them.
 _CALLED_ROLES = ("to_apply", "calls", "condition", "body", "true_computation",
                  "false_computation", "branch_computations")
-_WORD_ATTRIBUTES = frozenset({"direction", "kind"})
-_BOOL_ATTRIBUTES = frozenset({"is_stable", "largest"})
+_WORD_ATTRIBUTES = frozenset({"direction", "kind", "transpose_a", "algorithm"})
+_BOOL_ATTRIBUTES = frozenset({"is_stable", "largest", "lower", "left_side", "unit_diagonal"})
 # Metadata values that are integers; the others keep their text (quoted or not).
 _METADATA_INTEGERS = frozenset({"source_line", "source_end_line", "source_column",
                                 "source_end_column", "stack_frame_id"})

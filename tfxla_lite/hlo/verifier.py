@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from tfxla_lite.hlo import random_bits
 from tfxla_lite.hlo.ir import Computation, HloModule, Instruction
 from tfxla_lite.hlo.opcodes import OPCODES, ShapeError, infer_shape
 from tfxla_lite.hlo.printer import instruction_to_text
@@ -28,7 +29,7 @@ from tfxla_lite.hlo.shape import Shape
 FUSION_KINDS = ("kLoop", "kInput", "kOutput", "kCustom")  # kCustom: row fusions
 # Opcodes whose shape rule cannot infer a result: checked by `_check_given_shape`.
 _GIVEN_SHAPES = frozenset({"parameter", "iota", "broadcast", "reshape", "bitcast", "fusion",
-                           "call", "conditional"})
+                           "call", "conditional", "rng-bit-generator"})
 
 
 class VerificationError(Exception):
@@ -140,6 +141,10 @@ def _verify_computation(computation: Computation, in_module: set[int]) -> None:
 
 
 def _verify_shape(inst: Instruction) -> None:
+    if inst.opcode == "custom-call":
+        target = inst.attributes.get("custom_call_target")
+        raise _fail(inst, f"not supported: custom-call {str(target).strip(chr(34))} (a call "
+                          "into code of XLA's runtime or a plugin, which this compiler lacks)")
     if inst.opcode not in OPCODES:
         raise _fail(inst, f"not supported: {inst.opcode} (unknown opcode {inst.opcode!r}: "
                           f"no shape rule, evaluator rule or kernel for it)")
@@ -148,7 +153,7 @@ def _verify_shape(inst: Instruction) -> None:
         _check_given_shape(inst, operand_shapes)
         return
     attributes = dict(inst.attributes)
-    if inst.opcode == "convert":
+    if inst.opcode in ("convert", "bitcast-convert"):
         attributes["element_type"] = inst.shape.element_type
     try:
         expected = infer_shape(inst.opcode, operand_shapes, attributes)
@@ -192,6 +197,12 @@ def _check_given_shape(inst: Instruction, operand_shapes: list[Shape]) -> None:
             raise _fail(inst, f"{opcode} of {operand} cannot give {shape}")
     elif opcode == "conditional":
         _verify_conditional(inst, operand_shapes)
+    elif opcode == "rng-bit-generator":
+        (state,) = _array_operands(inst, operand_shapes, 1)
+        try:
+            random_bits.check_shapes(state, shape, inst.attributes)
+        except random_bits.RandomShapeError as error:
+            raise _fail(inst, str(error)) from None
     else:  # fusion, call: the called computation's signature
         if len(inst.called_computations) != 1:
             raise _fail(inst, f"{opcode} calls exactly one computation")

@@ -293,6 +293,20 @@ def _fold_broadcast_scalars(inst: Instruction) -> Instruction | None:
 
 # -- data movement ----------------------------------------------------------------------
 
+@_rewrite("opt-barrier", "set-dimension-size")
+def _pass_through(inst: Instruction) -> Instruction | None:
+    """opt-barrier(x) → x, set-dimension-size(x, n) → x: values unchanged (static shapes;
+    the barrier only orders XLA's scheduling, and this pipeline keeps data order)."""
+    return inst.operand(0)
+
+
+@_rewrite("get-dimension-size")
+def _dimension_size(inst: Instruction) -> Instruction | None:
+    """get-dimension-size(x) → the constant dimension (static shapes)."""
+    (dimension,) = inst.attributes["dimensions"]
+    return _splat(inst, inst.operand(0).shape.dims[dimension])
+
+
 @_rewrite("get-tuple-element")
 def _tuple_element_of_tuple(inst: Instruction) -> Instruction | None:
     """get-tuple-element(tuple(a, b, ...), i) → the i-th operand (TF's 'hlo' stage ends
