@@ -24,6 +24,7 @@ ops (`TRIVIAL_OPS`), so a cluster of only those is never formed.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -32,6 +33,7 @@ import networkx as nx
 
 from tfxla_lite.clustering.mark import Decision, MarkOptions, mark
 from tfxla_lite.clustering.registry import OP_RULES
+from tfxla_lite.clustering.rules_control_flow import FUNCTIONAL_OPS
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -92,8 +94,13 @@ class ClusteringResult:
 
 
 def counted_size(op_types: Iterable[str]) -> int:
-    """The size a cluster is measured by: its ops other than TRIVIAL_OPS."""
-    return sum(1 for t in op_types if t not in TRIVIAL_OPS)
+    """The size a cluster is measured by: its ops other than TRIVIAL_OPS; a loop or branch
+    (whose functions' ops it holds) counts as a cluster of the default minimum size."""
+    return sum(_CONTROL_FLOW_SIZE if t in FUNCTIONAL_OPS else 1 for t in op_types
+               if t not in TRIVIAL_OPS)
+
+
+_CONTROL_FLOW_SIZE = 4
 
 
 def _dependency_graph(ops: list[tf.Operation]) -> nx.DiGraph:
@@ -157,13 +164,47 @@ def _only_path_is_direct(graph: nx.DiGraph, u: str, v: str) -> bool:
         graph.add_edge(u, v)
 
 
+# A TensorList (a variant) is an HLO tuple only inside a cluster: it never crosses one's edge.
+LIST_BOUNDARY_REASON = "TensorList that would cross a cluster's boundary"
+
+
 def form_clusters(graph: tf.Graph, decisions: dict[str, Decision], min_cluster_size: int = 4,
                   max_cluster_size: int | None = None, merge_independent: bool = True
                   ) -> list[Cluster]:
     """Clusters of compilable ops, named cluster_0, cluster_1... in topological order.
 
     `merge_independent`: clusters with no path between them merge into one launch
-    (`merge_independent_clusters`)."""
+    (`merge_independent_clusters`). An op that would pass a TensorList across a cluster's
+    edge is refused in `decisions` (LIST_BOUNDARY_REASON) and the clusters formed again."""
+    while True:
+        clusters = _form_clusters(graph, decisions, min_cluster_size, max_cluster_size,
+                                  merge_independent)
+        refused = _list_crossings(graph, clusters)
+        if not refused:
+            return clusters
+        for name in refused:
+            decisions[name] = dataclasses.replace(decisions[name], compilable=False,
+                                                  reason=LIST_BOUNDARY_REASON)
+
+
+def _list_crossings(graph: tf.Graph, clusters: list[Cluster]) -> set[str]:
+    """The ops of `clusters` that read a TensorList from outside or give one outside."""
+    refused = set()
+    for cluster in clusters:
+        inside = set(cluster.op_names)
+        for name in cluster.inputs:
+            tensor = graph.get_tensor_by_name(name)
+            if tensor.dtype.base_dtype.name == "variant":
+                refused.update(op.name for op in tensor.consumers() if op.name in inside)
+        for name in cluster.outputs:
+            tensor = graph.get_tensor_by_name(name)
+            if tensor.dtype.base_dtype.name == "variant":
+                refused.add(tensor.op.name)
+    return refused
+
+
+def _form_clusters(graph: tf.Graph, decisions: dict[str, Decision], min_cluster_size: int,
+                   max_cluster_size: int | None, merge_independent: bool) -> list[Cluster]:
     ops = graph.get_operations()
     dependencies = _dependency_graph(ops)
     index = {op.name: n for n, op in enumerate(ops)}

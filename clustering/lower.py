@@ -38,7 +38,26 @@ def lower_cluster(graph: tf.Graph, cluster: Cluster, name: str | None = None) ->
     values: dict[str, Instruction] = {}
     for number, tensor_name in enumerate(cluster.inputs):
         tensor = graph.get_tensor_by_name(tensor_name)
+        if tensor.dtype.base_dtype.name == "variant":
+            raise LoweringError(f"{cluster.name}: TensorList {tensor_name} would cross the "
+                                f"cluster's boundary")
         values[tensor_name] = entry.add_parameter(number, tensor_shape(tensor), f"arg{number}")
+    operations = [graph.get_operation_by_name(n) for n in cluster.op_names]
+    outputs = lower_ops(ctx, operations, values,
+                        [graph.get_tensor_by_name(n) for n in cluster.outputs], cluster.name)
+    if any(o.shape.is_tuple for o in outputs):
+        raise LoweringError(f"{cluster.name}: a TensorList would leave the cluster")
+    entry.root = entry.create("tuple", outputs)
+    return module
+
+
+def lower_ops(ctx: LoweringContext, operations: list[tf.Operation],
+              values: dict[str, Instruction], outputs: list[tf.Tensor], where: str
+              ) -> list[Instruction]:
+    """Lower `operations` (in topological order) into `ctx`'s computation, given the
+    values of the tensors they read from elsewhere (`values`, by tensor name, updated
+    with theirs); returns the values of `outputs`. Shared by clusters and the bodies of
+    loops and branches (clustering/rules_control_flow.py)."""
 
     def value_of(tensor: tf.Tensor) -> Instruction:
         if tensor.name in values:
@@ -47,11 +66,10 @@ def lower_cluster(graph: tf.Graph, cluster: Cluster, name: str | None = None) ->
             ctx.begin(tensor.op)
             (values[tensor.name],) = OP_RULES["Const"].lower(ctx, tensor.op, [])
             return values[tensor.name]
-        raise LoweringError(f"{cluster.name}: tensor {tensor.name} is neither made inside "
+        raise LoweringError(f"{where}: tensor {tensor.name} is neither made inside "
                             f"the cluster nor one of its inputs")
 
-    for op_name in cluster.op_names:
-        op = graph.get_operation_by_name(op_name)
+    for op in operations:
         if op.type == "Const":
             continue
         rule = OP_RULES.get(op.type)
@@ -66,10 +84,7 @@ def lower_cluster(graph: tf.Graph, cluster: Cluster, name: str | None = None) ->
         _check_results(op, results)
         for tensor, result in zip(op.outputs, results):
             values[tensor.name] = result
-
-    outputs = [value_of(graph.get_tensor_by_name(n)) for n in cluster.outputs]
-    entry.root = entry.create("tuple", outputs)
-    return module
+    return [value_of(t) for t in outputs]
 
 
 def _check_results(op: tf.Operation, results: list[Instruction]) -> None:
@@ -78,6 +93,11 @@ def _check_results(op: tf.Operation, results: list[Instruction]) -> None:
         raise LoweringError(f"lowering of {op.type} {op.name} gave {len(results)} values for "
                             f"{len(op.outputs)} outputs")
     for tensor, result in zip(op.outputs, results):
+        if tensor.dtype.base_dtype.name == "variant":
+            if not result.shape.is_tuple:  # a TensorList is (buffer, length)
+                raise LoweringError(f"lowering of {op.type} {op.name} gave {result.shape} "
+                                    f"for TensorList {tensor.name}")
+            continue
         dims = known_dims(tensor)
         if dims is None:
             raise LoweringError(f"shape of {tensor.name} is not known at compile time")

@@ -27,6 +27,7 @@ from tfxla_lite.clustering.registry import (
     known_dims,
     source_frames,
 )
+from tfxla_lite.clustering.rules_control_flow import FUNCTIONAL_OPS, VARIANT_OPS
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -109,7 +110,10 @@ def why_not_compilable(op: tf.Operation, options: MarkOptions | None = None) -> 
     dtypes = {t.dtype.base_dtype.name for t in tensors}
     if "resource" in dtypes:
         return RESOURCE_REASON
-    if "variant" in dtypes:
+    # TensorLists and functional control flow: their rules lower lists as (buffer, length)
+    # and check the functions' ops (clustering/rules_control_flow.py).
+    lists = op.type in VARIANT_OPS
+    if "variant" in dtypes and not lists:
         return VARIANT_REASON
     if op.type == "Assert":
         return ASSERT_REASON
@@ -118,17 +122,18 @@ def why_not_compilable(op: tf.Operation, options: MarkOptions | None = None) -> 
         if _is_stateful(op):
             return STATEFUL_REASON
         return f"op type {op.type} has no lowering"
-    if _is_stateful(op):
+    if _is_stateful(op) and op.type not in FUNCTIONAL_OPS:  # those: by their functions' ops
         return STATEFUL_REASON
     kind = device_type(op.device)
     if kind is not None and kind not in options.device_types:
         return f"placed on device {op.device}"
     value_free = rule.value_free_indices(op)
+    lists_ok = frozenset({"variant"}) if lists else frozenset()
     for i, t in enumerate(op.inputs):
-        if i not in value_free and t.dtype.base_dtype.name not in rule.dtypes:
+        if i not in value_free and t.dtype.base_dtype.name not in rule.dtypes | lists_ok:
             return f"dtype {t.dtype.name} not supported by {op.type}"
     for t in op.outputs:
-        if t.dtype.base_dtype.name not in rule.dtypes:
+        if t.dtype.base_dtype.name not in rule.dtypes | lists_ok:
             return f"dtype {t.dtype.name} not supported by {op.type}"
     reason = _why_not_by_shapes_or_rule(op, rule, options)
     if reason is None and op.type in options.tf_kernels:

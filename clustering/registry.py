@@ -518,6 +518,7 @@ def _load_rules() -> None:
     # The rule modules register themselves on import; they import this module first.
     from tfxla_lite.clustering import (  # noqa: F401
         rules_batch_norm,
+        rules_control_flow,
         rules_conv,
         rules_conv_grad,
         rules_elementwise,

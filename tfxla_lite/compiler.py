@@ -40,6 +40,7 @@ from tfxla_lite.autojit import original_tf_function
 from tfxla_lite.clustering.cluster import form_clusters
 from tfxla_lite.clustering.lower import lower_cluster
 from tfxla_lite.clustering.mark import PLUMBING_OPS, MarkOptions, format_source, mark
+from tfxla_lite.clustering.rules_control_flow import FUNCTIONAL_OPS
 from tfxla_lite.clustering.rules_conv import CONVOLUTION_OPS
 from tfxla_lite.codegen import cache as code_caches
 from tfxla_lite.codegen import compile_module
@@ -450,18 +451,21 @@ def _compile_graph(graph: tf.Graph, function_name: str, settings: _Settings,
     FunctionDefs by name, for a body (default: `graph`'s own)."""
     jit_compile, options, dynamic = settings.jit_compile, settings.options, settings.dynamic
     report = ClusteringReport(function_name, jit_compile)
-    # Bodies first: in must-compile mode a body that cannot compile is the error.
-    bodies, renames, functions, assertion_ifs = _compile_bodies(graph, function_name,
-                                                                settings, library)
     tf_kernels = frozenset() if options.compile_convolutions else CONVOLUTION_OPS
-    decisions = mark(graph, MarkOptions(dynamic_shapes=dynamic,
+    denied = frozenset() if options.hlo_control_flow else FUNCTIONAL_OPS
+    decisions = mark(graph, MarkOptions(dynamic_shapes=dynamic, denylist=denied,
                                         allowlist=options.ops_to_cluster,
                                         tf_kernels=tf_kernels))
+    min_size = 1 if jit_compile else options.min_cluster_size
+    # Bodies first: in must-compile mode a body that cannot compile is the error. A loop or
+    # branch that joins a cluster whole (an HLO while/conditional) needs no compiled bodies.
+    whole = _clustered_control_flow(graph, decisions, min_size, options)
+    bodies, renames, functions, assertion_ifs = _compile_bodies(graph, function_name,
+                                                                settings, library, whole)
     dropped = assertions.dropped_nodes(graph, assertion_ifs) if jit_compile else frozenset()
     for name in dropped:
         decisions[name] = dataclasses.replace(decisions[name], compilable=False,
                                               reason=assertions.DROPPED_REASON)
-    min_size = 1 if jit_compile else options.min_cluster_size
     clusters = form_clusters(graph, decisions, min_cluster_size=min_size,
                              max_cluster_size=options.max_cluster_size,
                              merge_independent=options.merge_independent_clusters)
@@ -473,7 +477,8 @@ def _compile_graph(graph: tf.Graph, function_name: str, settings: _Settings,
             continue
         reason = decision.reason if not decision.compilable else "cluster too small"
         if op.type in control_flow.CONTROL_FLOW_OPS:
-            reason = control_flow.CONTROL_FLOW_REASON
+            reason = control_flow.CONTROL_FLOW_REASON + (
+                f" ({decision.reason})" if decision.reason else "")
         source = decision.source or format_source(op)
         report.fallbacks.append(FallbackNode(op.name, op.type, reason or "", source))
 
@@ -645,11 +650,27 @@ def _temp_bytes_without_reuse(executable: Any) -> int:
     return executable.assignment.temp_bytes_without_reuse
 
 
+def _clustered_control_flow(graph: tf.Graph, decisions: dict[str, Any], min_size: int,
+                            options: Options) -> frozenset[str]:
+    """The While and If ops that clusters take whole (clustering/rules_control_flow.py),
+    as clustering `decisions` (a copy) forms them."""
+    if not any(d.compilable and d.op_type in control_flow.CONTROL_FLOW_OPS
+               for d in decisions.values()):
+        return frozenset()
+    clusters = form_clusters(graph, dict(decisions), min_cluster_size=min_size,
+                             max_cluster_size=options.max_cluster_size,
+                             merge_independent=options.merge_independent_clusters)
+    return frozenset(name for c in clusters for name in c.op_names
+                     if graph.get_operation_by_name(name).type
+                     in control_flow.CONTROL_FLOW_OPS)
+
+
 def _compile_bodies(graph: tf.Graph, function_name: str, settings: _Settings,
-                    library: dict[str, Any] | None
+                    library: dict[str, Any] | None, whole: frozenset[str] = frozenset()
                     ) -> tuple[list[BodyProgram], dict[tuple[str, str], str], list[Any],
                                set[str]]:
-    """Compile the functions of `graph`'s While and If ops (tfxla_lite/control_flow.py).
+    """Compile the functions of `graph`'s While and If ops (tfxla_lite/control_flow.py),
+    but for those in `whole` (compiled within a cluster as HLO control flow).
 
     Returns the body programs, the function attributes to re-point ((node, attr) → the
     rewritten function's name), the rewritten ConcreteFunctions to add to the graph
@@ -670,7 +691,7 @@ def _compile_bodies(graph: tf.Graph, function_name: str, settings: _Settings,
     branches: dict[str, list[BodyProgram]] = {}  # If node -> its branches' programs
     shape_lists: set[tuple[str, int]] = set()  # While outputs that accumulate shapes
     for call in calls:
-        if is_compiled_function(call.function, library):
+        if is_compiled_function(call.function, library) or call.node in whole:
             continue  # tfxla-lite's own output, in a graph that calls a compiled function
         call = control_flow.with_shape_lists(call, shape_lists)  # noqa: PLW2901
         # Constants and shapes of the arguments shape the compiled body: share it only

@@ -48,6 +48,8 @@ from tfxla_lite.rewrite import without_colocation_outside
 
 WHILE_OPS = frozenset({"While", "StatelessWhile"})
 IF_OPS = frozenset({"If", "StatelessIf"})
+# Compiled only whole, as HLO `conditional` (clustering/rules_control_flow.py).
+CASE_OPS = frozenset({"Case", "StatelessCase"})
 # Each control-flow op type and the attributes that name its functions.
 FUNCTION_ATTRS: dict[str, tuple[str, ...]] = {
     **{t: ("cond", "body") for t in WHILE_OPS},
@@ -79,25 +81,34 @@ def body_calls(graph: tf.Graph, library: Mapping[str, function_pb2.FunctionDef]
     """Every function attribute of every While and If op of `graph`, in op order."""
     calls = []
     for op in graph.get_operations():
-        attrs = FUNCTION_ATTRS.get(op.type)
-        if attrs is None:
-            continue
-        if op.type in WHILE_OPS:
-            arguments = tuple(op.inputs)
-            shapes = [tf.TensorShape(s) for s in op.get_attr("output_shapes")]
-            if len(shapes) != len(arguments):
-                shapes = [t.shape for t in arguments]
-            body = library.get(op.get_attr("body").name)
-            unchanged = _unchanged_arguments(body) if body is not None else set()
-            invariant = tuple(k in unchanged for k in range(len(arguments)))
-        else:
-            arguments = tuple(op.inputs[1:])
-            shapes = [t.shape for t in arguments]
-            invariant = (True,) * len(arguments)
-        for attr in attrs:
-            calls.append(BodyCall(op.name, op.type, attr, op.get_attr(attr).name, arguments,
-                                  tuple(shapes), invariant))
+        if op.type in FUNCTION_ATTRS:
+            calls.extend(op_calls(op, library))
     return calls
+
+
+def op_calls(op: tf.Operation, library: Mapping[str, function_pb2.FunctionDef],
+             exact_shapes: bool = False) -> list[BodyCall]:
+    """The calls of one While, If or Case op's functions (a Case's `branches`, attr
+    'branches:k'). `exact_shapes`: the arguments' shapes are the op's inputs' own, not a
+    While's shape invariants (an HLO loop's state has one shape)."""
+    if op.type in WHILE_OPS:
+        arguments = tuple(op.inputs)
+        shapes = [tf.TensorShape(s) for s in op.get_attr("output_shapes")]
+        if exact_shapes or len(shapes) != len(arguments):
+            shapes = [t.shape for t in arguments]
+        body = library.get(op.get_attr("body").name)
+        unchanged = _unchanged_arguments(body) if body is not None else set()
+        invariant = tuple(k in unchanged for k in range(len(arguments)))
+    else:
+        arguments = tuple(op.inputs[1:])
+        shapes = [t.shape for t in arguments]
+        invariant = (True,) * len(arguments)
+    if op.type in CASE_OPS:
+        named = [(f"branches:{k}", f.name) for k, f in enumerate(op.get_attr("branches"))]
+    else:
+        named = [(attr, op.get_attr(attr).name) for attr in FUNCTION_ATTRS[op.type]]
+    return [BodyCall(op.name, op.type, attr, function, arguments, tuple(shapes), invariant)
+            for attr, function in named]
 
 
 def _unchanged_arguments(body: function_pb2.FunctionDef) -> set[int]:

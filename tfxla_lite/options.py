@@ -50,7 +50,10 @@ class Options:
     with a warning (`tfxla_lite/xla_fallback.py`). `compile_convolutions`: Conv2D,
     Conv3D and DepthwiseConv2dNative and their gradients join clusters (off by default:
     TF's oneDNN kernels are faster than tfxla-lite's convolution today,
-    docs/benchmarks.md). `log_level`
+    docs/benchmarks.md). `hlo_control_flow` (default True): a While, If or Case op whose
+    functions compile joins a cluster whole, as an HLO while or conditional
+    (clustering/rules_control_flow.py); False leaves it in TF calling its bodies'
+    clusters, a launch per iteration. `log_level`
     sets the level of the "tfxla_lite" logger (None: leave it as it is).
     `dump_to`: a directory for XLA-style dumps of every compiled cluster and every
     clustering decision, and report.html (`tfxla_lite.dump`); "-" prints the HLO to
@@ -102,6 +105,7 @@ class Options:
     disable_passes: tuple[str, ...] = ()
     strict_jit_compile: bool = False
     compile_convolutions: bool = False
+    hlo_control_flow: bool = True
     log_level: str | None = None
     pause_collector: bool = True
     parallel_runtime: str = "tf"
@@ -124,7 +128,7 @@ class Options:
         if self.auto_jit > 2:
             raise OptionsError(f"auto_jit must be -1, 0, 1 or 2, got {self.auto_jit}")
         for name in ("verify", "clustering_debug", "dump_hlo_as_text", "strict_jit_compile",
-                     "pause_collector", "compile_convolutions"):
+                     "pause_collector", "compile_convolutions", "hlo_control_flow"):
             if not isinstance(getattr(self, name), bool):
                 raise OptionsError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.ops_to_cluster is not None:

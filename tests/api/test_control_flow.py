@@ -1,5 +1,8 @@
 """Control flow (tfxla_lite/control_flow.py): the bodies of tf.while_loop and tf.cond are
 clustered inside, the While and If ops stay in TF and call the rewritten functions.
+That is the path of a loop or branch that cannot join a cluster whole as HLO control
+flow (tests/clustering/test_control_flow_lowering.py): these tests take it for every
+loop, with `hlo_control_flow=False`.
 
 Results are checked against plain TF; launch ops are counted in the rewritten
 functions of the program's graph library.
@@ -37,6 +40,14 @@ def _launches_in(counts: dict[str, int], original: str) -> int:
     return sum(n for name, n in counts.items() if f"tfxla_lite_{original}" in name)
 
 
+@pytest.fixture(autouse=True)
+def _bodies_one_by_one():  # noqa: ANN202
+    before = tl.get_options().hlo_control_flow
+    tl.set_options(hlo_control_flow=False)
+    yield
+    tl.set_options(hlo_control_flow=before)
+
+
 def _rng() -> np.random.Generator:
     return np.random.default_rng(0)
 
@@ -50,7 +61,8 @@ def dynamic_build():  # noqa: ANN201
 
     def build(fn, *specs):  # noqa: ANN001, ANN202
         concrete = tf.function(fn).get_concrete_function(*specs)
-        program = build_program(concrete, None, Options(min_cluster_size=1, verify=True),
+        program = build_program(concrete, None, Options(min_cluster_size=1, verify=True,
+                                                         hlo_control_flow=False),
                                 dynamic=True)
         programs.append(program)
         return program

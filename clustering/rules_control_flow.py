@@ -1,0 +1,499 @@
+"""Lowering rules for TF's functional control flow and TensorLists: HLO `while`/`conditional`.
+
+Registered into `registry.OP_RULES` on import. `While`/`StatelessWhile` become one HLO
+`while`, `If`/`StatelessIf` and `Case`/`StatelessCase` one `conditional`, when every op of
+the functions they call lowers too: the rule's check turns each FunctionDef into a graph
+(`tfxla_lite.control_flow.function_graph`, with the op's own input shapes) and lowers it
+op by op through the same registry (`lower_function`), recursively for nested loops;
+any op that does not lower keeps the control-flow op in TF, where
+`tfxla_lite/control_flow.py` compiles its bodies one by one as before. A loop's state is
+a tuple of fixed shapes: a body that changes a loop variable's shape is refused.
+`maximum_iterations` needs nothing here: while_v2 builds it into the condition.
+
+TensorLists are lowered as TF's XLA bridge lowers them (tf2xla's tensor_list_ops.cc):
+an HLO tuple (buffer T[N, element dims...], s32 length) of a static element shape and
+capacity N, known at compile time from the op that makes the list (`list_shape`):
+`TensorListReserve`'s size, `EmptyTensorList`'s `max_num_elements` (while_v2's
+accumulators for a gradient loop use the forward loop's trip count), the tensor of
+`TensorListFromTensor`. A list of unknown element shape takes it from a later read of the
+list (`TensorListStack`, `GetItem`). A variant value never crosses a cluster's boundary
+(`clustering/cluster.py` keeps such producers out of their consumers' clusters).
+
+The CPU backend must compile HLO `while` and `conditional` for the rules to accept a
+control-flow op (`backend_refusal`); until it does they stay in TF as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from tfxla_lite.clustering.registry import (
+    ALL,
+    OP_RULES,
+    LoweringContext,
+    LoweringError,
+    constant_value,
+    element_type,
+    register,
+    static_dims,
+)
+from tfxla_lite.hlo import Computation, HloModule, Instruction, Shape
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+
+WHILE_OPS = ("While", "StatelessWhile")
+IF_OPS = ("If", "StatelessIf")
+CASE_OPS = ("Case", "StatelessCase")
+# Op types whose inputs or outputs may be TensorLists here.
+LIST_OPS = frozenset({
+    "TensorListReserve", "EmptyTensorList", "TensorListFromTensor", "TensorListSetItem",
+    "TensorListGetItem", "TensorListPushBack", "TensorListPopBack", "TensorListStack",
+    "TensorListElementShape", "TensorListLength",
+})
+FUNCTIONAL_OPS = frozenset(WHILE_OPS + IF_OPS + CASE_OPS)
+VARIANT_OPS = LIST_OPS | FUNCTIONAL_OPS | {"Identity"}
+_DTYPES = ALL | {"variant"}
+# Op types whose output 0 is the TensorList of their input 0, of the same shape.
+_SAME_LIST = frozenset({"TensorListSetItem", "TensorListPushBack", "TensorListPopBack",
+                        "Identity"})
+_LENGTH = Shape("s32", ())
+
+# Per function graph built here: its variant placeholders' list shapes, by op name.
+_PARAMETER_LISTS: weakref.WeakKeyDictionary[Any, dict[str, Shape]] = (
+    weakref.WeakKeyDictionary())
+# Per graph: the refusal (or None) of each control-flow op's bodies, by op name.
+_REFUSALS: weakref.WeakKeyDictionary[Any, dict[str, str | None]] = weakref.WeakKeyDictionary()
+
+
+def backend_refusal() -> str | None:
+    """Why the CPU backend cannot run HLO control flow yet, or None when it can (or when
+    `lowering_only` says the HLO is only evaluated)."""
+    from tfxla_lite.codegen.cpu import UNSUPPORTED_OPCODES
+
+    if _LOWERING_ONLY:
+        return None
+    for opcode in ("while", "conditional"):
+        if opcode in UNSUPPORTED_OPCODES:
+            return f"the CPU backend does not compile HLO {opcode} yet"
+    return None
+
+
+_LOWERING_ONLY: list[bool] = []
+
+
+@contextlib.contextmanager
+def lowering_only() -> Iterator[None]:
+    """Accept control flow whatever the backend compiles: for checks of the lowered HLO
+    with the evaluator (tests), which runs `while` and `conditional`."""
+    _LOWERING_ONLY.append(True)
+    try:
+        yield
+    finally:
+        _LOWERING_ONLY.pop()
+
+
+# -- TensorList shapes ---------------------------------------------------------------------
+def list_shape(tensor: tf.Tensor, _depth: int = 0) -> Shape | None:
+    """The HLO tuple shape (buffer, length) of TensorList `tensor`, or None when its
+    element shape, dtype or capacity is not known at compile time."""
+    if tensor.dtype.base_dtype.name != "variant" or _depth > 64:
+        return None
+    op = tensor.op
+    if op.type in _SAME_LIST and tensor.value_index == 0:
+        return list_shape(op.inputs[0], _depth + 1)
+    if op.type in WHILE_OPS:
+        return list_shape(op.inputs[tensor.value_index], _depth + 1)
+    if op.type == "Placeholder":
+        return _PARAMETER_LISTS.get(op.graph, {}).get(op.name)
+    try:
+        etype = element_type(op.get_attr("element_dtype"))
+    except (ValueError, LoweringError):
+        return None
+    if op.type == "TensorListFromTensor":
+        dims = static_dims(op.inputs[0])
+        return None if not dims else _list(etype, dims[0], dims[1:])
+    if op.type not in ("TensorListReserve", "EmptyTensorList"):
+        return None
+    size = constant_value(op.inputs[1])
+    if size is None or size.size != 1 or int(size) < 0:
+        return None
+    element = _element_dims(op.inputs[0]) or _element_dims_from_reads(tensor)
+    return None if element is None else _list(etype, int(size), element)
+
+
+def _list(etype: str, size: int, element: Sequence[int]) -> Shape:
+    return Shape.tuple_of([Shape(etype, (size, *element)), _LENGTH])
+
+
+def _element_dims(shape: tf.Tensor) -> tuple[int, ...] | None:
+    """The element dims an `element_shape` input gives, when fully known."""
+    value = constant_value(shape)
+    if value is None or value.ndim != 1 or (value < 0).any():
+        return None  # -1 (scalar): unknown rank; a -1 inside: an unknown dimension
+    return tuple(int(d) for d in value)
+
+
+def _element_dims_from_reads(tensor: tf.Tensor, _depth: int = 0) -> tuple[int, ...] | None:
+    """The element dims of list `tensor` as a later read sees them (tf.map_fn's result
+    list is reserved without a shape and stacked after its loop)."""
+    if _depth > 16:
+        return None
+    for consumer in tensor.consumers():
+        if consumer.type == "TensorListStack":
+            dims = static_dims(consumer.outputs[0])
+            if dims:
+                return dims[1:]
+            found = _element_dims(consumer.inputs[1])
+        elif consumer.type in ("TensorListGetItem", "TensorListPopBack"):
+            found = static_dims(consumer.outputs[0 if consumer.type.endswith("Item") else 1])
+        elif consumer.type in ("TensorListSetItem", "TensorListPushBack", "Identity"):
+            found = _element_dims_from_reads(consumer.outputs[0], _depth + 1)
+        elif consumer.type in WHILE_OPS:
+            index = [t.name for t in consumer.inputs].index(tensor.name)
+            found = _element_dims_from_reads(consumer.outputs[index], _depth + 1)
+        else:
+            found = None
+        if found is not None:
+            return found
+    return None
+
+
+def _check_list(op: tf.Operation) -> str | None:
+    for tensor in [*op.inputs[:1], *op.outputs[:1]]:
+        if tensor.dtype.base_dtype.name == "variant" and list_shape(tensor) is None:
+            return (f"TensorList {tensor.name}: element shape or size not known at compile "
+                    f"time")
+    if op.type == "TensorListSetItem" and op.get_attr("resize_if_index_out_of_bounds"):
+        return "TensorListSetItem that resizes its list"
+    return None
+
+
+def _element_output_dims(op: tf.Operation, index: int) -> tuple[int, ...] | None:
+    shape = list_shape(op.inputs[0])
+    if shape is None:
+        return None
+    buffer = shape.tuple_shapes[0]  # type: ignore[index]
+    if op.type == "TensorListStack":
+        return buffer.dims
+    if op.type == "TensorListElementShape":
+        return (len(buffer.dims) - 1,)
+    if op.type == "TensorListLength":
+        return ()
+    return buffer.dims[1:] if index == (1 if op.type == "TensorListPopBack" else 0) else ()
+
+
+# -- TensorList rules -----------------------------------------------------------------------
+def _parts(ctx: LoweringContext, handle: Instruction) -> tuple[Instruction, Instruction]:
+    return (ctx.emit("get-tuple-element", [handle], index=0),
+            ctx.emit("get-tuple-element", [handle], index=1))
+
+
+def _made(ctx: LoweringContext, op: tf.Operation, length: Any,
+          buffer: Instruction | None = None) -> Instruction:
+    shape = list_shape(op.outputs[0])
+    if shape is None:
+        raise LoweringError(f"TensorList {op.outputs[0].name}: shape not known")
+    buffer_shape = shape.tuple_shapes[0]  # type: ignore[index]
+    if buffer is None:
+        buffer = ctx.full(0, buffer_shape)
+    count = ctx.constant(length, "s32") if isinstance(length, int) else length
+    return ctx.emit("tuple", [buffer, count])
+
+
+def _starts(ctx: LoweringContext, index: Instruction, rank: int) -> list[Instruction]:
+    zero = ctx.constant(0, index.shape.element_type)
+    return [index] + [zero] * (rank - 1)
+
+
+def _read(ctx: LoweringContext, buffer: Instruction, index: Instruction) -> Instruction:
+    dims = buffer.shape.dims
+    item = ctx.emit("dynamic-slice", [buffer, *_starts(ctx, index, len(dims))],
+                    dynamic_slice_sizes=(1, *dims[1:]))
+    return ctx.reshape(item, dims[1:])
+
+
+def _write(ctx: LoweringContext, buffer: Instruction, index: Instruction, item: Instruction
+           ) -> Instruction:
+    dims = buffer.shape.dims
+    if item.shape.dims != dims[1:] or item.shape.element_type != buffer.shape.element_type:
+        raise LoweringError(f"{ctx.op.name if ctx.op else 'TensorList'}: item {item.shape} "
+                            f"does not fit a list of {buffer.shape}")
+    update = ctx.reshape(item, (1, *dims[1:]))
+    return ctx.emit("dynamic-update-slice", [buffer, update, *_starts(ctx, index, len(dims))])
+
+
+_LIST = {"dtypes": _DTYPES, "check": _check_list,
+         "note": "(buffer, length) of a static element shape and capacity, inside one cluster"}
+
+
+@register("TensorListReserve", static_inputs=(0, 1), **_LIST)
+def _reserve(ctx: LoweringContext, op: tf.Operation, operands: list[Any]) -> list[Instruction]:
+    return [_made(ctx, op, int(ctx.static_input(1)))]
+
+
+@register("EmptyTensorList", static_inputs=(0, 1), **_LIST)
+def _empty(ctx: LoweringContext, op: tf.Operation, operands: list[Any]) -> list[Instruction]:
+    return [_made(ctx, op, 0)]
+
+
+@register("TensorListFromTensor", unused_inputs=(1,), **_LIST)
+def _from_tensor(ctx: LoweringContext, op: tf.Operation, operands: list[Any]
+                 ) -> list[Instruction]:
+    tensor = operands[0]
+    return [_made(ctx, op, tensor.shape.dims[0], tensor)]
+
+
+@register("TensorListSetItem", **_LIST)
+def _set_item(ctx: LoweringContext, op: tf.Operation, operands: list[Any]) -> list[Instruction]:
+    handle, index, item = operands
+    buffer, length = _parts(ctx, handle)
+    return [ctx.emit("tuple", [_write(ctx, buffer, index, item), length])]
+
+
+@register("TensorListGetItem", unused_inputs=(2,), output_dims=_element_output_dims, **_LIST)
+def _get_item(ctx: LoweringContext, op: tf.Operation, operands: list[Any]) -> list[Instruction]:
+    buffer, _ = _parts(ctx, operands[0])
+    return [_read(ctx, buffer, operands[1])]
+
+
+@register("TensorListPushBack", **_LIST)
+def _push_back(ctx: LoweringContext, op: tf.Operation, operands: list[Any]
+               ) -> list[Instruction]:
+    buffer, length = _parts(ctx, operands[0])
+    grown = ctx.emit("add", [length, ctx.constant(1, "s32")])
+    return [ctx.emit("tuple", [_write(ctx, buffer, length, operands[1]), grown])]
+
+
+@register("TensorListPopBack", unused_inputs=(1,), output_dims=_element_output_dims, **_LIST)
+def _pop_back(ctx: LoweringContext, op: tf.Operation, operands: list[Any]) -> list[Instruction]:
+    buffer, length = _parts(ctx, operands[0])
+    last = ctx.emit("subtract", [length, ctx.constant(1, "s32")])
+    return [ctx.emit("tuple", [buffer, last]), _read(ctx, buffer, last)]
+
+
+@register("TensorListStack", unused_inputs=(1,), output_dims=_element_output_dims, **_LIST)
+def _stack(ctx: LoweringContext, op: tf.Operation, operands: list[Any]) -> list[Instruction]:
+    # TF stacks the list's `length` elements; a static result shape means all N of them.
+    buffer, _ = _parts(ctx, operands[0])
+    return [buffer]
+
+
+@register("TensorListElementShape", output_dims=_element_output_dims, **_LIST)
+def _element_shape(ctx: LoweringContext, op: tf.Operation, operands: list[Any]
+                   ) -> list[Instruction]:
+    buffer, _ = _parts(ctx, operands[0])
+    etype = element_type(op.get_attr("shape_type"))
+    return [ctx.constant(list(buffer.shape.dims[1:]), etype)]
+
+
+@register("TensorListLength", output_dims=_element_output_dims, **_LIST)
+def _length(ctx: LoweringContext, op: tf.Operation, operands: list[Any]) -> list[Instruction]:
+    return [_parts(ctx, operands[0])[1]]
+
+
+# -- function bodies -------------------------------------------------------------------------
+def _library(graph: tf.Graph) -> dict[str, Any]:
+    """The FunctionDefs `graph` knows, by name (as the rewrite exports them)."""
+    known = _LIBRARIES.get(graph)
+    if known is None:
+        known = {f.signature.name: f
+                 for f in graph.as_graph_def(add_shapes=True).library.function}
+        _LIBRARIES[graph] = known
+    return known
+
+
+_LIBRARIES: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
+
+
+def _body_graphs(op: tf.Operation, arguments: Sequence[Shape]) -> list[tf.Graph]:
+    """The graphs of `op`'s functions (cond and body; the branches), with placeholders of
+    the op's input shapes and TensorList arguments of the given list shapes."""
+    from tfxla_lite import control_flow
+    from tfxla_lite.inline import inline_function_calls
+
+    library = _library(op.graph)
+    graphs = []
+    for call in control_flow.op_calls(op, library, exact_shapes=True):
+        if call.function not in library:
+            raise LoweringError(f"function {call.function} of {op.name} not found")
+        graph = control_flow.function_graph(library, call)
+        graph = inline_function_calls(graph) or graph
+        _PARAMETER_LISTS[graph] = {
+            t.op.name: shape for t, shape in zip(graph.inputs, arguments) if shape.is_tuple}
+        graphs.append(graph)
+    return graphs
+
+
+def _needed_ops(graph: tf.Graph, outputs: Iterable[tf.Tensor]) -> list[tf.Operation]:
+    """The ops `outputs` depend on (data edges), in topological order."""
+    order: list[tf.Operation] = []
+    seen: set[str] = set()
+    stack: list[tuple[tf.Operation, bool]] = [(t.op, False) for t in outputs]
+    while stack:
+        op, expanded = stack.pop()
+        if expanded:
+            order.append(op)
+            continue
+        if op.name in seen:
+            continue
+        seen.add(op.name)
+        stack.append((op, True))
+        stack.extend((t.op, False) for t in op.inputs if t.op.name not in seen)
+    return order
+
+
+def body_refusal(graph: tf.Graph) -> str | None:
+    """Why a function graph's ops cannot all lower, or None: every op its outputs need
+    must be compilable, and no op it runs for its effects alone may be stateful."""
+    from tfxla_lite.clustering.mark import MarkOptions, why_not_compilable
+
+    needed = _needed_ops(graph, graph.outputs)
+    names = {op.name for op in needed}
+    inputs = {t.op.name for t in graph.inputs}
+    for op in graph.get_operations():
+        if op.name in inputs or op.type in ("NoOp", "Const"):
+            continue
+        if op.name not in names:
+            if op.op_def.is_stateful:
+                return f"{op.type} {op.name} runs for its effect"
+            continue
+        reason = why_not_compilable(op, MarkOptions())
+        if reason is not None:
+            return f"{op.type} {op.name}: {reason}"
+    return None
+
+
+def lower_function(module: HloModule, graph: tf.Graph, arguments: Sequence[Shape],
+                   name: str, predicate: bool = False) -> Computation:
+    """`graph` (a function's graph) as a computation of one tuple parameter of
+    `arguments`; its root is the tuple of the graph's outputs, or, with `predicate`, its
+    one output, a scalar pred (a While's condition)."""
+    from tfxla_lite.clustering.lower import lower_ops
+
+    computation = Computation(name)
+    parameter = computation.add_parameter(0, Shape.tuple_of(list(arguments)), "state")
+    ctx = LoweringContext(module, computation)
+    values: dict[str, Instruction] = {}
+    for k, tensor in enumerate(graph.inputs):
+        values[tensor.name] = computation.create("get-tuple-element", [parameter], index=k)
+    inputs = {t.op.name for t in graph.inputs}
+    operations = [op for op in _needed_ops(graph, graph.outputs) if op.name not in inputs]
+    outputs = lower_ops(ctx, operations, values, list(graph.outputs), name)
+    if predicate:
+        if len(outputs) != 1 or outputs[0].shape != Shape("pred", ()):
+            raise LoweringError(f"{name}: a loop condition must give one scalar bool")
+        computation.root = outputs[0]
+    else:
+        computation.root = computation.create("tuple", outputs)
+    module.add_computation(computation)
+    return computation
+
+
+def _argument_shapes(op: tf.Operation, start: int) -> list[Shape]:
+    shapes = []
+    for tensor in op.inputs[start:]:
+        if tensor.dtype.base_dtype.name == "variant":
+            shape = list_shape(tensor)
+            if shape is None:
+                raise LoweringError(f"TensorList {tensor.name}: shape not known")
+        else:
+            dims = static_dims(tensor)
+            if dims is None:
+                raise LoweringError(f"shape of {tensor.name} is not fully static")
+            shape = Shape(element_type(tensor.dtype), dims)
+        shapes.append(shape)
+    return shapes
+
+
+def _check_control_flow(op: tf.Operation) -> str | None:
+    """Lower `op`'s functions into a scratch module: the reason one does not lower."""
+    refusals = _REFUSALS.setdefault(op.graph, {})
+    if op.name not in refusals:
+        refusals[op.name] = _refusal(op)
+    return refusals[op.name]
+
+
+def _refusal(op: tf.Operation) -> str | None:
+    backend = backend_refusal()
+    if backend is not None:
+        return backend
+    try:
+        _lower_control_flow(LoweringContext(HloModule("check"), Computation("check")), op,
+                            None)
+    except LoweringError as error:
+        return f"its functions do not lower: {error}"
+    except Exception as error:  # noqa: BLE001 - a body TF cannot rebuild stays as it is
+        return f"its functions do not lower: {type(error).__name__}: {error}"
+    return None
+
+
+def _lower_control_flow(ctx: LoweringContext, op: tf.Operation,
+                        operands: list[Instruction] | None) -> list[Instruction]:
+    """The HLO of `op`; with `operands` None, only its computations (the check)."""
+    start = 0 if op.type in WHILE_OPS else 1
+    arguments = ([o.shape for o in operands[start:]] if operands is not None
+                 else _argument_shapes(op, start))
+    graphs = _body_graphs(op, arguments)
+    for graph in graphs:
+        reason = body_refusal(graph)
+        if reason is not None:
+            raise LoweringError(reason)
+    module = ctx.module
+    if op.type in WHILE_OPS:
+        cond_graph, body_graph = graphs
+        condition = lower_function(module, cond_graph, arguments, f"{_stem(op)}_cond", True)
+        body = lower_function(module, body_graph, arguments, f"{_stem(op)}_body")
+        state = body.root.shape  # type: ignore[union-attr]
+        if state != Shape.tuple_of(list(arguments)):
+            raise LoweringError(f"the loop state changes shape: {Shape.tuple_of(arguments)} "
+                                f"-> {state}")
+        if operands is None:
+            return []
+        loop = ctx.emit("while", [ctx.emit("tuple", operands)],
+                        called_computations=[condition, body])
+        return [ctx.emit("get-tuple-element", [loop], index=k) for k in range(len(operands))]
+    branches = [lower_function(module, g, arguments, f"{_stem(op)}_branch{k}")
+                for k, g in enumerate(graphs)]
+    results = {b.root.shape for b in branches}  # type: ignore[union-attr]
+    if len(results) != 1:
+        raise LoweringError(f"{op.name}: branches give different shapes "
+                            f"{sorted(map(str, results))}")
+    selector = op.inputs[0]
+    if static_dims(selector) != () or selector.dtype.base_dtype.name not in (
+            "bool" if op.type in IF_OPS else "int32",):
+        raise LoweringError(f"{op.name}: the branch selector must be a scalar "
+                            f"{'bool' if op.type in IF_OPS else 'int32'}")
+    if operands is None:
+        return []
+    state = ctx.emit("tuple", operands[1:])
+    (shape,) = results
+    chosen = ctx.emit("conditional", [operands[0], *[state] * len(branches)], shape=shape,
+                      called_computations=branches)
+    return [ctx.emit("get-tuple-element", [chosen], index=k) for k in range(len(op.outputs))]
+
+
+def _stem(op: tf.Operation) -> str:
+    """A computation name for `op`'s functions (HLO names take no slashes)."""
+    return "".join(c if c.isalnum() or c in "_.-" else "_" for c in op.name)
+
+
+def _control_flow_dims(op: tf.Operation, index: int) -> tuple[int, ...] | None:
+    if op.type in WHILE_OPS:  # a loop variable keeps its shape
+        return static_dims(op.inputs[index])
+    return None
+
+
+@register(*WHILE_OPS, *IF_OPS, *CASE_OPS, dtypes=_DTYPES, check=_check_control_flow,
+          output_dims=_control_flow_dims,
+          note="HLO while/conditional, when every op of its functions lowers and loop "
+               "variables keep their shapes")
+def _control_flow(ctx: LoweringContext, op: tf.Operation, operands: list[Any]
+                  ) -> list[Instruction]:
+    return _lower_control_flow(ctx, op, operands)
+
+
+__all__ = ["OP_RULES", "backend_refusal", "body_refusal", "list_shape", "lower_function"]
