@@ -527,6 +527,7 @@ def _load_rules() -> None:
         rules_nn,
         rules_pool,
         rules_random,
+        rules_resize,
         rules_slicing,
         rules_space,
         rules_tensor,

@@ -44,6 +44,8 @@ _LINALG_OPS = ("Cholesky", "MatrixTriangularSolve", "cholesky", "triangular-solv
 _CONVOLUTIONS = ("Conv2D", "Conv3D", "DepthwiseConv2dNative", "convolution")
 _POOLING_AND_NORMALIZATION = ("AvgPool", "AvgPool3D", "AvgPoolGrad", "AvgPool3DGrad",
                               "MaxPool3DGrad", "FusedBatchNormV3", "FusedBatchNormGradV3")
+# Image resize gradients add each input pixel's terms in another order than TF's kernels.
+_RESIZE_GRADIENTS = ("ResizeBilinearGrad", "ResizeNearestNeighborGrad")
 
 TOLERANCES: dict[str, Tolerance] = {
     # transcendental element-wise ops: TF (Eigen) and codegen use polynomial approximations
@@ -86,7 +88,7 @@ TOLERANCES: dict[str, Tolerance] = {
     # convolutions: sums over windows and input features, in another order than TF's
     **{op: _ACCUMULATING for op in _CONVOLUTIONS},
     # pooling sums and batch norm's statistics, in another order than TF's
-    **{op: _ACCUMULATING for op in _POOLING_AND_NORMALIZATION},
+    **{op: _ACCUMULATING for op in _POOLING_AND_NORMALIZATION + _RESIZE_GRADIENTS},
     "SoftmaxCrossEntropyWithLogits": Tolerance(ulps=8, atol=1e-6, rtol=1e-6),
     "SparseSoftmaxCrossEntropyWithLogits": Tolerance(ulps=8, atol=1e-6, rtol=1e-6),
     # whole backward passes (GradientTape over a model): chains of accumulations and
@@ -103,7 +105,7 @@ _F64_OVERRIDES: dict[str, Tolerance] = {
     **{op: Tolerance(ulps=4, atol=1e-13, rtol=1e-12, signed_zero=True) for op in (
         "Sum", "Mean", "Prod", "AddN", "MatMul", "BatchMatMulV2", "BatchMatMul", "reduce",
         "dot", "BiasAddGrad", "L2Loss", "Einsum", "BatchMatMulV3", *_CONVOLUTIONS,
-        *_POOLING_AND_NORMALIZATION)},
+        *_POOLING_AND_NORMALIZATION, *_RESIZE_GRADIENTS)},
     **{op: Tolerance(ulps=16, atol=1e-12, rtol=1e-10, signed_zero=True) for op in _LINALG_OPS},
 }
 
@@ -118,7 +120,7 @@ _BF16_INTERMEDIATE_ROUNDING = frozenset({
     "Sum", "Mean", "Prod", "AddN", "MatMul", "BatchMatMulV2", "BatchMatMul", "reduce", "dot",
     "BiasAddGrad", "L2Loss", "Einsum", "BatchMatMulV3", "Softmax", "LogSoftmax",
     "SoftmaxCrossEntropyWithLogits", "SparseSoftmaxCrossEntropyWithLogits", *_CONVOLUTIONS,
-    *_POOLING_AND_NORMALIZATION})
+    *_POOLING_AND_NORMALIZATION, *_RESIZE_GRADIENTS})
 
 
 def tolerance(op_type: str, dtype: np.dtype | type | str = np.float32) -> Tolerance:

@@ -1,0 +1,291 @@
+"""Lowering rules of TF's 2-D image resizes: ResizeBilinear, ResizeNearestNeighbor and
+their gradients (Keras UpSampling2D and Resizing, `tf.image.resize`).
+
+Registered into `registry.OP_RULES` on import. Images are NHWC; the output size is
+static. Each axis is resized on its own (both resizes are separable), and where each
+output row or column reads from is worked out here, at compile time, with TF's CPU
+kernels' float32 arithmetic (`image_resizer_state.h`): the scale is `in / out`, or
+`(in - 1) / (out - 1)` with `align_corners` and more than one output; the legacy source
+coordinate is `i * scale`, the half-pixel one `(i + 0.5) * scale - 0.5` (bilinear) or
+`(i + 0.5) * scale` (nearest). So the indices are constants and the HLO is gathers of
+rows and columns, with no coordinate arithmetic at run time.
+
+- ResizeBilinear reads a row pair (`floor`, `ceil` of the coordinate, clamped) and a
+  column pair, and blends them as TF does, `top + (bottom - top) * lerp` in float32
+  (its output is float32 whatever the input), so NaN and ±inf spread exactly as in TF
+  (an inf beside a finite value gives NaN where lerp is 0: inf - inf). A resize to the
+  input's own size is TF's plain cast.
+- ResizeNearestNeighbor gathers one row and one column (`floor`, or `round` half away
+  from zero with `align_corners`); its output keeps the input's dtype.
+- The gradients are scatter-free: every input row receives the gradient of the output
+  rows that read it, so per axis the output gradient gets one zero row appended and is
+  gathered through a table [input index, k] of the output rows that read that input
+  (the zero row where it has fewer than the most), weighted, and summed over k. TF's
+  ResizeBilinearGrad multiplies each gradient by the row weight and then the column
+  weight, in float32, as here; it adds the products in another order. Every weight TF
+  multiplies, zeros included, is in the table, so an infinite gradient gives the NaN
+  that `inf * 0` gives TF. Sums are in float32 (TF's too for 2-byte floats; float64
+  results sum in float64, as TF's do).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from tfxla_lite.clustering.registry import (
+    FLOAT,
+    NUMERIC,
+    LoweringContext,
+    attribute,
+    known_dims,
+    register,
+)
+from tfxla_lite.hlo import Instruction
+from tfxla_lite.hlo.attributes import PaddingConfig
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+
+Operands = list[Any]
+# (source index, weight) pairs: for each output position, where it reads and how much.
+Taps = list[list[tuple[int, float]]]
+
+_ROWS, _COLUMNS = 1, 2
+
+
+# -- TF's index arithmetic, in float32 ---------------------------------------------------------
+def _scale(in_size: int, out_size: int, align_corners: bool) -> np.float32:
+    """CalculateResizeScale: a float32 quotient of the sizes. From a size of 1, TF's
+    kernels scale as without align_corners (visible only in which zero weights its
+    gradient multiplies: an infinite gradient gives NaN there)."""
+    if align_corners and out_size > 1 and in_size > 1:
+        return np.float32(in_size - 1) / np.float32(out_size - 1)
+    return np.float32(in_size) / np.float32(out_size)
+
+
+def _coordinates(in_size: int, out_size: int, align_corners: bool, half_pixel: bool,
+                 offset: float) -> np.ndarray:
+    """Each output position's source coordinate in float32: `(i + 0.5) * scale - offset`
+    with half-pixel centers, else `i * scale`."""
+    scale = _scale(in_size, out_size, align_corners)
+    positions = np.arange(out_size, dtype=np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        if half_pixel:
+            return (positions + np.float32(0.5)) * scale - np.float32(offset)
+        return positions * scale
+
+
+def bilinear_taps(in_size: int, out_size: int, align_corners: bool, half_pixel: bool
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(lower, upper, lerp) per output position, as TF's compute_interpolation_weights."""
+    where = _coordinates(in_size, out_size, align_corners, half_pixel, 0.5)
+    floor = np.floor(where)
+    lower = np.maximum(floor.astype(np.int64), 0)
+    upper = np.minimum(np.ceil(where).astype(np.int64), in_size - 1)
+    return lower, upper, (where - floor).astype(np.float32)
+
+
+def nearest_taps(in_size: int, out_size: int, align_corners: bool, half_pixel: bool
+                 ) -> np.ndarray:
+    """The source index per output position, as TF's nearest-neighbor compute_indices."""
+    where = _coordinates(in_size, out_size, align_corners, half_pixel, 0.0).astype(np.float64)
+    # roundf rounds halves away from zero; the float32 value is exact in float64.
+    index = np.sign(where) * np.floor(np.abs(where) + 0.5) if align_corners else np.floor(where)
+    index = np.minimum(index.astype(np.int64), in_size - 1)
+    return np.maximum(index, 0) if half_pixel else index
+
+
+# -- checks ----------------------------------------------------------------------------------
+def _check_resize(op: tf.Operation) -> str | None:
+    """TF's ImageResizerState: 4-D, positive sizes and channels, not both pixel rules."""
+    if op.get_attr("half_pixel_centers") and op.get_attr("align_corners"):
+        return "half_pixel_centers and align_corners both set (TF raises)"
+    image = op.inputs[0]
+    if image.shape.rank != 4:
+        return f"image of rank {image.shape.rank}, not 4"
+    dims = known_dims(op.outputs[0])
+    if dims is None:
+        return None
+    in_dims = image.shape.as_list()
+    if any(d == 0 for d in (*in_dims[1:], *dims[1:3])):
+        return "an image or output size of 0, or no channels (TF raises)"
+    return None
+
+
+def _check_bilinear_grad(op: tf.Operation) -> str | None:
+    if op.get_attr("half_pixel_centers") and op.get_attr("align_corners"):
+        return "half_pixel_centers and align_corners both set (TF raises)"
+    grads, original = op.inputs[0].shape, op.inputs[1].shape
+    if grads.rank != 4 or original.rank != 4:
+        return "gradient or original image not 4-D"
+    if any(d == 0 for d in (*grads.as_list()[1:3], *original.as_list()[1:3])):
+        return "a resized or original size of 0 (TF raises)"
+    return None
+
+
+def _check_nearest_grad(op: tf.Operation) -> str | None:
+    """ResizeNearestNeighborGrad takes both pixel rules together (its kernel does not
+    check); it needs a positive target size."""
+    if op.inputs[0].shape.rank != 4:
+        return "gradient not 4-D"
+    dims = known_dims(op.outputs[0])
+    if dims is not None and (dims[1] == 0 or dims[2] == 0):
+        return "a target size of 0 (TF raises)"
+    return None
+
+
+def _pixel_rules(op: tf.Operation) -> tuple[bool, bool]:
+    return (bool(attribute(op, "align_corners", False)),
+            bool(attribute(op, "half_pixel_centers", False)))
+
+
+# -- gathers along one axis -------------------------------------------------------------------
+def _take(ctx: LoweringContext, x: Instruction, axis: int, indices: np.ndarray
+          ) -> Instruction:
+    """`x` gathered at the constant `indices` (any shape) along `axis`: the indices' dims
+    replace that axis."""
+    index_dims = indices.shape
+    vectors = ctx.constant(indices.reshape(*index_dims, 1).astype(np.int32), "s32")
+    sizes = tuple(1 if d == axis else n for d, n in enumerate(x.shape.dims))
+    out_rank = x.shape.rank - 1 + len(index_dims)
+    offset_dims = tuple(range(axis)) + tuple(range(axis + len(index_dims), out_rank))
+    return ctx.emit("gather", [x, vectors], offset_dims=offset_dims,
+                    collapsed_slice_dims=(axis,), start_index_map=(axis,),
+                    index_vector_dim=len(index_dims), slice_sizes=sizes)
+
+
+def _along(ctx: LoweringContext, values: np.ndarray, dims: tuple[int, ...], axes: tuple[int, ...],
+           etype: str) -> Instruction:
+    """The constant `values` broadcast to `dims`, its own dims landing on `axes`."""
+    constant = ctx.constant(values.astype(np.float32), "f32")
+    constant = ctx.convert(constant, etype)
+    return ctx.emit("broadcast", [constant], shape=constant.shape.with_dims(dims),
+                    dimensions=axes)
+
+
+# -- forward resizes -----------------------------------------------------------------------
+@register("ResizeBilinear", dtypes=NUMERIC, unused_inputs=(1,), check=_check_resize,
+          note="NHWC, constant size; TF's float32 indices, weights and blend (its NaN and "
+               "inf results)")
+def _lower_resize_bilinear(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                           ) -> list[Instruction]:
+    out = ctx.output_shape()
+    image = ctx.convert(operands[0], "f32")
+    batch, in_h, in_w, channels = image.shape.dims
+    out_h, out_w = out.dims[1], out.dims[2]
+    if (out_h, out_w) == (in_h, in_w):  # TF's kernel casts and returns
+        return [image]
+    align, half = _pixel_rules(op)
+    y_low, y_high, y_lerp = bilinear_taps(in_h, out_h, align, half)
+    x_low, x_high, x_lerp = bilinear_taps(in_w, out_w, align, half)
+
+    def blend(a: Instruction, b: Instruction, lerp: Instruction) -> Instruction:
+        difference = ctx.emit("subtract", [b, a])
+        return ctx.emit("add", [a, ctx.emit("multiply", [difference, lerp])])
+
+    top, bottom = _take(ctx, image, _ROWS, y_low), _take(ctx, image, _ROWS, y_high)
+    x_weight = _along(ctx, x_lerp, out.dims, (_COLUMNS,), "f32")
+    rows = [blend(_take(ctx, row, _COLUMNS, x_low), _take(ctx, row, _COLUMNS, x_high),
+                  x_weight) for row in (top, bottom)]
+    return [blend(rows[0], rows[1], _along(ctx, y_lerp, out.dims, (_ROWS,), "f32"))]
+
+
+@register("ResizeNearestNeighbor", dtypes=NUMERIC, unused_inputs=(1,), check=_check_resize,
+          note="NHWC, constant size; TF's float32 indices")
+def _lower_resize_nearest(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                          ) -> list[Instruction]:
+    out = ctx.output_shape()
+    image = operands[0]
+    align, half = _pixel_rules(op)
+    for axis in (_ROWS, _COLUMNS):
+        in_size, out_size = image.shape.dims[axis], out.dims[axis]
+        if in_size == out_size and not half and not align:
+            continue  # the identity: i * 1.0 is i
+        image = _take(ctx, image, axis, nearest_taps(in_size, out_size, align, half))
+    return [image]
+
+
+# -- gradients -------------------------------------------------------------------------------
+def _spread(taps: Taps, in_size: int, out_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Invert `taps` (per output position) into a table per input position: the output
+    positions that read it and their weights, padded with `out_size` (a zero row) and 0."""
+    readers: list[list[tuple[int, float]]] = [[] for _ in range(in_size)]
+    for position, reads in enumerate(taps):
+        for source, weight in reads:
+            readers[source].append((position, weight))
+    width = max((len(r) for r in readers), default=0)
+    width = max(width, 1)
+    table = np.full((in_size, width), out_size, np.int64)
+    weights = np.zeros((in_size, width), np.float32)
+    for source, reads in enumerate(readers):
+        for k, (position, weight) in enumerate(reads):
+            table[source, k] = position
+            weights[source, k] = weight
+    return table, weights
+
+
+def _gather_back(ctx: LoweringContext, gradient: Instruction, axis: int, taps: Taps,
+                 in_size: int, weighted: bool, summed: bool = True) -> Instruction:
+    """The gradient taken back along `axis` onto `in_size` positions through `taps`:
+    [..., in_size, k, ...] terms (weighted where asked), summed over k unless not
+    `summed`."""
+    out_size = gradient.shape.dims[axis]
+    table, weights = _spread(taps, in_size, out_size)
+    etype = gradient.shape.element_type
+    config = [(0, 0)] * gradient.shape.rank
+    config[axis] = (0, 1)
+    padded = ctx.emit("pad", [gradient, ctx.constant(0, etype)],
+                      padding=PaddingConfig.of(*config))
+    gathered = _take(ctx, padded, axis, table)
+    if weighted:
+        weight = _along(ctx, weights, gathered.shape.dims, (axis, axis + 1), etype)
+        gathered = ctx.emit("multiply", [gathered, weight])
+    return ctx.reduce(gathered, [axis + 1], "add", 0) if summed else gathered
+
+
+def _bilinear_reads(in_size: int, out_size: int, align: bool, half: bool) -> Taps:
+    lower, upper, lerp = bilinear_taps(in_size, out_size, align, half)
+    inverse = np.float32(1) - lerp
+    return [[(int(lo), float(w_lo)), (int(hi), float(w_hi))]
+            for lo, hi, w_lo, w_hi in zip(lower, upper, inverse, lerp)]
+
+
+@register("ResizeBilinearGrad", dtypes=FLOAT, check=_check_bilinear_grad, unused_inputs=(1,),
+          note="NHWC; weights multiplied as TF's (row, then column, in float32), summed in "
+               "another order")
+def _lower_resize_bilinear_grad(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                                ) -> list[Instruction]:
+    out = ctx.output_shape()
+    gradient = operands[0]
+    align, half = _pixel_rules(op)
+    rows = _bilinear_reads(out.dims[_ROWS], gradient.shape.dims[_ROWS], align, half)
+    columns = _bilinear_reads(out.dims[_COLUMNS], gradient.shape.dims[_COLUMNS], align, half)
+    if out.element_type != "f64":
+        gradient = _gather_back(ctx, gradient, _ROWS, rows, out.dims[_ROWS], weighted=True)
+        gradient = _gather_back(ctx, gradient, _COLUMNS, columns, out.dims[_COLUMNS],
+                                weighted=True)
+        return [ctx.convert(gradient, out.element_type)]
+    # TF rounds each product (gradient * row weight * column weight) to float32 and sums
+    # in float64: the products [n, h, k_rows, w, k_columns, c] are kept apart until then.
+    terms = _gather_back(ctx, gradient, _ROWS, rows, out.dims[_ROWS], weighted=True,
+                         summed=False)
+    terms = _gather_back(ctx, terms, _COLUMNS + 1, columns, out.dims[_COLUMNS], weighted=True,
+                         summed=False)
+    return [ctx.reduce(ctx.convert(terms, "f64"), [_ROWS + 1, _COLUMNS + 2], "add", 0)]
+
+
+@register("ResizeNearestNeighborGrad", dtypes=NUMERIC, unused_inputs=(1,),
+          check=_check_nearest_grad, note="NHWC, constant size; 2-byte floats sum in float32")
+def _lower_resize_nearest_grad(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                               ) -> list[Instruction]:
+    out = ctx.output_shape()
+    gradient = operands[0]
+    align, half = _pixel_rules(op)
+    for axis in (_ROWS, _COLUMNS):
+        in_size, out_size = out.dims[axis], gradient.shape.dims[axis]
+        sources = nearest_taps(in_size, out_size, align, half) if out_size else []
+        reads = [[(int(s), 1.0)] for s in sources]
+        gradient = _gather_back(ctx, gradient, axis, reads, in_size, weighted=False)
+    return [gradient]

@@ -1,0 +1,229 @@
+"""ResizeBilinear, ResizeNearestNeighbor and their gradients lowered to HLO, against TF's
+CPU kernels: upsampling, downsampling, odd and equal sizes, size-1 images and outputs,
+no batch, align_corners / half_pixel_centers, f32/f64/f16/bf16 and integers, NaN and
+±inf in images and in gradients, `tf.GradientTape` through `tf.image.resize` and Keras's
+UpSampling2D, and `tl.function` in both modes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from tf_harness import check_against_tf, check_in_both_modes, sample, trace
+
+from tfxla_lite.clustering.mark import mark
+from tfxla_lite.clustering.rules_resize import nearest_taps
+
+F16, BF16, F32, F64 = np.float16, tf.bfloat16.as_numpy_dtype, np.float32, np.float64
+RAW = tf.raw_ops
+
+IMAGE = (2, 5, 7, 3)
+SIZES = [
+    (10, 14),  # twice
+    (11, 9),  # odd factors, one axis barely up
+    (3, 4),  # down
+    (2, 3),  # down by more than two on one axis
+    (5, 7),  # the same size: TF's plain cast
+    (5, 12),  # one axis unchanged
+    (1, 1),
+    (9, 3),
+]
+# (align_corners, half_pixel_centers): TF refuses both together, but in the nearest
+# neighbor gradient.
+PIXEL_RULES = [(False, False), (True, False), (False, True)]
+RESIZES = {"bilinear": RAW.ResizeBilinear, "nearest": RAW.ResizeNearestNeighbor}
+OP_TYPES = {"bilinear": "ResizeBilinear", "nearest": "ResizeNearestNeighbor"}
+
+
+def _forward(kind: str, sizes: list[tuple[int, int]], align: bool, half: bool
+             ) -> Callable[[tf.Tensor], list[tf.Tensor]]:
+    def fn(x: tf.Tensor) -> list[tf.Tensor]:
+        return [RESIZES[kind](images=x, size=size, align_corners=align,
+                              half_pixel_centers=half) for size in sizes]
+
+    return fn
+
+
+def _gradients(kind: str, sizes: list[tuple[int, int]], align: bool, half: bool
+               ) -> Callable[..., list[tf.Tensor]]:
+    """The raw gradient ops, one per resized size, onto the image's size."""
+
+    def fn(image: tf.Tensor, *grads: tf.Tensor) -> list[tf.Tensor]:
+        if kind == "bilinear":
+            return [RAW.ResizeBilinearGrad(grads=g, original_image=image, align_corners=align,
+                                           half_pixel_centers=half) for g in grads]
+        return [RAW.ResizeNearestNeighborGrad(grads=g, size=image.shape[1:3],
+                                              align_corners=align, half_pixel_centers=half)
+                for g in grads]
+
+    return fn
+
+
+def _grads_for(image_shape: tuple[int, ...], sizes: list[tuple[int, int]], dtype: Any
+               ) -> list[np.ndarray]:
+    batch, channels = image_shape[0], image_shape[3]
+    return [sample((batch, *size, channels), dtype, seed=20 + i) for i, size in enumerate(sizes)]
+
+
+@pytest.mark.parametrize("kind", ["bilinear", "nearest"])
+@pytest.mark.parametrize("rules", PIXEL_RULES)
+def test_resize(kind: str, rules: tuple[bool, bool]) -> None:
+    check_against_tf(_forward(kind, SIZES, *rules), [sample(IMAGE, F32)],
+                     OP_TYPES[kind])
+
+
+@pytest.mark.parametrize("kind", ["bilinear", "nearest"])
+@pytest.mark.parametrize("rules", PIXEL_RULES)
+def test_resize_gradient(kind: str, rules: tuple[bool, bool]) -> None:
+    """Gradients with NaN and ±inf among them: TF's kernels multiply even zero weights."""
+    image = sample(IMAGE, F32, edges=False)
+    op_type = "ResizeBilinearGrad" if kind == "bilinear" else "ResizeNearestNeighborGrad"
+    check_against_tf(_gradients(kind, SIZES, *rules), [image, *_grads_for(IMAGE, SIZES, F32)],
+                     op_type)
+
+
+def test_nearest_gradient_with_both_pixel_rules() -> None:
+    """ResizeNearestNeighborGrad alone takes align_corners with half_pixel_centers."""
+    image = sample(IMAGE, F32, edges=False)
+    check_against_tf(_gradients("nearest", SIZES, True, True),
+                     [image, *_grads_for(IMAGE, SIZES, F32)], "ResizeNearestNeighborGrad")
+
+
+@pytest.mark.parametrize("image_shape", [(1, 1, 1, 2), (3, 1, 4, 1), (0, 4, 3, 2)])
+def test_small_images(image_shape: tuple[int, ...]) -> None:
+    """From one pixel, from one row, and with no batch."""
+    sizes = [(4, 3), (1, 1), (2, 5)]
+    for align, half in PIXEL_RULES:
+        fn = _forward("bilinear", sizes, align, half)
+        check_against_tf(lambda x, fn=fn, align=align, half=half: fn(x) + _forward(
+            "nearest", sizes, align, half)(x), [sample(image_shape, F32)], "ResizeBilinear")
+        grads = _grads_for(image_shape, sizes, F32)
+        both = (lambda image, *g, align=align, half=half:
+                _gradients("bilinear", sizes, align, half)(image, *g)
+                + _gradients("nearest", sizes, align, half)(image, *g))
+        check_against_tf(both, [sample(image_shape, F32, edges=False), *grads],
+                         "ResizeBilinearGrad")
+
+
+@pytest.mark.parametrize("dtype", [F16, BF16, F64, np.int32, np.int64])
+def test_resize_dtypes(dtype: Any) -> None:
+    """Bilinear gives float32 whatever the image's dtype; nearest keeps it."""
+    sizes = [(10, 14), (3, 4), (5, 7)]
+
+    def fn(x: tf.Tensor) -> list[tf.Tensor]:
+        return (_forward("bilinear", sizes, False, True)(x)
+                + _forward("nearest", sizes, False, False)(x)
+                + _forward("bilinear", sizes, True, False)(x))
+
+    check_against_tf(fn, [sample(IMAGE, dtype)], "ResizeBilinear")
+
+
+@pytest.mark.parametrize("dtype", [F16, BF16, F64])
+def test_gradient_dtypes(dtype: Any) -> None:
+    """The bilinear gradient's incoming gradient is float32 (the forward's output dtype);
+    its result takes the image's dtype. The nearest one is all in the image's dtype."""
+    sizes = [(10, 14), (3, 4)]
+    image = sample(IMAGE, dtype, edges=False)
+
+    def fn(image: tf.Tensor, *grads: tf.Tensor) -> list[tf.Tensor]:
+        half = len(grads) // 2
+        return (_gradients("bilinear", sizes, False, True)(image, *grads[:half])
+                + _gradients("nearest", sizes, False, True)(image, *grads[half:]))
+
+    grads = _grads_for(IMAGE, sizes, F32) + _grads_for(IMAGE, sizes, dtype)
+    check_against_tf(fn, [image, *grads], "ResizeBilinearGrad")
+
+
+def test_nearest_gradient_integers() -> None:
+    sizes = [(10, 14), (3, 4), (11, 9)]
+    check_against_tf(_gradients("nearest", sizes, False, False),
+                     [sample(IMAGE, np.int32), *_grads_for(IMAGE, sizes, np.int32)],
+                     "ResizeNearestNeighborGrad")
+
+
+def _through_tape(resize: Callable[[tf.Tensor], tf.Tensor]) -> Callable[..., list[tf.Tensor]]:
+    def fn(x: tf.Tensor, upstream: tf.Tensor) -> list[tf.Tensor]:
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = resize(x)
+            loss = tf.reduce_sum(y * upstream)
+        return [y, tape.gradient(loss, x)]
+
+    return fn
+
+
+TAPE_RESIZES = {
+    "image.resize bilinear": lambda x: tf.image.resize(x, (11, 9)),
+    "image.resize nearest": lambda x: tf.image.resize(x, (11, 9), method="nearest"),
+    "v1 nearest align_corners": lambda x: tf.compat.v1.image.resize_nearest_neighbor(
+        x, (3, 13), align_corners=True),
+    "v1 align_corners": lambda x: tf.compat.v1.image.resize_bilinear(x, (3, 13),
+                                                                   align_corners=True),
+    "Keras UpSampling2D bilinear": keras.layers.UpSampling2D((2, 3), interpolation="bilinear"),
+}
+
+
+@pytest.mark.parametrize("name", list(TAPE_RESIZES))
+def test_gradient_tape(name: str) -> None:
+    fn = _through_tape(TAPE_RESIZES[name])
+    x = sample(IMAGE, F32, edges=False)
+    out_shape = fn(tf.constant(x), tf.ones((1,)))[0].shape
+    upstream = sample(tuple(out_shape), F32, seed=4, edges=False)
+    grad_ops = {op.type for op in trace(fn, [x, upstream]).graph.get_operations()}
+    (op_type,) = grad_ops & {"ResizeBilinearGrad", "ResizeNearestNeighborGrad"}
+    check_against_tf(fn, [x, upstream], op_type)
+
+
+def test_in_both_modes() -> None:
+    def fn(x: tf.Tensor, upstream: tf.Tensor, upstream_nearest: tf.Tensor) -> list[tf.Tensor]:
+        bilinear = _through_tape(lambda t: tf.image.resize(t, (11, 9)))(x, upstream)
+        nearest = _through_tape(lambda t: tf.image.resize(t, (3, 4), method="nearest"))(
+            x, upstream_nearest)
+        return bilinear + nearest
+
+    tensors = [tf.constant(sample(IMAGE, F32)), tf.constant(sample((2, 11, 9, 3), F32, seed=1)),
+               tf.constant(sample((2, 3, 4, 3), F32, seed=2))]
+    check_in_both_modes(fn, tensors, "ResizeBilinearGrad",
+                        {"ResizeBilinear", "ResizeBilinearGrad", "ResizeNearestNeighbor",
+                         "ResizeNearestNeighborGrad"})
+
+
+def test_nearest_taps_round_half_away_from_zero() -> None:
+    """align_corners rounds with roundf: 2 pixels onto 5 read at 0, 0.25, 0.5, 0.75, 1,
+    and 0.5 goes to 1 (NumPy's round would take it to 0)."""
+    assert nearest_taps(2, 5, True, False).tolist() == [0, 0, 1, 1, 1]
+    assert nearest_taps(4, 3, False, True).tolist() == [0, 2, 3]
+
+
+def _reason(fn: Callable[..., Any], args: list[np.ndarray], op_type: str) -> str | None:
+    (decision,) = [d for d in mark(trace(fn, args).graph).values() if d.op_type == op_type]
+    return decision.reason
+
+
+def test_sizes_tf_refuses_stay_in_tf() -> None:
+    """An output size of 0 and both pixel rules together make TF's kernels raise: those ops
+    stay in TF, to raise there; a size known only at run time stays too."""
+
+    def empty(x: tf.Tensor) -> tf.Tensor:
+        return RAW.ResizeBilinear(images=x, size=[0, 3])
+
+    reason = _reason(empty, [sample(IMAGE, F32)], "ResizeBilinear")
+    assert reason is not None and "size of 0" in reason
+
+    def both_rules(x: tf.Tensor) -> tf.Tensor:
+        return RAW.ResizeNearestNeighbor(images=x, size=[3, 3], align_corners=True,
+                                         half_pixel_centers=True)
+
+    reason = _reason(both_rules, [sample(IMAGE, F32)], "ResizeNearestNeighbor")
+    assert reason is not None and "both set" in reason
+
+    def runtime_size(x: tf.Tensor, size: tf.Tensor) -> tf.Tensor:
+        return RAW.ResizeBilinear(images=x, size=size)
+
+    reason = _reason(runtime_size, [sample(IMAGE, F32), np.array([3, 3], np.int32)],
+                     "ResizeBilinear")
+    assert reason is not None and "not fully static" in reason
