@@ -24,9 +24,11 @@ HLO `convolution`, as TF's XLA bridge builds it (tf2xla/kernels/conv_op_helpers.
 Backprop-filter keeps XLA's dimension numbers (`f01b_i01o->01bf`: the input and the
 gradient read in place, the result a filter), which the CPU backend runs as the
 forward's patches transposed times the gradient (`codegen/cpu/convolution_filter.py`).
-Backprop-input's filter is transposed (and reversed) into a channels-last
-`b01f_01io->b01f` convolution instead of XLA's kernel `01oi`, the layout the GEMM path
-reads (`codegen/cpu/convolution_gemm.py`); the transposes touch only a filter. A
+An unstrided ungrouped backprop-input keeps XLA's kernel `01oi` (the filter as it is,
+`rhs_reversal` flipping it), which the GEMM path runs as one GEMM per window position
+with that position's filter slice transposed (`codegen/cpu/convolution_gemm.py`); a
+strided or grouped one's filter is transposed (and reversed) into a channels-last
+`b01f_01io->b01f` convolution, as the phases and groups need it. A
 depthwise filter [H, W, C, M] is the grouped filter [H, W, 1, C·M] with C groups, so
 one formula serves both: backprop-input has `feature_group_count` G and backprop-filter
 `batch_group_count` G (XLA's form for depthwise filter gradients).
@@ -37,6 +39,7 @@ be a compile-time constant and agree with the static output shape.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from dataclasses import dataclass
@@ -110,6 +113,14 @@ def _check_gradient(op: tf.Operation) -> str | None:
         # The forward grouped convolution stays in TF (rules_conv._check_convolution).
         return "grouped convolution"
     return None
+
+
+def _transposed_filter(spatial_rank: int) -> ConvolutionDimensions:
+    """`b01f_01oi->b01f`: channels-last, the filter's features swapped (its `o` is the
+    forward's input feature)."""
+    return dataclasses.replace(ConvolutionDimensions.channels_last(spatial_rank),
+                               kernel_input_feature=spatial_rank + 1,
+                               kernel_output_feature=spatial_rank)
 
 
 def _filter_as_grouped(ctx: LoweringContext, op: tf.Operation, w: Instruction
@@ -244,11 +255,19 @@ def _lower_backprop_input(ctx: LoweringContext, op: tf.Operation, operands: Oper
     groups = feature_groups(input_dims[-1], w.shape.dims[-2])
     forward = _spatial_window(op, input_dims, w.shape.dims[:-2])
     window = _backprop_input_window(forward, input_dims, grad.shape.dims)
-    kernel = _backprop_input_kernel(ctx, w, groups)
-    if all(d.base_dilation == 1 for d in window.dimensions):
-        result = convolution(ctx, grad, kernel, window, feature_groups=groups)
+    unstrided = all(d.base_dilation == 1 for d in window.dimensions)
+    if unstrided and groups == 1:
+        # The filter as it is, `01oi` and flipped (XLA's form): no transposed copy of it.
+        flipped = Window(tuple(dataclasses.replace(d, window_reversal=True)
+                               for d in window.dimensions))
+        result = convolution(ctx, grad, w, flipped,
+                             dnums=_transposed_filter(len(window.dimensions)))
+    elif unstrided:
+        result = convolution(ctx, grad, _backprop_input_kernel(ctx, w, groups), window,
+                             feature_groups=groups)
     else:
-        result = _backprop_input_by_phases(ctx, grad, kernel, window, input_dims, groups)
+        result = _backprop_input_by_phases(ctx, grad, _backprop_input_kernel(ctx, w, groups),
+                                           window, input_dims, groups)
     if result.shape.dims != input_dims:
         raise LoweringError(f"{op.type} {op.name}: gradient of shape {result.shape.dims}, "
                             f"the input's is {input_dims}")

@@ -55,9 +55,10 @@ UNIT_COLUMNS = 256
 PATCH_BYTES = 256 << 10
 PIXEL_ALIGN = 16
 MAX_BLOCK_PIXELS = 1024
-# At least this many units when the result allows, so that a team of two or four has
-# work to share; fixed by the shape, never by the thread count.
-MIN_UNITS = 4
+# At least this many units when the result allows, so that a team of two has work to
+# share (more follow from UNIT_ROWS on big filters); fixed by the shape, never by the
+# thread count.
+MIN_UNITS = 2
 MIN_SPLIT = 32
 # Narrower groups (depthwise) are left to the element generator.
 MIN_GROUP_COLUMNS = 8
@@ -156,13 +157,15 @@ def plan(inst: Instruction) -> FilterGradientPlan | None:
         return groups * -(-taps // tap_block) * -(-group_inputs // input_block) \
             * -(-group_outputs // column_block)
 
+    # Rows before columns: a unit's GEMMs pack its patch columns once per pixel block
+    # for all its output features, so narrower column blocks pack the same patches again.
     while units() < MIN_UNITS:
-        if column_block >= 2 * MIN_SPLIT:
-            column_block = _halve(column_block)
-        elif tap_block > 1 and tap_block * input_block >= 2 * MIN_SPLIT:
+        if tap_block > 1 and tap_block * input_block >= 2 * MIN_SPLIT:
             tap_block = -(-taps // (2 * -(-taps // tap_block)))
         elif input_block >= 2 * MIN_SPLIT:
             input_block = _halve(input_block)
+        elif column_block >= 2 * MIN_SPLIT:
+            column_block = _halve(column_block)
         else:
             break
     direct = taps == 1 and all(d.window_dilation == 1 and d.padding_low == 0
@@ -230,7 +233,7 @@ def _emit_unit(ctx: KernelContext, inst: Instruction, conv: FilterGradientPlan,
     result = b.gep(output, [b.add(b.mul(b.add(b.mul(tap0, i64(conv.group_inputs)), input0),
                                         i64(outputs)), column0)], source_etype=etype)
     if conv.direct:
-        _gemm(ctx, conv.element_type, rows, columns, i64(conv.pixels),
+        accumulating_gemm(ctx, conv.element_type, True, False, rows, columns, i64(conv.pixels),
               b.gep(x, [channel0], source_etype=etype), channels,
               b.gep(dy, [column0], source_etype=etype), outputs, result, outputs, 0.0)
         return
@@ -243,7 +246,8 @@ def _emit_unit(ctx: KernelContext, inst: Instruction, conv: FilterGradientPlan,
         pixel1 = minimum(b, b.add(pixel0, i64(conv.block_pixels)), i64(conv.pixels))
         _emit_patches(ctx, conv, x, buffer, pixel0, pixel1, tap0, tap1, channel0, inputs)
         first = b.icmp_unsigned("==", block, i64(0))
-        _gemm(ctx, conv.element_type, rows, columns, b.sub(pixel1, pixel0), buffer, lda,
+        accumulating_gemm(ctx, conv.element_type, True, False, rows, columns,
+                          b.sub(pixel1, pixel0), buffer, lda,
               b.gep(dy, [b.add(b.mul(pixel0, i64(outputs)), column0)], source_etype=etype),
               outputs, result, outputs, first)
 
@@ -293,12 +297,13 @@ def _emit_patches(ctx: KernelContext, conv: FilterGradientPlan, x: ir.Value, buf
                                     ir.Constant(I1, 0)])
 
 
-def _gemm(ctx: KernelContext, element_type: str, m: ir.Value, n: ir.Value, k: ir.Value,
-          a: ir.Value, lda: int, b_matrix: ir.Value, ldb: int, c: ir.Value, ldc: int,
-          first: ir.Value | float) -> None:
-    """C[m, n] (+)= A^T · B by one library GEMM (A stored k×m, row major): C is
-    overwritten where `first` holds (or is 0.0), accumulated into otherwise. dot.py's
-    `library_gemm` takes no beta, hence this call of the same routine."""
+def accumulating_gemm(ctx: KernelContext, element_type: str, transpose_a: bool,
+                      transpose_b: bool, m: ir.Value | int, n: ir.Value | int,
+                      k: ir.Value | int, a: ir.Value, lda: int, b_matrix: ir.Value, ldb: int,
+                      c: ir.Value, ldc: int, first: ir.Value | float) -> None:
+    """C[m, n] (+)= op(A) · op(B) by one library GEMM, row major: C is overwritten where
+    `first` holds (or is 0.0), accumulated into otherwise. dot.py's `library_gemm` takes
+    no beta, hence this call of the same routine."""
     routine = engine.gemm(element_type)
     assert routine is not None
     blas_int = ir.IntType(routine.int_bits)
@@ -320,6 +325,7 @@ def _gemm(ctx: KernelContext, element_type: str, m: ir.Value, n: ir.Value, k: ir
         return value if routine.int_bits == 64 else b.trunc(value, blas_int)
 
     b.call(function, [
-        ir.Constant(I32, _ROW_MAJOR), ir.Constant(I32, _TRANS), ir.Constant(I32, _NO_TRANS),
+        ir.Constant(I32, _ROW_MAJOR), ir.Constant(I32, _TRANS if transpose_a else _NO_TRANS),
+        ir.Constant(I32, _TRANS if transpose_b else _NO_TRANS),
         integer(m), integer(n), integer(k), ir.Constant(scalar, 1.0), a, integer(lda),
         b_matrix, integer(ldb), beta, c, integer(ldc)])

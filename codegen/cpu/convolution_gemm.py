@@ -10,7 +10,10 @@ patch rows into a stack buffer (one `memcpy` of the input features per window po
 that lands on the input, zeros where it falls in the padding: no gather, no index per
 element) and calls GEMM on that buffer, with the output's rows as C. A 1×1 window of
 stride 1 without padding needs no patches: the input is P. Feature groups are GEMMs on
-column slices of W and C (leading dimension O).
+column slices of W and C (leading dimension O). A backprop-input's filter as it is
+(`b01f_01oi->b01f`, flipped by `rhs_reversal`) is one GEMM per window position instead,
+C += P[:, position's features] · W[position]^T, so no transposed copy of the filter is
+made.
 
 Why im2col and not a direct loop nest: the GEMM (OpenBLAS here, oneDNN's own in TF) is
 the tuned inner kernel this backend already trusts for dots; a block of patches is
@@ -21,20 +24,22 @@ its own tuned micro-kernel per shape; it is the next step where GEMM's packing o
 block shows (small pixel counts).
 
 What it does not take (the element generator in `convolution.py` does): other layouts,
-base dilation (transposed convolutions), reversed kernels, batch groups, types without
+base dilation (transposed convolutions), kernels reversed in some dimensions only or
+in the `01io` layout, batch groups, grouped `01oi` filters, types without
 a library GEMM (f16/bf16 are lowered to f32 convolutions already), and depthwise-like
 groups whose GEMMs would be a few columns wide.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
 from llvmlite import ir
 
 from tfxla_lite.codegen.cpu import engine, parallel
-from tfxla_lite.codegen.cpu.convolution_filter import emit_filter_gradient_kernel
+from tfxla_lite.codegen.cpu.convolution_filter import accumulating_gemm, emit_filter_gradient_kernel
 from tfxla_lite.codegen.cpu.dot import NewKernel, library_gemm
 from tfxla_lite.codegen.cpu.emitter import (
     I1,
@@ -79,6 +84,10 @@ class ConvolutionPlan:
     rows: int  # output pixels
     direct: bool  # the input is the patch matrix (1×1, stride 1, no padding)
     block_rows: int
+    # The filter is `01oi` (a backprop-input's forward filter, as it is) and flipped when
+    # `reversed`: one GEMM per window position, its filter slice transposed, accumulated.
+    transposed_filter: bool = False
+    reversed: bool = False
 
     @property
     def row_blocks(self) -> int:
@@ -102,16 +111,20 @@ def plan(inst: Instruction) -> ConvolutionPlan | None:
     if engine.gemm(element_type) is None or lhs.shape.element_type != element_type:
         return None
     dnums: ConvolutionDimensions = inst.attributes["dim_labels"]
-    if dnums != ConvolutionDimensions.channels_last(dnums.spatial_rank):
+    rank = dnums.spatial_rank
+    transposed = dnums == transposed_filter_dimensions(rank)
+    if dnums != ConvolutionDimensions.channels_last(rank) and not transposed:
         return None
     window = inst.attributes["window"].dimensions
-    if any(d.base_dilation != 1 or d.window_reversal for d in window):
+    reversed_taps = any(d.window_reversal for d in window)
+    if any(d.base_dilation != 1 for d in window) or (
+            reversed_taps and not (transposed and all(d.window_reversal for d in window))):
         return None
     groups, batch_groups = group_counts(inst.attributes)
-    if batch_groups != 1:
+    if batch_groups != 1 or (transposed and groups != 1):
         return None
-    group_inputs = rhs.shape.dims[-2]
-    group_outputs = rhs.shape.dims[-1] // groups
+    group_inputs = rhs.shape.dims[dnums.kernel_input_feature]
+    group_outputs = rhs.shape.dims[dnums.kernel_output_feature] // groups
     k = math.prod(d.size for d in window) * group_inputs
     rows = math.prod(inst.shape.dims[:-1])
     if rows == 0 or k == 0 or group_outputs == 0:
@@ -128,7 +141,14 @@ def plan(inst: Instruction) -> ConvolutionPlan | None:
         block = min(block, -(-share // ROW_ALIGN) * ROW_ALIGN)
     return ConvolutionPlan(element_type, lhs.shape.dims, inst.shape.dims, tuple(window),
                            groups, group_inputs, group_outputs, k, rows, direct,
-                           min(block, rows))
+                           min(block, rows), transposed, reversed_taps)
+
+
+def transposed_filter_dimensions(spatial_rank: int) -> ConvolutionDimensions:
+    """`b01f_01oi->b01f`: channels-last with the filter's feature dimensions swapped."""
+    channels_last = ConvolutionDimensions.channels_last(spatial_rank)
+    return dataclasses.replace(channels_last, kernel_input_feature=spatial_rank + 1,
+                               kernel_output_feature=spatial_rank)
 
 
 def emit_convolution_kernel(module: ir.Module, pool: object, inst: Instruction, name: str,
@@ -178,11 +198,33 @@ def _emit_unit(ctx: KernelContext, inst: Instruction, conv: ConvolutionPlan, out
         buffer.align = 64
         _emit_patches(ctx, conv, lhs, buffer, row0, row1, input_offset)
         patches, lda = buffer, conv.k
+    if conv.transposed_filter:
+        _emit_transposed_filter_gemms(ctx, conv, rhs, output, patches, lda, row0, row1)
+        return
     column = b.mul(group, i64(conv.group_outputs))
     library_gemm(ctx, conv.element_type, False, False, b.sub(row1, row0), conv.group_outputs,
                  conv.k, patches, lda, b.gep(rhs, [column], source_etype=etype), outputs,
                  b.gep(output, [b.add(b.mul(row0, i64(outputs)), column)], source_etype=etype),
                  outputs)
+
+
+def _emit_transposed_filter_gemms(ctx: KernelContext, conv: ConvolutionPlan, rhs: ir.Value,
+                                  output: ir.Value, patches: ir.Value, lda: int,
+                                  row0: ir.Value, row1: ir.Value) -> None:
+    """C[rows, O] = sum over window positions t of P[rows, t's inputs] · W[t']^T, where
+    W[t'] (O×I, row major) is the filter at t (or its mirror t' = taps-1-t)."""
+    b = ctx.builder
+    etype = storage_type(conv.element_type)
+    taps = conv.k // conv.group_inputs
+    outputs, inputs = conv.group_outputs, conv.group_inputs
+    result = b.gep(output, [b.mul(row0, i64(outputs))], source_etype=etype)
+    with ctx.loop(taps, name="tap") as tap:
+        source = b.sub(i64(taps - 1), tap) if conv.reversed else tap
+        accumulating_gemm(ctx, conv.element_type, False, True, b.sub(row1, row0), outputs,
+                          inputs, b.gep(patches, [b.mul(tap, i64(inputs))], source_etype=etype),
+                          lda, b.gep(rhs, [b.mul(source, i64(outputs * inputs))],
+                                     source_etype=etype),
+                          inputs, result, outputs, b.icmp_unsigned("==", tap, i64(0)))
 
 
 def _emit_patches(ctx: KernelContext, conv: ConvolutionPlan, lhs: ir.Value, buffer: ir.Value,

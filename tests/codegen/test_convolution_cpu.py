@@ -84,6 +84,45 @@ def test_gemm_path_matches_the_evaluator(case: int) -> None:
     assert symbol in executable.llvm_ir
 
 
+TRANSPOSED_FILTER_CASES = [
+    # (gradient NHWC, forward filter HWIO = the `01oi` kernel, window text)
+    ((2, 9, 8, 7), (3, 3, 5, 7), "{size=3x3 pad=1_1x1_1 rhs_reversal=1x1}"),
+    ((2, 9, 8, 7), (3, 3, 5, 7), "{size=3x3 pad=2_2x2_2}"),  # not reversed
+    ((1, 11, 10, 4), (3, 2, 3, 4), "{size=3x2 pad=2_1x1_2 rhs_dilate=2x3 rhs_reversal=1x1}"),
+    ((3, 6, 7, 16), (1, 1, 9, 16), "{size=1x1 rhs_reversal=1x1}"),  # the gradient is P
+    ((4, 40, 33, 8), (3, 3, 12, 8), "{size=3x3 pad=1_1x1_1 rhs_reversal=1x1}"),  # parallel
+    ((2, 13, 6), (4, 5, 6), "{size=4 pad=3_3 rhs_reversal=1}"),  # 1-D
+    ((1, 4, 5, 6, 5), (2, 3, 2, 3, 5), "{size=2x3x2 pad=1_0x1_1x0_1 rhs_reversal=1x1x1}"),
+]
+
+
+@pytest.mark.parametrize("case", range(len(TRANSPOSED_FILTER_CASES)))
+@pytest.mark.parametrize("element_type", ["f32", "f64"])
+def test_gemm_path_transposed_filter(case: int, element_type: str) -> None:
+    x_dims, w_dims, window = TRANSPOSED_FILTER_CASES[case]
+    lhs, rhs = Shape(element_type, x_dims), Shape(element_type, w_dims)
+    module = convolution_module(lhs, rhs, parse_window(window),
+                                convolution_gemm.transposed_filter_dimensions(len(x_dims) - 2))
+    (conv,) = [i for i in module.entry.instructions if i.opcode == "convolution"]
+    assert conv.shape.dims[-1] == w_dims[-2]  # the `o` of `01oi`
+    assert convolution_gemm.plan(conv).transposed_filter
+    rng = np.random.default_rng(case)
+    args = [rng.integers(-3, 4, s.dims).astype(s.numpy_dtype) for s in (lhs, rhs)]
+    executable = check(module, args, "convolution")
+    assert engine.gemm(element_type).symbol in executable.llvm_ir
+
+
+def test_gemm_path_declines_partly_reversed_filters() -> None:
+    module = convolution_module(Shape("f32", (1, 5, 5, 3)), Shape("f32", (3, 3, 2, 3)),
+                                parse_window("{size=3x3 rhs_reversal=1x0}"),
+                                convolution_gemm.transposed_filter_dimensions(2))
+    (conv,) = [i for i in module.entry.instructions if i.opcode == "convolution"]
+    assert convolution_gemm.plan(conv) is None
+    rng = np.random.default_rng(0)
+    check(module, [rng.standard_normal(s.dims).astype(np.float32)
+                   for s in (conv.operands[0].shape, conv.operands[1].shape)], "convolution")
+
+
 def test_gemm_path_plan_is_fixed_by_the_shape() -> None:
     module = convolution_module(Shape("f32", (16, 32, 32, 64)), Shape("f32", (3, 3, 64, 64)),
                                 parse_window("{size=3x3 pad=1_1x1_1}"),
