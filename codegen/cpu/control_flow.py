@@ -16,8 +16,11 @@ around the calls, at the buffers its own plan gives (`ControlFlowPlan`):
   swapping the pointer arrays passed to the calls, so nothing is copied per iteration
   and nothing is allocated); a leaf the body returns unchanged has one buffer, passed
   as both its parameter and its output (the body's copy of it is skipped at run time,
-  since source and destination are the same). After an odd number of iterations the
-  changed leaves live in their second buffers and are copied back once.
+  since source and destination are the same), and so does a buffer the body updates
+  in place with a dynamic-update-slice (`loop_in_place`: the kernel, `indexing.py`,
+  skips its copy of the operand when the output is the operand's buffer and stores
+  only the update, as XLA does for TensorList buffers). After an odd number of
+  iterations the changed leaves live in their second buffers and are copied back once.
 - `conditional`: the selector is read (a pred: true runs branch 0, false branch 1; an
   s32: branch i, an index out of range runs the last branch, as XLA does) and a switch
   calls the branch's function with its operand's leaves and the conditional's own
@@ -116,7 +119,8 @@ def _emit_while(builder: ir.IRBuilder, inst: Instruction, plan: ControlFlowPlan,
     init = inst.operand(0)
     own = [pointer_of(inst, index) for index, _ in state]
     sources = [pointer_of(*_defining(init, index)) for index, _ in state]
-    second = [own[n] if n in plan.passthrough else _temp_at(b, temp, plan.scratch[n], "state")
+    single = plan.passthrough | plan.in_place  # one buffer: parameter and output both
+    second = [own[n] if n in single else _temp_at(b, temp, plan.scratch[n], "state")
               for n in range(len(state))]
     assert plan.flag is not None
     flag = _temp_at(b, temp, plan.flag, "flag")
@@ -151,7 +155,7 @@ def _emit_while(builder: ir.IRBuilder, inst: Instruction, plan: ControlFlowPlan,
     b.store(now, following)
     b.branch(head)
     b.position_at_end(done)
-    changed = [n for n in range(len(state)) if n not in plan.passthrough and state[n][1].byte_size]
+    changed = [n for n in range(len(state)) if n not in single and state[n][1].byte_size]
     if changed:
         odd = b.icmp_unsigned("!=", b.ptrtoint(b.load(current, typ=PTR), I64),
                               b.ptrtoint(first, I64))

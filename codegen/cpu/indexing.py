@@ -10,8 +10,11 @@ so that the slice stays inside the operand. reduce-window loops over its window 
 an accumulator, skipping padding and base-dilation holes (never folding the init
 value in for them). A scatter at a kernel's root is a serial kernel of its own
 (copy, then combine each update in order); its element generator, for a scatter
-inside a fusion, computes each output element from every update that lands on it.
-Semantics match `tfxla_lite.hlo.evaluator`.
+inside a fusion, computes each output element from every update that lands on it. A
+dynamic-update-slice at a kernel's root is one too: the operand is copied unless the
+output is its very buffer (a loop-carried buffer updated in place,
+`control_flow.py`), then the update is stored at its start. Semantics match
+`tfxla_lite.hlo.evaluator`.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from llvmlite import ir
 
 from tfxla_lite.codegen.cpu.emitter import (
     I64,
+    PTR,
     Index,
     KernelContext,
     i64,
@@ -127,6 +131,34 @@ def emit_dynamic_update_slice(ctx: KernelContext, inst: Instruction, index: Inde
     return ctx.branch_value(inside, lambda: ctx.value(update, Index(update.shape.dims,
                                                                     update_multi)),
                             lambda: ctx.value(operand, index), name="update")
+
+
+@register_kernel("dynamic-update-slice")
+def emit_dynamic_update_slice_kernel(ctx: KernelContext, inst: Instruction,
+                                     output: ir.Value) -> None:
+    """A dynamic-update-slice as a kernel of its own: the operand copied to the output
+    (skipped when the output is the operand's own buffer: a loop body's update of its
+    loop-carried buffer, `control_flow.py`), then the update's elements stored at the
+    clamped start. O(update) in place, where the element generator writes every element."""
+    operand, update, *starts = inst.operands
+    b = ctx.builder
+    shape = inst.shape
+    # The output may be the operand's buffer: no `noalias` (the in-place path reads
+    # nothing through the operand's pointer, the copy path runs only when they differ).
+    output.attributes.discard("noalias")
+    source = ctx.buffers[id(operand)]
+    if shape.byte_size:
+        differ = b.icmp_unsigned("!=", b.ptrtoint(output, I64), b.ptrtoint(source, I64))
+        with b.if_then(differ):
+            memcpy = b.module.declare_intrinsic("llvm.memcpy", [PTR, PTR, I64])
+            b.call(memcpy, [output, source, i64(shape.byte_size), ir.IntType(1)(0)])
+    if not update.shape.num_elements:
+        return
+    begin = _start_indices(ctx, tuple(starts), shape.dims, update.shape.dims)
+    with ctx.loop_nest(update.shape.dims, name="update") as multi, ctx.scope():
+        target = Index(shape.dims, [b.add(m, s, flags=["nsw"]) for m, s in zip(multi, begin)])
+        value = ctx.value(update, Index(update.shape.dims, list(multi)))
+        ctx.store(value, output, shape, target)
 
 
 @register("gather")

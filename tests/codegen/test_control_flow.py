@@ -247,6 +247,57 @@ def test_buffer_filled_by_dynamic_update_slice_in_a_loop() -> None:
     buffer, total = check(FILL, x)
     np.testing.assert_array_equal(buffer, np.arange(8, dtype=np.float32)[:, None] * x)
     assert_close(total, 28 * x, "Add")
+    # The filling loop updates its buffer in place (one buffer, only the row written).
+    plan = compile_module(parse_module(FILL), cache=False).assignment.control_flow
+    assert plan["filled"].in_place == {1} and 1 not in plan["filled"].scratch
+
+
+# Each row is the previous row plus x: the body reads the buffer (dynamic-slice) besides
+# updating it, so the buffer is not updated in place (two buffers, ping-pong).
+RUNNING = """
+HloModule running
+
+cond {
+  p = (s32[], f32[6,2], f32[2]) parameter(0)
+  i = s32[] get-tuple-element(p), index=0
+  n = s32[] constant(6)
+  ROOT lt = pred[] compare(i, n), direction=LT
+}
+
+body {
+  p = (s32[], f32[6,2], f32[2]) parameter(0)
+  i = s32[] get-tuple-element(p), index=0
+  buffer = f32[6,2] get-tuple-element(p), index=1
+  x = f32[2] get-tuple-element(p), index=2
+  one = s32[] constant(1)
+  zero = s32[] constant(0)
+  before = s32[] subtract(i, one)
+  previous = f32[1,2] dynamic-slice(buffer, before, zero), dynamic_slice_sizes={1,2}
+  row = f32[1,2] reshape(x)
+  next = f32[1,2] add(previous, row)
+  written = f32[6,2] dynamic-update-slice(buffer, next, i, zero)
+  i1 = s32[] add(i, one)
+  ROOT t = (s32[], f32[6,2], f32[2]) tuple(i1, written, x)
+}
+
+ENTRY main {
+  x = f32[2] parameter(0)
+  b = f32[6,2] parameter(1)
+  one = s32[] constant(1)
+  init = (s32[], f32[6,2], f32[2]) tuple(one, b, x)
+  loop = (s32[], f32[6,2], f32[2]) while(init), condition=cond, body=body
+  ROOT r = f32[6,2] get-tuple-element(loop), index=1
+}
+"""
+
+
+def test_a_buffer_the_body_also_reads_is_not_updated_in_place() -> None:
+    b = np.zeros((6, 2), np.float32)
+    b[0] = [10, 20]
+    (got,) = check(RUNNING, np.array([1, -1], np.float32), b)
+    np.testing.assert_array_equal(got[:, 0], 10 + np.arange(6))
+    plan = compile_module(parse_module(RUNNING), cache=False).assignment.control_flow
+    assert plan["loop"].in_place == set() and 1 in plan["loop"].scratch
 
 
 NESTED = """

@@ -102,7 +102,9 @@ class ControlFlowPlan:
     `scratch` gives, per flat leaf of its state that the body changes, the offset of
     the leaf's second buffer (the body writes the next state there while it reads the
     current one); leaves the body passes through unchanged (`passthrough`) have one
-    buffer. `flag` is the offset of the condition's pred.
+    buffer, and so do leaves it updates in place (`in_place`: a dynamic-update-slice of
+    the leaf that nothing else reads, whose kernel then writes only the update,
+    `loop_in_place`). `flag` is the offset of the condition's pred.
     """
 
     computations: dict[str, BufferAssignment]
@@ -110,6 +112,7 @@ class ControlFlowPlan:
     scratch: dict[int, int] = field(default_factory=dict)
     passthrough: frozenset[int] = frozenset()
     flag: int | None = None  # None for a conditional
+    in_place: frozenset[int] = frozenset()
 
 
 @dataclass
@@ -173,6 +176,7 @@ class BufferAssignment:
         for name, plan in self.control_flow.items():
             extra = "".join(f" scratch {{{leaf}}} offset {offset}"
                             for leaf, offset in plan.scratch.items())
+            extra += "".join(f" in place {{{leaf}}}" for leaf in sorted(plan.in_place))
             lines.append(f"control flow %{name}: callee arenas at offset {plan.callee_temp}"
                          f"{extra}" + ("" if plan.flag is None else f" flag offset {plan.flag}"))
             for callee, nested in plan.computations.items():
@@ -457,6 +461,37 @@ def loop_passthrough(body: Computation) -> frozenset[int]:
         and value_at[(id(body.root), index)].index == index)
 
 
+def loop_in_place(body: Computation, plan: BufferAssignment) -> frozenset[int]:
+    """The flat state leaves that `body` may update in place (XLA's in-place
+    dynamic-update-slice of a loop-carried buffer): the root's leaf n is a top-level
+    dynamic-update-slice of the parameter's leaf n, nothing else reads that parameter
+    leaf (nor returns it), and nothing else lives in output n under `plan`. The caller
+    then passes one buffer as both parameter n and output n, and the kernel stores only
+    the update (its copy of the operand is skipped at run time)."""
+    root = body.root
+    assert root is not None
+    facts = EntryValues(body)
+    (parameter,) = body.parameters
+    returned = {id(facts.value_at[(id(root), index)]) for index, _ in leaves(root.shape)}
+    found = []
+    for number, (index, _) in enumerate(leaves(root.shape)):
+        value = facts.value_at[(id(root), index)]
+        update = value.instruction
+        if update.opcode != "dynamic-update-slice" or value.index:
+            continue
+        state = facts.value_at[(id(update.operand(0)), ())]
+        if state.instruction is not parameter or state.index != index or id(state) in returned:
+            continue
+        readers = [i for i in body.instructions if any(r is state for r in facts.reads[id(i)])]
+        if readers != [update]:
+            continue
+        sharing = [name for name, s in plan.slices.items()
+                   if s.kind == "output" and s.index == number and name != value.name]
+        if not sharing:
+            found.append(number)
+    return frozenset(found)
+
+
 def _control_flow_plan(inst: Instruction, region: int, in_place: bool
                        ) -> tuple[ControlFlowPlan, int]:
     """The plan of a while or conditional whose region starts at `region`, and the
@@ -464,20 +499,23 @@ def _control_flow_plan(inst: Instruction, region: int, in_place: bool
     offset = region
     scratch: dict[int, int] = {}
     passthrough: frozenset[int] = frozenset()
+    updated: frozenset[int] = frozenset()
     flag = None
-    if inst.opcode == "while":
-        passthrough = loop_passthrough(inst.called_computations[1])
-        for number, (_, shape) in enumerate(leaves(inst.shape)):
-            if number not in passthrough:
-                scratch[number] = offset
-                offset += _align(shape.byte_size)
-        flag, offset = offset, offset + ALIGNMENT
     plans: dict[str, BufferAssignment] = {}
     for callee in inst.called_computations:
         if callee.name not in plans:
             plans[callee.name] = assign_computation(callee, in_place)
+    if inst.opcode == "while":
+        body = inst.called_computations[1]
+        passthrough = loop_passthrough(body)
+        updated = loop_in_place(body, plans[body.name])
+        for number, (_, shape) in enumerate(leaves(inst.shape)):
+            if number not in passthrough | updated:
+                scratch[number] = offset
+                offset += _align(shape.byte_size)
+        flag, offset = offset, offset + ALIGNMENT
     arena = max(plan.temp_bytes for plan in plans.values())
-    plan = ControlFlowPlan(plans, offset, scratch, passthrough, flag)
+    plan = ControlFlowPlan(plans, offset, scratch, passthrough, flag, updated)
     return plan, offset + arena - region
 
 
