@@ -524,6 +524,7 @@ def _load_rules() -> None:
         rules_elementwise,
         rules_gradients,
         rules_indexing,
+        rules_linalg,
         rules_nn,
         rules_pool,
         rules_random,

@@ -13,7 +13,6 @@ from tfxla_lite.clustering.registry import OP_RULES, OpRule
 # op without a rule stays in TF, and `tfxla_lite.explain` names it.
 NOT_SUPPORTED: dict[str, str] = {
     "MirrorPadGrad, ReverseSequence": "not lowered yet",
-    "Bitcast": "needs a bitcast-convert HLO opcode",
     "ResourceGather, ResourceScatterAdd, ...": "resource ops stay in TF (a variable's "
                                                "read is a cluster input)",
     "SegmentSum (sorted), DynamicStitch with runtime indices": "not lowered yet (gather "
@@ -58,6 +57,10 @@ SEMANTICS: tuple[tuple[str, str, str, str], ...] = (
     ("Cast of NaN, ±inf or an out-of-range float to an integer", "INT_MIN (x86)",
      "saturates at the integer's bounds; NaN gives 0", "as XLA"),
     ("Sign(-0.0)", "0.0", "-0.0", "as XLA"),
+    ("Cholesky of a matrix that is not positive definite", "NaN below the diagonal, the "
+     "upper triangle left unwritten", "NaN below the diagonal, zeros above", "as XLA"),
+    ("MatrixTriangularSolve with a zero on the diagonal", "inf, -inf or NaN by substitution",
+     "NaN (its blocked solve inverts the diagonal blocks)", "as TF's kernel"),
     ("Assert (`tf.debugging.assert_*`, `tf.debugging.Assert`) with a false condition",
      "raises InvalidArgumentError", "compiled to nothing: never checked (tf2xla's Assert "
      "kernel only logs 'Ignoring Assert operator')", "`jit_compile=True`: as XLA, the "
