@@ -550,7 +550,9 @@ def emit_function(llvm_module: ir.Module, pool: ConstantPool, kernels: KernelMer
         elif inst.opcode == "rng-bit-generator":  # state and bits (random_bits.py)
             kernel = random_bits.emit_rng_kernel(llvm_module, pool, inst, team)
         elif inst.shape.is_tuple:
-            kernel = multi_output.emit_kernel(llvm_module, pool, inst, noalias, team)
+            kernel = multi_output.emit_kernel(
+                llvm_module, pool, inst, noalias, team,
+                [_reused_operand(assignment, inst, index) for index in indices])
         else:
             in_place = donated.get(id(inst), _reused_operand(assignment, inst))
             kernel = emit_kernel(llvm_module, pool, inst, noalias[0], team, in_place,
@@ -700,11 +702,13 @@ def _leaf_slice(assignment: Any, inst: Instruction, index: tuple[int, ...]) -> A
     return assignment.slice_of(inst, index) if index else assignment.slice_of(inst)
 
 
-def _reused_operand(assignment: Any, inst: Instruction) -> int | None:
-    """The operand whose very buffer the plan has `inst` write (in-place reuse of a dying
-    operand, buffer_assignment.py), so its kernel reads it through the output pointer
-    and vectorizes without runtime alias checks; None when there is none."""
-    out = assignment.slice_of(inst)
+def _reused_operand(assignment: Any, inst: Instruction, index: tuple[int, ...] = ()
+                    ) -> int | None:
+    """The operand whose very buffer the plan has `inst` (its leaf at `index`) write
+    (in-place reuse of a dying operand, buffer_assignment.py), so its kernel reads it
+    through the output pointer and vectorizes without runtime alias checks; None when
+    there is none."""
+    out = _leaf_slice(assignment, inst, index)
     for number, operand in enumerate(inst.operands):
         if operand.shape.is_tuple:
             continue

@@ -29,6 +29,7 @@ element's fold, so results do not depend on the thread count.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from llvmlite import ir
@@ -166,9 +167,14 @@ def _new_function(module: ir.Module, pool: ConstantPool, inst: Instruction, name
 
 
 def emit_kernel(module: ir.Module, pool: ConstantPool, inst: Instruction,
-                noalias: list[bool], threads: int) -> ir.Function:
+                noalias: list[bool], threads: int,
+                in_place: Sequence[int | None] = ()) -> ir.Function:
     """The launcher of `inst`'s kernel, `void kernel(out..., in...)`: `noalias[k]` says
-    whether output k overlaps no operand."""
+    whether output k overlaps no operand; `in_place[k]`, the operand whose very buffer
+    output k is on every call (buffer assignment's reuse of a dying operand), read
+    through the output pointer (which is then `noalias` in the range function): LLVM
+    vectorizes that without a runtime alias check, where two pointers to one buffer fail
+    the check and send every element down the scalar loop."""
     for operand in inst.operands:
         if operand.shape.is_tuple:
             raise NotImplementedError(f"CPU backend: tuple-shaped operand %{operand.name} "
@@ -181,7 +187,15 @@ def emit_kernel(module: ir.Module, pool: ConstantPool, inst: Instruction,
     columns = column_reduction.plan(_reduces(leaves)) if partition.kind == "columns" else None
     column_partials = len(_reduces(leaves)) if partition.has_partials and columns else 0
     extra = [PTR] * (len(keys) + column_partials) + [I64, I64]
-    ctx, outputs = _new_function(module, pool, inst, kernel_name(inst), noalias, extra)
+    # An output that is an operand's buffer is that operand's only pointer here (its own
+    # argument goes unread), so it overlaps nothing else the range function reads.
+    own = [flag or (k < len(in_place) and in_place[k] is not None)
+           for k, flag in enumerate(noalias)]
+    ctx, outputs = _new_function(module, pool, inst, kernel_name(inst), own, extra)
+    for output, operand in zip(outputs, in_place):
+        if operand is not None:
+            ctx.buffers[id(inst.fused_computation.parameters[operand]
+                           if inst.opcode == "fusion" else inst.operand(operand))] = output
     begin, end = ctx.function.args[-2:]
     begin.name, end.name = "begin", "end"
     if split:
