@@ -29,7 +29,7 @@ from tensorflow.python.eager.polymorphic_function import (
 )
 from tensorflow.python.saved_model import save_context
 
-from tfxla_lite import autojit, dump, gradients, xla_fallback
+from tfxla_lite import autojit, distributed, dump, gradients, xla_fallback
 from tfxla_lite.autograph_cache import conversions_cached
 from tfxla_lite.collector import collector_paused
 from tfxla_lite.compiler import CompilationError, Program, build_program
@@ -181,6 +181,9 @@ class Function(polymorphic_function.Function):
     def _compile_unpaused(self, args: tuple, kwargs: dict) -> Program:
         with conversions_cached(cache=self.options.cache):
             concrete = self._tracer.get_concrete_function(*args, **kwargs)
+        refusal = distributed.remote_refusal()
+        if refusal is not None:
+            return self._left_to_tf(concrete, refusal)
         try:
             program = self._build(concrete, self.jit_compile, self.options, args, kwargs)
         except CompilationError as error:
@@ -195,6 +198,20 @@ class Function(polymorphic_function.Function):
         if self.options.clustering_debug:
             logger.info("%s", program.report)
         return program
+
+    def _left_to_tf(self, concrete: Any, reason: str) -> Program:
+        """TF's trace, run as it is, for a trace that will run in another process
+        (`distributed.remote_refusal`); warned once, raised under strict_jit_compile."""
+        if self.jit_compile and self.options.strict_jit_compile:
+            raise CompilationError(f"tfxla-lite cannot compile {self._name}: {reason}")
+        if not self._fallback_warned:
+            self._fallback_warned = True
+            logger.warning("tfxla-lite: %s runs in TensorFlow: %s", self._name, reason)
+        report = ClusteringReport(self._name, self.jit_compile,
+                                  note=f"whole function left to TensorFlow: {reason}")
+        dump.dump_trace(self.options, concrete.graph, report)
+        PROCESS_STATS.record(report)
+        return Program(concrete, report, run=self._tracer, concrete_run=concrete)
 
     def _fall_back(self, concrete: Any, error: CompilationError, args: tuple,
                    kwargs: dict) -> Program:
