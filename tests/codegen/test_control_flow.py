@@ -558,3 +558,82 @@ def test_the_gpu_backend_refuses_control_flow_clearly() -> None:
 
     with pytest.raises(NotImplementedError, match="GPU backend: HLO while"):
         gpu.emit_module(parse_module(DATA_DEPENDENT))
+
+
+# The inner loop's exp(w) depends on state that the inner loop passes through but the
+# outer loop changes: it moves to the outer body, not out of both loops.
+NESTED_HOIST = """
+HloModule nested_hoist
+
+inner_cond {
+  p = (s32[], f32[8], f32[8]) parameter(0)
+  j = s32[] get-tuple-element(p), index=0
+  m = s32[] constant(3)
+  ROOT lt = pred[] compare(j, m), direction=LT
+}
+
+inner_body {
+  p = (s32[], f32[8], f32[8]) parameter(0)
+  j = s32[] get-tuple-element(p), index=0
+  v = f32[8] get-tuple-element(p), index=1
+  w = f32[8] get-tuple-element(p), index=2
+  ew = f32[8] exponential(w)
+  v1 = f32[8] add(v, ew)
+  one = s32[] constant(1)
+  j1 = s32[] add(j, one)
+  ROOT t = (s32[], f32[8], f32[8]) tuple(j1, v1, w)
+}
+
+outer_cond {
+  p = (s32[], f32[8], f32[8]) parameter(0)
+  i = s32[] get-tuple-element(p), index=0
+  n = s32[] constant(2)
+  ROOT lt = pred[] compare(i, n), direction=LT
+}
+
+outer_body {
+  p = (s32[], f32[8], f32[8]) parameter(0)
+  i = s32[] get-tuple-element(p), index=0
+  v = f32[8] get-tuple-element(p), index=1
+  w = f32[8] get-tuple-element(p), index=2
+  zero = s32[] constant(0)
+  start = (s32[], f32[8], f32[8]) tuple(zero, v, w)
+  inner = (s32[], f32[8], f32[8]) while(start), condition=inner_cond, body=inner_body
+  v1 = f32[8] get-tuple-element(inner), index=1
+  half = f32[] constant(0.5)
+  h = f32[8] broadcast(half), dimensions={}
+  w1 = f32[8] multiply(w, h)
+  one = s32[] constant(1)
+  i1 = s32[] add(i, one)
+  ROOT t = (s32[], f32[8], f32[8]) tuple(i1, v1, w1)
+}
+
+ENTRY main {
+  v = f32[8] parameter(0)
+  w = f32[8] parameter(1)
+  zero = s32[] constant(0)
+  init = (s32[], f32[8], f32[8]) tuple(zero, v, w)
+  loop = (s32[], f32[8], f32[8]) while(init), condition=outer_cond, body=outer_body
+  ROOT r = f32[8] get-tuple-element(loop), index=1
+}
+"""
+
+
+def test_nested_loop_invariants_move_to_the_outer_body() -> None:
+    v = np.linspace(-1, 1, 8, dtype=np.float32)
+    w = np.linspace(0, 0.5, 8, dtype=np.float32)
+    check(NESTED_HOIST, v, w, op_type="model gradient")
+    module = parse_module(NESTED_HOIST)
+    compile_module(module, cache=False)
+    outer = next(i for i in module.entry.instructions if i.opcode == "while")
+    outer_body = outer.called_computations[1]
+    inner = next(i for i in outer_body.instructions if i.opcode == "while")
+
+    def opcodes(computation: Any) -> set[str]:
+        found = {i.opcode for i in computation.instructions}
+        return found | {f.opcode for i in computation.instructions if i.opcode == "fusion"
+                        for f in i.fused_computation.instructions}
+
+    assert "exponential" not in opcodes(inner.called_computations[1])
+    assert "exponential" in opcodes(outer_body)
+    assert "exponential" not in opcodes(module.entry)

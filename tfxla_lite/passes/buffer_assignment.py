@@ -362,9 +362,12 @@ def assign_buffers(module: HloModule, in_place: bool = True,
 
 
 def assign_computation(entry: Computation, in_place: bool = True,
-                       values: EntryValues | None = None) -> BufferAssignment:
+                       values: EntryValues | None = None,
+                       unshared: frozenset[int] = frozenset()) -> BufferAssignment:
     """`assign_buffers` of one computation as an entry: the entry itself, or a
-    computation a `while` or `conditional` calls (module docstring)."""
+    computation a `while` or `conditional` calls (module docstring). No temp is hosted
+    in the outputs numbered in `unshared` (a loop body's buffer updated in place, which
+    holds the state until the update)."""
     if entry.root is None:
         raise ValueError(f"computation {entry.name} has no root")
     root = entry.root
@@ -428,7 +431,7 @@ def assign_computation(entry: Computation, in_place: bool = True,
             group_of[id(value)] = [value]
     groups = list({id(g[0]): g for g in group_of.values()}.values())
     temp_bytes_without_reuse = sum(_align(t.shape.byte_size) for t in temps)
-    temp_bytes = _place_groups(groups, outputs, live_ranges, slices)
+    temp_bytes = _place_groups(groups, outputs, live_ranges, slices, unshared)
 
     # Names that forward a value (get-tuple-element, and tuples other than the root)
     # share its slice.
@@ -461,13 +464,14 @@ def loop_passthrough(body: Computation) -> frozenset[int]:
         and value_at[(id(body.root), index)].index == index)
 
 
-def loop_in_place(body: Computation, plan: BufferAssignment) -> frozenset[int]:
+def loop_in_place(body: Computation) -> frozenset[int]:
     """The flat state leaves that `body` may update in place (XLA's in-place
     dynamic-update-slice of a loop-carried buffer): the root's leaf n is a top-level
-    dynamic-update-slice of the parameter's leaf n, nothing else reads that parameter
-    leaf (nor returns it), and nothing else lives in output n under `plan`. The caller
-    then passes one buffer as both parameter n and output n, and the kernel stores only
-    the update (its copy of the operand is skipped at run time)."""
+    dynamic-update-slice of the parameter's leaf n, and nothing else reads that
+    parameter leaf (nor returns it). The caller then passes one buffer as both
+    parameter n and output n, the body's plan hosts no temp in output n (`unshared`),
+    and the kernel stores only the update (its copy of the operand is skipped at run
+    time)."""
     root = body.root
     assert root is not None
     facts = EntryValues(body)
@@ -483,11 +487,7 @@ def loop_in_place(body: Computation, plan: BufferAssignment) -> frozenset[int]:
         if state.instruction is not parameter or state.index != index or id(state) in returned:
             continue
         readers = [i for i in body.instructions if any(r is state for r in facts.reads[id(i)])]
-        if readers != [update]:
-            continue
-        sharing = [name for name, s in plan.slices.items()
-                   if s.kind == "output" and s.index == number and name != value.name]
-        if not sharing:
+        if readers == [update]:
             found.append(number)
     return frozenset(found)
 
@@ -508,7 +508,12 @@ def _control_flow_plan(inst: Instruction, region: int, in_place: bool
     if inst.opcode == "while":
         body = inst.called_computations[1]
         passthrough = loop_passthrough(body)
-        updated = loop_in_place(body, plans[body.name])
+        wanted = loop_in_place(body)
+        if wanted:  # plan the body again with nothing else in those outputs
+            plans[body.name] = assign_computation(body, in_place, unshared=wanted)
+        alone = {n: {name for name, s in plans[body.name].slices.items()
+                     if s.kind == "output" and s.index == n} for n in wanted}
+        updated = frozenset(n for n in wanted if len(alone[n]) == 1)
         for number, (_, shape) in enumerate(leaves(inst.shape)):
             if number not in passthrough | updated:
                 scratch[number] = offset
@@ -521,7 +526,8 @@ def _control_flow_plan(inst: Instruction, region: int, in_place: bool
 
 def _place_groups(groups: list[list[Value]], outputs: dict[int, int],
                   live_ranges: dict[str, tuple[int, int]],
-                  slices: dict[str, BufferSlice]) -> int:
+                  slices: dict[str, BufferSlice], unshared: frozenset[int] = frozenset()
+                  ) -> int:
     """Give every member of `groups` its slice (`heap_simulator.py`); return the arena size.
 
     A group with an output in it lives in that output's buffer. Other groups move into
@@ -548,7 +554,7 @@ def _place_groups(groups: list[list[Value]], outputs: dict[int, int],
                             min(live_ranges[m.name][0] for m in group),
                             max(live_ranges[m.name][1] for m in group))
              for name, group in intervals.items()]
-    hosted = host_in_fixed_buffers(spans, [fixed[n] for n in sorted(fixed)])
+    hosted = host_in_fixed_buffers(spans, [fixed[n] for n in sorted(fixed) if n not in unshared])
     for name, number in hosted.items():
         for member in intervals[name]:
             slices[member.name] = BufferSlice("output", int(number), 0,
