@@ -22,6 +22,9 @@ Files, named as XLA names its own (`NNNN` a process-wide counter, zero-padded):
     report.html                         the visual report of the whole process
 
 `<function>` is the traced function's name (`__inference_step_12`: unique per trace).
+In a task of a tf.distribute cluster (`TF_CONFIG`, or the strategy's cluster resolver)
+every name starts with the task, `worker_1.module_0003...`, `worker_1.report.html`, so
+that the workers of one machine can share a dump folder (`distributed.task_tag`).
 As in XLA, text is the only format and the default one, so `--dump_hlo_as_text` adds
 nothing to `--dump_to`; given alone, it prints the HLO files to stdout between
 `*** Begin <file> ***` and `*** End <file> ***` lines (XLA's `--xla_dump_to=-`, also
@@ -39,6 +42,7 @@ import sys
 import threading
 from typing import Any
 
+from tfxla_lite.distributed import task_tag
 from tfxla_lite.options import Options
 from tfxla_lite.report import ClusteringReport
 from tfxla_lite.report_html import ClusterRecord, GraphNodeRecord, TraceRecord, render_page
@@ -72,6 +76,12 @@ def dump_directory(options: Options) -> str | None:
     return STDOUT if options.dump_hlo_as_text else None
 
 
+def task_prefix() -> str:
+    """"worker_1." in a task of a tf.distribute cluster, else "": every file name's start."""
+    tag = task_tag()
+    return f"{tag}." if tag else ""
+
+
 def file_stem(text: str) -> str:
     """`text` as a file name part: letters, digits, '_', '-' and '.' only."""
     return re.sub(r"[^A-Za-z0-9_.-]", "_", text) or "_"
@@ -95,7 +105,8 @@ def dump_cluster(options: Options, function_name: str, cluster_name: str, hlo_te
 def _dump_cluster(directory: str, function_name: str, cluster_name: str, hlo_text: str,
                   executable: Any, compile_seconds: float, title: str) -> None:
     module_id = next(_module_ids)
-    prefix = f"module_{module_id:04d}.{file_stem(function_name)}_{file_stem(cluster_name)}"
+    prefix = (f"{task_prefix()}module_{module_id:04d}.{file_stem(function_name)}_"
+              f"{file_stem(cluster_name)}")
     texts = {
         f"{prefix}.before_optimizations.txt": hlo_text,
         f"{prefix}.after_optimizations.txt": executable.optimized_hlo_text,
@@ -218,7 +229,7 @@ def _dump_trace(directory: str, graph: Any, report: ClusteringReport) -> None:
     function_name = report.function_name
     mode = {True: "must-compile", None: "auto-clustering", False: "off"}[report.jit_compile]
     nodes = trace_nodes(graph, report)
-    stem = file_stem(function_name)
+    stem = task_prefix() + file_stem(function_name)
     graph_def = graph.as_graph_def(add_shapes=True)
     before = str(graph_def)
     cluster_of = {node.name: node.cluster for node in nodes if node.cluster is not None}
@@ -279,7 +290,8 @@ def _write(directory: str, name: str, text: str) -> None:
 
 
 def _write_report(directory: str, session: _Session) -> None:
-    _write(directory, REPORT_NAME, render_page(session.traces, session.clusters))
+    _write(directory, task_prefix() + REPORT_NAME,
+           render_page(session.traces, session.clusters))
 
 
 def _warn(directory: str, error: Exception) -> None:

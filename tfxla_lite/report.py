@@ -75,7 +75,11 @@ class ClusteringReport:
 
     def __str__(self) -> str:
         mode = {True: "must-compile", None: "auto-clustering", False: "off"}[self.jit_compile]
-        lines = [f"tfxla-lite clustering report for {self.function_name} ({mode})"]
+        from tfxla_lite.distributed import task_tag
+
+        task = task_tag()
+        lines = [f"tfxla-lite clustering report for {self.function_name} ({mode})"
+                 + (f" on {task}" if task else "")]
         if self.note:
             lines.append(f"  {self.note}")
         fallback = self.jit_compile_fallback

@@ -12,6 +12,9 @@ process (one strategy per process: TF configures its collectives once):
   `tf.function`): `fit` with `model.compile(jit_compile=True)` and the `ctl` loop with
   `tf.function`, then both in plain TF after `autojit.disable()`; on worker 0, both
   without a strategy.
+- `shared_cache`: the `ctl` loop's `jit_compile=True` step, compiled by both workers at
+  once into the `TFXLA_LITE_CACHE_DIR` they share, then again from the disk alone,
+  with the compile caches' counters of both.
 Each run records its per-step losses, final weights and, when compiled, what was
 compiled and run (`Recorder.summary`). Keras 3's `fit` needs a workaround under this
 strategy, in plain TF as well (`keras_symbolic_build`).
@@ -19,6 +22,7 @@ strategy, in plain TF as well (`keras_symbolic_build`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -171,6 +175,24 @@ def run_ctl(strategy: Any, x: np.ndarray, y: np.ndarray, result: dict) -> None:
         result[name].update(recorder.summary())
 
 
+def run_shared_cache(strategy: Any, x: np.ndarray, y: np.ndarray, result: dict) -> None:
+    """Both workers compile the same step at once into one cache folder (the strategy's
+    collectives keep them in step), then each compiles it again from the disk alone."""
+    from tfxla_lite.codegen import cache
+
+    result["tf_ctl"] = train_ctl(strategy, tf.function, x, y)
+    with Recorder() as recorder:
+        result["tfxla_lite_ctl"] = train_ctl(strategy, tl.function(jit_compile=True), x, y)
+    result["tfxla_lite_ctl"].update(recorder.summary())
+    result["cold"] = dataclasses.asdict(cache.stats())
+    cache.clear_memory()
+    cache.reset_stats()
+    with Recorder() as recorder:
+        result["warm_ctl"] = train_ctl(strategy, tl.function(jit_compile=True), x, y)
+    result["warm_ctl"].update(recorder.summary())
+    result["warm"] = dataclasses.asdict(cache.stats())
+
+
 # -- Keras fit --------------------------------------------------------------------------
 class _Losses(keras.callbacks.Callback):
     def __init__(self) -> None:
@@ -228,7 +250,8 @@ def main(scenario: str, out_dir: str) -> None:
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     x, y = data()
     result: dict = {"replicas": strategy.num_replicas_in_sync}
-    {"ctl": run_ctl, "autojit": run_autojit}[scenario](strategy, x, y, result)
+    scenarios = {"ctl": run_ctl, "autojit": run_autojit, "shared_cache": run_shared_cache}
+    scenarios[scenario](strategy, x, y, result)
     if task["index"] == 0:  # the single-process references, on the global batch
         default = tf.distribute.get_strategy()
         result["single_ctl"] = train_ctl(default, tf.function, x, y)
