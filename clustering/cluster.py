@@ -188,7 +188,8 @@ def form_clusters(graph: tf.Graph, decisions: dict[str, Decision], min_cluster_s
 
 
 def _list_crossings(graph: tf.Graph, clusters: list[Cluster]) -> set[str]:
-    """The ops of `clusters` that read a TensorList from outside or give one outside."""
+    """The ops of `clusters` that read a TensorList from outside or give one (or a
+    resource handle) outside."""
     refused = set()
     for cluster in clusters:
         inside = set(cluster.op_names)
@@ -196,9 +197,9 @@ def _list_crossings(graph: tf.Graph, clusters: list[Cluster]) -> set[str]:
             tensor = graph.get_tensor_by_name(name)
             if tensor.dtype.base_dtype.name == "variant":
                 refused.update(op.name for op in tensor.consumers() if op.name in inside)
-        for name in cluster.outputs:
+        for name in cluster.outputs:  # nor a loop's variable handle, passed on
             tensor = graph.get_tensor_by_name(name)
-            if tensor.dtype.base_dtype.name == "variant":
+            if tensor.dtype.base_dtype.name in ("variant", "resource"):
                 refused.add(tensor.op.name)
     return refused
 

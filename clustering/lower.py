@@ -93,6 +93,8 @@ def _check_results(op: tf.Operation, results: list[Instruction]) -> None:
         raise LoweringError(f"lowering of {op.type} {op.name} gave {len(results)} values for "
                             f"{len(op.outputs)} outputs")
     for tensor, result in zip(op.outputs, results):
+        if tensor.dtype.base_dtype.name == "resource":  # a loop's variable, passed on
+            continue
         if tensor.dtype.base_dtype.name == "variant":
             if not result.shape.is_tuple:  # a TensorList is (buffer, length)
                 raise LoweringError(f"lowering of {op.type} {op.name} gave {result.shape} "

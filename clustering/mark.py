@@ -110,7 +110,7 @@ def why_not_compilable(op: tf.Operation, options: MarkOptions | None = None) -> 
         return _why_not_by_shapes_or_rule(op, OP_RULES[op.type], options)
     tensors = list(op.inputs) + list(op.outputs)
     dtypes = {t.dtype.base_dtype.name for t in tensors}
-    if "resource" in dtypes:
+    if "resource" in dtypes and op.type not in FUNCTIONAL_OPS:  # those: by their functions
         return RESOURCE_REASON
     # TensorLists and functional control flow: their rules lower lists as (buffer, length)
     # and check the functions' ops (clustering/rules_control_flow.py).

@@ -39,6 +39,7 @@ from tfxla_lite.clustering.registry import (
     element_type,
     register,
     static_dims,
+    tensor_shape,
 )
 from tfxla_lite.hlo import Computation, HloModule, Instruction, Shape
 
@@ -55,8 +56,10 @@ LIST_OPS = frozenset({
     "TensorListElementShape", "TensorListLength",
 })
 FUNCTIONAL_OPS = frozenset(WHILE_OPS + IF_OPS + CASE_OPS)
-VARIANT_OPS = LIST_OPS | FUNCTIONAL_OPS | {"Identity"}
+VARIANT_OPS = LIST_OPS | FUNCTIONAL_OPS | {"Identity", "ZerosLike"}
 _DTYPES = ALL | {"variant"}
+# A loop's or branch's arguments may be variable handles too (`_check_variables`).
+_FUNCTIONAL_DTYPES = _DTYPES | {"resource"}
 # Op types whose output 0 is the TensorList of their input 0, of the same shape.
 _SAME_LIST = frozenset({"TensorListSetItem", "TensorListPushBack", "TensorListPopBack",
                         "Identity"})
@@ -103,7 +106,7 @@ def list_shape(tensor: tf.Tensor, _depth: int = 0) -> Shape | None:
     if tensor.dtype.base_dtype.name != "variant" or _depth > 64:
         return None
     op = tensor.op
-    if op.type in _SAME_LIST and tensor.value_index == 0:
+    if (op.type in _SAME_LIST or op.type == "ZerosLike") and tensor.value_index == 0:
         return list_shape(op.inputs[0], _depth + 1)
     if op.type in WHILE_OPS:
         return list_shape(op.inputs[tensor.value_index], _depth + 1)
@@ -142,6 +145,8 @@ def _element_dims_from_reads(tensor: tf.Tensor, _depth: int = 0) -> tuple[int, .
     list is reserved without a shape and stacked after its loop)."""
     if _depth > 16:
         return None
+    if not _depth and not tensor.consumers():
+        return ()  # nothing reads it (Keras makes one so): any shape will do
     for consumer in tensor.consumers():
         if consumer.type == "TensorListStack":
             dims = static_dims(consumer.outputs[0])
@@ -295,6 +300,47 @@ def _length(ctx: LoweringContext, op: tf.Operation, operands: list[Any]) -> list
     return [_parts(ctx, operands[0])[1]]
 
 
+def _full(tensor: tf.Tensor, _depth: int = 0) -> bool:
+    """Whether TensorList `tensor` holds as many elements as its capacity: made so
+    (TensorListFromTensor, TensorListReserve), perhaps passed unchanged through loops."""
+    op = tensor.op
+    if _depth > 32:
+        return False
+    if op.type in ("TensorListFromTensor", "TensorListReserve"):
+        return True
+    if op.type in ("Identity", "TensorListSetItem") or (
+            op.type in WHILE_OPS and _loop_keeps(op, tensor.value_index)):
+        return _full(op.inputs[tensor.value_index if op.type in WHILE_OPS else 0],
+                     _depth + 1)
+    return False
+
+
+def _loop_keeps(op: tf.Operation, index: int) -> bool:
+    from tfxla_lite import control_flow
+
+    (call, *_) = control_flow.op_calls(op, _library(op.graph))
+    return bool(call.invariant) and call.invariant[index]
+
+
+def zeros_list_refusal(op: tf.Operation) -> str | None:
+    """Why ZerosLike of a TensorList cannot lower: its list's length is not known to be
+    its capacity (the zeros list has the list's length), or its shape is not known."""
+    if list_shape(op.inputs[0]) is None:
+        return f"TensorList {op.inputs[0].name}: element shape or size not known"
+    if not _full(op.inputs[0]):
+        return f"TensorList {op.inputs[0].name} may hold fewer elements than its capacity"
+    return None
+
+
+def zeros_list(ctx: LoweringContext, op: tf.Operation) -> Instruction:
+    """ZerosLike of a full TensorList (`zeros_list_refusal`): zeros, as many as it holds."""
+    shape = list_shape(op.inputs[0])
+    if shape is None or zeros_list_refusal(op) is not None:
+        raise LoweringError(f"ZerosLike {op.name}: {zeros_list_refusal(op)}")
+    buffer = shape.tuple_shapes[0]  # type: ignore[index]
+    return ctx.emit("tuple", [ctx.full(0, buffer), ctx.constant(buffer.dims[0], "s32")])
+
+
 # -- function bodies -------------------------------------------------------------------------
 def _library(graph: tf.Graph) -> dict[str, Any]:
     """The FunctionDefs `graph` knows, by name (as the rewrite exports them)."""
@@ -355,7 +401,7 @@ def body_refusal(graph: tf.Graph) -> str | None:
     names = {op.name for op in needed}
     inputs = {t.op.name for t in graph.inputs}
     for op in graph.get_operations():
-        if op.name in inputs or op.type in ("NoOp", "Const"):
+        if op.name in inputs or op.type in ("NoOp", "Const") or _passes_handle(op):
             continue
         if op.name not in names:
             if op.op_def.is_stateful:
@@ -365,6 +411,12 @@ def body_refusal(graph: tf.Graph) -> str | None:
         if reason is not None:
             return f"{op.type} {op.name}: {reason}"
     return None
+
+
+def _passes_handle(op: tf.Operation) -> bool:
+    """An Identity of a variable handle: a loop returns its variables so
+    (`_check_variables` allows nothing else of them)."""
+    return op.type == "Identity" and op.outputs[0].dtype.base_dtype.name == "resource"
 
 
 def lower_function(module: HloModule, graph: tf.Graph, arguments: Sequence[Shape],
@@ -394,6 +446,8 @@ def lower_function(module: HloModule, graph: tf.Graph, arguments: Sequence[Shape
 
 
 def _argument_shapes(op: tf.Operation, start: int) -> list[Shape]:
+    """The HLO shapes of the op's function arguments: a TensorList's tuple, a variable's
+    value (rules_variables.py passes a handle's value as the cluster's parameter)."""
     shapes = []
     for tensor in op.inputs[start:]:
         if tensor.dtype.base_dtype.name == "variant":
@@ -401,12 +455,35 @@ def _argument_shapes(op: tf.Operation, start: int) -> list[Shape]:
             if shape is None:
                 raise LoweringError(f"TensorList {tensor.name}: shape not known")
         else:
-            dims = static_dims(tensor)
-            if dims is None:
-                raise LoweringError(f"shape of {tensor.name} is not fully static")
-            shape = Shape(element_type(tensor.dtype), dims)
+            shape = tensor_shape(tensor)
         shapes.append(shape)
     return shapes
+
+
+def _check_variables(op: tf.Operation, graphs: Sequence[tf.Graph]) -> None:
+    """A variable handle a loop or branch is given must reach its functions unchanged
+    and only be read there: its value is the computation's parameter, fixed for the
+    whole loop, and a write inside would be lost."""
+    from tfxla_lite import control_flow
+
+    start = 0 if op.type in WHILE_OPS else 1
+    handles = [k for k, t in enumerate(op.inputs[start:]) if t.dtype.base_dtype.name
+               == "resource"]
+    if not handles:
+        return
+    if op.type in WHILE_OPS:
+        (call, *_) = control_flow.op_calls(op, _library(op.graph))
+        if not all(call.invariant[k] for k in handles):
+            raise LoweringError(f"{op.name} changes a variable handle it loops over")
+    for graph in graphs:
+        returned = {t.name for t in graph.outputs}
+        for k in handles:
+            for reader in graph.inputs[k].consumers():
+                if reader.type != "ReadVariableOp" and reader.type not in FUNCTIONAL_OPS \
+                        and not (reader.type == "Identity"
+                                 and reader.outputs[0].name in returned):
+                    raise LoweringError(f"{reader.type} {reader.name} uses variable "
+                                        f"{op.inputs[start + k].name} inside {op.name}")
 
 
 def _check_control_flow(op: tf.Operation) -> str | None:
@@ -438,6 +515,7 @@ def _lower_control_flow(ctx: LoweringContext, op: tf.Operation,
     arguments = ([o.shape for o in operands[start:]] if operands is not None
                  else _argument_shapes(op, start))
     graphs = _body_graphs(op, arguments)
+    _check_variables(op, graphs)
     for graph in graphs:
         reason = body_refusal(graph)
         if reason is not None:
@@ -487,7 +565,7 @@ def _control_flow_dims(op: tf.Operation, index: int) -> tuple[int, ...] | None:
     return None
 
 
-@register(*WHILE_OPS, *IF_OPS, *CASE_OPS, dtypes=_DTYPES, check=_check_control_flow,
+@register(*WHILE_OPS, *IF_OPS, *CASE_OPS, dtypes=_FUNCTIONAL_DTYPES, check=_check_control_flow,
           output_dims=_control_flow_dims,
           note="HLO while/conditional, when every op of its functions lowers and loop "
                "variables keep their shapes")

@@ -150,9 +150,20 @@ def _lower_range(ctx: LoweringContext, op: tf.Operation, operands: Operands
     return [ctx.constant(values, out.element_type)]
 
 
-@register("ZerosLike", dtypes=ALL, unused_inputs=(0,), output_dims=same_dims_as_input(0))
+def _check_zeros_like(op: tf.Operation) -> str | None:
+    from tfxla_lite.clustering.rules_control_flow import zeros_list_refusal
+
+    return zeros_list_refusal(op) if op.outputs[0].dtype.name == "variant" else None
+
+
+@register("ZerosLike", dtypes=ALL, unused_inputs=(0,), output_dims=same_dims_as_input(0),
+          check=_check_zeros_like, note="of a TensorList: one whose length is its capacity")
 def _lower_zeros_like(ctx: LoweringContext, op: tf.Operation, operands: Operands
                       ) -> list[Instruction]:
+    if op.outputs[0].dtype.name == "variant":  # a gradient's zeros for a TensorList
+        from tfxla_lite.clustering.rules_control_flow import zeros_list
+
+        return [zeros_list(ctx, op)]
     return [ctx.full(0, ctx.output_shape())]
 
 

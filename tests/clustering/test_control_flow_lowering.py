@@ -21,6 +21,7 @@ from tf_harness import run_clusters, trace
 
 import tfxla_lite as tl
 from tfxla_lite.clustering import cluster_graph
+from tfxla_lite.clustering.registry import OP_RULES
 from tfxla_lite.clustering.rules_control_flow import backend_refusal, lowering_only
 from tfxla_lite.rewrite import LAUNCH_OP_TYPE
 
@@ -211,3 +212,42 @@ def test_scan_cond_and_gradient_run_as_one_launch(jit_compile: bool | None) -> N
     for got, want in zip(f(*args), _tf(fn, args), strict=True):
         assert_close(got.numpy(), want, "MatMul")
     assert launches(f, *args) == (1, 0)
+
+
+def _keras_step(layer: str, seed: int = 0) -> Callable[[tf.Tensor, tf.Tensor], tf.Tensor]:
+    """A training step (loss, gradients through the recurrent loop, SGD update) of a
+    fresh model whose weights depend on `seed` only."""
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential([keras.Input((6, 3)), getattr(keras.layers, layer)(5),
+                              keras.layers.Dense(1)])
+    optimizer = keras.optimizers.SGD(0.1)
+
+    def step(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(x) - y))
+        gradients = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+        return loss
+
+    return step
+
+
+@needs_backend
+@pytest.mark.skipif("ReadVariableOp" not in OP_RULES,
+                    reason="variables stay outside clusters (rules_variables.py)")
+@pytest.mark.parametrize("jit_compile", [None, True])
+@pytest.mark.parametrize("layer", ["LSTM", "GRU"])
+def test_keras_recurrent_training_step_is_one_launch(layer: str,
+                                                     jit_compile: bool | None) -> None:
+    rng = _rng()
+    x = tf.constant(rng.normal(size=(4, 6, 3)).astype(F32))
+    y = tf.constant(rng.normal(size=(4, 1)).astype(F32))
+    plain = tf.function(_keras_step(layer))
+    ours = tl.function(_keras_step(layer), jit_compile=jit_compile)
+    for number in range(3):  # the weights each step starts from are the last one's
+        want, got = plain(x, y).numpy(), ours(x, y).numpy()
+        assert abs(got - want) <= 1e-5, (number, got, want)
+    # The forward and the gradient loop are HLO loops of the one launch.
+    assert launches(ours, x, y) == (1, 0)
