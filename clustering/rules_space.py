@@ -3,15 +3,19 @@
 Registered into `registry.OP_RULES` on import. TF builds dilated convolutions from them
 (`tf.nn.with_space_to_batch`, `tf.nn.atrous_conv2d`, and Keras's dilated convolutions
 where the backend asks for it), and each is the other's gradient. Both are pure data
-movement, lowered as TF's op documentation defines them and as tf2xla does: a `pad`
-(SpaceToBatchND) or `slice` (BatchToSpaceND), a `reshape` that splits each spatial
-dimension into (blocks, block offset), a `transpose` that moves the block offsets next
-to the batch, and a `reshape` that merges them. The block shape, paddings and crops
-must be compile-time constants; the dims left after the block dims ride along.
+movement. BatchToSpaceND is lowered as TF's op documentation defines it and as tf2xla
+does: a `reshape` that splits the batch into (block offsets, batch), a `transpose` that
+moves each block offset next to its spatial dimension, a `reshape` that merges them and
+a `slice` for the crops. SpaceToBatchND, whose `pad` would sit inside that chain of
+reshapes (the fused loop then pays index arithmetic per element), is the `pad` and then
+one strided `slice` per block offset, concatenated along the batch in the offsets'
+row-major order. The block shape, paddings and crops must be compile-time constants;
+the dims left after the block dims ride along.
 """
 
 from __future__ import annotations
 
+import itertools
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -105,19 +109,18 @@ def _lower_space_to_batch(ctx: LoweringContext, op: tf.Operation, operands: Oper
     if isinstance(found, str):
         raise LoweringError(found)
     block, paddings = found
-    count = block.size
     x = _pad(ctx, operands[0], paddings)
-    batch, spatial, rest = x.shape.dims[0], x.shape.dims[1:1 + count], x.shape.dims[1 + count:]
-    # [batch, s0/b0, b0, ..., s(M-1)/b(M-1), b(M-1), rest...]
-    split = [batch]
-    for size, b in zip(spatial, block):
-        split += [size // int(b), int(b)]
-    x = ctx.reshape(x, split + list(rest))
-    # [b0, ..., b(M-1), batch, s0/b0, ..., s(M-1)/b(M-1), rest...]
-    perm = ([2 + 2 * i for i in range(count)] + [0] + [1 + 2 * i for i in range(count)]
-            + list(range(1 + 2 * count, 1 + 2 * count + len(rest))))
-    x = _transpose(ctx, x, perm)
-    return [ctx.reshape(x, ctx.output_shape().dims)]
+    # Output batch (k0, ..., k(M-1), n) is the strided slice of the padded input starting
+    # at block offset k: one slice per offset, concatenated in that order.
+    pieces = []
+    for offsets in itertools.product(*(range(int(b)) for b in block)):
+        spec = [(0, size, 1) for size in x.shape.dims]
+        for i, (k, b) in enumerate(zip(offsets, block)):
+            spec[1 + i] = (k, x.shape.dims[1 + i], int(b))
+        pieces.append(ctx.emit("slice", [x], slice=tuple(spec)))
+    if len(pieces) == 1:
+        return pieces
+    return [ctx.emit("concatenate", pieces, dimensions=(0,))]
 
 
 @register("BatchToSpaceND", dtypes=NUMERIC, static_inputs=(1, 2), check=_check_batch_to_space,
