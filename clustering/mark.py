@@ -28,6 +28,7 @@ from tfxla_lite.clustering.registry import (
     source_frames,
 )
 from tfxla_lite.clustering.rules_control_flow import FUNCTIONAL_OPS, VARIANT_OPS
+from tfxla_lite.clustering.rules_conv_cost import tf_kernel_faster
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -42,8 +43,9 @@ PLUMBING_OPS = frozenset({
 NEVER_CLUSTERED = PLUMBING_OPS - {"Identity", "IdentityN"}
 
 PLUMBING_REASON = "argument/variable plumbing"
-# TF's kernel for the op type is faster than tfxla-lite's today (`MarkOptions.tf_kernels`).
-TF_KERNEL_REASON = "runs on TF's kernel, faster than tfxla-lite's today (--compile_convolutions)"
+# TF's kernel is faster than tfxla-lite's for the op's shape (`MarkOptions.tf_kernels`).
+TF_KERNEL_REASON = ("runs on TF's kernel, faster than tfxla-lite's for its shape "
+                    "(rules_conv_cost.py; --compile_convolutions compiles it)")
 RESOURCE_REASON = "resource op / variable plumbing"
 STATEFUL_REASON = "stateful op"
 # Auto mode checks an assertion in TF, as plain TF does; must-compile leaves it out, as
@@ -67,8 +69,8 @@ class MarkOptions:
     # When set, only these op types may compile (TFXLA_LITE_FLAGS=--ops_to_cluster).
     allowlist: frozenset[str] | None = None
     dynamic_shapes: bool = False
-    # Op types left to TF's own kernels because those are faster than ours today
-    # (convolutions: oneDNN), unless the options ask for them (`compile_convolutions`).
+    # Op types whose ops stay on TF's own kernels where those are faster for the op's
+    # shape (convolutions: oneDNN, rules_conv_cost.py), unless `compile_convolutions`.
     tf_kernels: frozenset[str] = field(default_factory=frozenset)
 
 
@@ -138,8 +140,8 @@ def why_not_compilable(op: tf.Operation, options: MarkOptions | None = None) -> 
         if t.dtype.base_dtype.name not in rule.dtypes | lists_ok:
             return f"dtype {t.dtype.name} not supported by {op.type}"
     reason = _why_not_by_shapes_or_rule(op, rule, options)
-    if reason is None and op.type in options.tf_kernels:
-        # Last: an op TF's kernel cannot run (a grouped convolution) keeps its own reason.
+    if reason is None and op.type in options.tf_kernels and tf_kernel_faster(op):
+        # Last, and by shape: a grouped convolution (no TF CPU kernel) is never left to TF.
         return f"op type {op.type} {TF_KERNEL_REASON}"
     return reason
 

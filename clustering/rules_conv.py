@@ -6,7 +6,8 @@ TF's XLA bridge builds it (tf2xla/kernels/conv_op_helpers.cc, MakeXlaForwardConv
 the window from strides, dilations and padding (SAME pads `max(0, (out-1)·stride +
 (k-1)·dilation + 1 - in)`, the odd element at the end; EXPLICIT takes the op's pairs);
 a grouped convolution (input depth a multiple k of the filter's) has
-feature_group_count k (refused by the check: see there); a
+feature_group_count k (TF's CPU kernels have none: the `tf_kernels` gate never leaves
+it to them, `rules_conv_cost.py`); a
 depthwise filter [H, W, C, M] is reshaped to [H, W, 1, C·M] with feature_group_count C
 (output channel c·M + m, TF's order). Channels-first inputs (NCHW/NCDHW) are
 transposed to channels-last around a channels-last convolution, as XLA's CPU backend
@@ -54,13 +55,6 @@ def _check_convolution(op: tf.Operation) -> str | None:
     padding = attribute(op, "padding", "VALID")
     if padding not in ("SAME", "VALID", "EXPLICIT"):
         return f"padding {padding}"
-    if op.type in ("Conv2D", "Conv3D"):
-        depth = op.inputs[0].shape[-1 if channels_last else 1]
-        if depth is not None and depth != op.inputs[1].shape[-2]:
-            # TF's CPU kernels have no grouped convolution (Keras runs them in a jit_compile
-            # function, for TF's XLA), but the `tf_kernels` gate leaves every Conv2D to
-            # them unless compile_convolutions: refused, a grouped one goes to TF's XLA.
-            return "grouped convolution (TF's XLA compiles it)"
     return None
 
 
@@ -132,9 +126,9 @@ def convolution(ctx: LoweringContext, lhs: Instruction, rhs: Instruction, window
     return ctx.convert(wide, etype)
 
 
-# The convolutions and their gradients (`rules_conv_grad.py`), which stay on TF's kernels
-# unless `Options.compile_convolutions`: the CPU kernels (codegen/cpu/convolution_gemm.py)
-# are not yet as fast as oneDNN's.
+# The convolutions and their gradients (`rules_conv_grad.py`), each of which stays on
+# TF's kernel where `rules_conv_cost.py` expects oneDNN faster for its shape, unless
+# `Options.compile_convolutions`.
 CONVOLUTION_OPS = frozenset({
     "Conv2D", "Conv3D", "DepthwiseConv2dNative",
     "Conv2DBackpropInput", "Conv3DBackpropInputV2", "DepthwiseConv2dNativeBackpropInput",
@@ -153,7 +147,7 @@ def feature_groups(depth: int, filter_depth: int) -> int:
 
 @register("Conv2D", "Conv3D", dtypes=FLOAT, check=_check_convolution,
           note="strides, dilations, SAME/VALID/EXPLICIT padding, NHWC/NCHW (NDHWC/NCDHW), "
-               "not grouped yet; 2-byte floats accumulate in float32")
+               "grouped; 2-byte floats accumulate in float32")
 def _lower_conv(ctx: LoweringContext, op: tf.Operation, operands: Operands
                 ) -> list[Instruction]:
     data_format = attribute(op, "data_format", "NHWC")

@@ -99,22 +99,6 @@ def _check_sizes(ctx: LoweringContext, op: tf.Operation, index: int) -> None:
                             f"with its output shape {list(dims)}")
 
 
-def _check_gradient(op: tf.Operation) -> str | None:
-    reason = _check_convolution(op)
-    if reason is not None or op.type.startswith("Depthwise"):
-        return reason
-    data_format = attribute(op, "data_format", "NHWC")
-    is_input = op.type in BACKPROP_INPUT_OPS
-    forward_input = op.outputs[0] if is_input else op.inputs[0]
-    filter_tensor = op.inputs[1] if is_input else op.outputs[0]
-    depth = forward_input.shape[-1 if data_format.endswith("C") else 1]
-    filter_depth = filter_tensor.shape[-2] if filter_tensor.shape.rank else None
-    if depth is not None and filter_depth is not None and depth != filter_depth:
-        # The forward grouped convolution stays in TF (rules_conv._check_convolution).
-        return "grouped convolution"
-    return None
-
-
 def _transposed_filter(spatial_rank: int) -> ConvolutionDimensions:
     """`b01f_01oi->b01f`: channels-last, the filter's features swapped (its `o` is the
     forward's input feature)."""
@@ -241,9 +225,9 @@ def _backprop_input_by_phases(ctx: LoweringContext, grad: Instruction, kernel: I
     return ctx.emit("slice", [whole], slice=tuple((0, n, 1) for n in input_dims))
 
 
-@register(*BACKPROP_INPUT_OPS, dtypes=FLOAT, static_inputs=(0,), check=_check_gradient,
+@register(*BACKPROP_INPUT_OPS, dtypes=FLOAT, static_inputs=(0,), check=_check_convolution,
           note="strides, dilations, SAME/VALID/EXPLICIT padding, NHWC/NCHW (NDHWC/NCDHW), "
-               "not grouped yet; input_sizes a compile-time constant; 2-byte floats "
+               "grouped; input_sizes a compile-time constant; 2-byte floats "
                "accumulate in float32")
 def _lower_backprop_input(ctx: LoweringContext, op: tf.Operation, operands: Operands
                           ) -> list[Instruction]:
@@ -274,9 +258,9 @@ def _lower_backprop_input(ctx: LoweringContext, op: tf.Operation, operands: Oper
     return [_channels_first(ctx, result, data_format)]
 
 
-@register(*BACKPROP_FILTER_OPS, dtypes=FLOAT, static_inputs=(1,), check=_check_gradient,
+@register(*BACKPROP_FILTER_OPS, dtypes=FLOAT, static_inputs=(1,), check=_check_convolution,
           note="strides, dilations, SAME/VALID/EXPLICIT padding, NHWC/NCHW (NDHWC/NCDHW), "
-               "not grouped yet; filter_sizes a compile-time constant; 2-byte floats "
+               "grouped; filter_sizes a compile-time constant; 2-byte floats "
                "accumulate in float32")
 def _lower_backprop_filter(ctx: LoweringContext, op: tf.Operation, operands: Operands
                            ) -> list[Instruction]:

@@ -27,8 +27,6 @@ NOT_SUPPORTED: dict[str, str] = {
         "stay in TF (only TF's Philox is reproduced)",
     "Einsum with an ellipsis or a repeated label": "not lowered yet (a diagonal needs a gather)",
     "If, While, StatelessIf, StatelessWhile": "control flow is not clustered yet",
-    "Conv2DBackpropInput, Conv2DBackpropFilter, the 3-D and depthwise backprops":
-        "not lowered yet (issue 21: forward convolutions, pooling and batch norm are)",
 }
 
 # Where TF's kernels and XLA disagree: (TF ops, TF's CPU kernel, TF's XLA, tfxla-lite),

@@ -100,8 +100,8 @@ FLAGS: dict[str, Flag] = {flag.name: flag for flag in (
          "tf.function(jit_compile=True) raises when tfxla-lite cannot compile it, "
          "instead of falling back to TF's XLA (or auto-clustering) with a warning"),
     Flag("compile_convolutions", "", _boolean,
-         "compile Conv2D/Conv3D/DepthwiseConv2dNative and their gradients (default false: "
-         "TF's oneDNN kernels are faster today)"),
+         "compile every Conv2D/Conv3D/DepthwiseConv2dNative and their gradients (default "
+         "false: those oneDNN runs faster for their shape stay in TF, rules_conv_cost.py)"),
     Flag("log_level", "LEVEL", lambda text: _text(text).lower(),
          "level of the 'tfxla_lite' logger: debug, info, warning or error"),
     Flag("pause_collector", "", _boolean,

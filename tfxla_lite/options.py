@@ -47,11 +47,12 @@ class Options:
     INFO. `strict_jit_compile`: a `jit_compile=True` function (through the patched
     `tf.function` or `tfxla_lite.function`) raises `CompilationError` where tfxla-lite
     cannot compile a trace, instead of falling back to TF's XLA (or auto-clustering)
-    with a warning (`tfxla_lite/xla_fallback.py`). `compile_convolutions`: Conv2D,
+    with a warning (`tfxla_lite/xla_fallback.py`). `compile_convolutions`: every Conv2D,
     Conv3D and DepthwiseConv2dNative and their gradients join clusters (off by default:
-    TF's oneDNN kernels are faster than tfxla-lite's convolution today,
-    docs/benchmarks.md). `hlo_control_flow` (default True): a While, If or Case op whose
-    functions compile joins a cluster whole, as an HLO while or conditional
+    one stays on TF's oneDNN kernel where `clustering/rules_conv_cost.py` expects that
+    faster for its shape, docs/benchmarks.md; a grouped one always compiles).
+    `hlo_control_flow` (default True): a While, If or Case op whose functions compile
+    joins a cluster whole, as an HLO while or conditional
     (clustering/rules_control_flow.py); False leaves it in TF calling its bodies'
     clusters, a launch per iteration. `log_level`
     sets the level of the "tfxla_lite" logger (None: leave it as it is).

@@ -1,8 +1,8 @@
 """`jit_compile=True` that tfxla-lite cannot compile whole falls back to TF's XLA, never to
 TF's kernels alone (tfxla_lite/xla_fallback.py): grouped convolutions, which TF's CPU
-kernels refuse, give TF's numbers; an op without a lowering runs on TF's XLA and the
-report says so; random numbers and other ops left to TF by design stay auto-clustered;
-what TF's XLA refuses too raises, as plain TF does."""
+kernels refuse (tfxla-lite compiles them), give TF's XLA's numbers; an op without a
+lowering runs on TF's XLA and the report says so; random numbers and other ops left to
+TF by design stay auto-clustered; what TF's XLA refuses too raises, as plain TF does."""
 
 from __future__ import annotations
 
@@ -43,8 +43,8 @@ def test_grouped_convolution_layers_give_tf_numbers(make, shape) -> None:
 
 
 def test_grouped_conv3d_trains_a_step_like_tf() -> None:
-    # The step is jit_compile=True too; the convolution's call (and its gradient's) stays
-    # a call of TF's XLA function inside it, the rest compiled by tfxla-lite.
+    # The step is jit_compile=True too; the grouped convolution and its gradients compile
+    # with it (TF's CPU kernels cannot run them: clustering/rules_conv_cost.py).
     def build() -> keras.Model:
         keras.utils.set_random_seed(0)
         model = keras.Sequential([keras.Input((4, 4, 4, 4)), keras.layers.Conv3D(4, 2, groups=2),

@@ -21,8 +21,9 @@ from tolerances import assert_close
 
 import tfxla_lite as tl
 from tfxla_lite.clustering import cluster_graph, lower_cluster
-from tfxla_lite.clustering.mark import mark
+from tfxla_lite.clustering.mark import MarkOptions, mark
 from tfxla_lite.clustering.registry import constant_value
+from tfxla_lite.clustering.rules_conv import CONVOLUTION_OPS
 from tfxla_lite.options import Options
 
 F16, BF16, F32, F64 = np.float16, tf.bfloat16.as_numpy_dtype, np.float32, np.float64
@@ -321,19 +322,31 @@ def test_concat_offset_folds() -> None:
     check_against_tf(fn, args, "ConcatOffset")
 
 
-def test_grouped_gradients_stay_in_tf() -> None:
-    """As the grouped forward does (rules_conv._check_convolution)."""
+@pytest.mark.parametrize("x_shape, w_shape, strides", [
+    ((1, 5, 5, 4), (3, 3, 2, 6), 1),  # 2 groups: the element generator
+    ((2, 6, 7, 32), (3, 3, 16, 24), 2),  # 2 wide groups, strided: phases, GEMM paths
+])
+def test_grouped_gradients(x_shape: tuple[int, ...], w_shape: tuple[int, ...],
+                           strides: int) -> None:
+    """A grouped convolution's gradients (TF's CPU has no kernel: TF's XLA is the
+    oracle) compile, and the cost rule never leaves them to TF."""
 
-    def fn(w: tf.Tensor, grad: tf.Tensor) -> tf.Tensor:
-        return tf.raw_ops.Conv2DBackpropInput(input_sizes=tf.constant([1, 5, 5, 4]),
-                                              filter=w, out_backprop=grad, strides=[1] * 4,
-                                              padding="SAME")
+    def fn(x: tf.Tensor, w: tf.Tensor, upstream: tf.Tensor) -> list[tf.Tensor]:
+        with tf.GradientTape() as tape:
+            tape.watch([x, w])
+            y = tf.nn.conv2d(x, w, strides, "SAME")
+        return tape.gradient(y, [x, w], output_gradients=upstream)
 
-    concrete = trace(fn, [sample((3, 3, 2, 6), F32), sample((1, 5, 5, 6), F32)])
-    decisions = mark(concrete.graph)
-    (op,) = [op for op in concrete.graph.get_operations() if op.type == "Conv2DBackpropInput"]
-    assert not decisions[op.name].compilable
-    assert "grouped" in decisions[op.name].reason
+    out_shape = (x_shape[0], -(-x_shape[1] // strides), -(-x_shape[2] // strides), w_shape[-1])
+    args = [sample(x_shape, F32, seed=1, edges=False), sample(w_shape, F32, seed=2, edges=False),
+            sample(out_shape, F32, seed=3, edges=False)]
+    _check(fn, args, "Conv2DBackpropFilter", reference_xla=True)
+    concrete = trace(fn, args)
+    decisions = mark(concrete.graph, MarkOptions(tf_kernels=CONVOLUTION_OPS))
+    ops = [op for op in concrete.graph.get_operations() if op.type.startswith("Conv2D")]
+    assert {op.type for op in ops} >= {"Conv2DBackpropInput", "Conv2DBackpropFilter"}
+    for op in ops:
+        assert decisions[op.name].compilable, (op.type, decisions[op.name].reason)
 
 
 def test_unknown_sizes_stay_in_tf() -> None:

@@ -17,7 +17,8 @@ from tf_harness import check_against_tf, sample, tf_result, trace
 from tolerances import assert_close
 
 import tfxla_lite as tl
-from tfxla_lite.clustering.mark import mark
+from tfxla_lite.clustering.mark import MarkOptions, mark
+from tfxla_lite.clustering.rules_conv import CONVOLUTION_OPS
 from tfxla_lite.options import Options
 
 F16, BF16, F32, F64 = np.float16, tf.bfloat16.as_numpy_dtype, np.float32, np.float64
@@ -129,18 +130,44 @@ def test_conv3d(strides: tuple[int, ...], padding: str) -> None:
     _check(fn, _operands((1, 5, 6, 4, 2), (2, 3, 3, 2, 3), F32), "Conv3D")
 
 
-def test_grouped_conv2d_stays_in_tf() -> None:
-    # TF's CPU kernels have none, and the tf_kernels gate is by op type: it goes to TF's XLA
-    # (see rules_conv._check_convolution).
+@pytest.mark.parametrize("x_shape, w_shape, strides, padding", [
+    ((1, 5, 5, 4), (3, 3, 2, 6), 1, "SAME"),  # 2 groups of 2 inputs and 3 outputs
+    ((2, 7, 6, 32), (3, 3, 8, 16), 2, "VALID"),  # 4 groups, 4 outputs each
+    ((2, 6, 6, 32), (1, 1, 16, 32), 1, "VALID"),  # 2 wide groups: the GEMM path
+])
+def test_grouped_conv2d(x_shape: tuple[int, ...], w_shape: tuple[int, ...], strides: int,
+                        padding: str) -> None:
+    """TF's CPU kernels have no grouped convolution (TF's XLA is the oracle): it compiles,
+    and the cost rule never leaves it to TF (rules_conv_cost.py)."""
 
     def fn(x: tf.Tensor, w: tf.Tensor) -> tf.Tensor:
-        return tf.nn.conv2d(x, w, 1, "SAME")
+        return tf.nn.conv2d(x, w, strides, padding)
 
-    concrete = trace(fn, _operands((1, 5, 5, 4), (3, 3, 2, 6), F32))
-    decisions = mark(concrete.graph)
+    args = _operands(x_shape, w_shape, F32)
+    _check(fn, args, "Conv2D")
+    concrete = trace(fn, args)
+    decisions = mark(concrete.graph, MarkOptions(tf_kernels=CONVOLUTION_OPS))
     (conv,) = [op for op in concrete.graph.get_operations() if op.type == "Conv2D"]
-    assert not decisions[conv.name].compilable
-    assert "grouped" in decisions[conv.name].reason
+    assert decisions[conv.name].compilable, decisions[conv.name].reason
+
+
+def test_grouped_conv2d_compiles_by_default_in_both_modes() -> None:
+    """Without compile_convolutions, a grouped conv joins the cluster (TF could not run
+    it), in auto and must-compile mode, nothing on TF's XLA."""
+    x, w = (tf.constant(a) for a in _operands((2, 6, 6, 16), (3, 3, 8, 16), F32))
+
+    def fn(x: tf.Tensor, w: tf.Tensor) -> tf.Tensor:
+        return tf.nn.relu(tf.nn.conv2d(x, w, 1, "SAME"))
+
+    (expected,) = tf_result(fn, [x.numpy(), w.numpy()], xla=True)
+    for jit_compile in (None, True):
+        compiled = tl.function(fn, jit_compile=jit_compile,
+                               options=Options(min_cluster_size=1, verify=True,
+                                               strict_jit_compile=bool(jit_compile)))
+        assert_close(compiled(x, w).numpy(), expected, "Conv2D", f"jit_compile={jit_compile}")
+        report = compiled.explain(x, w)
+        assert not report.runs_on_xla
+        assert not [f for f in report.fallbacks if f.op_type == "Conv2D"], report.fallbacks
 
 
 def test_conv_in_both_modes() -> None:

@@ -1,0 +1,97 @@
+"""The default per-op choice between TF's convolution kernels (oneDNN) and tfxla-lite's
+(`clustering/rules_conv_cost.py`, applied by mark.py's `tf_kernels` gate): by shape,
+grouped convolutions always compiled, depthwise ones and unknown shapes left to TF."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tf_harness import trace
+
+from tfxla_lite.clustering.mark import TF_KERNEL_REASON, MarkOptions, mark
+from tfxla_lite.clustering.rules_conv import CONVOLUTION_OPS
+from tfxla_lite.clustering.rules_conv_cost import (
+    FILTER_FEATURES,
+    FORWARD_FEATURES,
+    WINDOW_FEATURES,
+    tf_kernel_faster,
+)
+
+GATED = MarkOptions(tf_kernels=CONVOLUTION_OPS)
+
+
+def _op(fn: Callable[..., Any], shapes: list[tuple[int, ...]], op_type: str
+        ) -> tuple[tf.Operation, Any]:
+    concrete = trace(fn, [np.zeros(s, np.float32) for s in shapes])
+    (op,) = [op for op in concrete.graph.get_operations() if op.type == op_type]
+    return op, concrete.graph
+
+
+def _forward(x: tuple[int, ...], w: tuple[int, ...]) -> tf.Operation:
+    return _op(lambda x, w: tf.nn.conv2d(x, w, 1, "SAME"), [x, w], "Conv2D")[0]
+
+
+def _backprop(op_type: str, x: tuple[int, ...], w: tuple[int, ...]) -> tf.Operation:
+    def fn(x: tf.Tensor, w: tf.Tensor) -> list[tf.Tensor]:
+        with tf.GradientTape() as tape:
+            tape.watch([x, w])
+            y = tf.nn.conv2d(x, w, 1, "SAME")
+        return tape.gradient(y, [x, w])
+
+    return _op(fn, [x, w], op_type)[0]
+
+
+@pytest.mark.parametrize("window, outputs, faster", [
+    (1, FORWARD_FEATURES, False), (1, FORWARD_FEATURES - 1, True),
+    (3, WINDOW_FEATURES, False), (3, WINDOW_FEATURES - 1, True),
+])
+def test_forward_by_output_features(window: int, outputs: int, faster: bool) -> None:
+    assert tf_kernel_faster(_forward((2, 4, 4, 8), (window, window, 8, outputs))) is faster
+
+
+@pytest.mark.parametrize("op_type, threshold", [
+    ("Conv2DBackpropInput", WINDOW_FEATURES), ("Conv2DBackpropFilter", FILTER_FEATURES)])
+def test_gradients_by_the_narrower_features(op_type: str, threshold: int) -> None:
+    wide = _backprop(op_type, (1, 3, 3, threshold), (3, 3, threshold, threshold + 5))
+    narrow = _backprop(op_type, (1, 3, 3, threshold + 5), (3, 3, threshold + 5,
+                                                            threshold - 1))
+    assert not tf_kernel_faster(wide)
+    assert tf_kernel_faster(narrow)
+
+
+def test_grouped_convolutions_are_never_left_to_tf() -> None:
+    op, graph = _op(lambda x, w: tf.nn.conv2d(x, w, 1, "SAME"), [(1, 5, 5, 4), (3, 3, 2, 6)],
+                    "Conv2D")
+    assert not tf_kernel_faster(op)
+    assert mark(graph, GATED)[op.name].compilable
+
+
+def test_depthwise_and_unknown_shapes_stay_on_tf() -> None:
+    op, graph = _op(lambda x, w: tf.nn.depthwise_conv2d(x, w, [1, 1, 1, 1], "SAME"),
+                    [(1, 8, 8, 512), (3, 3, 512, 1)], "DepthwiseConv2dNative")
+    assert tf_kernel_faster(op)
+    decision = mark(graph, GATED)[op.name]
+    assert not decision.compilable and TF_KERNEL_REASON in decision.reason
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 4, 4, 8]),
+                                  tf.TensorSpec([1, 1, 8, 1024])])
+    def fn(x: tf.Tensor, w: tf.Tensor) -> tf.Tensor:
+        return tf.nn.conv2d(x, w, 1, "SAME")
+
+    (conv,) = [op for op in fn.get_concrete_function().graph.get_operations()
+               if op.type == "Conv2D"]
+    assert tf_kernel_faster(conv)
+
+
+def test_the_gate_follows_the_rule_and_compile_convolutions_lifts_it() -> None:
+    wide, graph = _op(lambda x, w: tf.nn.conv2d(x, w, 1, "SAME"),
+                      [(2, 4, 4, 8), (1, 1, 8, 256)], "Conv2D")
+    assert mark(graph, GATED)[wide.name].compilable
+    narrow, graph = _op(lambda x, w: tf.nn.conv2d(x, w, 1, "SAME"),
+                        [(2, 4, 4, 8), (3, 3, 8, 16)], "Conv2D")
+    assert not mark(graph, GATED)[narrow.name].compilable
+    assert mark(graph, MarkOptions())[narrow.name].compilable  # compile_convolutions
