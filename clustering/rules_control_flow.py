@@ -56,7 +56,7 @@ LIST_OPS = frozenset({
     "TensorListElementShape", "TensorListLength",
 })
 FUNCTIONAL_OPS = frozenset(WHILE_OPS + IF_OPS + CASE_OPS)
-VARIANT_OPS = LIST_OPS | FUNCTIONAL_OPS | {"Identity", "ZerosLike"}
+VARIANT_OPS = LIST_OPS | FUNCTIONAL_OPS | {"Identity", "ZerosLike", "AddN"}
 _DTYPES = ALL | {"variant"}
 # A loop's or branch's arguments may be variable handles too (`_check_variables`).
 _FUNCTIONAL_DTYPES = _DTYPES | {"resource"}
@@ -106,7 +106,7 @@ def list_shape(tensor: tf.Tensor, _depth: int = 0) -> Shape | None:
     if tensor.dtype.base_dtype.name != "variant" or _depth > 64:
         return None
     op = tensor.op
-    if (op.type in _SAME_LIST or op.type == "ZerosLike") and tensor.value_index == 0:
+    if (op.type in _SAME_LIST or op.type in ("ZerosLike", "AddN")) and tensor.value_index == 0:
         return list_shape(op.inputs[0], _depth + 1)
     if op.type in WHILE_OPS:
         return list_shape(op.inputs[tensor.value_index], _depth + 1)
@@ -121,11 +121,27 @@ def list_shape(tensor: tf.Tensor, _depth: int = 0) -> Shape | None:
         return None if not dims else _list(etype, dims[0], dims[1:])
     if op.type not in ("TensorListReserve", "EmptyTensorList"):
         return None
-    size = constant_value(op.inputs[1])
-    if size is None or size.size != 1 or int(size) < 0:
+    size = _list_size(op.inputs[1])
+    if size is None:
         return None
-    element = _element_dims(op.inputs[0]) or _element_dims_from_reads(tensor)
-    return None if element is None else _list(etype, int(size), element)
+    element = _element_dims(op.inputs[0])
+    if element is None:
+        element = _element_dims_from_reads(tensor)
+    return None if element is None else _list(etype, size, element)
+
+
+def _list_size(size: tf.Tensor) -> int | None:
+    """A list's capacity: a constant, or the length of a full list (a gradient reserves
+    one like the list it flows back through)."""
+    value = constant_value(size)
+    if value is None:
+        value = _popped(size)
+    if value is not None:
+        return int(value) if value.size == 1 and int(value) >= 0 else None
+    if size.op.type == "TensorListLength" and _full(size.op.inputs[0]):
+        shape = list_shape(size.op.inputs[0])
+        return None if shape is None else shape.tuple_shapes[0].dims[0]  # type: ignore[index]
+    return None
 
 
 def _list(etype: str, size: int, element: Sequence[int]) -> Shape:
@@ -134,7 +150,12 @@ def _list(etype: str, size: int, element: Sequence[int]) -> Shape:
 
 def _element_dims(shape: tf.Tensor) -> tuple[int, ...] | None:
     """The element dims an `element_shape` input gives, when fully known."""
+    if shape.op.type == "TensorListElementShape":
+        source = list_shape(shape.op.inputs[0])
+        return None if source is None else source.tuple_shapes[0].dims[1:]  # type: ignore[index]
     value = constant_value(shape)
+    if value is None:
+        value = _popped(shape)
     if value is None or value.ndim != 1 or (value < 0).any():
         return None  # -1 (scalar): unknown rank; a -1 inside: an unknown dimension
     return tuple(int(d) for d in value)
@@ -235,9 +256,10 @@ _LIST = {"dtypes": _DTYPES, "check": _check_list,
          "note": "(buffer, length) of a static element shape and capacity, inside one cluster"}
 
 
-@register("TensorListReserve", static_inputs=(0, 1), **_LIST)
+@register("TensorListReserve", unused_inputs=(0, 1), **_LIST)
 def _reserve(ctx: LoweringContext, op: tf.Operation, operands: list[Any]) -> list[Instruction]:
-    return [_made(ctx, op, int(ctx.static_input(1)))]
+    shape = list_shape(op.outputs[0])  # its shape and size are known (_check_list)
+    return [_made(ctx, op, shape.tuple_shapes[0].dims[0] if shape else 0)]  # type: ignore[index]
 
 
 @register("EmptyTensorList", static_inputs=(0, 1), **_LIST)
@@ -308,6 +330,8 @@ def _full(tensor: tf.Tensor, _depth: int = 0) -> bool:
         return False
     if op.type in ("TensorListFromTensor", "TensorListReserve"):
         return True
+    if op.type == "Placeholder":
+        return op.name in _FULL_PARAMETERS.get(op.graph, set())
     if op.type in ("Identity", "TensorListSetItem") or (
             op.type in WHILE_OPS and _loop_keeps(op, tensor.value_index)):
         return _full(op.inputs[tensor.value_index if op.type in WHILE_OPS else 0],
@@ -341,6 +365,15 @@ def zeros_list(ctx: LoweringContext, op: tf.Operation) -> Instruction:
     return ctx.emit("tuple", [ctx.full(0, buffer), ctx.constant(buffer.dims[0], "s32")])
 
 
+def add_lists(ctx: LoweringContext, lists: Sequence[Instruction]) -> Instruction:
+    """AddN of TensorLists (a gradient's sum for a list used twice): element by element,
+    of the first list's length (TF requires them equal)."""
+    total, length = _parts(ctx, lists[0])
+    for handle in lists[1:]:
+        total = ctx.emit("add", [total, _parts(ctx, handle)[0]])
+    return ctx.emit("tuple", [total, length])
+
+
 # -- function bodies -------------------------------------------------------------------------
 def _library(graph: tf.Graph) -> dict[str, Any]:
     """The FunctionDefs `graph` knows, by name (as the rewrite exports them)."""
@@ -357,11 +390,17 @@ _LIBRARIES: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDict
 
 def _body_graphs(op: tf.Operation, arguments: Sequence[Shape]) -> list[tf.Graph]:
     """The graphs of `op`'s functions (cond and body; the branches), with placeholders of
-    the op's input shapes and TensorList arguments of the given list shapes."""
+    the op's input shapes and TensorList arguments of the given list shapes; built once
+    per op and argument shapes (the check and the lowering share them)."""
     from tfxla_lite import control_flow
     from tfxla_lite.inline import inline_function_calls
 
+    known = _BODY_GRAPHS.setdefault(op.graph, {})
+    key = (op.name, tuple(str(a) for a in arguments))
+    if key in known:
+        return known[key]
     library = _library(op.graph)
+    start = 0 if op.type in WHILE_OPS else 1
     graphs = []
     for call in control_flow.op_calls(op, library, exact_shapes=True):
         if call.function not in library:
@@ -370,8 +409,69 @@ def _body_graphs(op: tf.Operation, arguments: Sequence[Shape]) -> list[tf.Graph]
         graph = inline_function_calls(graph) or graph
         _PARAMETER_LISTS[graph] = {
             t.op.name: shape for t, shape in zip(graph.inputs, arguments) if shape.is_tuple}
+        _FULL_PARAMETERS[graph] = {
+            t.op.name for k, (t, source) in enumerate(zip(graph.inputs, op.inputs[start:]))
+            if source.dtype.base_dtype.name == "variant" and _full(source)
+            and (op.type not in WHILE_OPS or call.invariant[k])}
+        _POPPED[graph] = {t.op.name: value for t, source in zip(graph.inputs, op.inputs[start:])
+                          if (value := _pushed_value(source)) is not None}
         graphs.append(graph)
+    known[key] = graphs
     return graphs
+
+
+# Per graph: the graphs of its control-flow ops' functions, by op name and argument shapes.
+_BODY_GRAPHS: weakref.WeakKeyDictionary[Any, dict[tuple[str, tuple[str, ...]], list[Any]]] = (
+    weakref.WeakKeyDictionary())
+# Per function graph: its TensorList placeholders whose lists are full (`_full`).
+_FULL_PARAMETERS: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
+# Per function graph: its TensorList placeholders whose every element is one known value:
+# a forward loop's accumulators of a list's element shape or length, which its gradient
+# loop pops to reserve a list like it (what it pops is then known at compile time).
+_POPPED: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
+
+
+def _pushed_value(source: tf.Tensor) -> Any:
+    """The one value every element of TensorList `source` has, when it is a While's
+    output that the loop's body pushes a compile-time value onto, else None."""
+    import numpy as np
+
+    op, index = source.op, source.value_index
+    while op.type == "Identity" and op.inputs:
+        op, index = op.inputs[0].op, op.inputs[0].value_index
+    if op.type not in WHILE_OPS or not _BODY_GRAPHS.get(op.graph):
+        return None
+    graphs = [g for (name, _), found in _BODY_GRAPHS[op.graph].items() if name == op.name
+              for g in found[1:2]]
+    if not graphs:
+        return None
+    body = graphs[0]
+    pushed = body.outputs[index].op
+    while pushed.type == "Identity" and pushed.inputs:
+        pushed = pushed.inputs[0].op
+    if pushed.type != "TensorListPushBack" or pushed.inputs[0].op.name != \
+            body.inputs[index].op.name:
+        return None
+    value = pushed.inputs[1]
+    if value.op.type == "TensorListElementShape":
+        dims = _element_dims(value)
+        return None if dims is None else np.array(dims, value.dtype.as_numpy_dtype)
+    if value.op.type == "TensorListLength":
+        size = _list_size(value)
+        return None if size is None else np.array(size, value.dtype.as_numpy_dtype)
+    return constant_value(value)
+
+
+def _popped(tensor: tf.Tensor) -> Any:
+    """The compile-time value of a TensorListPopBack's element, when its list's every
+    element is one known value (`_POPPED`)."""
+    op = tensor.op
+    if op.type != "TensorListPopBack" or tensor.value_index != 1:
+        return None
+    source = op.inputs[0].op
+    while source.type in ("TensorListPopBack", "Identity") and source.inputs:
+        source = source.inputs[0].op
+    return _POPPED.get(source.graph, {}).get(source.name)
 
 
 def _needed_ops(graph: tf.Graph, outputs: Iterable[tf.Tensor]) -> list[tf.Operation]:

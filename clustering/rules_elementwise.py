@@ -77,9 +77,13 @@ def _lower_squared_difference(ctx: LoweringContext, op: tf.Operation, operands: 
     return [ctx.emit("multiply", [difference, difference])]
 
 
-@register("AddN", dtypes=NUMERIC)
+@register("AddN", dtypes=NUMERIC, note="of TensorLists too, element by element")
 def _lower_add_n(ctx: LoweringContext, op: tf.Operation, operands: Operands
                  ) -> list[Instruction]:
+    if operands[0].shape.is_tuple:  # TensorLists (clustering/rules_control_flow.py)
+        from tfxla_lite.clustering.rules_control_flow import add_lists
+
+        return [add_lists(ctx, operands)]
     total = operands[0]
     for x in operands[1:]:
         total = ctx.emit("add", [total, x])

@@ -147,6 +147,22 @@ def test_gradient_of_a_loop_lowers_the_forward_and_gradient_loops() -> None:
     _lowered(fn, args, ["StatelessWhile", "EmptyTensorList"])
 
 
+def test_gradients_of_scan_and_map_fn() -> None:
+    """The gradient loops pop the forward loops' accumulators, reserve lists like the
+    ones they flow back through (shape and length popped) and add lists (AddN)."""
+    def fn(x: tf.Tensor, w: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        with tf.GradientTape() as tape:
+            tape.watch([x, w])
+            s = tf.scan(lambda a, b: tf.sin(a) * b + w, x)
+            m = tf.map_fn(lambda r: tf.reduce_sum(tf.tanh(r * w)), x)
+            y = tf.reduce_sum(s * s) + tf.reduce_sum(m)
+        return tape.gradient(y, [x, w])
+
+    rng = _rng()
+    _lowered(fn, [rng.normal(size=(5, 3)).astype(F32), rng.normal(size=(3,)).astype(F32)],
+             ["StatelessWhile", "EmptyTensorList", "AddN"])
+
+
 def test_a_loop_whose_state_changes_shape_stays_in_tf() -> None:
     def fn(x: tf.Tensor) -> tf.Tensor:
         return tf.while_loop(lambda a: tf.shape(a)[0] < 8, lambda a: tf.concat([a, a], 0),
@@ -204,8 +220,8 @@ def test_scan_cond_and_gradient_run_as_one_launch(jit_compile: bool | None) -> N
                               maximum_iterations=4)[1]
             y = tf.cond(tf.reduce_sum(h) > 0.0, lambda: tf.reduce_sum(h * h),
                         lambda: tf.reduce_sum(tf.abs(h)))
-        s = tf.scan(lambda a, b: a * 0.5 + b, h)
-        return y + tf.reduce_sum(s), tape.gradient(y, w)
+            y += tf.reduce_sum(tf.scan(lambda a, b: tf.sin(a) * 0.5 + b, h))
+        return y, tape.gradient(y, w)
 
     args = _recurrence_args(0)[:2]
     f = tl.function(fn, jit_compile=jit_compile)
