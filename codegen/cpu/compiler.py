@@ -516,7 +516,14 @@ def emit_function(llvm_module: ir.Module, pool: ConstantPool, kernels: KernelMer
             kernel_count += count
         return functions[callee.name]
 
+    # Forwarding names (tuples, get-tuple-elements, a loop's unchanged leaves) resolve
+    # to the instruction and leaf that define the value (a constant's pointer is its own).
+    value_at = entry_values(computation)
+
     def pointer_of(inst: Instruction, index: tuple[int, ...] = ()) -> ir.Value:
+        value = value_at.get((id(inst), index))
+        if value is not None:
+            inst, index = value.instruction, value.index
         if (id(inst), index) not in pointers:
             pointers[(id(inst), index)] = _buffer_pointer(builder, pool, assignment, inst,
                                                           params_arg, outputs_arg, temp_arg,
@@ -565,7 +572,6 @@ def emit_function(llvm_module: ir.Module, pool: ConstantPool, kernels: KernelMer
     # Outputs whose value lives elsewhere (a parameter, a constant, an earlier output)
     # are copied; after the `add-output-copies` pass the entry has none. A called
     # computation's output may be its parameter's own buffer (a loop's unchanged state).
-    value_at = entry_values(computation)
     for j, (index, shape) in enumerate(leaves(root.shape)):
         value = value_at[(id(root), index)]
         out_slice = _leaf_slice(assignment, value.instruction, value.index)

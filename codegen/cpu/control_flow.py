@@ -9,7 +9,9 @@ the ABI of `entry` (`executable.py`: `f(void** params, void** outputs, void* tem
 outputs the flat leaves of its root. The caller's function emits the control flow
 around the calls, at the buffers its own plan gives (`ControlFlowPlan`):
 
-- `while`: the initial state is copied into the loop's state buffers once; then the
+- `while`: the initial state is copied into the loop's state buffers once (except the
+  leaves the body passes through unchanged, which the loop reads where the initial
+  state lives: buffer assignment forwards them, `entry_values`); then the
   condition runs on the state into a pred in the temp arena, and while it holds, the
   body reads the current state and writes the next one into the other buffer of each
   leaf it changes (ping-pong: a leaf's two buffers swap roles each iteration, by
@@ -75,19 +77,6 @@ def emit_copy(builder: ir.IRBuilder, destination: ir.Value, source: ir.Value, si
         builder.call(memcpy, [destination, source, I64(size), ir.IntType(1)(0)])
 
 
-def _defining(inst: Instruction, index: tuple[int, ...]
-              ) -> tuple[Instruction, tuple[int, ...]]:
-    """The instruction and leaf that define the leaf `index` of `inst`, through tuples and
-    get-tuple-elements (which only name values: a constant's pointer is its own)."""
-    while True:
-        if inst.opcode == "tuple" and index:
-            inst, index = inst.operand(index[0]), index[1:]
-        elif inst.opcode == "get-tuple-element":
-            inst, index = inst.operand(0), (int(inst.attributes["index"]), *index)
-        else:
-            return inst, index
-
-
 def _pointer_array(builder: ir.IRBuilder, pointers: list[ir.Value], name: str) -> ir.Value:
     """An array of `pointers` on the stack (in the function's entry block), filled here."""
     array = _entry_alloca(builder, PTR, name, max(1, len(pointers)))
@@ -118,7 +107,7 @@ def _emit_while(builder: ir.IRBuilder, inst: Instruction, plan: ControlFlowPlan,
     state = leaves(inst.shape)
     init = inst.operand(0)
     own = [pointer_of(inst, index) for index, _ in state]
-    sources = [pointer_of(*_defining(init, index)) for index, _ in state]
+    sources = [pointer_of(init, index) for index, _ in state]
     single = plan.passthrough | plan.in_place  # one buffer: parameter and output both
     second = [own[n] if n in single else _temp_at(b, temp, plan.scratch[n], "state")
               for n in range(len(state))]
@@ -128,7 +117,8 @@ def _emit_while(builder: ir.IRBuilder, inst: Instruction, plan: ControlFlowPlan,
     condition_function = function_of(condition, plan.computations[condition.name])
     body_function = function_of(body, plan.computations[body.name])
     for n, (_, shape) in enumerate(state):
-        emit_copy(b, own[n], sources[n], shape.byte_size)
+        if n not in plan.passthrough:  # those are the initial state's own buffers
+            emit_copy(b, own[n], sources[n], shape.byte_size)
     first = _pointer_array(b, own, "state.a")
     other = _pointer_array(b, second, "state.b")
     flag_outputs = _pointer_array(b, [flag], "flag.out")
@@ -172,7 +162,7 @@ def _emit_conditional(builder: ir.IRBuilder, inst: Instruction, plan: ControlFlo
     callee_temp = _temp_at(b, temp, plan.callee_temp, "callee.temp")
     outputs = _pointer_array(b, [pointer_of(inst, index) for index, _ in leaves(inst.shape)],
                              f"{inst.name}.outputs")
-    arguments = [_pointer_array(b, [pointer_of(*_defining(operand, index))
+    arguments = [_pointer_array(b, [pointer_of(operand, index)
                                     for index, _ in leaves(operand.shape)],
                                 f"{inst.name}.params{n}")
                  for n, operand in enumerate(operands)]

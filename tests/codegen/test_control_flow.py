@@ -248,8 +248,13 @@ def test_buffer_filled_by_dynamic_update_slice_in_a_loop() -> None:
     np.testing.assert_array_equal(buffer, np.arange(8, dtype=np.float32)[:, None] * x)
     assert_close(total, 28 * x, "Add")
     # The filling loop updates its buffer in place (one buffer, only the row written).
-    plan = compile_module(parse_module(FILL), cache=False).assignment.control_flow
+    assignment = compile_module(parse_module(FILL), cache=False).assignment
+    plan = assignment.control_flow
     assert plan["filled"].in_place == {1} and 1 not in plan["filled"].scratch
+    # The summing loop passes the buffer through: it reads the filled buffer where it
+    # is, with no copy and no buffer of its own.
+    assert plan["summed"].passthrough == {1}
+    assert assignment.slice_of("summed", (1,)) == assignment.slice_of("filled", (1,))
 
 
 # Each row is the previous row plus x: the body reads the buffer (dynamic-slice) besides

@@ -226,16 +226,23 @@ def leaves(shape: Shape, prefix: tuple[int, ...] = ()) -> list[tuple[tuple[int, 
 def entry_values(computation: Computation) -> dict[tuple[int, tuple[int, ...]], Value]:
     """The value at each (id(instruction), shape index) leaf of `computation`.
 
-    `tuple` and `get-tuple-element` forward their operands' values (no copy); every
-    other instruction defines one value per leaf.
+    `tuple` and `get-tuple-element` forward their operands' values (no copy), and so
+    does a `while` for the state leaves its body passes through unchanged
+    (`loop_passthrough`): the loop reads them in its initial state's own buffers, which
+    then live as long as the loop's result is read; every other instruction defines
+    one value per leaf.
     """
     value_at: dict[tuple[int, tuple[int, ...]], Value] = {}
     for inst in computation.instructions:
-        for index, shape in leaves(inst.shape):
+        passed = loop_passthrough(inst.called_computations[1]) \
+            if inst.opcode == "while" else frozenset()
+        for number, (index, shape) in enumerate(leaves(inst.shape)):
             if inst.opcode == "tuple":
                 value = value_at[(id(inst.operand(index[0])), index[1:])]
             elif inst.opcode == "get-tuple-element":
                 value = value_at[(id(inst.operand(0)), (inst.attributes["index"], *index))]
+            elif number in passed:
+                value = value_at[(id(inst.operand(0)), index)]
             else:
                 value = Value(inst, index, shape)
             value_at[(id(inst), index)] = value
@@ -433,14 +440,17 @@ def assign_computation(entry: Computation, in_place: bool = True,
     temp_bytes_without_reuse = sum(_align(t.shape.byte_size) for t in temps)
     temp_bytes = _place_groups(groups, outputs, live_ranges, slices, unshared)
 
-    # Names that forward a value (get-tuple-element, and tuples other than the root)
-    # share its slice.
+    # Names that forward a value (get-tuple-element, tuples other than the root, a
+    # loop's unchanged leaves) share its slice.
     aliases: dict[str, str] = {}
     value_at = facts.value_at
     for inst in order:
-        if inst.opcode in ("tuple", "get-tuple-element") and inst is not root:
+        if (inst.opcode in ("tuple", "get-tuple-element") and inst is not root) \
+                or inst.opcode == "while":
             for index, _ in leaves(inst.shape):
-                aliases[leaf_name(inst.name, index)] = value_at[(id(inst), index)].name
+                value = value_at[(id(inst), index)]
+                if value.instruction is not inst:
+                    aliases[leaf_name(inst.name, index)] = value.name
     ordered = {v.name: slices[v.name] for v in defined}
     control_flow: dict[str, ControlFlowPlan] = {}
     region = _align(temp_bytes)
@@ -454,7 +464,8 @@ def assign_computation(entry: Computation, in_place: bool = True,
 
 def loop_passthrough(body: Computation) -> frozenset[int]:
     """The flat leaves of a loop body's state that its root returns unchanged (the
-    parameter's own leaf at the same position): one buffer serves both states."""
+    parameter's own leaf at the same position): the loop reads them where its initial
+    state lives, a buffer that serves every iteration (`entry_values`)."""
     assert body.root is not None
     value_at = entry_values(body)
     (parameter,) = body.parameters
