@@ -1,5 +1,10 @@
 """Control flow: the bodies of While and If ops, clustered inside.
 
+A While, If or Case op whose functions lower entirely joins a cluster whole as an HLO
+`while` or `conditional` (clustering/rules_control_flow.py, which builds the function
+graphs with `function_graph` and `op_calls`); this module's body-by-body path is for the
+others (and for every loop with `Options(hlo_control_flow=False)`).
+
 Where it sits: `compiler.build_program` asks `body_calls(graph)` for the function
 attributes of every While/StatelessWhile (`cond`, `body`) and If/StatelessIf
 (`then_branch`, `else_branch`) op of a traced graph. Each such function is a
