@@ -345,7 +345,8 @@ class Function(polymorphic_function.Function):
 
         Stages: 'hlo' (as lowered from TF), 'optimized_hlo' (after the passes,
         fusion computations included), 'buffer_assignment', 'llvm' (optimized
-        LLVM IR) and 'llvm_unoptimized'; one block per compiled cluster. GPU
+        LLVM IR), 'llvm_unoptimized' and 'stablehlo' (the cluster as StableHLO MLIR
+        text, `tfxla_lite/hlo/stablehlo.py`); one block per compiled cluster. GPU
         clusters have 'cuda' and 'kernel_plan' instead of the 'llvm' stages
         (`Program.compiler_ir`).
         """

@@ -13,6 +13,9 @@
   `--check`, compare with the NumPy evaluator. Exit status 0 when it ran (and
   matched), 1 on a mismatch, 2 when the text does not parse, verify or compile
   (opcodes nothing here runs are named first: `not supported: custom-call, ...`).
+- `tfxla-lite export-stablehlo FILE [-p PASSES] [-o OUT]`: parse HLO text (after the
+  passes asked, none by default), print its entry as StableHLO MLIR text
+  (`tfxla_lite/hlo/stablehlo.py`); exit status 2 naming an opcode it cannot write.
 """
 
 from __future__ import annotations
@@ -67,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
                         "ops and FLOPs compiled, beside TF's auto-clustering", add_help=False)
     _add_opt_parser(commands)
     _add_run_hlo_parser(commands)
+    _add_export_parser(commands)
     args, rest = parser.parse_known_args(argv)
     if args.command == "demo":
         from tfxla_lite.demo import main as demo_main
@@ -88,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "opt":
             return run_opt(options)
+        if args.command == "export-stablehlo":
+            return run_export_stablehlo(options, args.output)
         return run_hlo(options)
     except CommandError as error:
         print(f"tfxla-lite {args.command}: {error}", file=sys.stderr)
@@ -119,6 +125,35 @@ def _add_run_hlo_parser(commands: Any) -> None:
                      help="passes to run before codegen (default: codegen's own)")
     run.add_argument("--no-verify", dest="verify", action="store_false",
                      help="skip the verifier before and after each pass")
+
+
+def _add_export_parser(commands: Any) -> None:
+    export = commands.add_parser("export-stablehlo",
+                                 help="print an HLO text file's entry as StableHLO MLIR text")
+    export.add_argument("file", help="HLO text file ('-' for stdin)")
+    export.add_argument("-p", "--pipeline", default="",
+                        help="passes to run first (default: none, the module as written)")
+    export.add_argument("-o", "--output", default=None, help="write here instead of stdout")
+    export.add_argument("--no-verify", dest="verify", action="store_false",
+                        help="skip the verifier")
+
+
+def run_export_stablehlo(options: HloFileOptions, output: str | None) -> int:
+    from tfxla_lite.hlo.stablehlo import StableHloError, module_to_stablehlo
+
+    module = _parse(options.path)
+    if options.pipeline or options.verify:
+        _optimize(module, options.pipeline, options.verify)
+    try:
+        text = module_to_stablehlo(module)
+    except StableHloError as error:
+        raise CommandError(f"{options.path}: {error}") from None
+    if output is None:
+        sys.stdout.write(text)
+    else:
+        with open(output, "w") as handle:
+            handle.write(text)
+    return 0
 
 
 # -- opt ----------------------------------------------------------------------------------

@@ -48,6 +48,7 @@ from tfxla_lite.codegen import config as code_config
 from tfxla_lite.codegen.cache import CachedExecutable
 from tfxla_lite.codegen.cpu.parallel import effective_threads
 from tfxla_lite.hlo import HloModule
+from tfxla_lite.hlo.stablehlo import module_to_stablehlo
 from tfxla_lite.inline import inline_function_calls, is_compiled_function
 from tfxla_lite.options import Options
 from tfxla_lite.report import ClusteringReport, ClusterReport, FallbackNode
@@ -178,6 +179,7 @@ class Program:
             "llvm_unoptimized": lambda c: c.executable.llvm_ir,
             "cuda": lambda c: c.executable.cuda_source,
             "kernel_plan": lambda c: c.executable.kernel_plan,
+            "stablehlo": lambda c: module_to_stablehlo(c.hlo),
         }
         if stage not in texts:
             raise ValueError(f"unknown stage {stage!r}; stages are {', '.join(texts)}")
