@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -138,3 +139,33 @@ def test_runtime_block_shape_refused() -> None:
     args = [sample((1, 4, 4, 1), F32), np.array([2, 2], np.int32)]
     assert _reasons(runtime_block, args, "SpaceToBatchND") == ["input 1 must be a constant"]
 
+
+
+def test_keras_dilated_conv2d_and_its_gradients() -> None:
+    """Keras 3's Conv2D with a dilation rate builds SpaceToBatchND → Conv2D →
+    BatchToSpaceND; its gradient the same ops the other way round."""
+    keras.utils.set_random_seed(0)
+    layer = keras.layers.Conv2D(4, 3, dilation_rate=2, padding="same")
+    layer.build((None, 9, 10, 3))
+
+    def fn(x: tf.Tensor, upstream: tf.Tensor) -> list[tf.Tensor]:
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = layer(x)
+            loss = tf.reduce_sum(y * upstream)
+        return [y, *tape.gradient(loss, [x, *layer.trainable_variables])]
+
+    x = tf.constant(sample((2, 9, 10, 3), F32, edges=False))
+    upstream = tf.constant(sample((2, 9, 10, 4), F32, seed=1, edges=False))
+    types = {op.type for op in trace(fn, [x.numpy(), upstream.numpy()]).graph.get_operations()}
+    assert {"SpaceToBatchND", "BatchToSpaceND"} <= types
+    expected = [t.numpy() for t in fn(x, upstream)]
+    for jit_compile in (None, True):
+        compiled = tl.function(fn, jit_compile=jit_compile,
+                               options=tl.Options(min_cluster_size=1, verify=True,
+                                                  compile_convolutions=True,
+                                                  strict_jit_compile=bool(jit_compile)))
+        for got, want in zip(compiled(x, upstream), expected, strict=True):
+            assert_close(got.numpy(), want, "Conv2D", f"jit_compile={jit_compile}")
+        stuck = {f.op_type for f in compiled.explain(x, upstream).fallbacks}
+        assert not stuck & {"SpaceToBatchND", "BatchToSpaceND"}, stuck
