@@ -14,11 +14,14 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from tf_harness import check_against_tf, check_in_both_modes, sample, trace
+from tolerances import assert_close
 
 import tfxla_lite as tl
 from tfxla_lite import coverage
 from tfxla_lite.clustering.mark import mark
 from tfxla_lite.clustering.rules_resize import nearest_taps
+from tfxla_lite.compiler import build_program
+from tfxla_lite.runtime import loader
 
 F16, BF16, F32, F64 = np.float16, tf.bfloat16.as_numpy_dtype, np.float32, np.float64
 RAW = tf.raw_ops
@@ -267,3 +270,26 @@ def test_keras_resizing_layers_train_compiled() -> None:
     losses, left = _fit(True, x, y)
     np.testing.assert_allclose(losses, plain, rtol=1e-5)
     assert not [reason for reason in left if reason.startswith("Resize")], left
+
+
+def test_unknown_batch_compiles_per_shape() -> None:
+    """Keras retraces with the batch as None: the cluster compiles per concrete batch."""
+    spec = [tf.TensorSpec([None, 5, 7, 3], tf.float32), tf.TensorSpec([None, 11, 9, 3])]
+
+    @tf.function(input_signature=spec)
+    def fn(x: tf.Tensor, upstream: tf.Tensor) -> list[tf.Tensor]:
+        return _through_tape(lambda t: tf.image.resize(t, (11, 9)))(x, upstream)
+
+    program = build_program(fn.get_concrete_function(), None,
+                            tl.Options(min_cluster_size=1, verify=True), dynamic=True)
+    try:
+        assert program.dynamic_clusters
+        assert not {f.op_type for f in program.report.fallbacks} & {
+            "ResizeBilinear", "ResizeBilinearGrad"}
+        for batch in (2, 3, 0):
+            x, upstream = sample((batch, 5, 7, 3), F32), sample((batch, 11, 9, 3), F32, seed=1)
+            for got, want in zip(program.run(x, upstream), fn(x, upstream), strict=True):
+                assert_close(got.numpy(), want.numpy(), "ResizeBilinearGrad", f"batch {batch}")
+    finally:
+        for dynamic_cluster in program.dynamic_clusters:
+            loader.unregister(dynamic_cluster.key)

@@ -16,6 +16,8 @@ from tolerances import assert_close
 
 import tfxla_lite as tl
 from tfxla_lite.clustering.mark import mark
+from tfxla_lite.compiler import build_program
+from tfxla_lite.runtime import loader
 
 F16, BF16, F32, F64 = np.float16, tf.bfloat16.as_numpy_dtype, np.float32, np.float64
 
@@ -169,3 +171,21 @@ def test_keras_dilated_conv2d_and_its_gradients() -> None:
             assert_close(got.numpy(), want, "Conv2D", f"jit_compile={jit_compile}")
         stuck = {f.op_type for f in compiled.explain(x, upstream).fallbacks}
         assert not stuck & {"SpaceToBatchND", "BatchToSpaceND"}, stuck
+
+
+def test_unknown_batch_compiles_per_shape() -> None:
+    spec = [tf.TensorSpec([None, 5, 7, 3], tf.float32), tf.TensorSpec([None, 8, 4, 3])]
+    fn = tf.function(_gradients, input_signature=spec)
+    program = build_program(fn.get_concrete_function(), None,
+                            tl.Options(min_cluster_size=1, verify=True), dynamic=True)
+    try:
+        assert program.dynamic_clusters
+        assert not {f.op_type for f in program.report.fallbacks} & {
+            "SpaceToBatchND", "BatchToSpaceND"}
+        for batch in (2, 1, 0):
+            x, upstream = sample((batch, 5, 7, 3), F32), sample((batch, 8, 4, 3), F32, seed=1)
+            for got, want in zip(program.run(x, upstream), fn(x, upstream), strict=True):
+                assert_close(got.numpy(), want.numpy(), "Sin", f"batch {batch}")
+    finally:
+        for dynamic_cluster in program.dynamic_clusters:
+            loader.unregister(dynamic_cluster.key)
