@@ -124,11 +124,12 @@ def run_cluster(script: Path, roles: dict[str, int], args: list[str], log_dir: P
 
 
 def _kill(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    # The whole group, even when its leader has exited: a child it started may remain
+    # (a group id is not reused while the group has a member).
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
     try:
         process.wait(timeout=10)
     except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL was sent
