@@ -59,14 +59,24 @@ MAX_MACS = 1 << 27
 # own on a second thread: worth measuring again).
 MAX_ROWS = 64
 MAX_K = 2048  # B's block of columns (K × 32 floats) stays within 256 KiB
+# K at most, for any number of rows (up to MAX_MACS) of a row-major A: B's block of
+# columns (K × 128 bytes) then stays in L1 while every row block of the unit reads it,
+# and the library's packing and edge handling are a large share of so short a product.
+# On the Transformer step's 1024×256×64, 1024×64×256 and 1024×64×64 (A not transposed)
+# blocks beat the library; at K = 784 (the MLP's 128×512×784 layer) and with A
+# transposed (256×64×1024, a weight gradient) they lost (docs/benchmarks.md, "Register
+# blocks for short products").
+SHORT_K = 256
 
 
 def fits(plan: GemmPlan) -> bool:
     """Whether register blocks should compute `plan`: B's rows contiguous (vector loads),
-    few rows (MAX_ROWS), a product small enough (MAX_MACS) and at least one full block
-    wide (a narrower one, such as a 10-class output layer, would compile a block
-    function of its own, about 10 ms of LLVM, to save a microsecond a call)."""
-    return (not plan.transpose_b and 1 <= plan.k <= MAX_K and 1 < plan.m <= MAX_ROWS
+    few rows (MAX_ROWS) or a short K with A's rows contiguous (SHORT_K), a product small
+    enough (MAX_MACS) and at least one full block wide (a narrower one, such as a
+    10-class output layer, would compile a block function of its own, about 10 ms of
+    LLVM, to save a microsecond a call)."""
+    rows_fit = plan.m <= MAX_ROWS or (plan.k <= SHORT_K and not plan.transpose_a)
+    return (not plan.transpose_b and 1 <= plan.k <= MAX_K and 1 < plan.m and rows_fit
             and plan.n >= BLOCK_VECTORS * _lanes(plan.element_bytes)
             and plan.m * plan.n * plan.k <= MAX_MACS)
 

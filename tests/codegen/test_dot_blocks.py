@@ -18,9 +18,11 @@ from tfxla_lite.hlo.shape import Shape
 
 # (lhs, rhs, dimension numbers): 13 rows = a block of 8 and 5 single rows; 53 columns =
 # a block of two vectors, a single vector and a masked one of 5 lanes (f32 on AVX-512);
-# 7 columns: only the masked vector; a transposed A (a weight gradient's layout); a batch.
+# 7 columns: only the masked vector; a transposed A (a weight gradient's layout); a batch;
+# many rows at a short K (517 = 64 blocks of 8 and 5 single rows).
 SHAPES = {
     "remainders": ((13, 300), (300, 53), MATMUL),
+    "tall": ((517, 64), (64, 80), MATMUL),
     "narrow": ((40, 500), (500, 7), MATMUL),
     "wide": ((64, 200), (200, 96), MATMUL),
     "lhs_t": ((300, 21), (300, 80), LHS_T),
@@ -81,18 +83,26 @@ def test_units_do_not_change_the_bits(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_which_plans_take_blocks() -> None:
     # mlp_infer_b64's hidden layers, a weight gradient over 64 rows (A transposed), 64
-    # rows at the MACs limit: blocks; more rows than MAX_ROWS (the MLP step's weight
-    # gradient, 512³: level gains that cost first-call time), B transposed (no vector
-    # loads along its rows), K beyond MAX_K, fewer columns than a block (a 10-class
-    # output layer): the library, 1024³ too; 1536³ and 2048³ the packed GEMM where it is available
-    # (tests/codegen/test_gemm_packed.py); M = 1 and tiny dots keep the axpy loops.
+    # rows at the MACs limit, and any rows of a row-major A with K up to SHORT_K (the
+    # Transformer's 1024-token Dense layers and projections): blocks; more rows than
+    # MAX_ROWS with a longer K (the MLP step's weight gradient, 512³, and its 128×784
+    # by 784×512 layer) or with A transposed (a 256×1024 by 1024×64 weight gradient,
+    # and even at a short K), more MACs than MAX_MACS, B transposed (no vector loads
+    # along its rows), K beyond MAX_K, fewer columns than a block (a 10-class output
+    # layer): the library, 1024³ too; 1536³ and 2048³ the packed GEMM where it is
+    # available (tests/codegen/test_gemm_packed.py); M = 1 and tiny dots keep the axpy
+    # loops.
     assert [dot_codegen.choose_strategy(p) for p in (
         plan(64, 784, 512), plan(64, 512, 512), plan(64, 128, 512, transpose_a=True),
-        plan(64, 2048, 1024))] == ["blocked"] * 4
+        plan(64, 2048, 1024), plan(1024, 64, 256), plan(1024, 256, 64),
+        plan(1024, 64, 64), plan(2048, 256, 256))] == ["blocked"] * 8
     assert [dot_codegen.choose_strategy(p) for p in (
         plan(784, 128, 512, transpose_a=True), plan(65, 784, 512), plan(512, 512, 512),
+        plan(128, 784, 512), plan(256, 1024, 64, transpose_a=True),
+        plan(1024, 64, 256, transpose_a=True), plan(4096, 256, 256),
+        plan(1024, 256, 64, transpose_b=True),
         plan(64, 512, 784, transpose_b=True), plan(16, 4096, 64), plan(64, 512, 10))
-    ] == ["library"] * 6
+    ] == ["library"] * 11
     large = "packed" if gemm_packed.available() else "library"
     assert dot_codegen.choose_strategy(plan(1024, 1024, 1024)) == "library"
     assert [dot_codegen.choose_strategy(p) for p in (
@@ -100,7 +110,7 @@ def test_which_plans_take_blocks() -> None:
     assert dot_codegen.choose_strategy(plan(1, 784, 512)) == "emitted"
     assert dot_codegen.choose_strategy(plan(8, 16, 8)) == "emitted"
     assert dot_blocks.MAX_MACS == 512 ** 3 and not dot_blocks.fits(plan(64, 2048, 1025))
-    assert dot_blocks.MAX_ROWS == 64
+    assert dot_blocks.MAX_ROWS == 64 and dot_blocks.SHORT_K == 256
 
 
 def test_blocked_units_are_cut_to_the_minimum_unit() -> None:
