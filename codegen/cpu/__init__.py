@@ -8,7 +8,9 @@ Layout: `emitter.py` (types, indices, loops, registry), `elementwise.py`,
 `variadic_reduce.py` (variadic reduces, tuples as structs), `calls.py` (call),
 `multi_output.py` (kernels with several outputs), `control_flow.py` (while and
 conditional: loops and branches calling their computations' functions),
-`math.py` (vectorizable f32 transcendentals), `compiler.py` (kernels and the ABI's
+`sort.py` (sort, topk), `linalg.py` (cholesky, triangular-solve), `random_bits.py`
+(rng-bit-generator), `bit_ops.py` (bitcast-convert, reduce-precision, the dimension-size
+ops, opt-barrier), `math.py` (vectorizable f32 transcendentals), `compiler.py` (kernels and the ABI's
 `entry`), `parallel.py` (kernels split across libgomp's threads), `engine.py` (LLVM,
 JIT, BLAS).
 """

@@ -6,7 +6,8 @@ the project's own environment:
 
 CASES.npz holds `count`, and per case k `text_k` (the module) and `input_k_i` arrays;
 RESULTS.npz gets `output_k_j` arrays, or `error_k` with the message where JAX's parser,
-verifier or compiler refused case k.
+verifier or compiler refused case k. bfloat16 arrays, which .npz files cannot hold, travel
+as their uint16 bits with a `bf16_...` flag beside them (`input_k_i` or `output_k_j`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import sys
 
 import jax
+import ml_dtypes
 import numpy as np
 
 jax.config.update("jax_enable_x64", True)
@@ -44,9 +46,14 @@ def main(cases_path: str, results_path: str) -> None:
         text = str(cases[f"text_{k}"])
         inputs = []
         while f"input_{k}_{len(inputs)}" in cases:
-            inputs.append(cases[f"input_{k}_{len(inputs)}"])
+            key = f"input_{k}_{len(inputs)}"
+            value = cases[key]
+            inputs.append(value.view(ml_dtypes.bfloat16) if f"bf16_{key}" in cases else value)
         try:
             for j, output in enumerate(run(text, inputs)):
+                if output.dtype == ml_dtypes.bfloat16:
+                    output = output.view(np.uint16)
+                    results[f"bf16_output_{k}_{j}"] = np.array(True)
                 results[f"output_{k}_{j}"] = output
         except Exception as error:  # reported per case, the others still run
             results[f"error_{k}"] = np.array(f"{type(error).__name__}: {error}")

@@ -9,6 +9,7 @@ XLA-printed modules of xla_dump_texts.py, the JAX control flow of jax_control_fl
 JAX runs in a Python of its own (TFXLA_LITE_JAX_PYTHON, default /tmp/jaxvenv/bin/python;
 make one with `python3 -m venv /tmp/jaxvenv && /tmp/jaxvenv/bin/pip install jax`): the
 test skips, saying why, where there is none, and never installs anything."""
+# ruff: noqa: E501  (XLA prints each instruction on one line, however long)
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import os
 import subprocess
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import pytest
 from test_linalg_and_bit_ops import XLA_TEXT
@@ -28,6 +30,32 @@ from tfxla_lite.hlo.parser import parse_module
 from tfxla_lite.hlo.stablehlo import module_to_stablehlo
 
 HERE = Path(__file__).resolve().parent
+
+# The 2-byte floats and narrow integers: constants, converts, bits and a reduce.
+HALF_TEXT = """\
+HloModule halves
+
+%max (a: bf16[], b: bf16[]) -> bf16[] {
+  %a = bf16[] parameter(0)
+  %b = bf16[] parameter(1)
+  ROOT %m = bf16[] maximum(bf16[] %a, bf16[] %b)
+}
+
+ENTRY %main (x: f16[3,4], y: bf16[3,4], z: u8[3,4]) -> (f16[3,4], bf16[3], u16[3,4], s8[3,4]) {
+  %x = f16[3,4]{1,0} parameter(0)
+  %y = bf16[3,4]{1,0} parameter(1)
+  %z = u8[3,4]{1,0} parameter(2)
+  %c = f16[] constant(0.1)
+  %cb = f16[3,4]{1,0} broadcast(f16[] %c), dimensions={}
+  %sum = f16[3,4]{1,0} add(f16[3,4]{1,0} %x, f16[3,4]{1,0} %cb)
+  %rounded = f16[3,4]{1,0} reduce-precision(f16[3,4]{1,0} %sum), exponent_bits=4, mantissa_bits=3
+  %low = bf16[] constant(-inf)
+  %top = bf16[3]{0} reduce(bf16[3,4]{1,0} %y, bf16[] %low), dimensions={1}, to_apply=%max
+  %bits = u16[3,4]{1,0} bitcast-convert(bf16[3,4]{1,0} %y)
+  %signed = s8[3,4]{1,0} convert(u8[3,4]{1,0} %z)
+  ROOT %out = (f16[3,4]{1,0}, bf16[3]{0}, u16[3,4]{1,0}, s8[3,4]{1,0}) tuple(%rounded, %top, %bits, %signed)
+}
+"""
 RUNNER = HERE / "stablehlo_jax_runner.py"
 JAX_PYTHON = os.environ.get("TFXLA_LITE_JAX_PYTHON", "/tmp/jaxvenv/bin/python")
 
@@ -47,7 +75,7 @@ def _cases() -> dict[str, tuple[str, list[np.ndarray]]]:
     for hlo in sorted((HERE / "stablehlo_corpus").glob("*.hlo")):
         stored = np.load(hlo.with_suffix(".npz"))
         cases[hlo.stem] = (hlo.read_text(), [stored[f"arr_{i}"] for i in range(len(stored))])
-    texts = {"jax_lowered": JAX_LOWERED, "xla_scheduled": XLA_SCHEDULED}
+    texts = {"jax_lowered": JAX_LOWERED, "xla_scheduled": XLA_SCHEDULED, "halves": HALF_TEXT}
     for path in sorted((HERE / "jax_control_flow").glob("*.hlo")):
         texts[path.stem] = path.read_text()
     for name, text in texts.items():
@@ -70,7 +98,11 @@ def test_jax_parses_verifies_and_runs_the_export(tmp_path: Path) -> None:
         module = parse_module(text)
         stored[f"text_{k}"] = np.array(module_to_stablehlo(module))
         for i, value in enumerate(inputs):
-            stored[f"input_{k}_{i}"] = np.asarray(value)
+            value = np.asarray(value)
+            if value.dtype == ml_dtypes.bfloat16:  # .npz holds no bfloat16: its bits
+                stored[f"bf16_input_{k}_{i}"] = np.array(True)
+                value = value.view(np.uint16)
+            stored[f"input_{k}_{i}"] = value
         result = evaluate(parse_module(text), *inputs)
         expected[k] = (name, list(result) if isinstance(result, tuple) else [result])
     np.savez(tmp_path / "cases.npz", **stored)
@@ -83,6 +115,8 @@ def test_jax_parses_verifies_and_runs_the_export(tmp_path: Path) -> None:
     for k, (name, outputs) in expected.items():
         for j, want in enumerate(outputs):
             got = results[f"output_{k}_{j}"]
+            if f"bf16_output_{k}_{j}" in results:
+                got = got.view(ml_dtypes.bfloat16)
             want = np.asarray(want)
             # The rng state and bits, sorts, integer results: the same bits; floats as
             # the evaluator and XLA may sum and approximate differently.
