@@ -41,7 +41,7 @@ HloModule halves
   ROOT %m = bf16[] maximum(bf16[] %a, bf16[] %b)
 }
 
-ENTRY %main (x: f16[3,4], y: bf16[3,4], z: u8[3,4]) -> (f16[3,4], bf16[3], u16[3,4], s8[3,4]) {
+ENTRY %main (x: f16[3,4], y: bf16[3,4], z: u8[3,4]) -> (f16[3,4], bf16[3], u16[3,4], s8[3,4], f32[6], f32[6]) {
   %x = f16[3,4]{1,0} parameter(0)
   %y = bf16[3,4]{1,0} parameter(1)
   %z = u8[3,4]{1,0} parameter(2)
@@ -53,7 +53,10 @@ ENTRY %main (x: f16[3,4], y: bf16[3,4], z: u8[3,4]) -> (f16[3,4], bf16[3], u16[3
   %top = bf16[3]{0} reduce(bf16[3,4]{1,0} %y, bf16[] %low), dimensions={1}, to_apply=%max
   %bits = u16[3,4]{1,0} bitcast-convert(bf16[3,4]{1,0} %y)
   %signed = s8[3,4]{1,0} convert(u8[3,4]{1,0} %z)
-  ROOT %out = (f16[3,4]{1,0}, bf16[3]{0}, u16[3,4]{1,0}, s8[3,4]{1,0}) tuple(%rounded, %top, %bits, %signed)
+  %special = f32[6]{0} constant({nan, -nan, inf, 65520, 1e-05, 1.5})
+  %no_mantissa = f32[6]{0} reduce-precision(f32[6]{0} %special), exponent_bits=5, mantissa_bits=0
+  %some = f32[6]{0} reduce-precision(f32[6]{0} %special), exponent_bits=5, mantissa_bits=10
+  ROOT %out = (f16[3,4]{1,0}, bf16[3]{0}, u16[3,4]{1,0}, s8[3,4]{1,0}, f32[6]{0}, f32[6]{0}) tuple(%rounded, %top, %bits, %signed, %no_mantissa, %some)
 }
 """
 RUNNER = HERE / "stablehlo_jax_runner.py"
