@@ -106,7 +106,9 @@ class Recorder:
                 after = _reaches(op, clustered, lambda o: [c for t in o.outputs
                                                            for c in t.consumers()])
                 between += before and after
-        return {"clusters": clusters, "launches_run": self.launches,
+        traces = [(p.report.function_name, len(p.report.compiled_clusters), p.report.note)
+                  for p in self.programs]
+        return {"clusters": clusters, "launches_run": self.launches, "traces": traces,
                 "clustered_ops": clustered_ops, "collectives_in_tf": sorted(in_tf),
                 "collectives_in_clusters": sorted(in_clusters),
                 "collectives_between_clusters": between}
