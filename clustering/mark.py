@@ -108,8 +108,6 @@ def why_not_compilable(op: tf.Operation, options: MarkOptions | None = None) -> 
         return f"op type {op.type} is on the denylist"
     if options.allowlist is not None and op.type not in options.allowlist:
         return f"op type {op.type} is not in --ops_to_cluster"
-    if op.type == "VariableShape":  # reads no value, only a static shape: rules_tensor.py
-        return _why_not_by_shapes_or_rule(op, OP_RULES[op.type], options)
     tensors = list(op.inputs) + list(op.outputs)
     dtypes = {t.dtype.base_dtype.name for t in tensors}
     if "resource" in dtypes and op.type not in FUNCTIONAL_OPS:  # those: by their functions

@@ -96,38 +96,6 @@ def _lower_concat_offset(ctx: LoweringContext, op: tf.Operation, operands: Opera
     return results
 
 
-def _variable_dims(handle: tf.Tensor) -> tuple[int, ...] | None:
-    """The static dims of the variable behind a resource handle (its handle data, which
-    a tf.function's captured variables carry), or None where unknown."""
-    from tensorflow.python.ops import handle_data_util
-
-    data = handle_data_util.get_resource_handle_data(handle)
-    if not data.is_set or len(data.shape_and_type) != 1:
-        return None
-    shape = data.shape_and_type[0].shape
-    if shape.unknown_rank or any(d.size < 0 for d in shape.dim):
-        return None
-    return tuple(int(d.size) for d in shape.dim)
-
-
-def _check_variable_shape(op: tf.Operation) -> str | None:
-    if _variable_dims(op.inputs[0]) is None:
-        return "the variable's shape is not static"
-    return None
-
-
-# Stateful in TF (it reads a resource), but of a variable whose shape is static the
-# answer is that shape, as TF's XLA bridge reads it at compile time.
-@register("VariableShape", dtypes=INTEGER, unused_inputs=(0,), check=_check_variable_shape,
-          note="folded to a constant: the variable's shape is static")
-def _lower_variable_shape(ctx: LoweringContext, op: tf.Operation, operands: Operands
-                          ) -> list[Instruction]:
-    dims = _variable_dims(op.inputs[0])
-    if dims is None:
-        raise LoweringError(f"the shape of variable {op.inputs[0].name} is not static")
-    return [ctx.constant(np.array(dims), ctx.output_shape().element_type)]
-
-
 @register("Rank", "Size", dtypes=INTEGER, unused_inputs=(0,))
 def _lower_rank_and_size(ctx: LoweringContext, op: tf.Operation, operands: Operands
                          ) -> list[Instruction]:
