@@ -3,7 +3,7 @@ backprop-input and backprop-filter, on the convolution shapes of the model zoo's
 interleaved in one process (`tfxla_lite.timing.compare`).
 
 Run: .venv/bin/python benchmarks/convolution.py [--models small_cnn,resnet50,mobilenetv2]
-     [--directions forward,input,filter] [--limit N] [--xla]
+     [--directions forward,input,filter] [--limit N] [--match TEXT] [--xla]
 The shapes are those of the zoo's models (`benchmarks/zoo.py`: small_cnn at batch 64,
 ResNet50 64×64 and MobileNetV2 96×96 at batch 16, depthwise layers included), read off
 the Keras layers, each distinct shape once with how often it occurs. Per shape and
@@ -132,12 +132,15 @@ def main() -> None:
     parser.add_argument("--directions", default=",".join(DIRECTIONS))
     parser.add_argument("--limit", type=int, default=0,
                         help="per model, only the N shapes of most FLOPs")
+    parser.add_argument("--match", default="",
+                        help="only shapes whose name contains this (e.g. 'dw', '1x1')")
     parser.add_argument("--xla", action="store_true", help="time TF's XLA too")
     args = parser.parse_args()
     print(f"load {open('/proc/loadavg').read().strip()}")
     for model in args.models.split(","):
         shapes = model_shapes(model)
-        chosen = sorted(shapes, key=lambda s: -s.flops * shapes[s])
+        chosen = sorted((s for s in shapes if args.match in str(s)),
+                        key=lambda s: -s.flops * shapes[s])
         if args.limit:
             chosen = chosen[:args.limit]
         for direction in args.directions.split(","):

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from llvmlite import ir
 
 from tfxla_lite.codegen.cpu import engine, parallel
+from tfxla_lite.codegen.cpu.convolution_depthwise import emit_depthwise_kernel
 from tfxla_lite.codegen.cpu.convolution_filter import accumulating_gemm, emit_filter_gradient_kernel
 from tfxla_lite.codegen.cpu.dot import NewKernel, library_gemm
 from tfxla_lite.codegen.cpu.emitter import (
@@ -156,11 +157,12 @@ def emit_convolution_kernel(module: ir.Module, pool: object, inst: Instruction, 
                             ) -> ir.Function | None:
     """The kernel of a convolution `plan` accepts (units of patch rows and a GEMM call
     each, on `threads` threads when big), of a filter gradient (`convolution_filter.py`),
-    or None."""
+    of a depthwise convolution (`convolution_depthwise.py`), or None."""
     conv = plan(inst)
     if conv is None:
         return emit_filter_gradient_kernel(module, pool, inst, name, noalias_output, threads,
-                                           new_kernel)
+                                           new_kernel) or emit_depthwise_kernel(
+            module, pool, inst, name, noalias_output, threads, new_kernel)
     ctx, output, _ = new_kernel(module, pool, inst, name, noalias_output, [I64, I64])
     begin, end = ctx.function.args[-2:]
     begin.name, end.name = "begin", "end"
