@@ -86,6 +86,13 @@ SEMANTICS: tuple[tuple[str, str, str, str], ...] = (
      "logf and sincosf",
      "other numbers for the same seed (XLA's own bit generator and conversions)",
      "as TF, bit for bit (so Keras Dropout masks are TF's)"),
+    ("ResizeBilinear over ±inf or NaN, and its rounding", "float32 blend of the two rows "
+     "and two columns each output reads, top + (bottom - top) * lerp: a NaN or inf reaches "
+     "only those outputs (inf next to a finite value gives NaN where lerp is 0)",
+     "a convolution with the interpolation weights: NaN spreads to more outputs, finite "
+     "results differ slightly (other weights arithmetic)", "as TF"),
+    ("ResizeNearestNeighborGrad", "runs", "no kernel: `jit_compile=True` fails on it",
+     "compiled, TF's values"),
 )
 
 _ORDER = ("bool", "int32", "int64", "float16", "bfloat16", "float32", "float64")
