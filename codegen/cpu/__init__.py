@@ -10,9 +10,9 @@ Layout: `emitter.py` (types, indices, loops, registry), `elementwise.py`,
 conditional: loops and branches calling their computations' functions),
 `sort.py` (sort, topk), `linalg.py` (cholesky, triangular-solve), `random_bits.py`
 (rng-bit-generator), `bit_ops.py` (bitcast-convert, reduce-precision, the dimension-size
-ops, opt-barrier), `math.py` (vectorizable f32 transcendentals), `compiler.py` (kernels and the ABI's
-`entry`), `parallel.py` (kernels split across libgomp's threads), `engine.py` (LLVM,
-JIT, BLAS).
+ops, opt-barrier), `math.py` (vectorizable f32 transcendentals), `compiler.py` (kernels
+and the ABI's `entry`), `parallel.py` (kernels split across libgomp's threads),
+`engine.py` (LLVM, JIT, BLAS).
 """
 
 from __future__ import annotations

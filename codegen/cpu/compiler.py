@@ -556,6 +556,8 @@ def emit_function(llvm_module: ir.Module, pool: ConstantPool, kernels: KernelMer
             kernel = sort.emit_sort_kernel(llvm_module, pool, inst, team)
         elif inst.opcode == "rng-bit-generator":  # state and bits (random_bits.py)
             kernel = random_bits.emit_rng_kernel(llvm_module, pool, inst, team)
+        elif inst.opcode in ("cholesky", "triangular-solve"):  # per matrix (linalg.py)
+            kernel = linalg.emit_linalg_kernel(llvm_module, pool, inst, team)
         elif inst.shape.is_tuple:
             kernel = multi_output.emit_kernel(
                 llvm_module, pool, inst, noalias, team,

@@ -5,8 +5,11 @@ kernels and the references agree to rounding. Both work in the output buffer: ch
 copies the triangle it reads (zeros in the other) and factors it in place, column by
 column; triangular-solve copies `b` and substitutes in place, one row (left side) or
 column (right side) of unknowns after another. An element depends on everything solved
-before it, so neither is an element generator (`emitter.register_kernel`), and both run
-serially: these are small-matrix kernels (O(n³) scalar loops), not a LAPACK.
+before it, so neither is an element generator: `compiler.py` hands every entry cholesky
+and triangular-solve to `emit_linalg_kernel`, whose range function takes matrices
+[begin, end) of the batch, split across threads (`sort.row_kernel`), each matrix whole on
+one thread. Inside a matrix the loops are scalar (O(n³)): small-matrix kernels, not a
+LAPACK.
 """
 
 from __future__ import annotations
@@ -17,14 +20,36 @@ from llvmlite import ir
 
 from tfxla_lite.codegen.cpu.emitter import (
     I1,
+    ConstantPool,
     Index,
     KernelContext,
     i64,
-    register_kernel,
     value_type,
 )
+from tfxla_lite.codegen.cpu.sort import row_kernel
 from tfxla_lite.hlo.ir import Instruction
 from tfxla_lite.hlo.linalg import transpose_kind
+
+
+def emit_linalg_kernel(module: ir.Module, pool: ConstantPool, inst: Instruction,
+                       threads: int) -> ir.Function:
+    """The launcher `void kernel(out, a[, b])` of the entry cholesky or triangular-solve
+    `inst`: matrices of the batch split across up to `threads` threads."""
+    dims = inst.shape.dims
+    matrices = 1
+    for size in dims[:-2]:
+        matrices *= size
+    if inst.opcode == "cholesky":
+        n = dims[-1]
+        work = matrices * (n**3 // 3 + n)  # multiply-adds and square roots
+        return row_kernel(module, pool, inst, threads, matrices if n else 0, work,
+                          lambda ctx, outputs, inputs, begin, end: _cholesky(
+                              ctx, inst, outputs[0], begin, end))
+    k = inst.operand(0).shape.dims[-1]
+    work = inst.shape.num_elements * max(k, 1)
+    return row_kernel(module, pool, inst, threads, matrices if inst.shape.num_elements else 0,
+                      work, lambda ctx, outputs, inputs, begin, end: _triangular_solve(
+                          ctx, inst, outputs[0], begin, end))
 
 
 def _accumulate(ctx: KernelContext, start: ir.Value, count: ir.Value,
@@ -38,20 +63,17 @@ def _accumulate(ctx: KernelContext, start: ir.Value, count: ir.Value,
     return b.load(slot)
 
 
-@register_kernel("cholesky")
-def emit_cholesky_kernel(ctx: KernelContext, inst: Instruction, output: ir.Value) -> None:
+def _cholesky(ctx: KernelContext, inst: Instruction, output: ir.Value, begin: ir.Value,
+              end: ir.Value) -> None:
     b = ctx.builder
     shape = inst.shape
     operand = inst.operand(0)
     n = shape.dims[-1]
-    if not n:
-        return
-    batch = shape.num_elements // (n * n)
     lower = bool(inst.attributes.get("lower", False))
     typ = value_type(shape.element_type)
     zero = ir.Constant(typ, 0.0)
 
-    with ctx.loop(batch, name="matrix") as matrix:
+    with ctx.loop(end, name="matrix", start=begin) as matrix:
         base = b.mul(matrix, i64(n * n))
 
         def at(i: ir.Value, j: ir.Value) -> Index:
@@ -85,14 +107,11 @@ def emit_cholesky_kernel(ctx: KernelContext, inst: Instruction, output: ir.Value
                 ctx.store(nan, output, shape, Index(shape.dims, linear=b.add(base, k)))
 
 
-@register_kernel("triangular-solve")
-def emit_triangular_solve_kernel(ctx: KernelContext, inst: Instruction, output: ir.Value
-                                 ) -> None:
+def _triangular_solve(ctx: KernelContext, inst: Instruction, output: ir.Value,
+                      begin: ir.Value, end: ir.Value) -> None:
     b = ctx.builder
     a, rhs = inst.operands
     shape = inst.shape
-    if not shape.num_elements:
-        return
     attributes = inst.attributes
     left = bool(attributes.get("left_side", False))
     lower = bool(attributes.get("lower", False))
@@ -101,13 +120,12 @@ def emit_triangular_solve_kernel(ctx: KernelContext, inst: Instruction, output: 
     m, n = shape.dims[-2:]
     k = m if left else n  # unknowns: rows (left side) or columns
     others = n if left else m
-    batch = shape.num_elements // (m * n)
     # op(a) is lower triangular when a's triangle is the lower one, untransposed; on the
     # right side the unknowns depend the other way, so the order of solving flips.
     t_lower = lower != transposed
     ascending = t_lower if left else not t_lower
 
-    with ctx.loop(batch, name="matrix") as matrix:
+    with ctx.loop(end, name="matrix", start=begin) as matrix:
         a_base = b.mul(matrix, i64(k * k))
         x_base = b.mul(matrix, i64(m * n))
 

@@ -55,20 +55,23 @@ def emit_sort_kernel(module: ir.Module, pool: ConstantPool, inst: Instruction,
         n = dims[-1]
         rows = inst.operand(0).shape.num_elements // n if n else 0
         k = int(inst.attributes["k"])
-        return _row_kernel(module, pool, inst, threads, rows, rows * n,
+        return row_kernel(module, pool, inst, threads, rows, rows * n,
                            lambda ctx, outputs, inputs, begin, end: _emit_topk_rows(
                                ctx, inst, outputs, inputs, begin, end) if k else None)
     dimension = sort_dimension(inst.attributes, len(dims))
     n = dims[dimension]
     rows = (inst.operand(0).shape.num_elements // n) if n else 0
-    return _row_kernel(module, pool, inst, threads, rows, rows * n * max(1, n.bit_length()),
+    return row_kernel(module, pool, inst, threads, rows, rows * n * max(1, n.bit_length()),
                        lambda ctx, outputs, inputs, begin, end: _emit_rows(
                            ctx, inst, outputs, inputs, dimension, begin, end))
 
 
-def _row_kernel(module: ir.Module, pool: ConstantPool, inst: Instruction, threads: int,
+def row_kernel(module: ir.Module, pool: ConstantPool, inst: Instruction, threads: int,
                 rows: int, work: int, emit_rows) -> ir.Function:
-    """A range function over rows [begin, end) made by `emit_rows`, and its launcher."""
+    """A range function over rows [begin, end) made by `emit_rows(ctx, outputs, inputs,
+    begin, end)`, and its launcher, which splits the rows across `threads` when `work`
+    (in element steps) is big enough: each row whole on one thread, so results never
+    depend on the thread count (sort's and topk's rows, linalg.py's matrices)."""
 
     count = len(inst.shape.tuple_shapes) if inst.shape.is_tuple else 1
     name = "kernel." + "".join(c if c.isalnum() or c in "_." else "_" for c in inst.name)

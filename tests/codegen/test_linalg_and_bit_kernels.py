@@ -35,7 +35,9 @@ def _text(element_type: str, dims: tuple[int, ...]) -> str:
 
 @pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("element_type", ["f32", "f64"])
-@pytest.mark.parametrize("dims", [(0, 0), (1, 1), (4, 4), (3, 5, 5), (2, 0, 3, 3), (17, 17)])
+# (8, 40, 40) and (6, 48, 48) are work enough to split the matrices across threads.
+@pytest.mark.parametrize("dims", [(0, 0), (1, 1), (4, 4), (3, 5, 5), (2, 0, 3, 3), (17, 17),
+                                  (8, 40, 40)])
 @pytest.mark.parametrize("lower", [True, False])
 def test_cholesky(fused: bool, element_type: str, dims: tuple[int, ...], lower: bool) -> None:
     shape = _text(element_type, dims)
@@ -66,10 +68,13 @@ def test_cholesky_not_positive_definite_is_nan_per_matrix() -> None:
 def test_triangular_solve(fused: bool, left_side: bool, lower: bool, unit_diagonal: bool,
                           transpose_a: str) -> None:
     a_shape, b_dims = (2, 5, 5), (2, 5, 3) if left_side else (2, 3, 5)
+    if fused and lower == unit_diagonal:  # big enough a batch for several threads
+        a_shape, b_dims = (6, 48, 48), (6, 48, 40) if left_side else (6, 40, 48)
     attributes = ", ".join(f"{k}={str(v).lower()}" for k, v in (
         ("left_side", left_side), ("lower", lower), ("unit_diagonal", unit_diagonal)))
-    module = _module(["f32[2,5,5]", _text("f32", b_dims)], "",
-                     f"%x = {_text('f32', b_dims)} triangular-solve(f32[2,5,5] %p0, "
+    a_text = _text("f32", a_shape)
+    module = _module([a_text, _text("f32", b_dims)], "",
+                     f"%x = {_text('f32', b_dims)} triangular-solve({a_text} %p0, "
                      f"{_text('f32', b_dims)} %p1), {attributes}, transpose_a={transpose_a}")
     a = _spd(a_shape, np.float32)
     b = np.random.default_rng(3).standard_normal(b_dims).astype(np.float32)
