@@ -127,6 +127,7 @@ def rewrite_graph_def(graph_def: tf.compat.v1.GraphDef,
     result.versions.CopyFrom(graph_def.versions)
     result.library.CopyFrom(graph_def.library)
     nodes_by_name = {node.name: node for node in graph_def.node}
+    library = {f.signature.name: f for f in graph_def.library.function}
     for node in graph_def.node:
         if node.name in owner:
             continue
@@ -167,7 +168,7 @@ def rewrite_graph_def(graph_def: tf.compat.v1.GraphDef,
             _make_fallback_if(result, launch, cluster, inputs, input_types, output_types, shapes)
             continue
         launch.attr["key"].s = cluster.key.encode()
-        template = cluster_template(nodes_by_name, cluster)
+        template = cluster_template(nodes_by_name, cluster, library)
         if template is not None:
             template.versions.CopyFrom(graph_def.versions)
             set_original(launch, template, cluster.outputs)
@@ -191,10 +192,12 @@ def template_node(node: Any) -> tf.compat.v1.NodeDef:
     return copy
 
 
-def cluster_template(nodes_by_name: dict[str, Any], cluster: CompiledCluster
-                     ) -> tf.compat.v1.GraphDef | None:
+def cluster_template(nodes_by_name: dict[str, Any], cluster: CompiledCluster,
+                     library: dict[str, Any] | None = None) -> tf.compat.v1.GraphDef | None:
     """The cluster's own ops as a GraphDef over placeholders for its inputs (Const nodes
-    it reads from outside copied in), or None where it reads another outside tensor."""
+    it reads from outside copied in), or None where it reads another outside tensor.
+    The functions of `library` its ops call (a loop's body, compiled whole) come along,
+    so that TF can differentiate the loop."""
     inside = set(cluster.op_names)
     positions = {_split_input(t)[:2]: j for j, t in enumerate(cluster.inputs)}
     template = tf.compat.v1.GraphDef()
@@ -224,6 +227,19 @@ def cluster_template(nodes_by_name: dict[str, Any], cluster: CompiledCluster
                 return None
         body.append(node)
     template.node.extend(body)
+    if library:
+        from tfxla_lite.control_flow import used_functions
+
+        for function in sorted(used_functions(body, library)):
+            copy = template.library.function.add()
+            copy.CopyFrom(library[function])
+            # As the trace defined it, not as the export with shapes marks it: TF refuses
+            # two definitions of one name in a graph.
+            if "_input_shapes" in copy.attr:
+                del copy.attr["_input_shapes"]
+            for node in copy.node_def:
+                if "_output_shapes" in node.attr:
+                    del node.attr["_output_shapes"]
     return template
 
 

@@ -50,7 +50,10 @@ _KEPT_REASONS = frozenset({PLUMBING_REASON, RESOURCE_REASON, VARIANT_REASON, COL
 _KEPT_REASON_PATTERNS = re.compile(
     r"(rank|shape) of (in|out)put \d+ (unknown|not fully static)"
     r"|input \d+ (must be a constant|decides an output shape)"
-    r"|op type \w+ (is on the denylist|is not in --ops_to_cluster|runs on TF's kernel)")
+    r"|op type \w+ (is on the denylist|is not in --ops_to_cluster|runs on TF's kernel)"
+    # A TensorList whose shape or size is not static, or that would cross a cluster's
+    # edge (clustering/rules_control_flow.py): TF's list kernels run it.
+    r"|TensorList")
 _CALL_OP_TYPES = frozenset({"PartitionedCall", "StatefulPartitionedCall"})
 # The function attribute TF's `jit_compile=True` sets: TF's XLA compiles such a call.
 _XLA_MUST_COMPILE = "_XlaMustCompile"
