@@ -642,3 +642,80 @@ def test_nested_loop_invariants_move_to_the_outer_body() -> None:
     assert "exponential" not in opcodes(inner.called_computations[1])
     assert "exponential" in opcodes(outer_body)
     assert "exponential" not in opcodes(module.entry)
+
+
+# An array-shaped loop state, and a body whose root is another loop (which passes the
+# limit through, so the outer loop sees that leaf unchanged too).
+ARRAY_STATE = """
+HloModule array_state
+
+add {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT s = f32[] add(a, b)
+}
+
+cond {
+  p = f32[3] parameter(0)
+  zero = f32[] constant(0)
+  s = f32[] reduce(p, zero), dimensions={0}, to_apply=add
+  limit = f32[] constant(100)
+  ROOT lt = pred[] compare(s, limit), direction=LT
+}
+
+body {
+  p = f32[3] parameter(0)
+  ROOT d = f32[3] add(p, p)
+}
+
+inner_cond {
+  p = (s32[], f32[3], s32[]) parameter(0)
+  i = s32[] get-tuple-element(p), index=0
+  n = s32[] get-tuple-element(p), index=2
+  ROOT lt = pred[] compare(i, n), direction=LT
+}
+
+inner_body {
+  p = (s32[], f32[3], s32[]) parameter(0)
+  i = s32[] get-tuple-element(p), index=0
+  x = f32[3] get-tuple-element(p), index=1
+  n = s32[] get-tuple-element(p), index=2
+  one = s32[] constant(1)
+  i1 = s32[] add(i, one)
+  x1 = f32[3] negate(x)
+  ROOT t = (s32[], f32[3], s32[]) tuple(i1, x1, n)
+}
+
+outer_cond {
+  p = (s32[], f32[3], s32[]) parameter(0)
+  i = s32[] get-tuple-element(p), index=0
+  n = s32[] get-tuple-element(p), index=2
+  ROOT lt = pred[] compare(i, n), direction=LT
+}
+
+outer_body {
+  p = (s32[], f32[3], s32[]) parameter(0)
+  ROOT w = (s32[], f32[3], s32[]) while(p), condition=inner_cond, body=inner_body
+}
+
+ENTRY main {
+  x = f32[3] parameter(0)
+  doubled = f32[3] while(x), condition=cond, body=body
+  zero = s32[] constant(0)
+  n = s32[] parameter(1)
+  init = (s32[], f32[3], s32[]) tuple(zero, doubled, n)
+  ROOT loop = (s32[], f32[3], s32[]) while(init), condition=outer_cond, body=outer_body
+}
+"""
+
+
+@pytest.mark.parametrize("n", [0, 3, 10])
+def test_array_state_and_a_body_that_is_a_loop(n: int) -> None:
+    _, x, _ = check(ARRAY_STATE, np.array([1, 2, -0.5], np.float32), np.int32(n))
+    np.testing.assert_array_equal(x, np.array([1, 2, -0.5], np.float32) * 64 * (-1) ** n)
+
+
+def test_branches_sharing_one_computation() -> None:
+    text = INDEXED.replace("branch_computations={b0, b1, b2}", "branch_computations={b1, b1, b2}")
+    for index in (0, 1, 2, 5):
+        check(text, np.int32(index), np.array([1, -2, 3, 0.5], np.float32))
