@@ -293,3 +293,23 @@ def test_unknown_batch_compiles_per_shape() -> None:
     finally:
         for dynamic_cluster in program.dynamic_clusters:
             loader.unregister(dynamic_cluster.key)
+
+
+@pytest.mark.parametrize("in_size", [1, 2, 3, 7, 13, 33])
+def test_index_arithmetic_sweep(in_size: int) -> None:
+    """Every pixel rule from `in_size` rows to many sizes, on distinct pixel values, so a
+    row read from the wrong place shows (evaluator only: the indices are constants)."""
+    out_sizes = [1, 2, 3, 5, 8, 31, 64, 100, 257]
+    image = np.arange(in_size * 3, dtype=np.float32).reshape(1, in_size, 3, 1) * 1.5 + 0.25
+    grads = [sample((1, size, 3, 1), F32, seed=size, edges=False) for size in out_sizes]
+
+    def fn(x: tf.Tensor, *grads: tf.Tensor) -> list[tf.Tensor]:
+        results = []
+        for align, half in PIXEL_RULES:
+            for kind in RESIZES:
+                results += _forward(kind, [(s, 3) for s in out_sizes], align, half)(x)
+                results += _gradients(kind, [(s, 3) for s in out_sizes], align, half)(
+                    x, *grads)
+        return results
+
+    check_against_tf(fn, [image, *grads], "ResizeBilinearGrad", compiled=False)
