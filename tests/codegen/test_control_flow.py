@@ -719,3 +719,24 @@ def test_branches_sharing_one_computation() -> None:
     text = INDEXED.replace("branch_computations={b0, b1, b2}", "branch_computations={b1, b1, b2}")
     for index in (0, 1, 2, 5):
         check(text, np.int32(index), np.array([1, -2, 3, 0.5], np.float32))
+
+
+# A loop inside a branch: the true branch counts the Collatz steps of its operand.
+LOOP_IN_BRANCH = COLLATZ.replace("ENTRY main {", "steps {") + """
+none {
+  p = s32[] parameter(0)
+  ROOT m = s32[] negate(p)
+}
+
+ENTRY main {
+  c = pred[] parameter(0)
+  x = s32[] parameter(1)
+  ROOT r = s32[] conditional(c, x, x), true_computation=steps, false_computation=none
+}
+"""
+
+
+@pytest.mark.parametrize("flag,expected", [(True, 111), (False, -27)])
+def test_a_loop_inside_a_branch(flag: bool, expected: int) -> None:
+    (got,) = check(LOOP_IN_BRANCH, np.bool_(flag), np.int32(27))
+    assert got == expected
