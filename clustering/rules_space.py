@@ -1,4 +1,5 @@
-"""Lowering rules of TF's block rearrangements: SpaceToBatchND and BatchToSpaceND.
+"""Lowering rules of TF's block rearrangements: SpaceToBatchND and BatchToSpaceND,
+SpaceToDepth and DepthToSpace.
 
 Registered into `registry.OP_RULES` on import. TF builds dilated convolutions from them
 (`tf.nn.with_space_to_batch`, `tf.nn.atrous_conv2d`, and Keras's dilated convolutions
@@ -11,6 +12,11 @@ reshapes (the fused loop then pays index arithmetic per element), is the `pad` a
 one strided `slice` per block offset, concatenated along the batch in the offsets'
 row-major order. The block shape, paddings and crops must be compile-time constants;
 the dims left after the block dims ride along.
+
+SpaceToDepth and DepthToSpace (space-to-depth stems, pixel-shuffle upsampling; each is
+the other's gradient) are a `reshape` that splits the spatial dims and the depth into
+(blocks, offsets), a `transpose`, and a `reshape`: the depth index is (row offset,
+column offset, channel), row-major, as TF's kernels lay it out.
 """
 
 from __future__ import annotations
@@ -21,9 +27,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tfxla_lite.clustering.registry import (
+    ALL,
     NUMERIC,
     LoweringContext,
     LoweringError,
+    attribute,
     constant_value,
     register,
 )
@@ -158,3 +166,58 @@ def _transpose(ctx: LoweringContext, x: Instruction, perm: list[int]) -> Instruc
     if perm == sorted(perm):
         return x
     return ctx.emit("transpose", [x], dimensions=tuple(perm))
+
+
+# -- depth ---------------------------------------------------------------------------------------
+def _check_depth(op: tf.Operation) -> str | None:
+    """4-D, NHWC or NCHW (TF's CPU kernels take NHWC only; XLA both), block >= 2."""
+    layout = attribute(op, "data_format", "NHWC")
+    if layout not in ("NHWC", "NCHW"):
+        return f"data_format {layout}"
+    if op.inputs[0].shape.rank != 4:
+        return f"input of rank {op.inputs[0].shape.rank}, not 4"
+    block = int(op.get_attr("block_size"))
+    if block < 2:
+        return f"block_size {block} below 2"
+    dims = op.inputs[0].shape.as_list()
+    spatial = dims[1:3] if layout == "NHWC" else dims[2:4]
+    depth = dims[3] if layout == "NHWC" else dims[1]
+    if op.type == "SpaceToDepth" and any(d is not None and d % block for d in spatial):
+        return f"height and width {spatial} not multiples of block_size {block}"
+    if op.type == "DepthToSpace" and depth is not None and depth % (block * block):
+        return f"depth {depth} not a multiple of block_size² {block * block}"
+    return None
+
+
+@register("SpaceToDepth", dtypes=ALL, check=_check_depth, note="NHWC or NCHW")
+def _lower_space_to_depth(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                          ) -> list[Instruction]:
+    x, block = operands[0], int(op.get_attr("block_size"))
+    if attribute(op, "data_format", "NHWC") == "NHWC":
+        n, h, w, c = x.shape.dims
+        # [n, h/b, b (row offset), w/b, b (column offset), c] → offsets before the depth
+        x = ctx.reshape(x, (n, h // block, block, w // block, block, c))
+        x = _transpose(ctx, x, [0, 1, 3, 2, 4, 5])
+    else:
+        n, c, h, w = x.shape.dims
+        # [n, c, h/b, b, w/b, b] → [n, row offset, column offset, c, h/b, w/b]
+        x = ctx.reshape(x, (n, c, h // block, block, w // block, block))
+        x = _transpose(ctx, x, [0, 3, 5, 1, 2, 4])
+    return [ctx.reshape(x, ctx.output_shape().dims)]
+
+
+@register("DepthToSpace", dtypes=ALL, check=_check_depth, note="NHWC or NCHW")
+def _lower_depth_to_space(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                          ) -> list[Instruction]:
+    x, block = operands[0], int(op.get_attr("block_size"))
+    if attribute(op, "data_format", "NHWC") == "NHWC":
+        n, h, w, c = x.shape.dims
+        # [n, h, w, row offset, column offset, c'] → [n, h, row offset, w, column offset, c']
+        x = ctx.reshape(x, (n, h, w, block, block, c // (block * block)))
+        x = _transpose(ctx, x, [0, 1, 3, 2, 4, 5])
+    else:
+        n, c, h, w = x.shape.dims
+        # [n, row offset, column offset, c', h, w] → [n, c', h, row offset, w, column offset]
+        x = ctx.reshape(x, (n, block, block, c // (block * block), h, w))
+        x = _transpose(ctx, x, [0, 3, 4, 1, 5, 2])
+    return [ctx.reshape(x, ctx.output_shape().dims)]

@@ -1,7 +1,8 @@
-"""SpaceToBatchND and BatchToSpaceND lowered to HLO, against TF: block shapes of 1 to 3
-dims, paddings and crops, trailing dims, 1- and 0-sized dims, every dtype family, NaN
-and ±inf (moved, never computed), gradients (each op is the other's), a dilated
-convolution built on them, and `tl.function` in both modes."""
+"""SpaceToBatchND and BatchToSpaceND, SpaceToDepth and DepthToSpace lowered to HLO,
+against TF: block shapes of 1 to 3 dims, paddings and crops, trailing dims, 1- and
+0-sized dims, every dtype family, NaN and ±inf (moved, never computed), NCHW depth ops
+(against TF's XLA), gradients (each op of a pair is the other's), dilated convolutions
+built on them, unknown batch sizes, and `tl.function` in both modes."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from tf_harness import check_against_tf, check_in_both_modes, sample, trace
+from tf_harness import check_against_tf, check_in_both_modes, sample, tf_result, trace
 from tolerances import assert_close
 
 import tfxla_lite as tl
@@ -189,3 +190,62 @@ def test_unknown_batch_compiles_per_shape() -> None:
     finally:
         for dynamic_cluster in program.dynamic_clusters:
             loader.unregister(dynamic_cluster.key)
+
+
+DEPTH_CASES = [
+    # (SpaceToDepth input NHWC, block_size)
+    ((2, 4, 6, 3), 2),
+    ((1, 6, 3, 2), 3),
+    ((3, 8, 8, 1), 4),
+    ((1, 2, 2, 5), 2),
+    ((0, 4, 4, 2), 2),  # no batch
+    ((2, 4, 4, 0), 2),  # no channels
+]
+
+
+def _depth_round_trip(block: int, data_format: str = "NHWC") -> Any:
+    def fn(x: tf.Tensor) -> list[tf.Tensor]:
+        deep = tf.nn.space_to_depth(x, block, data_format=data_format)
+        return [deep, tf.nn.depth_to_space(deep * 2, block, data_format=data_format)]
+
+    return fn
+
+
+@pytest.mark.parametrize("case", range(len(DEPTH_CASES)))
+def test_space_to_depth_and_back(case: int) -> None:
+    shape, block = DEPTH_CASES[case]
+    check_against_tf(_depth_round_trip(block), [sample(shape, F32, seed=case)], "SpaceToDepth")
+
+
+@pytest.mark.parametrize("dtype", [F16, BF16, F64, np.int32, np.int64, np.bool_])
+def test_depth_dtypes(dtype: Any) -> None:
+    def fn(x: tf.Tensor) -> list[tf.Tensor]:
+        deep = tf.nn.space_to_depth(x, 2)
+        return [deep, tf.nn.depth_to_space(deep, 2)]
+
+    check_against_tf(fn, [sample((2, 4, 6, 3), dtype)], "SpaceToDepth")
+
+
+def test_depth_nchw() -> None:
+    """TF's CPU kernels refuse NCHW; TF's XLA is the reference there."""
+    fn = _depth_round_trip(2, "NCHW")
+    x = sample((2, 3, 4, 6), F32)
+    check_against_tf(fn, [x], "SpaceToDepth", expected=tf_result(fn, [x], xla=True))
+
+
+def _depth_gradients(x: tf.Tensor, upstream: tf.Tensor) -> list[tf.Tensor]:
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        shuffled = tf.nn.depth_to_space(tf.sin(tf.nn.space_to_depth(x, 2)), 3)
+        loss = tf.reduce_sum(shuffled * upstream)
+    return [shuffled, tape.gradient(loss, x)]
+
+
+def test_depth_gradients_in_both_modes() -> None:
+    """DepthToSpace is SpaceToDepth's gradient and the other way round."""
+    x, upstream = sample((2, 6, 6, 9), F32), sample((2, 9, 9, 4), F32, seed=1)
+    types = [op.type for op in trace(_depth_gradients, [x, upstream]).graph.get_operations()]
+    assert types.count("SpaceToDepth") == 2 and types.count("DepthToSpace") == 2
+    check_against_tf(_depth_gradients, [x, upstream], "Sin")
+    check_in_both_modes(_depth_gradients, [tf.constant(x), tf.constant(upstream)], "Sin",
+                        {"SpaceToDepth", "DepthToSpace"})
