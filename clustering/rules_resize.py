@@ -5,7 +5,7 @@ Registered into `registry.OP_RULES` on import. Images are NHWC; the output size 
 static. Each axis is resized on its own (both resizes are separable), and where each
 output row or column reads from is worked out here, at compile time, with TF's CPU
 kernels' float32 arithmetic (`image_resizer_state.h`): the scale is `in / out`, or
-`(in - 1) / (out - 1)` with `align_corners` and more than one output; the legacy source
+`(in - 1) / (out - 1)` with `align_corners` and sizes above 1; the legacy source
 coordinate is `i * scale`, the half-pixel one `(i + 0.5) * scale - 0.5` (bilinear) or
 `(i + 0.5) * scale` (nearest). So the indices are constants and the HLO is gathers of
 rows and columns, with no coordinate arithmetic at run time.
