@@ -1,5 +1,5 @@
-"""Lowering rules of TF's 2-D image resizes: ResizeBilinear, ResizeNearestNeighbor and
-their gradients (Keras UpSampling2D and Resizing, `tf.image.resize`).
+"""Lowering rules of TF's 2-D image resizes: ResizeBilinear, ResizeNearestNeighbor,
+ResizeBicubic and their gradients (Keras UpSampling2D and Resizing, `tf.image.resize`).
 
 Registered into `registry.OP_RULES` on import. Images are NHWC; the output size is
 static. Each axis is resized on its own (both resizes are separable), and where each
@@ -17,6 +17,10 @@ rows and columns, with no coordinate arithmetic at run time.
   input's own size is TF's plain cast.
 - ResizeNearestNeighbor gathers one row and one column (`floor`, or `round` half away
   from zero with `align_corners`); its output keeps the input's dtype.
+- ResizeBicubic reads four rows, then four columns, with TF's weights: its cubic kernel
+  tabulated at 1/1024 steps and read at the rounded fraction, Keys' (a = -0.5) with taps
+  outside the image zeroed and the rest renormalized for half-pixel centers, a = -0.75
+  with the edge repeated otherwise; each sum in TF's order.
 - The gradients are scatter-free: every input row receives the gradient of the output
   rows that read it, so per axis the output gradient gets one zero row appended and is
   gathered through a table [input index, k] of the output rows that read that input
@@ -114,7 +118,7 @@ def _check_resize(op: tf.Operation) -> str | None:
     return None
 
 
-def _check_bilinear_grad(op: tf.Operation) -> str | None:
+def _check_resize_grad(op: tf.Operation) -> str | None:
     if op.get_attr("half_pixel_centers") and op.get_attr("align_corners"):
         return "half_pixel_centers and align_corners both set (TF raises)"
     grads, original = op.inputs[0].shape, op.inputs[1].shape
@@ -252,7 +256,7 @@ def _bilinear_reads(in_size: int, out_size: int, align: bool, half: bool) -> Tap
             for lo, hi, w_lo, w_hi in zip(lower, upper, inverse, lerp)]
 
 
-@register("ResizeBilinearGrad", dtypes=FLOAT, check=_check_bilinear_grad, unused_inputs=(1,),
+@register("ResizeBilinearGrad", dtypes=FLOAT, check=_check_resize_grad, unused_inputs=(1,),
           note="NHWC; weights multiplied as TF's (row, then column, in float32), summed in "
                "another order")
 def _lower_resize_bilinear_grad(ctx: LoweringContext, op: tf.Operation, operands: Operands
@@ -288,4 +292,90 @@ def _lower_resize_nearest_grad(ctx: LoweringContext, op: tf.Operation, operands:
         sources = nearest_taps(in_size, out_size, align, half) if out_size else []
         reads = [[(int(s), 1.0)] for s in sources]
         gradient = _gather_back(ctx, gradient, axis, reads, in_size, weighted=False)
+    return [gradient]
+
+
+# -- bicubic -----------------------------------------------------------------------------------
+_TABLE_SIZE = 1024
+
+
+def _cubic_table(a: float) -> np.ndarray:
+    """TF's InitCoeffsTable: [kTableSize + 1, 2] float32 weights of the cubic kernel at
+    distances i / 1024 and 1 + i / 1024, computed in double from a float position."""
+    table = np.zeros((_TABLE_SIZE + 1, 2), np.float32)
+    for i in range(_TABLE_SIZE + 1):
+        x = float(np.float32(i * 1.0 / _TABLE_SIZE))
+        table[i, 0] = ((a + 2) * x - (a + 3)) * x * x + 1
+        x = float(np.float32(x + 1.0))
+        table[i, 1] = ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+    return table
+
+
+def bicubic_taps(in_size: int, out_size: int, align_corners: bool, half_pixel: bool
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """(indices [out, 4], float32 weights [out, 4]) as TF's GetWeightsAndIndices: Keys'
+    kernel (a = -0.5) with out-of-image taps zeroed and the rest renormalized for
+    half-pixel centers, else a = -0.75 with the edge pixel repeated."""
+    table = _cubic_table(-0.5 if half_pixel else -0.75)
+    where = _coordinates(in_size, out_size, align_corners, half_pixel, 0.5)
+    floor = np.floor(where)
+    offset = np.rint((where - floor).astype(np.float32) * np.float32(_TABLE_SIZE)
+                     ).astype(np.int64)  # lrintf: to nearest, ties to even
+    start = floor.astype(np.int64)
+    wanted = start[:, None] + np.arange(-1, 3)[None, :]
+    indices = np.clip(wanted, 0, in_size - 1)
+    weights = np.stack([table[offset, 1], table[offset, 0], table[_TABLE_SIZE - offset, 0],
+                        table[_TABLE_SIZE - offset, 1]], axis=1)
+    if half_pixel:
+        weights = np.where(indices == wanted, weights, np.float32(0))
+        total = ((weights[:, 0] + weights[:, 1]) + weights[:, 2]) + weights[:, 3]
+        scale = np.float32(1) / np.where(total == 0, np.float32(1), total)
+        keep = np.abs(total) >= np.float32(1000) * np.finfo(np.float32).tiny
+        weights = np.where(keep[:, None], weights * scale[:, None], weights)
+    return indices, weights.astype(np.float32)
+
+
+def _cubic_along(ctx: LoweringContext, x: Instruction, axis: int, indices: np.ndarray,
+                 weights: np.ndarray) -> Instruction:
+    """TF's Interpolate1D along `axis`: ((v0 * w0 + v1 * w1) + v2 * w2) + v3 * w3."""
+    total = None
+    for tap in range(4):
+        value = _take(ctx, x, axis, indices[:, tap])
+        weight = _along(ctx, weights[:, tap], value.shape.dims, (axis,), "f32")
+        term = ctx.emit("multiply", [value, weight])
+        total = term if total is None else ctx.emit("add", [total, term])
+    assert total is not None
+    return total
+
+
+@register("ResizeBicubic", dtypes=NUMERIC, unused_inputs=(1,), check=_check_resize,
+          note="NHWC, constant size; TF's quantized cubic weights (Keys' with half-pixel "
+               "centers) and its float32 sums")
+def _lower_resize_bicubic(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                          ) -> list[Instruction]:
+    out = ctx.output_shape()
+    image = ctx.convert(operands[0], "f32")
+    align, half = _pixel_rules(op)
+    # Rows first, then columns, as TF's kernel interpolates.
+    for axis in (_ROWS, _COLUMNS):
+        indices, weights = bicubic_taps(image.shape.dims[axis], out.dims[axis], align, half)
+        image = _cubic_along(ctx, image, axis, indices, weights)
+    return [image]
+
+
+@register("ResizeBicubicGrad", dtypes=frozenset({"float32", "float64"}),
+          check=_check_resize_grad, unused_inputs=(1,),
+          note="NHWC; weights multiplied as TF's (row, then column), summed in another order")
+def _lower_resize_bicubic_grad(ctx: LoweringContext, op: tf.Operation, operands: Operands
+                               ) -> list[Instruction]:
+    out = ctx.output_shape()
+    # A float64 result takes the gradient in float64 first, as TF's kernel does.
+    gradient = ctx.convert(operands[0], out.element_type)
+    align, half = _pixel_rules(op)
+    for axis in (_ROWS, _COLUMNS):
+        indices, weights = bicubic_taps(out.dims[axis], gradient.shape.dims[axis], align,
+                                        half)
+        reads = [[(int(i), float(w)) for i, w in zip(row_indices, row_weights)]
+                 for row_indices, row_weights in zip(indices, weights)]
+        gradient = _gather_back(ctx, gradient, axis, reads, out.dims[axis], weighted=True)
     return [gradient]

@@ -45,7 +45,7 @@ _CONVOLUTIONS = ("Conv2D", "Conv3D", "DepthwiseConv2dNative", "convolution")
 _POOLING_AND_NORMALIZATION = ("AvgPool", "AvgPool3D", "AvgPoolGrad", "AvgPool3DGrad",
                               "MaxPool3DGrad", "FusedBatchNormV3", "FusedBatchNormGradV3")
 # Image resize gradients add each input pixel's terms in another order than TF's kernels.
-_RESIZE_GRADIENTS = ("ResizeBilinearGrad", "ResizeNearestNeighborGrad")
+_RESIZE_GRADIENTS = ("ResizeBilinearGrad", "ResizeNearestNeighborGrad", "ResizeBicubicGrad")
 
 TOLERANCES: dict[str, Tolerance] = {
     # transcendental element-wise ops: TF (Eigen) and codegen use polynomial approximations

@@ -1,8 +1,9 @@
-"""ResizeBilinear, ResizeNearestNeighbor and their gradients lowered to HLO, against TF's
-CPU kernels: upsampling, downsampling, odd and equal sizes, size-1 images and outputs,
-no batch, align_corners / half_pixel_centers, f32/f64/f16/bf16 and integers, NaN and
-±inf in images and in gradients, `tf.GradientTape` through `tf.image.resize` and Keras's
-UpSampling2D, and `tl.function` in both modes."""
+"""ResizeBilinear, ResizeNearestNeighbor, ResizeBicubic and their gradients lowered to HLO,
+against TF's CPU kernels: upsampling, downsampling, odd and equal sizes, size-1 images
+and outputs, no batch, align_corners / half_pixel_centers, f32/f64/f16/bf16 and
+integers, NaN and ±inf in images and in gradients, `tf.GradientTape` through
+`tf.image.resize` and Keras's UpSampling2D and Resizing, and `tl.function` in both
+modes."""
 
 from __future__ import annotations
 
@@ -40,8 +41,12 @@ SIZES = [
 # (align_corners, half_pixel_centers): TF refuses both together, but in the nearest
 # neighbor gradient.
 PIXEL_RULES = [(False, False), (True, False), (False, True)]
-RESIZES = {"bilinear": RAW.ResizeBilinear, "nearest": RAW.ResizeNearestNeighbor}
-OP_TYPES = {"bilinear": "ResizeBilinear", "nearest": "ResizeNearestNeighbor"}
+RESIZES = {"bilinear": RAW.ResizeBilinear, "nearest": RAW.ResizeNearestNeighbor,
+           "bicubic": RAW.ResizeBicubic}
+OP_TYPES = {"bilinear": "ResizeBilinear", "nearest": "ResizeNearestNeighbor",
+            "bicubic": "ResizeBicubic"}
+GRADIENT_OP_TYPES = {"bilinear": "ResizeBilinearGrad", "nearest": "ResizeNearestNeighborGrad",
+                     "bicubic": "ResizeBicubicGrad"}
 
 
 def _forward(kind: str, sizes: list[tuple[int, int]], align: bool, half: bool
@@ -58,9 +63,10 @@ def _gradients(kind: str, sizes: list[tuple[int, int]], align: bool, half: bool
     """The raw gradient ops, one per resized size, onto the image's size."""
 
     def fn(image: tf.Tensor, *grads: tf.Tensor) -> list[tf.Tensor]:
-        if kind == "bilinear":
-            return [RAW.ResizeBilinearGrad(grads=g, original_image=image, align_corners=align,
-                                           half_pixel_centers=half) for g in grads]
+        if kind in ("bilinear", "bicubic"):
+            op = RAW.ResizeBilinearGrad if kind == "bilinear" else RAW.ResizeBicubicGrad
+            return [op(grads=g, original_image=image, align_corners=align,
+                       half_pixel_centers=half) for g in grads]
         return [RAW.ResizeNearestNeighborGrad(grads=g, size=image.shape[1:3],
                                               align_corners=align, half_pixel_centers=half)
                 for g in grads]
@@ -74,19 +80,19 @@ def _grads_for(image_shape: tuple[int, ...], sizes: list[tuple[int, int]], dtype
     return [sample((batch, *size, channels), dtype, seed=20 + i) for i, size in enumerate(sizes)]
 
 
-@pytest.mark.parametrize("kind", ["bilinear", "nearest"])
+@pytest.mark.parametrize("kind", list(RESIZES))
 @pytest.mark.parametrize("rules", PIXEL_RULES)
 def test_resize(kind: str, rules: tuple[bool, bool]) -> None:
     check_against_tf(_forward(kind, SIZES, *rules), [sample(IMAGE, F32)],
                      OP_TYPES[kind])
 
 
-@pytest.mark.parametrize("kind", ["bilinear", "nearest"])
+@pytest.mark.parametrize("kind", list(RESIZES))
 @pytest.mark.parametrize("rules", PIXEL_RULES)
 def test_resize_gradient(kind: str, rules: tuple[bool, bool]) -> None:
     """Gradients with NaN and ±inf among them: TF's kernels multiply even zero weights."""
     image = sample(IMAGE, F32, edges=False)
-    op_type = "ResizeBilinearGrad" if kind == "bilinear" else "ResizeNearestNeighborGrad"
+    op_type = GRADIENT_OP_TYPES[kind]
     check_against_tf(_gradients(kind, SIZES, *rules), [image, *_grads_for(IMAGE, SIZES, F32)],
                      op_type)
 
@@ -116,13 +122,15 @@ def test_small_images(image_shape: tuple[int, ...]) -> None:
 
 @pytest.mark.parametrize("dtype", [F16, BF16, F64, np.int32, np.int64])
 def test_resize_dtypes(dtype: Any) -> None:
-    """Bilinear gives float32 whatever the image's dtype; nearest keeps it."""
+    """Bilinear and bicubic give float32 whatever the image's dtype; nearest keeps it."""
     sizes = [(10, 14), (3, 4), (5, 7)]
 
     def fn(x: tf.Tensor) -> list[tf.Tensor]:
         return (_forward("bilinear", sizes, False, True)(x)
                 + _forward("nearest", sizes, False, False)(x)
-                + _forward("bilinear", sizes, True, False)(x))
+                + _forward("bilinear", sizes, True, False)(x)
+                + _forward("bicubic", sizes, False, True)(x)
+                + _forward("bicubic", sizes, False, False)(x))
 
     check_against_tf(fn, [sample(IMAGE, dtype)], "ResizeBilinear")
 
@@ -141,6 +149,14 @@ def test_gradient_dtypes(dtype: Any) -> None:
 
     grads = _grads_for(IMAGE, sizes, F32) + _grads_for(IMAGE, sizes, dtype)
     check_against_tf(fn, [image, *grads], "ResizeBilinearGrad")
+
+
+def test_bicubic_gradient_float64() -> None:
+    """TF's bicubic gradient kernels are float32 and float64 only."""
+    sizes = [(10, 14), (3, 4), (5, 7)]
+    check_against_tf(_gradients("bicubic", sizes, False, True),
+                     [sample(IMAGE, F64, edges=False), *_grads_for(IMAGE, sizes, F32)],
+                     "ResizeBicubicGrad")
 
 
 def test_nearest_gradient_integers() -> None:
@@ -169,6 +185,9 @@ TAPE_RESIZES = {
     "v1 align_corners": lambda x: tf.compat.v1.image.resize_bilinear(x, (3, 13),
                                                                    align_corners=True),
     "Keras UpSampling2D bilinear": keras.layers.UpSampling2D((2, 3), interpolation="bilinear"),
+    "image.resize bicubic": lambda x: tf.image.resize(x, (11, 9), method="bicubic"),
+    "v1 bicubic align_corners": lambda x: tf.compat.v1.image.resize_bicubic(
+        x, (3, 13), align_corners=True),
 }
 
 
@@ -179,7 +198,7 @@ def test_gradient_tape(name: str) -> None:
     out_shape = fn(tf.constant(x), tf.ones((1,)))[0].shape
     upstream = sample(tuple(out_shape), F32, seed=4, edges=False)
     grad_ops = {op.type for op in trace(fn, [x, upstream]).graph.get_operations()}
-    (op_type,) = grad_ops & {"ResizeBilinearGrad", "ResizeNearestNeighborGrad"}
+    (op_type,) = grad_ops & set(GRADIENT_OP_TYPES.values())
     check_against_tf(fn, [x, upstream], op_type)
 
 
@@ -188,13 +207,14 @@ def test_in_both_modes() -> None:
         bilinear = _through_tape(lambda t: tf.image.resize(t, (11, 9)))(x, upstream)
         nearest = _through_tape(lambda t: tf.image.resize(t, (3, 4), method="nearest"))(
             x, upstream_nearest)
-        return bilinear + nearest
+        bicubic = _through_tape(lambda t: tf.image.resize(t, (11, 9), method="bicubic"))(
+            x, upstream)
+        return bilinear + nearest + bicubic
 
     tensors = [tf.constant(sample(IMAGE, F32)), tf.constant(sample((2, 11, 9, 3), F32, seed=1)),
                tf.constant(sample((2, 3, 4, 3), F32, seed=2))]
     check_in_both_modes(fn, tensors, "ResizeBilinearGrad",
-                        {"ResizeBilinear", "ResizeBilinearGrad", "ResizeNearestNeighbor",
-                         "ResizeNearestNeighborGrad"})
+                        set(OP_TYPES.values()) | set(GRADIENT_OP_TYPES.values()))
 
 
 def test_nearest_taps_round_half_away_from_zero() -> None:
