@@ -23,6 +23,7 @@ from tfxla_lite.clustering.registry import (
     source_frames,
     tensor_shape,
 )
+from tfxla_lite.clustering.rules_variables import written_variables
 from tfxla_lite.hlo import HloModule, Instruction, Shape
 from tfxla_lite.hlo.shape import MAX_ARRAY_SIZE
 
@@ -31,7 +32,8 @@ if TYPE_CHECKING:
 
 
 def lower_cluster(graph: tf.Graph, cluster: Cluster, name: str | None = None) -> HloModule:
-    """The HLO of `cluster`: parameters are `cluster.inputs`, the root tuples `outputs`."""
+    """The HLO of `cluster`: parameters are `cluster.inputs` (a variable's handle: its
+    value), the root tuples `outputs` and then the values of the variables it writes."""
     module = HloModule(name or cluster.name)
     entry = module.new_computation("main", entry=True)
     ctx = LoweringContext(module, entry)
@@ -47,6 +49,8 @@ def lower_cluster(graph: tf.Graph, cluster: Cluster, name: str | None = None) ->
                         [graph.get_tensor_by_name(n) for n in cluster.outputs], cluster.name)
     if any(o.shape.is_tuple for o in outputs):
         raise LoweringError(f"{cluster.name}: a TensorList would leave the cluster")
+    # Then each written variable's last value, which the launch op stores into it.
+    outputs += [ctx.variables[h] for h in written_variables(graph, cluster.op_names)]
     entry.root = entry.create("tuple", outputs)
     return module
 

@@ -176,7 +176,28 @@ def same_dims_as_input(input_index: int) -> OutputDimsFn:
     return dims
 
 
+def variable_spec(handle: tf.Tensor) -> tuple[tf.DType, tuple[int, ...]] | None:
+    """The dtype and static dims of the variable a resource tensor holds (its handle
+    data, which a tf.function's captured variables carry), or None where unknown."""
+    from tensorflow.python.framework import dtypes
+    from tensorflow.python.ops import handle_data_util
+
+    data = handle_data_util.get_resource_handle_data(handle)
+    if not data.is_set or len(data.shape_and_type) != 1:
+        return None
+    found = data.shape_and_type[0]
+    if found.shape.unknown_rank or any(d.size < 0 for d in found.shape.dim):
+        return None
+    return dtypes.as_dtype(found.dtype), tuple(int(d.size) for d in found.shape.dim)
+
+
 def tensor_shape(tensor: tf.Tensor) -> Shape:
+    """The HLO shape of `tensor`; of a resource tensor, its variable's value."""
+    if tensor.dtype.base_dtype.name == "resource":
+        spec = variable_spec(tensor)
+        if spec is None:
+            raise LoweringError(f"variable {tensor.name} has no known dtype and static shape")
+        return Shape(element_type(spec[0]), spec[1])
     dims = static_dims(tensor)
     if dims is None:
         raise LoweringError(f"shape of {tensor.name} is not fully static: {tensor.shape}")
@@ -417,6 +438,9 @@ class LoweringContext:
         self.computation = computation
         self.op: tf.Operation | None = None
         self.metadata: dict[str, Any] = {}
+        # Resource handle tensor name -> the variable's value so far in the cluster
+        # (rules_variables.py): reads see earlier writes of the same lowering.
+        self.variables: dict[str, Instruction] = {}
 
     def begin(self, op: tf.Operation) -> None:
         """Start lowering `op`: later instructions carry its metadata."""
@@ -532,6 +556,7 @@ def _load_rules() -> None:
         rules_slicing,
         rules_space,
         rules_tensor,
+        rules_variables,
     )
 
 

@@ -81,10 +81,15 @@ def _iota(ctx: LoweringContext, etype: str, dims: tuple[int, ...], axis: int) ->
                                     "clamped (TF's CPU kernel raises)")
 def _lower_gather(ctx: LoweringContext, op: tf.Operation, operands: Operands
                   ) -> list[Instruction]:
-    params, indices = operands[0], operands[1]
     axes = _gather_axes(op)
     assert not isinstance(axes, str)
-    axis, batch_dims = axes
+    return [gather(ctx, operands[0], operands[1], *axes)]
+
+
+def gather(ctx: LoweringContext, params: Instruction, indices: Instruction, axis: int,
+           batch_dims: int) -> Instruction:
+    """TF's gather of `params` along `axis` (normalized, as `batch_dims`) at `indices`, as
+    one HLO `gather`; shared with ResourceGather (rules_variables.py)."""
     rank = indices.shape.rank
     dims = indices.shape.dims
     # Index vectors [b0, ..., b(k-1), index] along a new last dimension.
@@ -96,14 +101,14 @@ def _lower_gather(ctx: LoweringContext, op: tf.Operation, operands: Operands
                                                         dimensions=(rank,))
     starts = tuple(range(batch_dims)) + (axis,)
     if any(params.shape.dims[d] == 0 for d in starts):
-        return [_gather_from_nothing(ctx)]
+        return _gather_from_nothing(ctx)
     sizes = tuple(1 if d in starts else n for d, n in enumerate(params.shape.dims))
     out_rank = params.shape.rank - 1 - batch_dims + rank
     offset_dims = tuple(range(batch_dims, axis)) + tuple(range(axis + rank - batch_dims,
                                                                out_rank))
-    return [ctx.emit("gather", [params, vectors], offset_dims=offset_dims,
-                     collapsed_slice_dims=starts, start_index_map=starts,
-                     index_vector_dim=rank, slice_sizes=sizes)]
+    return ctx.emit("gather", [params, vectors], offset_dims=offset_dims,
+                    collapsed_slice_dims=starts, start_index_map=starts,
+                    index_vector_dim=rank, slice_sizes=sizes)
 
 
 def _gather_from_nothing(ctx: LoweringContext) -> Instruction:
@@ -212,6 +217,8 @@ def _combiner(ctx: LoweringContext, kind: str, etype: str) -> Any:
     new = comp.add_parameter(1, Shape(etype, ()), name="new")
     if kind == "assign":
         comp.root = new
+    elif kind in ("subtract", "divide"):  # ResourceScatterSub/Div: old - new, old / new
+        comp.root = comp.create(kind, [old, new])
     else:
         a, b = (new, old) if kind.startswith("segment_") else (old, new)
         b_wins = comp.create("compare", [a, b] if kind.endswith("maximum") else [b, a],
@@ -220,7 +227,7 @@ def _combiner(ctx: LoweringContext, kind: str, etype: str) -> Any:
     return comp
 
 
-def _scatter(ctx: LoweringContext, operand: Instruction, indices: Instruction,
+def scatter(ctx: LoweringContext, operand: Instruction, indices: Instruction,
              updates: Instruction, kind: str, index_vector_dim: int, inserted: int
              ) -> Instruction:
     """Scatter `updates` into `operand` at the first `inserted` operand dims that each
@@ -259,7 +266,7 @@ def _lower_unsorted_segment(ctx: LoweringContext, op: tf.Operation, operands: Op
     kind, init = _SEGMENT_KINDS[op.type]
     out = ctx.output_shape()
     start = ctx.full(_extreme(out.element_type, kind) if init is None else init, out)
-    return [_scatter(ctx, start, ids, data, kind, ids.shape.rank, 1)]
+    return [scatter(ctx, start, ids, data, kind, ids.shape.rank, 1)]
 
 
 def _check_scatter_nd(op: tf.Operation) -> str | None:
@@ -280,7 +287,7 @@ def _lower_scatter_nd(ctx: LoweringContext, op: tf.Operation, operands: Operands
     out = ctx.output_shape()
     zeros = ctx.full(0, out)
     depth = indices.shape.dims[-1]
-    return [_scatter(ctx, zeros, indices, updates, "add", indices.shape.rank - 1, depth)]
+    return [scatter(ctx, zeros, indices, updates, "add", indices.shape.rank - 1, depth)]
 
 
 @register("TensorScatterUpdate", dtypes=ALL, check=_check_scatter_nd,
@@ -293,7 +300,7 @@ def _lower_tensor_scatter(ctx: LoweringContext, op: tf.Operation, operands: Oper
     kind = {"TensorScatterAdd": "add", "TensorScatterUpdate": "assign",
             "TensorScatterMax": "maximum", "TensorScatterMin": "minimum"}[op.type]
     depth = indices.shape.dims[-1]
-    return [_scatter(ctx, tensor, indices, updates, kind, indices.shape.rank - 1, depth)]
+    return [scatter(ctx, tensor, indices, updates, kind, indices.shape.rank - 1, depth)]
 
 
 # -- reverses and scans -------------------------------------------------------------------------

@@ -13,8 +13,10 @@ from tfxla_lite.clustering.registry import OP_RULES, OpRule
 # op without a rule stays in TF, and `tfxla_lite.explain` names it.
 NOT_SUPPORTED: dict[str, str] = {
     "MirrorPadGrad, ReverseSequence": "not lowered yet",
-    "ResourceGather, ResourceScatterAdd, ...": "resource ops stay in TF (a variable's "
-                                               "read is a cluster input)",
+    "Variables of unknown shape, in clusters of unknown dimensions or on a GPU":
+        "their reads and writes stay in TF (a read is then a cluster input)",
+    "ResourceApplyAdadelta, ResourceApplyFtrl, ResourceSparseApply*, ...":
+        "not lowered yet (the optimizers Keras 3 and tf.compat.v1 use most are)",
     "SegmentSum (sorted), DynamicStitch with runtime indices": "not lowered yet (gather "
                                                                "and scatter opcodes exist)",
     "StatelessTruncatedNormalV2, StatelessTruncatedNormal":

@@ -36,7 +36,7 @@ from tfxla_lite.compiler import CompilationError, Program, build_program
 from tfxla_lite.flags import get_options
 from tfxla_lite.options import Options
 from tfxla_lite.report import ClusteringReport, JitCompileFallback
-from tfxla_lite.rewrite import COMPILE_OP_TYPE, LAUNCH_OP_TYPE
+from tfxla_lite.rewrite import COMPILE_OP_TYPE, LAUNCH_OP_TYPE, VARIABLE_LAUNCH_OP_TYPE
 from tfxla_lite.stats import PROCESS_STATS, compute_op_count
 
 logger = logging.getLogger("tfxla_lite")
@@ -485,6 +485,7 @@ def _gradient_function(gradient: gradients.LaunchGradient) -> Function:
     return function
 
 
+@tf.RegisterGradient(VARIABLE_LAUNCH_OP_TYPE)  # raises: it writes variables
 @tf.RegisterGradient(LAUNCH_OP_TYPE)
 def _launch_op_gradient(op: tf.Operation, *output_gradients: Any) -> list[Any]:
     gradient, arguments = gradients.launch_gradient(op, output_gradients)

@@ -40,8 +40,10 @@ from tfxla_lite.autojit import original_tf_function
 from tfxla_lite.clustering.cluster import form_clusters
 from tfxla_lite.clustering.lower import lower_cluster
 from tfxla_lite.clustering.mark import PLUMBING_OPS, MarkOptions, format_source, mark
+from tfxla_lite.clustering.registry import variable_spec
 from tfxla_lite.clustering.rules_control_flow import FUNCTIONAL_OPS
 from tfxla_lite.clustering.rules_conv import CONVOLUTION_OPS
+from tfxla_lite.clustering.rules_variables import VARIABLE_OPS, written_variables
 from tfxla_lite.codegen import cache as code_caches
 from tfxla_lite.codegen import compile_module
 from tfxla_lite.codegen import config as code_config
@@ -57,6 +59,7 @@ from tfxla_lite.rewrite import (
     add_branch_functions,
     import_rewritten,
     rewrite_graph_def,
+    rewritten_op_names,
     rewritten_tensor_name,
 )
 from tfxla_lite.runtime import BuildError, gpu_launch, load_library, loader, register_executable
@@ -217,6 +220,12 @@ class BodyProgram:
 
 
 def _tensor_spec(tensor: tf.Tensor) -> tuple[tf.DType, tuple[int, ...]]:
+    """A tensor's dtype and static dims; a resource handle's are its variable's."""
+    if tensor.dtype == tf.resource:
+        spec = variable_spec(tensor)
+        if spec is None:
+            raise ValueError(f"variable {tensor.name} has no static dtype and shape")
+        return spec
     return tensor.dtype, tuple(int(d) for d in tensor.shape)
 
 
@@ -354,6 +363,7 @@ def _store_in_cache(cache_key: str, graph: tf.Graph, program: Program) -> None:
     cache holds (tfxla_lite/rewrite_cache.py) and every executable is in the caches."""
     plain = (not program.bodies and not program.dynamic_clusters and not program.renames
              and not program.dropped and all(c.compiled for c in program.report.clusters)
+             and all(tf.resource not in c.input_dtypes for c in program.compiled)
              and len(program.clusters) == len(program.compiled)
              and all(c.gpu_launch is None and c.fallback is None for c in program.compiled))
     keys = [getattr(a.executable, "optimized_key", None) for a in program.clusters]
@@ -471,6 +481,8 @@ def _compile_graph(graph: tf.Graph, function_name: str, settings: _Settings,
     clusters = form_clusters(graph, decisions, min_cluster_size=min_size,
                              max_cluster_size=options.max_cluster_size,
                              merge_independent=options.merge_independent_clusters)
+    clusters = _variables_in_static_clusters(graph, decisions, clusters, dynamic, min_size,
+                                             options)
 
     clustered = {name for c in clusters for name in c.op_names}
     for op in graph.get_operations():
@@ -541,7 +553,9 @@ def _compile_graph(graph: tf.Graph, function_name: str, settings: _Settings,
             else:
                 executable = compile_module(module, pipeline=options.effective_pipeline,
                                             verify=options.verify,
-                                            donate=_forwardable(graph, cluster.inputs),
+                                            donate=_forwardable(
+                                                graph, cluster.inputs,
+                                                written_variables(graph, cluster.op_names)),
                                             cache=options.cache,
                                             background=background and not tiered,
                                             tiered=tiered)
@@ -564,6 +578,9 @@ def _compile_graph(graph: tf.Graph, function_name: str, settings: _Settings,
         key = f"{function_name}/{cluster.name}/{next(_executable_ids)}"
         inputs = [graph.get_tensor_by_name(t) for t in cluster.inputs]
         outputs = [graph.get_tensor_by_name(t) for t in cluster.outputs]
+        # The variables it writes: the executable's last outputs (clustering/lower.py).
+        written = written_variables(graph, cluster.op_names)
+        variable_writes = tuple(cluster.inputs.index(h) for h in written)
         launch_on_gpu = None
         if gpu is not None:
             launch_on_gpu = gpu_launch.GpuLaunch(key, executable, gpu,
@@ -573,16 +590,18 @@ def _compile_graph(graph: tf.Graph, function_name: str, settings: _Settings,
             # Made before the key is registered: once registered, a key is only
             # unregistered by its registration's collection.
             registrations.append(loader.Registration(key))
+            written_handles = [graph.get_tensor_by_name(h) for h in written]
             if getattr(executable, "ready", True):
-                _register(key, executable, inputs, outputs)
+                _register(key, executable, inputs, outputs + written_handles)
             else:  # registered when LLVM is done, before the rewritten graph can run
-                pending.append((key, executable, inputs, outputs))
+                pending.append((key, executable, inputs, outputs + written_handles))
         compiled.append(CompiledCluster(
             name=cluster.name, op_names=tuple(cluster.op_names), inputs=tuple(cluster.inputs),
             outputs=tuple(cluster.outputs), control_inputs=tuple(cluster.control_inputs), key=key,
             output_dtypes=tuple(t.dtype for t in outputs),
             output_shapes=tuple(_tensor_spec(t)[1] for t in outputs),
-            input_dtypes=tuple(t.dtype for t in inputs), gpu_launch=launch_on_gpu))
+            input_dtypes=tuple(t.dtype for t in inputs), gpu_launch=launch_on_gpu,
+            variable_writes=variable_writes))
         artifacts.append(CompiledClusterArtifacts(cluster.name, module, executable.hlo_text,
                                                   executable))
         report.clusters.append(ClusterReport(
@@ -745,7 +764,9 @@ def _rewritten_body(program: Program, library: dict[str, Any]) -> Any:
     control_flow.rename_functions(graph_def, program.renames)
     assertions.without(graph_def, program.dropped)
     output_names = [rewritten_tensor_name(t.name, program.compiled) for t in graph.outputs]
-    control_names = [op.name for op in graph.control_outputs if op.name not in program.dropped]
+    control_names = rewritten_op_names(
+        [op.name for op in graph.control_outputs if op.name not in program.dropped],
+        program.compiled)
     fallbacks = [f for c in program.compiled for f in (c.fallback or ())]
     return control_flow.rewritten_body(graph, graph_def, output_names, control_names,
                                        [*program.functions, *fallbacks], library)
@@ -766,12 +787,43 @@ def _merge_body_report(report: ClusteringReport, body: BodyProgram) -> None:
 _HELD_INPUTS = frozenset({"Placeholder", "ReadVariableOp", "Const", "VarHandleOp"})
 
 
-def _forwardable(graph: tf.Graph, inputs: list[str] | tuple[str, ...]) -> list[int]:
+def _forwardable(graph: tf.Graph, inputs: list[str] | tuple[str, ...],
+                 written: list[str] | tuple[str, ...] = ()) -> list[int]:
     """The cluster inputs TF may forward to an output when the launch is their last
     reader: intermediates of TF ops (codegen/cpu/donation.py compiles in-place variants
-    for them, which costs compile time, so arguments and variables are left out)."""
+    for them, which costs compile time, so arguments and variables' reads are left out),
+    and the handles of the variables it writes (`written`), whose new value the launch
+    writes over the old one where no other tensor holds it."""
     return [n for n, name in enumerate(inputs)
-            if graph.get_tensor_by_name(name).op.type not in _HELD_INPUTS]
+            if name in written or graph.get_tensor_by_name(name).op.type not in _HELD_INPUTS
+            and graph.get_tensor_by_name(name).dtype != tf.resource]
+
+
+# Why a variable op stays out of the cluster it would join.
+_VARIABLE_IN_DYNAMIC_REASON = ("variable op in a cluster of unknown dimensions or for a GPU "
+                               "(variables compile in static CPU clusters)")
+
+
+def _variables_in_static_clusters(graph: tf.Graph, decisions: dict[str, Any],
+                                  clusters: list[Any], dynamic: bool, min_size: int,
+                                  options: Options) -> list[Any]:
+    """`clusters`, formed again without the variable ops of any cluster that compiles
+    per input shape at run time or for a GPU: the launch op binds variables only for
+    static CPU executables. `decisions` records why those ops stay in TF."""
+    for _ in range(3):  # each round only removes ops; a third is rarely needed
+        refused = [name for cluster in clusters
+                   if gpu_launch.placed_gpu(cluster.device) is not None
+                   or (dynamic and not dynamic_clusters.is_static(graph, cluster))
+                   for name in cluster.op_names if decisions[name].op_type in VARIABLE_OPS]
+        if not refused:
+            return clusters
+        for name in refused:
+            decisions[name] = dataclasses.replace(decisions[name], compilable=False,
+                                                  reason=_VARIABLE_IN_DYNAMIC_REASON)
+        clusters = form_clusters(graph, decisions, min_cluster_size=min_size,
+                                 max_cluster_size=options.max_cluster_size,
+                                 merge_independent=options.merge_independent_clusters)
+    return clusters
 
 
 def _plan_dynamic(graph: tf.Graph, cluster: Any, key: str, jit_compile: bool | None,
@@ -854,7 +906,8 @@ def _rewritten_function(concrete_function: Any, program: Program,
     flat = tf.nest.flatten(structured, expand_composites=True)
     output_names = [rewritten_tensor_name(t.name, clusters) for t in flat
                     if isinstance(t, tf.Tensor)]
-    control_names = [op.name for op in graph.control_outputs if op.name not in program.dropped]
+    control_names = rewritten_op_names(
+        [op.name for op in graph.control_outputs if op.name not in program.dropped], clusters)
 
     def rewritten(*args: Any, **kwargs: Any) -> Any:
         func_graph = tf.compat.v1.get_default_graph()

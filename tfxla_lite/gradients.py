@@ -83,10 +83,16 @@ def launch_gradient(op: tf.Operation, output_gradients: Sequence[Any]
     except ValueError as error:
         raise LookupError(f"tfxla-lite: launch node '{op.name}' does not carry its "
                           "cluster's TF ops, so it has no gradient") from error
+    if list(op.get_attr("variable_writes")):
+        # Its ops would write the variables again when rerun for the gradient.
+        raise LookupError(f"tfxla-lite: launch node '{op.name}' writes variables, so it has "
+                          "no gradient (differentiate a function that only reads them)")
     present = tuple(i for i, gradient in enumerate(output_gradients)
                     if gradient is not None and _differentiable(op.outputs[i].dtype))
+    # A variable read inside the cluster takes its gradient through the handle, as
+    # ReadVariableOp's gradient does (the rerun ops read the variable again).
     differentiable = tuple(j for j, tensor in enumerate(op.inputs)
-                           if _differentiable(tensor.dtype))
+                           if _differentiable(tensor.dtype) or tensor.dtype == tf.resource)
     if not present or not differentiable:
         return None, []
     gradient = LaunchGradient(template, outputs, len(op.inputs), present, differentiable)

@@ -41,7 +41,8 @@ from tensorflow.python.framework.function_def_to_graph import function_def_to_gr
 
 CALL_OP_TYPES = frozenset({"PartitionedCall", "StatefulPartitionedCall"})
 # The ops tfxla-lite's rewrite puts in a graph (tfxla_lite/rewrite.py).
-COMPILED_OP_TYPES = frozenset({"TfxlaLiteLaunch", "TfxlaLiteCompile"})
+COMPILED_OP_TYPES = frozenset({"TfxlaLiteLaunch", "TfxlaLiteVariableLaunch",
+                               "TfxlaLiteCompile"})
 # Function attributes that ask for the call to stay a call; `_XlaMustCompile` marks a
 # `jit_compile=True` function TF's XLA runs (tfxla-lite's fallback, Keras's grouped
 # convolutions), which inlined would put ops TF's CPU kernels may refuse among TF's.

@@ -27,6 +27,10 @@ from typing import Any
 import tensorflow as tf
 
 LAUNCH_OP_TYPE = "TfxlaLiteLaunch"
+# The launch of a cluster that writes variables: the same kernel, stateful (TF neither
+# prunes it nor calls a function holding it as stateless).
+VARIABLE_LAUNCH_OP_TYPE = "TfxlaLiteVariableLaunch"
+LAUNCH_OP_TYPES = frozenset({LAUNCH_OP_TYPE, VARIABLE_LAUNCH_OP_TYPE})
 COMPILE_OP_TYPE = "TfxlaLiteCompile"
 # Each launch node carries its cluster's own TF ops, as XlaLaunch names its cluster's
 # function: a GraphDef whose placeholder `ORIGINAL_INPUT_PREFIX<j>` stands for launch
@@ -57,6 +61,10 @@ class CompiledCluster:
     # A cluster compiled for a GPU (tfxla_lite/runtime/gpu_launch.py: `GpuLaunch`), whose
     # nodes replace the TfxlaLiteLaunch node; `key` is then unused by the rewrite.
     gpu_launch: Any = None
+    # Positions in `inputs` of the resource handles whose variables the cluster writes:
+    # the executable's outputs after `outputs`, stored into those variables by the launch
+    # (clustering/rules_variables.py).
+    variable_writes: tuple[int, ...] = ()
 
     @property
     def launch_name(self) -> str:
@@ -117,6 +125,19 @@ def rewritten_tensor_name(tensor_name: str, clusters: Sequence[CompiledCluster])
     return f"{op}:{index}"
 
 
+def rewritten_op_names(op_names: Sequence[str], clusters: Sequence[CompiledCluster]
+                       ) -> list[str]:
+    """The ops of `op_names` after the rewrite: an op of a cluster is its launch node
+    (a variable write, among a function's control outputs), each named once."""
+    redirect = _Redirect(clusters)
+    found: list[str] = []
+    for name in op_names:
+        new = redirect(f"^{name}")[1:]
+        if new not in found:
+            found.append(new)
+    return found
+
+
 def rewrite_graph_def(graph_def: tf.compat.v1.GraphDef,
                       clusters: Sequence[CompiledCluster]) -> tf.compat.v1.GraphDef:
     """A copy of `graph_def` with each cluster replaced by its launch node."""
@@ -146,7 +167,7 @@ def rewrite_graph_def(graph_def: tf.compat.v1.GraphDef,
     for cluster in clusters:
         launch = result.node.add()
         launch.name = cluster.launch_name
-        launch.op = LAUNCH_OP_TYPE
+        launch.op = VARIABLE_LAUNCH_OP_TYPE if cluster.variable_writes else LAUNCH_OP_TYPE
         first = nodes_by_name[cluster.op_names[0]]
         launch.device = first.device
         inputs = [redirect(_graph_def_reference(t), cluster) for t in cluster.inputs]
@@ -175,6 +196,8 @@ def rewrite_graph_def(graph_def: tf.compat.v1.GraphDef,
         launch.attr["Tin"].list.type.extend(input_types)
         launch.attr["Tout"].list.type.extend(output_types)
         launch.attr["output_shapes"].list.shape.extend(shapes)
+        if cluster.variable_writes:
+            launch.attr["variable_writes"].list.i.extend(cluster.variable_writes)
     return result
 
 

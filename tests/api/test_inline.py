@@ -70,7 +70,9 @@ def test_stateful_body_keeps_its_effects_and_its_state_ops_in_tf() -> None:
     np.testing.assert_allclose(v.numpy(), expected_variable)
     report = tl.explain(f, x)
     left = {n.op_type: n.reason for n in report.fallbacks}
-    assert left["AssignAddVariableOp"] == "argument/variable plumbing"
+    # The inlined body reaches the variable through an Identity of the call's argument:
+    # its write stays in TF (clustering/rules_variables.py takes captured handles only).
+    assert "comes from a Identity" in left["AssignAddVariableOp"]
     assert "MatMul" in {t for c in report.compiled_clusters for _, t in c.ops}
 
 

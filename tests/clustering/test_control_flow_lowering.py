@@ -20,15 +20,17 @@ import tensorflow as tf
 from tf_harness import run_clusters, trace
 
 import tfxla_lite as tl
+from tfxla_lite import rewrite
 from tfxla_lite.clustering import cluster_graph
 from tfxla_lite.clustering.registry import OP_RULES
 from tfxla_lite.clustering.rules_control_flow import backend_refusal, lowering_only
-from tfxla_lite.rewrite import LAUNCH_OP_TYPE
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tolerances import assert_close  # noqa: E402 - tests/tolerances.py, by path
 
 F32 = np.float32
+# The launch op types (a cluster that writes variables has its own: rules_variables.py).
+LAUNCHES = frozenset(getattr(rewrite, "LAUNCH_OP_TYPES", {rewrite.LAUNCH_OP_TYPE}))
 
 
 def _rng(seed: int = 0) -> np.random.Generator:
@@ -195,8 +197,8 @@ def launches(f: tl.Function, *args: Any) -> tuple[int, int]:
     """Launch ops in the rewritten graph itself, and in the functions it calls (loop
     bodies compiled one by one: a launch per iteration)."""
     graph = f.get_concrete_function(*args).graph.as_graph_def()
-    return (sum(n.op == LAUNCH_OP_TYPE for n in graph.node),
-            sum(n.op == LAUNCH_OP_TYPE for fd in graph.library.function for n in fd.node_def))
+    return (sum(n.op in LAUNCHES for n in graph.node),
+            sum(n.op in LAUNCHES for fd in graph.library.function for n in fd.node_def))
 
 
 @needs_backend
@@ -230,13 +232,17 @@ def test_scan_cond_and_gradient_run_as_one_launch(jit_compile: bool | None) -> N
     assert launches(f, *args) == (1, 0)
 
 
-def _keras_step(layer: str, seed: int = 0) -> Callable[[tf.Tensor, tf.Tensor], tf.Tensor]:
+def _keras_step(layer: str, sequences: bool = False, seed: int = 0
+                ) -> Callable[[tf.Tensor, tf.Tensor], tf.Tensor]:
     """A training step (loss, gradients through the recurrent loop, SGD update) of a
-    fresh model whose weights depend on `seed` only."""
+    fresh model whose weights depend on `seed` only; `sequences`: the layer returns
+    every step's output (a TensorList of them), averaged."""
     import keras
 
     keras.utils.set_random_seed(seed)
-    model = keras.Sequential([keras.Input((6, 3)), getattr(keras.layers, layer)(5),
+    recurrent = getattr(keras.layers, layer)(5, return_sequences=sequences)
+    pooled = [keras.layers.GlobalAveragePooling1D()] if sequences else []
+    model = keras.Sequential([keras.Input((6, 3)), recurrent, *pooled,
                               keras.layers.Dense(1)])
     optimizer = keras.optimizers.SGD(0.1)
 
@@ -254,15 +260,15 @@ def _keras_step(layer: str, seed: int = 0) -> Callable[[tf.Tensor, tf.Tensor], t
 @pytest.mark.skipif("ReadVariableOp" not in OP_RULES,
                     reason="variables stay outside clusters (rules_variables.py)")
 @pytest.mark.parametrize("jit_compile", [None, True])
-@pytest.mark.parametrize("layer", ["LSTM", "GRU"])
-def test_keras_recurrent_training_step_is_one_launch(layer: str,
+@pytest.mark.parametrize("layer, sequences", [("LSTM", False), ("GRU", False), ("GRU", True)])
+def test_keras_recurrent_training_step_is_one_launch(layer: str, sequences: bool,
                                                      jit_compile: bool | None) -> None:
     rng = _rng()
     x = tf.constant(rng.normal(size=(4, 6, 3)).astype(F32))
     y = tf.constant(rng.normal(size=(4, 1)).astype(F32))
-    plain = tf.function(_keras_step(layer))
-    ours = tl.function(_keras_step(layer), jit_compile=jit_compile)
-    for number in range(3):  # the weights each step starts from are the last one's
+    plain = tf.function(_keras_step(layer, sequences))
+    ours = tl.function(_keras_step(layer, sequences), jit_compile=jit_compile)
+    for number in range(3):  # each step starts from the weights the last one left
         want, got = plain(x, y).numpy(), ours(x, y).numpy()
         assert abs(got - want) <= 1e-5, (number, got, want)
     # The forward and the gradient loop are HLO loops of the one launch.

@@ -89,16 +89,20 @@ def test_reshape_shape_need_not_be_constant() -> None:
     assert by_type(decisions, "Reshape")[0].compilable
 
 
-def test_variables_are_plumbing() -> None:
+def test_variables_of_static_shape_compile_their_handles_stay_plumbing() -> None:
     v = tf.Variable(np.ones(3, np.float32))
+    unknown = tf.Variable(np.ones(3, np.float32), shape=tf.TensorShape(None))
 
     def fn(x: Any) -> Any:
         v.assign_add(x)
+        unknown.assign(x)
         return v.read_value() * 2.0
 
-    decisions, _ = decisions_of(fn, tf.TensorSpec([3]))
+    decisions, graph = decisions_of(fn, tf.TensorSpec([3]))
     for op_type in ("ReadVariableOp", "AssignAddVariableOp"):
-        assert by_type(decisions, op_type)[0].reason == "argument/variable plumbing"
+        assert by_type(decisions, op_type)[0].compilable
+    (assign,) = by_type(decisions, "AssignVariableOp")
+    assert "shape not known statically" in assign.reason
     assert all(d.reason == "argument/variable plumbing" for d in by_type(decisions, "Placeholder"))
     assert by_type(decisions, "Mul")[0].compilable
 

@@ -28,6 +28,7 @@ _EXPORTS = {
     "compiled_for": "loader",
     "dynamic_stats": "loader",
     "forwarded_outputs": "loader",
+    "variables_in_place": "loader",
     "register_dynamic": "loader",
     "OpLibrary": "loader",
     "OutputPoolStats": "loader",

@@ -55,6 +55,8 @@
 #include "tensorflow/core/framework/allocator.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/resource_mgr.h"
+#include "tensorflow/core/framework/resource_var.h"
 #include "tensorflow/core/framework/shape_inference.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/framework/tensor_shape.h"
@@ -252,6 +254,8 @@ std::atomic<int64_t> arenas_allocated{0};
 std::atomic<int64_t> arenas_reused{0};
 // Outputs written in an input's own buffer (TF's input forwarding).
 std::atomic<int64_t> outputs_forwarded{0};
+// Variable writes done in the variable's own buffer (tfxla_lite_variables_in_place).
+std::atomic<int64_t> variables_in_place{0};
 // Launches, and nanoseconds summed over them: from the start of Run (signature checked)
 // to the call of entry (output allocation, temp arena), and entry itself
 // (tfxla_lite_launch_timing).
@@ -904,12 +908,101 @@ absl::Status Specialize(OpKernelContext* ctx, const std::string& key, DynamicClu
   }
 }
 
+// The values a launch reads: each input's tensor, and for a resource input the buffer of
+// the variable it names, looked up and locked for the whole launch as TF's XlaLaunch
+// locks its variables: in increasing order of their mutexes' addresses (the order TF's
+// own multi-variable kernels use), exclusively when the launch writes the variable and
+// shared otherwise. Released, in reverse order, when the launch is done.
+class BoundInputs {
+ public:
+  BoundInputs() = default;
+  BoundInputs(const BoundInputs&) = delete;
+  BoundInputs& operator=(const BoundInputs&) = delete;
+  ~BoundInputs() {
+    for (auto it = locked_.rbegin(); it != locked_.rend(); ++it) {
+      if (it->second) {
+        it->first->mu()->unlock();
+      } else {
+        it->first->mu()->unlock_shared();
+      }
+    }
+  }
+
+  // `written`: the inputs whose variables the launch writes (`variable_writes`).
+  absl::Status Bind(OpKernelContext* ctx, const std::vector<int>& written) {
+    const int n = ctx->num_inputs();
+    values_.resize(n);
+    variables_.resize(n);
+    std::vector<std::pair<tensorflow::Var*, bool>> order;  // (variable, exclusive)
+    for (int i = 0; i < n; ++i) {
+      if (ctx->input_dtype(i) != tensorflow::DT_RESOURCE) {
+        values_[i] = &ctx->input(i);
+        continue;
+      }
+      TF_RETURN_IF_ERROR(tensorflow::LookupResource(ctx, tensorflow::HandleFromInput(ctx, i),
+                                                    &variables_[i]));
+      const bool writes = std::find(written.begin(), written.end(), i) != written.end();
+      order.emplace_back(variables_[i].get(), writes);
+    }
+    for (const int i : written) {
+      if (i < 0 || i >= n || variables_[i] == nullptr) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "TfxlaLiteLaunch: variable_writes names input ", i, ", not a resource input"));
+      }
+    }
+    std::sort(order.begin(), order.end(), [](const auto& a, const auto& b) {
+      return a.first->mu() < b.first->mu();
+    });
+    for (size_t k = 0; k < order.size(); ++k) {
+      if (k > 0 && order[k].first == order[k - 1].first) {
+        // One variable behind two handles: a write through one would change what the
+        // other reads in the middle of the kernel.
+        if (order[k].second || order[k - 1].second) {
+          return absl::InvalidArgumentError(
+              "TfxlaLiteLaunch: a variable it writes is passed twice");
+        }
+        continue;
+      }
+      if (order[k].second) {
+        order[k].first->mu()->lock();
+      } else {
+        order[k].first->mu()->lock_shared();
+      }
+      locked_.push_back(order[k]);
+    }
+    for (int i = 0; i < n; ++i) {
+      tensorflow::Var* variable = variables_[i].get();
+      if (variable == nullptr) continue;
+      if (!variable->is_initialized) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "TfxlaLiteLaunch: the variable of input ", i, " (",
+            tensorflow::HandleFromInput(ctx, i).name(), ") is not initialized"));
+      }
+      values_[i] = variable->tensor();
+    }
+    return absl::OkStatus();
+  }
+
+  // Input i's value: its tensor, or its variable's.
+  const Tensor& value(int i) const { return *values_[i]; }
+  // Input i's variable (locked), or nullptr when it is not a resource input.
+  tensorflow::Var* variable(int i) const { return variables_[i].get(); }
+
+ private:
+  std::vector<const Tensor*> values_;
+  std::vector<tensorflow::core::RefCountPtr<tensorflow::Var>> variables_;
+  std::vector<std::pair<tensorflow::Var*, bool>> locked_;
+};
+
 class LaunchOp : public OpKernel {
  public:
   explicit LaunchOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("key", &key_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("Tout", &output_dtypes_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("output_shapes", &output_shapes_));
+    if (ctx->HasAttr("variable_writes")) {
+      OP_REQUIRES_OK(ctx, ctx->GetAttr("variable_writes", &variable_writes_));
+    }
     OP_REQUIRES(ctx, output_shapes_.size() == output_dtypes_.size(),
                 Invalid(output_dtypes_.size(), " output dtypes but ", output_shapes_.size(),
                         " output shapes"));
@@ -919,9 +1012,13 @@ class LaunchOp : public OpKernel {
     // Looked up on every launch, not once at construction: a kernel may be built
     // before its executable is registered, and a key may be re-registered.
     std::shared_ptr<const Executable> executable = Registry::Get().Find(key_);
+    BoundInputs inputs;
+    OP_REQUIRES_OK(ctx, inputs.Bind(ctx, variable_writes_));
     if (executable != nullptr) {
-      OP_REQUIRES_OK(ctx, CheckSignature(ctx, *executable));
+      OP_REQUIRES_OK(ctx, CheckSignature(ctx, *executable, inputs));
     } else {
+      OP_REQUIRES(ctx, variable_writes_.empty(),
+                  Invalid("a cluster that writes variables has no dynamic executable"));
       std::shared_ptr<DynamicCluster> cluster = Registry::Get().FindDynamic(key_);
       OP_REQUIRES(ctx, cluster != nullptr,
                   absl::NotFoundError(absl::StrCat(
@@ -934,23 +1031,24 @@ class LaunchOp : public OpKernel {
                           " (the cluster refused them) and this node has no fallback"));
       OP_REQUIRES_OK(ctx, CheckOutputs(*executable));
     }
-    Run(ctx, *executable);
+    Run(ctx, *executable, inputs);
   }
 
  private:
-  void Run(OpKernelContext* ctx, const Executable& executable) {
+  void Run(OpKernelContext* ctx, const Executable& executable, const BoundInputs& inputs) {
     const auto begun = std::chrono::steady_clock::now();
     const std::optional<std::vector<int>>& selected = executable.param_inputs;
     const int num_params =
         selected.has_value() ? static_cast<int>(selected->size()) : ctx->num_inputs();
-    const int num_outputs = ctx->num_outputs();
+    const int num_node_outputs = ctx->num_outputs();
+    const int num_outputs = num_node_outputs + static_cast<int>(variable_writes_.size());
     std::vector<Tensor> holders;  // aligned copies; they live until the call returns
     holders.reserve(num_params + num_outputs);
 
     std::vector<void*> params(num_params);
     std::vector<bool> copied(num_params, false);
     for (int p = 0; p < num_params; ++p) {
-      const Tensor& input = ctx->input(selected.has_value() ? (*selected)[p] : p);
+      const Tensor& input = inputs.value(selected.has_value() ? (*selected)[p] : p);
       params[p] = DataOf(input);
       if (input.NumElements() > 0 && !IsAligned(params[p])) {
         copied[p] = true;
@@ -966,14 +1064,46 @@ class LaunchOp : public OpKernel {
 
     std::vector<void*> outputs(num_outputs);
     std::vector<std::pair<int, char*>> copy_back;  // (output index, aligned buffer)
-    for (int j = 0; j < num_outputs; ++j) {
+    // New values of the written variables that could not be written in place.
+    std::vector<std::optional<Tensor>> stores(variable_writes_.size());
+    for (int j = num_node_outputs; j < num_outputs; ++j) {
+      const int input_index = variable_writes_[j - num_node_outputs];
+      tensorflow::Var* variable = inputs.variable(input_index);
+      const TensorSpec& spec = executable.outputs[j];
+      Tensor* current = variable->tensor();
+      // XLA's input/output aliasing: the kernel writes over the variable's own buffer
+      // when the executable allows it (that parameter is read only by the kernel making
+      // this output) and no other tensor holds the buffer (TF's RefCountIsOne, as in
+      // PrepareToUpdateVariable); else into a new buffer, stored after the kernel ran.
+      const int from = j < static_cast<int>(executable.forward_from.size())
+                           ? executable.forward_from[j] : -1;
+      const int param = selected.has_value() ? -1 : input_index;
+      if (from >= 0 && from == param && !copied[from] && current->RefCountIsOne() &&
+          current->dtype() == spec.dtype && current->shape() == spec.shape) {
+        outputs[j] = DataOf(*current);
+        variables_in_place.fetch_add(1, std::memory_order_relaxed);
+        continue;
+      }
+      Tensor& value = stores[j - num_node_outputs].emplace();
+      OP_REQUIRES_OK(ctx, ctx->allocate_temp(spec.dtype, spec.shape, &value));
+      outputs[j] = DataOf(value);
+      if (value.NumElements() > 0 && !IsAligned(outputs[j])) {
+        holders.emplace_back();
+        char* aligned = nullptr;
+        OP_REQUIRES_OK(ctx, AllocateAligned(ctx, value.TotalBytes(), &holders.back(), &aligned));
+        copy_back.emplace_back(j, aligned);
+        outputs[j] = aligned;
+      }
+    }
+    for (int j = 0; j < num_node_outputs; ++j) {
       Tensor* output = nullptr;
       // An input TF no longer needs becomes the output when the executable allows it
       // (the input's buffer, not an aligned copy of it).
       const int from = j < static_cast<int>(executable.forward_from.size())
                            ? executable.forward_from[j] : -1;
       const TensorSpec& spec = executable.outputs[j];
-      if (from >= 0 && from < num_params && !copied[from]) {
+      if (from >= 0 && from < num_params && !copied[from] &&
+          inputs.variable(selected.has_value() ? (*selected)[from] : from) == nullptr) {
         const int input_index = selected.has_value() ? (*selected)[from] : from;
         if (ctx->forward_input_to_output_with_shape(input_index, j, spec.shape, &output)) {
           outputs_forwarded.fetch_add(1, std::memory_order_relaxed);
@@ -1020,8 +1150,14 @@ class LaunchOp : public OpKernel {
     }
 
     for (const auto& [j, aligned] : copy_back) {
-      Tensor* output = ctx->mutable_output(j);
+      Tensor* output = j < num_node_outputs ? ctx->mutable_output(j)
+                                            : &*stores[j - num_node_outputs];
       std::memcpy(DataOf(*output), aligned, output->TotalBytes());
+    }
+    for (size_t k = 0; k < stores.size(); ++k) {
+      if (!stores[k].has_value()) continue;  // written in place
+      // The old buffer stays with whoever still holds it (copy-on-write).
+      *inputs.variable(variable_writes_[k])->tensor() = std::move(*stores[k]);
     }
   }
 
@@ -1039,13 +1175,14 @@ class LaunchOp : public OpKernel {
   }
 
   // The executable reads its inputs blindly: every mismatch must be an error here.
-  absl::Status CheckSignature(OpKernelContext* ctx, const Executable& executable) const {
+  absl::Status CheckSignature(OpKernelContext* ctx, const Executable& executable,
+                              const BoundInputs& inputs) const {
     if (ctx->num_inputs() != static_cast<int>(executable.inputs.size())) {
       return Invalid("got ", ctx->num_inputs(), " inputs, but the executable takes ",
                      executable.inputs.size());
     }
     for (int i = 0; i < ctx->num_inputs(); ++i) {
-      const Tensor& input = ctx->input(i);
+      const Tensor& input = inputs.value(i);
       const TensorSpec& spec = executable.inputs[i];
       if (input.dtype() != spec.dtype) {
         return Invalid("input ", i, " has dtype ", DataTypeString(input.dtype()),
@@ -1060,9 +1197,10 @@ class LaunchOp : public OpKernel {
   }
 
   absl::Status CheckOutputs(const Executable& executable) const {
-    if (output_dtypes_.size() != executable.outputs.size()) {
-      return Invalid("the node has ", output_dtypes_.size(), " outputs, but the executable has ",
-                     executable.outputs.size());
+    if (output_dtypes_.size() + variable_writes_.size() != executable.outputs.size()) {
+      return Invalid("the node has ", output_dtypes_.size(), " outputs and ",
+                     variable_writes_.size(), " variable writes, but the executable has ",
+                     executable.outputs.size(), " outputs");
     }
     for (size_t j = 0; j < output_dtypes_.size(); ++j) {
       const TensorSpec& spec = executable.outputs[j];
@@ -1083,6 +1221,9 @@ class LaunchOp : public OpKernel {
   std::string key_;
   tensorflow::DataTypeVector output_dtypes_;
   std::vector<PartialTensorShape> output_shapes_;
+  // The resource inputs whose variables take the executable's outputs after the node's
+  // own, in order.
+  std::vector<int> variable_writes_;
   ArenaPool arenas_;
 };
 
@@ -1188,6 +1329,25 @@ executable for these inputs; false when its original TF ops must run instead.
 REGISTER_KERNEL_BUILDER(Name("TfxlaLiteCompile").Device(tensorflow::DEVICE_CPU),
                         tfxla_lite::CompileOp);
 
+namespace {
+// The launch ops' outputs take the shapes of their `output_shapes` attribute.
+absl::Status LaunchShapes(tensorflow::shape_inference::InferenceContext* c) {
+  std::vector<tensorflow::PartialTensorShape> shapes;
+  TF_RETURN_IF_ERROR(c->GetAttr("output_shapes", &shapes));
+  if (static_cast<int>(shapes.size()) != c->num_outputs()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "TfxlaLiteLaunch: ", c->num_outputs(), " outputs but ", shapes.size(),
+        " output_shapes"));
+  }
+  for (int j = 0; j < c->num_outputs(); ++j) {
+    tensorflow::shape_inference::ShapeHandle handle;
+    TF_RETURN_IF_ERROR(c->MakeShapeFromPartialTensorShape(shapes[j], &handle));
+    c->set_output(j, handle);
+  }
+  return absl::OkStatus();
+}
+}  // namespace
+
 REGISTER_OP("TfxlaLiteLaunch")
     .Input("args: Tin")
     .Output("results: Tout")
@@ -1195,26 +1355,33 @@ REGISTER_OP("TfxlaLiteLaunch")
     .Attr("Tin: list(type) >= 0")
     .Attr("Tout: list(type) >= 0")
     .Attr("output_shapes: list(shape) >= 0")
-    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
-      std::vector<tensorflow::PartialTensorShape> shapes;
-      TF_RETURN_IF_ERROR(c->GetAttr("output_shapes", &shapes));
-      if (static_cast<int>(shapes.size()) != c->num_outputs()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "TfxlaLiteLaunch: ", c->num_outputs(), " outputs but ", shapes.size(),
-            " output_shapes"));
-      }
-      for (int j = 0; j < c->num_outputs(); ++j) {
-        tensorflow::shape_inference::ShapeHandle handle;
-        TF_RETURN_IF_ERROR(c->MakeShapeFromPartialTensorShape(shapes[j], &handle));
-        c->set_output(j, handle);
-      }
-      return absl::OkStatus();
-    })
+    .Attr("variable_writes: list(int) = []")
+    .SetShapeFn(LaunchShapes)
     .Doc(R"doc(
 Runs a tfxla-lite compiled cluster registered in this process under `key`.
 )doc");
 
+// The same launch for a cluster that writes variables: stateful, as XlaLaunch, so that
+// TF runs it when no one reads its results and treats a function holding it as
+// stateful. Clusters that only compute stay on the stateless op, which TF may prune.
+REGISTER_OP("TfxlaLiteVariableLaunch")
+    .Input("args: Tin")
+    .Output("results: Tout")
+    .Attr("key: string")
+    .Attr("Tin: list(type) >= 0")
+    .Attr("Tout: list(type) >= 0")
+    .Attr("output_shapes: list(shape) >= 0")
+    .Attr("variable_writes: list(int) = []")
+    .SetIsStateful()
+    .SetShapeFn(LaunchShapes)
+    .Doc(R"doc(
+Runs a tfxla-lite compiled cluster registered under `key` that writes the variables of
+the resource inputs `variable_writes`.
+)doc");
+
 REGISTER_KERNEL_BUILDER(Name("TfxlaLiteLaunch").Device(tensorflow::DEVICE_CPU),
+                        tfxla_lite::LaunchOp);
+REGISTER_KERNEL_BUILDER(Name("TfxlaLiteVariableLaunch").Device(tensorflow::DEVICE_CPU),
                         tfxla_lite::LaunchOp);
 
 #define TFXLA_LITE_EXPORT extern "C" __attribute__((visibility("default")))
@@ -1387,6 +1554,10 @@ TFXLA_LITE_EXPORT void tfxla_lite_arena_stats(int64_t* allocated, int64_t* reuse
 }
 
 // Outputs that took over an input's buffer, over all launches of this process.
+TFXLA_LITE_EXPORT int64_t tfxla_lite_variables_in_place() {
+  return tfxla_lite::variables_in_place.load(std::memory_order_relaxed);
+}
+
 TFXLA_LITE_EXPORT int64_t tfxla_lite_forwarded_outputs() {
   return tfxla_lite::outputs_forwarded.load();
 }

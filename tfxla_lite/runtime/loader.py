@@ -353,6 +353,8 @@ def _declare_c_functions(cdll: ctypes.CDLL) -> None:
     cdll.tfxla_lite_arena_stats.restype = None
     cdll.tfxla_lite_forwarded_outputs.argtypes = []
     cdll.tfxla_lite_forwarded_outputs.restype = ctypes.c_int64
+    cdll.tfxla_lite_variables_in_place.argtypes = []
+    cdll.tfxla_lite_variables_in_place.restype = ctypes.c_int64
     cdll.tfxla_lite_set_parallel_runtime.argtypes = [ctypes.c_int]
     cdll.tfxla_lite_set_parallel_runtime.restype = ctypes.c_int
     cdll.tfxla_lite_parallel_runtime.argtypes = []
@@ -578,6 +580,13 @@ def arena_stats() -> ArenaStats:
 def forwarded_outputs() -> int:
     """Outputs launches of this process wrote in an input's own buffer."""
     return int(load_library().cdll.tfxla_lite_forwarded_outputs())
+
+
+def variables_in_place() -> int:
+    """Variable writes launches of this process made in the variable's own buffer (the
+    rest went to a new buffer: another tensor held the old one, or the executable reads
+    the old value after writing)."""
+    return int(load_library().cdll.tfxla_lite_variables_in_place())
 
 
 def registry_size() -> int:
