@@ -27,9 +27,8 @@ from tfxla_lite.clustering.registry import (
     known_dims,
     source_frames,
 )
-from tfxla_lite.clustering.rules_control_flow import FUNCTIONAL_OPS, VARIANT_OPS
+from tfxla_lite.clustering.rules_control_flow import HANDLE_OPS, VARIANT_OPS
 from tfxla_lite.clustering.rules_conv_cost import tf_kernel_faster
-from tfxla_lite.clustering.rules_variables import VARIABLE_OPS
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -40,9 +39,8 @@ PLUMBING_OPS = frozenset({
     "Placeholder", "ReadVariableOp", "AssignVariableOp", "AssignAddVariableOp",
     "AssignSubVariableOp", "VarHandleOp", "Identity", "IdentityN", "NoOp",
 })
-# Plumbing that never joins a cluster, whatever its dtype (Identity can compile; the
-# variable ops of rules_variables.py can, when their variables have static shapes).
-NEVER_CLUSTERED = PLUMBING_OPS - {"Identity", "IdentityN"} - VARIABLE_OPS
+# Plumbing that never joins a cluster, whatever its dtype (Identity can compile).
+NEVER_CLUSTERED = PLUMBING_OPS - {"Identity", "IdentityN"}
 
 PLUMBING_REASON = "argument/variable plumbing"
 # TF's kernel is faster than tfxla-lite's for the op's shape (`MarkOptions.tf_kernels`).
@@ -112,8 +110,7 @@ def why_not_compilable(op: tf.Operation, options: MarkOptions | None = None) -> 
         return f"op type {op.type} is not in --ops_to_cluster"
     tensors = list(op.inputs) + list(op.outputs)
     dtypes = {t.dtype.base_dtype.name for t in tensors}
-    variable_op = op.type in VARIABLE_OPS  # stateful, on resources: rules_variables.py
-    if "resource" in dtypes and not variable_op and op.type not in FUNCTIONAL_OPS:
+    if "resource" in dtypes and op.type not in HANDLE_OPS:  # rules_control_flow.py
         return RESOURCE_REASON
     # TensorLists and functional control flow: their rules lower lists as (buffer, length)
     # and check the functions' ops (clustering/rules_control_flow.py).
@@ -127,8 +124,7 @@ def why_not_compilable(op: tf.Operation, options: MarkOptions | None = None) -> 
         if _is_stateful(op):
             return STATEFUL_REASON
         return f"op type {op.type} has no lowering"
-    # Functional control flow: by its functions' ops; variable ops: rules_variables.py.
-    if _is_stateful(op) and op.type not in FUNCTIONAL_OPS and not variable_op:
+    if _is_stateful(op) and op.type not in HANDLE_OPS:  # loops: by their functions' ops
         return STATEFUL_REASON
     kind = device_type(op.device)
     if kind is not None and kind not in options.device_types:

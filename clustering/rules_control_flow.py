@@ -56,6 +56,9 @@ LIST_OPS = frozenset({
     "TensorListElementShape", "TensorListLength",
 })
 FUNCTIONAL_OPS = frozenset(WHILE_OPS + IF_OPS + CASE_OPS)
+# Ops that may take a resource handle here (and, though TF calls them stateful, have
+# none of their own): loops and branches (`_check_variables`), VariableShape.
+HANDLE_OPS = FUNCTIONAL_OPS | {"VariableShape"}
 VARIANT_OPS = LIST_OPS | FUNCTIONAL_OPS | {"Identity", "ZerosLike", "AddN"}
 _DTYPES = ALL | {"variant"}
 # A loop's or branch's arguments may be variable handles too (`_check_variables`).
@@ -372,6 +375,35 @@ def add_lists(ctx: LoweringContext, lists: Sequence[Instruction]) -> Instruction
     for handle in lists[1:]:
         total = ctx.emit("add", [total, _parts(ctx, handle)[0]])
     return ctx.emit("tuple", [total, length])
+
+
+def _variable_dims(handle: tf.Tensor) -> tuple[int, ...] | None:
+    from tensorflow.python.ops import handle_data_util
+
+    data = handle_data_util.get_resource_handle_data(handle)
+    if not data.is_set or len(data.shape_and_type) != 1:
+        return None
+    shape = data.shape_and_type[0].shape
+    if shape.unknown_rank or any(d.size < 0 for d in shape.dim):
+        return None
+    return tuple(int(d.size) for d in shape.dim)
+
+
+def _check_variable_shape(op: tf.Operation) -> str | None:
+    if _variable_dims(op.inputs[0]) is None:
+        return f"variable {op.inputs[0].name}: shape not known statically"
+    return None
+
+
+@register("VariableShape", dtypes=frozenset({"int32", "int64", "resource"}),
+          unused_inputs=(0,), check=_check_variable_shape,
+          note="a variable of static shape (a loop gradient's zeros for it)")
+def _variable_shape(ctx: LoweringContext, op: tf.Operation, operands: list[Any]
+                    ) -> list[Instruction]:
+    dims = _variable_dims(op.inputs[0])
+    if dims is None:
+        raise LoweringError(f"variable {op.inputs[0].name}: shape not known statically")
+    return [ctx.constant(list(dims), element_type(op.outputs[0].dtype))]
 
 
 # -- function bodies -------------------------------------------------------------------------
