@@ -167,6 +167,9 @@ class Function(polymorphic_function.Function):
         program = self._programs.get(key) if key is not None else None
         if program is None:
             program = self._compile(args, kwargs)
+            if program.custom_gradients and program.concrete_function is not None:
+                program.custom_gradients = _overrides_reach_outputs(
+                    program.concrete_function.graph)
             program.flat_call = (not program.custom_gradients
                                  and _flat_call(program.concrete_run, args, kwargs))
             if key is not None:
@@ -502,3 +505,47 @@ def _gradient_may_be_taken() -> bool:
     """Whether a call now may be differentiated: a tape is recording (eager), or the call
     goes into a graph, which TF may differentiate later."""
     return not tf.executing_eagerly() or record.could_possibly_record()
+
+
+def _overrides_reach_outputs(graph: tf.Graph) -> bool:
+    """Whether an op whose gradient is overridden (`compiler.has_gradient_overrides`), or
+    a call of a function holding one, is upstream of an output of `graph` by data edges.
+    Only then can differentiating the trace reach its custom gradient, which needs the
+    trace's own graph; else the compiled program serves every call (launch ops have their
+    own gradients, tfxla_lite/gradients.py). Keras's train step under a distribution
+    strategy holds one (the all-reduce of the gradients) that feeds only variable writes."""
+    library = graph.as_graph_def().library.function
+    holding = {f.signature.name for f in library
+               if any("_gradient_op_type" in n.attr for n in f.node_def)}
+    calls = {f.signature.name: {*_called(f.node_def)} for f in library}
+    grew = True
+    while grew:  # functions calling a holder hold one too
+        more = {name for name, callees in calls.items() if callees & holding} - holding
+        holding |= more
+        grew = bool(more)
+
+    def overridden(op: tf.Operation) -> bool:
+        return ("_gradient_op_type" in op.node_def.attr or op.type in holding
+                or bool(set(_called([op.node_def])) & holding))
+
+    seen: set[str] = set()
+    stack = [t.op for t in getattr(graph, "outputs", []) if isinstance(t, tf.Tensor)]
+    while stack:
+        op = stack.pop()
+        if op.name in seen:
+            continue
+        seen.add(op.name)
+        if overridden(op):
+            return True
+        stack.extend(t.op for t in op.inputs)
+    return False
+
+
+def _called(nodes: Any) -> Any:
+    """The function names the nodes' attributes name (calls, control-flow bodies)."""
+    for node in nodes:
+        yield node.op
+        for value in node.attr.values():
+            if value.HasField("func"):
+                yield value.func.name
+            yield from (f.name for f in value.list.func)

@@ -9,6 +9,8 @@ The launch op's registered gradient compiles the backward pass too
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -156,6 +158,44 @@ def test_custom_gradient_and_stop_gradient(mode: str) -> None:
 
     _close(_gradient_inside(compiled)(x), results[0][1],
            "custom gradient inside another tf.function")
+
+
+def _step_with_inner_custom_gradient(w: tf.Variable):
+    """A train step as Keras's under a distribution strategy: the custom gradient (there
+    the all-reduce) is differentiated inside the step and feeds only a variable update;
+    the returned value does not depend on it."""
+    def step(x: tf.Tensor) -> tf.Tensor:
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(_clipped(tf.sin(x) * w) ** 2)
+        w.assign_sub(0.5 * tape.gradient(loss, w))
+        return tf.reduce_sum(tf.cos(x) * x)
+    return step
+
+
+def test_custom_gradient_off_the_outputs_runs_compiled_inside_a_function() -> None:
+    """Inside another tf.function (a graph TF may differentiate) a step whose custom
+    gradient cannot reach its outputs runs its compiled program, not its TF trace; the
+    outer gradient is TF's. One whose outputs do depend on it keeps its TF trace."""
+    from tfxla_lite.runtime import loader
+
+    x = _x(seed=5)
+    results = []
+    for make in (tf.function, functools.partial(tl.function, jit_compile=True)):
+        w = tf.Variable(tf.ones((3, 4)))
+        step = make(_step_with_inner_custom_gradient(w))
+        outer = _gradient_inside(step)
+        before = loader.launch_timing().launches
+        results.append((outer(x), outer(x), w.numpy()))
+        launched = loader.launch_timing().launches - before
+    assert launched >= 2, "the compiled step did not run inside the outer function"
+    _close(results[1], results[0], "outer gradient and variable of a compiled step")
+
+    compiled = tl.function(with_custom_gradient, jit_compile=True)
+    outer = _gradient_inside(compiled)
+    before = loader.launch_timing().launches
+    _close(outer(x), _value_and_gradient(tf.function(with_custom_gradient), x)[1],
+           "custom gradient reaching the outputs, inside another tf.function")
+    assert loader.launch_timing().launches == before  # its TF trace ran
 
 
 def test_unknown_dimensions_take_the_fallback_branch_gradient() -> None:
