@@ -15,7 +15,8 @@ Two shapes of kernel, chosen from the leaves' producers:
   operand in place (buffer assignment allows it only for elementwise reads).
 - *reduction*: some leaves are results of reduces (single or variadic) with the
   same input dimensions and reduced dimensions; the other leaves are elementwise
-  values of the input's shape (a producer whose result is also needed outside).
+  values of the input's shape (a producer whose result is also needed outside), or
+  row-major reshapes of such values, stored by their linear index.
   Row reductions compute each output row whole (its input-shaped leaves first, then
   the reduces, which read those back from the row just stored); column reductions
   accumulate whole rows of the kept minor dimensions (`column_reduction.py`), or, in
@@ -85,7 +86,25 @@ def kernel_leaves(inst: Instruction) -> list[Leaf]:
         else:
             raise NotImplementedError(f"CPU backend: tuple-shaped {element.opcode} "
                                       f"%{element.name} in the result of %{inst.name}")
+    reduces = _reduces(result)
+    if reduces:
+        dims = _input_dims(reduces[0])
+        result = [_at_input_dims(leaf, dims) for leaf in result]
     return result
+
+
+def _at_input_dims(leaf: Leaf, dims: tuple[int, ...]) -> Leaf:
+    """A reduction kernel's leaf that reshapes a value of the reductions' input dims
+    (the bias gradient's [16,64,256] stored as the [1024,256] a dot reads): that value,
+    stored where the reshape puts it (row-major reshapes keep every element's linear
+    position, and stores go by the linear index)."""
+    producer = leaf.producer
+    while producer.opcode in ("reshape", "bitcast") and producer.shape.dims != dims:
+        producer = producer.operand(0)
+    if producer is leaf.producer or producer.shape.dims != dims or \
+            producer.shape.element_type != leaf.shape.element_type:
+        return leaf
+    return Leaf(producer, leaf.field, leaf.shape)
 
 
 def _reduces(leaves: list[Leaf]) -> list[Instruction]:
@@ -124,7 +143,7 @@ def plan(inst: Instruction) -> Partition:
             raise NotImplementedError(f"CPU backend: reductions of %{inst.name} differ in "
                                       f"their input or reduced dimensions")
     extras = [leaf for leaf in leaves if leaf.producer.opcode != "reduce"]
-    if any(leaf.shape.dims != _input_dims(first) for leaf in extras):
+    if any(leaf.producer.shape.dims != _input_dims(first) for leaf in extras):
         raise NotImplementedError(f"CPU backend: %{inst.name} mixes reductions with outputs "
                                   f"not of the reduction's input shape")
     output_dims = variadic_reduce.result_shapes(first)[0].dims

@@ -319,3 +319,47 @@ def test_reduction_kernel_with_an_input_shaped_result_feeds_a_reduction_of_it() 
     assert executable.kernel_count == 1
     for got, want in zip(executable(*args), expected, strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def _bias_gradient(batch: int = 4) -> HloModule:
+    """A bias gradient's pattern: g = (x + y) * (x - y) over [batch, 16, 32], summed over
+    its first two dimensions, and reshaped to [batch*16, 32] for a dot: `fuse` computes g
+    in both kernels (the reduce's and the reshape's, which the dot cannot take in)."""
+    module, comp = new_module("bias_gradient")
+    x, y, w = parameters(comp, Shape("f32", (batch, 16, 32)), Shape("f32", (batch, 16, 32)),
+                         Shape("f32", (32, 8)))
+    g = comp.create("multiply", [comp.create("add", [x, y]), comp.create("subtract", [x, y])])
+    flat = comp.create("reshape", [g], shape=Shape("f32", (batch * 16, 32)))
+    product = comp.create("dot", [flat, w], lhs_contracting_dims=(1,), rhs_contracting_dims=(0,))
+    comp.root = comp.create("tuple", [reduce_of(comp, g, (0, 1)), product])
+    return module
+
+
+def test_a_reduction_and_the_reshape_of_its_input_share_one_kernel() -> None:
+    """The sum and the reshaped values merge into one reduction kernel that computes g
+    once and stores it where the reshape puts it, even where the two kernels together
+    are over the size bound (the merged one adds only the roots to either)."""
+    module = _bias_gradient()
+    _run(module, changed=True, pass_=MultiOutputFusion(max_instructions=3))
+    (merged,) = [i for i in module.entry.instructions if i.opcode == "fusion"]
+    assert merged.attributes["kind"] == "kInput"
+    assert [s.dims for s in merged.shape.tuple_shapes] == [(64, 32), (32,)]
+    for opcode in ("add", "subtract", "multiply"):
+        assert count(merged.fused_computation, opcode) == 1
+    args = random_arguments(_bias_gradient())
+    expected = flatten(evaluate(_bias_gradient(), *args))
+    executable = compile_module(_bias_gradient(), verify=True, cache=False)
+    assert count(executable.module.entry, "fusion") == 1
+    for got, want in zip(executable(*args), expected, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_bigger_siblings_than_the_bound_stay_apart() -> None:
+    """Two loops over x that share no work stay apart when together they are over
+    `max_instructions`: the distinct count is their sum."""
+    module, comp = new_module("apart")
+    x, y = parameters(comp, X, X)
+    a = comp.create("exponential", [comp.create("add", [x, y])])
+    b = comp.create("multiply", [comp.create("negate", [x]), x])
+    comp.root = comp.create("tuple", [a, b])
+    _run(module, changed=False, pass_=MultiOutputFusion(max_instructions=3))

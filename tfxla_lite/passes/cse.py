@@ -36,9 +36,10 @@ def _frozen(value: Any) -> Any:
     return (type(value).__name__, value)
 
 
-def value_key(inst: Instruction) -> tuple:
-    """What makes two instructions compute the same value."""
-    operands = [id(o) for o in inst.operands]
+def value_key(inst: Instruction, operands: list[int] | None = None) -> tuple:
+    """What makes two instructions compute the same value; `operands`: numbers standing
+    for the operands' values (default: the operand instructions' identities)."""
+    operands = [id(o) for o in inst.operands] if operands is None else list(operands)
     commutative = inst.opcode in COMMUTATIVE or (
         inst.opcode == "compare" and inst.attributes.get("direction") in ("EQ", "NE"))
     if commutative:

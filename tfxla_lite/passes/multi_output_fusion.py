@@ -53,6 +53,7 @@ from tfxla_lite.hlo.opcodes import is_elementwise
 from tfxla_lite.hlo.shape import Shape
 from tfxla_lite.passes.base import Pass
 from tfxla_lite.passes.buffer_assignment import BufferAssignment, assign_buffers, leaf_name, leaves
+from tfxla_lite.passes.cse import eliminate_common_subexpressions, value_key
 from tfxla_lite.passes.fusion import can_be_fusion_root, fusion_targets
 from tfxla_lite.passes.output_copies import AddOutputCopies
 from tfxla_lite.passes.scheduler import schedule
@@ -100,6 +101,18 @@ def _space(kernel: Instruction) -> Space | None:
     return space
 
 
+def _unreshaped_space(kernel: Instruction) -> Space | None:
+    """A loop kernel whose roots are all row-major reshapes (or bitcasts) of values of
+    one shape D, seen as a loop over D: a reduction over D can store those values as it
+    goes (codegen stores them by linear index, where the reshapes put them)."""
+    dims = set()
+    for root in _roots(kernel):
+        if root.opcode not in ("reshape", "bitcast"):
+            return None
+        dims.add(root.operand(0).shape.dims)
+    return ("loop", dims.pop()) if len(dims) == 1 else None
+
+
 def _merged_space(a: Space, b: Space, extra_outputs: bool) -> Space | None:
     """The space of a kernel holding both, or None when they cannot share one loop."""
     if a == b:
@@ -141,6 +154,28 @@ def _size(kernel: Instruction) -> int:
                if i.opcode not in ("parameter", "tuple"))
 
 
+def _distinct_size(*kernels: Instruction) -> int:
+    """The instructions of `kernels` merged, equal values (`cse.value_key`, the kernels'
+    parameters taken as the operands they read) counted once."""
+    numbers: dict[tuple, int] = {}
+    computed = 0
+    for kernel in kernels:
+        params, body, _ = _body(kernel)
+        value: dict[int, int] = {}
+        for param, operand in zip(params, kernel.operands):
+            value[id(param)] = numbers.setdefault(("operand", id(operand)), len(numbers))
+        for inst in body:
+            operands = [value[id(o)] if id(o) in value else
+                        numbers.setdefault(("operand", id(o)), len(numbers))
+                        for o in inst.operands]
+            key = value_key(inst, operands)
+            if key not in numbers:
+                numbers[key] = len(numbers)
+                computed += 1
+            value[id(inst)] = numbers[key]
+    return computed
+
+
 @dataclass(frozen=True)
 class MultiOutputFusion(Pass):
     """Needs: a fused module (after `fuse`) that verifies.
@@ -162,12 +197,18 @@ class MultiOutputFusion(Pass):
     # instructions in all, and refuses the merges it has no budget left to weigh.
     weigh_memory: bool = True
     weighing_budget: int = 1 << 12
+    # The arena may end up this share larger than before the run's first merge:
+    # buffer assignment's packing moves by a few hundred KB from one merge to the next,
+    # which refused merges that save megabytes of reads (two kernels recomputing one
+    # chain from the same nine operands).
+    arena_slack: float = 1 / 32
 
     def run(self, module: HloModule) -> bool:
         changed = False
         for computation in fusion_targets(module):
             weigh = self.weigh_memory and computation is module.entry
-            scale = _Scale(computation, self.weighing_budget) if weigh else None
+            scale = _Scale(computation, self.weighing_budget, self.arena_slack) \
+                if weigh else None
             while self._fuse_one(computation, scale):
                 changed = True
         return changed
@@ -216,9 +257,19 @@ class MultiOutputFusion(Pass):
         if outputs > self.max_outputs:
             return False
         operands = {id(o) for o in a.operands} | {id(o) for o in b.operands}
+        if len(operands) > self.max_operands:
+            return False
         # (The size last: it counts the kernels' instructions, for every pair tried.)
-        return len(operands) <= self.max_operands and \
-            _size(a) + _size(b) <= self.max_instructions
+        size_a, size_b = _size(a), _size(b)
+        if size_a + size_b <= self.max_instructions:
+            return True
+        # `merge` keeps one of each value: siblings that compute one chain from the
+        # same operands (a bias gradient's sum and its values for a dot) share it, and
+        # a kernel that adds no more than the other's roots to it grows nothing.
+        merged = _distinct_size(a, b)
+        smaller = a if size_a < size_b else b
+        return merged <= self.max_instructions or \
+            merged <= max(size_a, size_b) + len(_roots(smaller))
 
     def _producer_fits(self, producer: Instruction, consumer: Instruction, space: Space,
                        position: dict[int, int]) -> bool:
@@ -251,7 +302,14 @@ class MultiOutputFusion(Pass):
         extra = _has_input_shaped_outputs(a) or _has_input_shaped_outputs(b) or \
             space_a[0] != space_b[0]
         if _merged_space(space_a, space_b, extra) is None:
-            return False
+            # A bias gradient (a reduce over [16,64,256]) and the same values reshaped
+            # to [1024,256] for the weight gradient's dot: one loop over [16,64,256].
+            if space_a[0] == "loop" and space_b[0] == "reduce":
+                space_a = _unreshaped_space(a) or space_a
+            elif space_b[0] == "loop" and space_a[0] == "reduce":
+                space_b = _unreshaped_space(b) or space_b
+            if _merged_space(space_a, space_b, extra) is None:
+                return False
         if not self._within_bounds(a, b, len(_roots(a)) + len(_roots(b))):
             return False
         first, second = (a, b) if position[id(a)] < position[id(b)] else (b, a)
@@ -267,16 +325,19 @@ class _Scale:
     consumer runs. As XLA's multi-output fusion refuses fusions that grow peak memory,
     a merge is allowed only when the arena after it (on a copy of the entry, through
     the rest of the pipeline's buffer work: output copies, the memory scheduler,
-    buffer assignment) is no larger than before; reading a shared operand once is
-    then free. Weighing costs a schedule of the whole entry, so: siblings whose temps
-    are never live together in the current plan are refused unweighed (merged, they
-    would be); a pair once refused stays refused for the rest of the run; the plan
+    buffer assignment) is no larger than before, or than `slack` more than the arena
+    before the first merge; reading a shared operand once is then free. Weighing costs
+    a schedule of the whole entry, so: siblings whose temps are never live together in
+    the current plan are refused unweighed (merged, they would be); a pair once refused
+    stays refused for the rest of the run; the plan
     made to weigh a merge that goes ahead is the entry's plan after it (`merged`: the
     same instructions in the same order, planned again it would be the same); and once
     the run has planned `budget` entry instructions, the merges left are refused.
     """
 
-    def __init__(self, computation: Computation, budget: int) -> None:
+    def __init__(self, computation: Computation, budget: int, slack: float = 0.0) -> None:
+        self.slack = slack
+        self.limit: int | None = None  # the first plan's arena and its slack
         self.computation = computation
         self.budget = budget  # entry instructions left to plan
         self.plan: _Plan | None = None  # the computation's plan as it stands now
@@ -291,6 +352,8 @@ class _Scale:
             if not self._spend():
                 return False
             self.plan, self.planned = plan_after(self.computation), True
+            if self.limit is None and self.plan is not None:
+                self.limit = int(self.plan.temp_bytes * (1 + self.slack))
         if self.plan is None:
             return True  # buffer assignment cannot plan it: nothing to weigh against
         apart = not producer_consumer and self.plan.apart(first, second)
@@ -298,7 +361,7 @@ class _Scale:
             self.refused.append((first, second))
             return False
         after = plan_after(self.computation, (first, second, producer_consumer))
-        if after is None or after.temp_bytes <= self.plan.temp_bytes:
+        if after is None or after.temp_bytes <= max(self.plan.temp_bytes, self.limit or 0):
             self.planned, self.allowed = False, after  # the merge goes ahead (`merged`)
             return True
         self.refused.append((first, second))
@@ -525,6 +588,7 @@ def merge(computation: Computation, first: Instruction, second: Instruction,
         second_roots = clone_kernel(second)
     roots = second_roots + (first_roots if keep_first else [])
     fused.root = fused.create("tuple", roots)
+    eliminate_common_subexpressions(fused)  # what both kernels computed, once
     fused.sort()
     fused.instructions = parameters + [i for i in fused.instructions
                                        if i.opcode != "parameter"]
