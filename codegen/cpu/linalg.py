@@ -1,20 +1,22 @@
 """CPU kernels of `cholesky` and `triangular-solve`: whole kernels, one matrix at a time.
 
-The semantics are `tfxla_lite/hlo/linalg.py`'s, and so is the order of every sum, so the
-kernels and the references agree to rounding. Both work in the output buffer: cholesky
-copies the triangle it reads (zeros in the other) and factors it in place, column by
-column; triangular-solve copies `b` and substitutes in place, one row (left side) or
-column (right side) of unknowns after another. An element depends on everything solved
-before it, so neither is an element generator: `compiler.py` hands every entry cholesky
-and triangular-solve to `emit_linalg_kernel`, whose range function takes matrices
-[begin, end) of the batch, split across threads (`sort.row_kernel`), each matrix whole on
-one thread. Inside a matrix the loops are scalar (O(n³)): small-matrix kernels, not a
-LAPACK.
+The semantics are `tfxla_lite/hlo/linalg.py`'s, and so is the order of every sum (each
+element subtracts its terms in the reference's order, products taken with the same
+operands), so the kernels and the references agree to rounding. Both work in the output
+buffer. cholesky factors U = Lᵀ in the upper triangle, right-looking: a pivot's row is
+scaled, then taken from every later row, one contiguous row update each (LLVM vectorizes
+it); for `lower` the result is transposed to the lower triangle at the end, the other
+triangle zero. triangular-solve copies `b` and substitutes in place: on the left side each
+row of unknowns takes the solved rows' multiples, contiguous updates over the right-hand
+sides; on the right side each row of `b` alone, a solved unknown leaving the later ones.
+An element depends on everything solved before it, so neither is an element generator:
+`compiler.py` hands every entry cholesky and triangular-solve to `emit_linalg_kernel`,
+whose range function takes matrices [begin, end) of the batch, split across threads
+(`sort.row_kernel`), each matrix whole on one thread. Unblocked (O(n³) in row updates):
+small-matrix kernels, not a LAPACK; `clustering/rules_linalg.py` leaves to TF's kernels
+the shapes where those are faster.
 """
-
 from __future__ import annotations
-
-from collections.abc import Callable
 
 from llvmlite import ir
 
@@ -26,7 +28,7 @@ from tfxla_lite.codegen.cpu.emitter import (
     i64,
     value_type,
 )
-from tfxla_lite.codegen.cpu.sort import row_kernel
+from tfxla_lite.codegen.cpu.sort import STACK_ELEMENTS, row_kernel
 from tfxla_lite.hlo.ir import Instruction
 from tfxla_lite.hlo.linalg import transpose_kind
 
@@ -52,15 +54,11 @@ def emit_linalg_kernel(module: ir.Module, pool: ConstantPool, inst: Instruction,
                           ctx, inst, outputs[0], begin, end))
 
 
-def _accumulate(ctx: KernelContext, start: ir.Value, count: ir.Value,
-                term: Callable[[ir.Value], ir.Value], name: str) -> ir.Value:
-    """`start - sum(term(k) for k in range(count))`, subtracting in order of k."""
-    b = ctx.builder
-    slot = ctx.alloca(start.type, name=name)
-    b.store(start, slot)
-    with ctx.loop(count, name=name) as k:
-        b.store(b.fsub(b.load(slot), term(k)), slot)
-    return b.load(slot)
+def _scratch_row(ctx: KernelContext, typ: ir.Type, length: int) -> ir.Value | None:
+    """A stack row for the row every update of a step reads (the pivot's row, the row of
+    unknowns): apart from the output, so LLVM vectorizes the updates without checking
+    for overlap. None when too long for the stack (the updates then read the output)."""
+    return ctx.alloca(typ, name="row", count=length) if length <= STACK_ELEMENTS else None
 
 
 def _cholesky(ctx: KernelContext, inst: Instruction, output: ir.Value, begin: ir.Value,
@@ -76,30 +74,50 @@ def _cholesky(ctx: KernelContext, inst: Instruction, output: ir.Value, begin: ir
     with ctx.loop(end, name="matrix", start=begin) as matrix:
         base = b.mul(matrix, i64(n * n))
 
-        def at(i: ir.Value, j: ir.Value) -> Index:
-            """Element (i, j) of L: a's (i, j) when lower, its (j, i) when upper."""
-            row, column = (i, j) if lower else (j, i)
+        def at(row: ir.Value, column: ir.Value) -> Index:
             return Index(shape.dims, linear=b.add(base, b.add(b.mul(row, i64(n)), column)))
 
-        def get(i: ir.Value, j: ir.Value) -> ir.Value:
-            return ctx.load(output, shape, at(i, j))
+        def get(row: ir.Value, column: ir.Value) -> ir.Value:
+            return ctx.load(output, shape, at(row, column))
 
-        with ctx.loop(n, name="copy.i") as i, ctx.loop(n, name="copy.j") as j:
-            inside = b.icmp_signed("<=", j, i)
-            value = ctx.value(operand, at(i, j))
-            ctx.store(b.select(inside, value, zero), output, shape, at(i, j))
+        def put(value: ir.Value, row: ir.Value, column: ir.Value) -> None:
+            ctx.store(value, output, shape, at(row, column))
+
+        # U = Lᵀ is factored in the upper triangle, where its rows are contiguous: U[r, c]
+        # (c >= r) starts as a's (c, r) when lower, its (r, c) when upper.
+        with ctx.loop(n, name="copy.r") as r, ctx.loop(n, name="copy.c") as c:
+            value = ctx.value(operand, at(c, r) if lower else at(r, c))
+            put(b.select(b.icmp_signed(">=", c, r), value, zero), r, c)
         failed = ctx.alloca(I1, name="failed")
         b.store(ir.Constant(I1, 0), failed)
-        with ctx.loop(n, name="column") as j:
-            square = _accumulate(ctx, get(j, j), j, lambda k: b.fmul(get(j, k), get(j, k)),
-                                 "pivot")
-            pivot = ctx.call_intrinsic("sqrt", [square])
+        scratch = _scratch_row(ctx, typ, n)
+        with ctx.loop(n, name="step") as j:
+            pivot = ctx.call_intrinsic("sqrt", [get(j, j)])
             b.store(b.or_(b.load(failed), b.fcmp_unordered("uno", pivot, pivot)), failed)
-            ctx.store(pivot, output, shape, at(j, j))
-            with ctx.loop(i64(n), name="below", start=b.add(j, i64(1))) as i:
-                rest = _accumulate(ctx, get(i, j), j, lambda k: b.fmul(get(i, k), get(j, k)),
-                                   "dot")
-                ctx.store(b.fdiv(rest, pivot), output, shape, at(i, j))
+            put(pivot, j, j)
+            following = b.add(j, i64(1))
+
+            def pivot_row(c: ir.Value) -> ir.Value:
+                if scratch is None:
+                    return get(j, c)
+                return b.load(b.gep(scratch, [c], inbounds=True, source_etype=typ), typ=typ)
+
+            with ctx.loop(n, name="scale", start=following) as c:
+                scaled = b.fdiv(get(j, c), pivot)
+                put(scaled, j, c)
+                if scratch is not None:
+                    b.store(scaled, b.gep(scratch, [c], inbounds=True, source_etype=typ))
+            # Right-looking: row j's terms leave every later row, one contiguous row
+            # update each; every element still subtracts its terms in order of j.
+            with ctx.loop(n, name="row", start=following) as i:
+                factor = pivot_row(i)
+                with ctx.loop(n, name="update", start=i) as c:
+                    put(b.fsub(get(i, c), b.fmul(factor, pivot_row(c))), i, c)
+        if lower:  # L = Uᵀ to the lower triangle, zeros above
+            with ctx.loop(n, name="flip.r") as r, \
+                    ctx.loop(n, name="flip.c", start=b.add(r, i64(1))) as c:
+                put(get(r, c), c, r)
+                put(zero, r, c)
         # A pivot that is NaN (not positive definite) makes the whole matrix NaN, as XLA.
         with b.if_then(b.load(failed), likely=False):
             nan = ir.Constant(typ, float("nan"))
@@ -135,9 +153,14 @@ def _triangular_solve(ctx: KernelContext, inst: Instruction, output: ir.Value,
             linear = b.add(a_base, b.add(b.mul(r, i64(k)), c))
             return ctx.value(a, Index(a.shape.dims, linear=linear))
 
-        def x_at(unknown: ir.Value, other: ir.Value) -> Index:
-            row, column = (unknown, other) if left else (other, unknown)
+        def x_at(row: ir.Value, column: ir.Value) -> Index:
             return Index(shape.dims, linear=b.add(x_base, b.add(b.mul(row, i64(n)), column)))
+
+        def get(row: ir.Value, column: ir.Value) -> ir.Value:
+            return ctx.load(output, shape, x_at(row, column))
+
+        def put(value: ir.Value, row: ir.Value, column: ir.Value) -> None:
+            ctx.store(value, output, shape, x_at(row, column))
 
         with ctx.loop(m * n, name="copy") as e:
             index = Index(shape.dims, linear=b.add(x_base, e))
@@ -146,16 +169,44 @@ def _triangular_solve(ctx: KernelContext, inst: Instruction, output: ir.Value,
         def nth(p: ir.Value) -> ir.Value:
             return p if ascending else b.sub(i64(k - 1), p)
 
-        with ctx.loop(k, name="unknown") as p:
-            i = nth(p)
-            with ctx.loop(others, name="other") as o:
-                def term(q: ir.Value) -> ir.Value:
-                    j = nth(q)  # solved before i
-                    coefficient = t(i, j) if left else t(j, i)
-                    return b.fmul(coefficient, ctx.load(output, shape, x_at(j, o)))
+        if left:
+            # Row i of x takes each solved row's multiple, in the order they were solved:
+            # contiguous row updates over the right-hand sides, summed in a stack row.
+            typ = value_type(shape.element_type)
+            scratch = _scratch_row(ctx, typ, others)
 
-                rest = _accumulate(ctx, ctx.load(output, shape, x_at(i, o)), p, term, "rest")
+            def row(o: ir.Value) -> ir.Value:
+                return b.gep(scratch, [o], inbounds=True, source_etype=typ)
+
+            with ctx.loop(k, name="unknown") as p:
+                i = nth(p)
+                if scratch is not None:
+                    with ctx.loop(others, name="load") as o:
+                        b.store(get(i, o), row(o))
+                with ctx.loop(p, name="solved") as q:
+                    j = nth(q)
+                    coefficient = t(i, j)
+                    with ctx.loop(others, name="update") as o:
+                        if scratch is None:
+                            put(b.fsub(get(i, o), b.fmul(coefficient, get(j, o))), i, o)
+                        else:
+                            term = b.fmul(coefficient, get(j, o))
+                            b.store(b.fsub(b.load(row(o), typ=typ), term), row(o))
+                diagonal = None if unit else t(i, i)
+                if scratch is not None or diagonal is not None:
+                    with ctx.loop(others, name="finish") as o:
+                        value = get(i, o) if scratch is None else b.load(row(o), typ=typ)
+                        put(value if diagonal is None else b.fdiv(value, diagonal), i, o)
+            return
+        # Right side: each row of x alone; an unknown, once solved, leaves the later ones
+        # (a contiguous stretch of the row), in the order they were solved.
+        with ctx.loop(others, name="row") as o:
+            with ctx.loop(k, name="unknown") as p:
+                i = nth(p)
+                value = get(o, i)
                 if not unit:
-                    rest = b.fdiv(rest, t(i, i))
-                ctx.store(rest, output, shape, x_at(i, o))
-
+                    value = b.fdiv(value, t(i, i))
+                    put(value, o, i)
+                start, stop = (b.add(i, i64(1)), i64(k)) if ascending else (i64(0), i)
+                with ctx.loop(stop, name="update", start=start) as c:
+                    put(b.fsub(get(o, c), b.fmul(t(i, c), value)), o, c)

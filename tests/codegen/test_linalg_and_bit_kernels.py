@@ -81,6 +81,47 @@ def test_triangular_solve(fused: bool, left_side: bool, lower: bool, unit_diagon
     check(module, [a, b], "triangular-solve", fused=fused)
 
 
+# Row updates of every length from 66 down to 1: vectorized bodies and their remainders.
+@pytest.mark.parametrize("element_type", ["f32", "f64"])
+@pytest.mark.parametrize("lower", [True, False])
+def test_cholesky_long_row_updates(element_type: str, lower: bool) -> None:
+    shape = _text(element_type, (2, 67, 67))
+    module = _module([shape], "", f"%c = {shape} cholesky({shape} %p0), "
+                                  f"lower={str(lower).lower()}")
+    a = _spd((2, 67, 67), np.dtype(element_type.replace("f", "float")).type)
+    (result,) = check(module, [a], "cholesky")(a)
+    other = np.triu(result[0], 1) if lower else np.tril(result[0], -1)
+    assert not other.any()  # the triangle it does not return is zero
+
+
+# Both substitution orders on both sides, rows of unknowns and of right-hand sides longer
+# than a vector and not a multiple of one.
+@pytest.mark.parametrize("left_side", [True, False])
+@pytest.mark.parametrize("lower", [True, False])
+@pytest.mark.parametrize("transpose_a", ["NO_TRANSPOSE", "ADJOINT"])
+def test_triangular_solve_long_rows_f64(left_side: bool, lower: bool, transpose_a: str
+                                        ) -> None:
+    a_dims, b_dims = (3, 37, 37), (3, 37, 19) if left_side else (3, 19, 37)
+    a_text, b_text = _text("f64", a_dims), _text("f64", b_dims)
+    module = _module([a_text, b_text], "",
+                     f"%x = {b_text} triangular-solve({a_text} %p0, {b_text} %p1), "
+                     f"left_side={str(left_side).lower()}, lower={str(lower).lower()}, "
+                     f"unit_diagonal=false, transpose_a={transpose_a}")
+    a = _spd(a_dims, np.float64)
+    b = np.random.default_rng(5).standard_normal(b_dims)
+    check(module, [a, b], "triangular-solve")
+
+
+def test_triangular_solve_rows_too_long_for_the_stack() -> None:
+    """More right-hand sides than sort.STACK_ELEMENTS: the updates read the output."""
+    module = _module(["f32[3,3]", "f32[3,16400]"], "",
+                     "%x = f32[3,16400] triangular-solve(f32[3,3] %p0, f32[3,16400] %p1), "
+                     "left_side=true, lower=true, unit_diagonal=false, transpose_a=TRANSPOSE")
+    a = _spd((3, 3), np.float32)
+    b = np.random.default_rng(6).standard_normal((3, 16400)).astype(np.float32)
+    check(module, [a, b], "triangular-solve")
+
+
 @pytest.mark.parametrize("a_dims, b_dims", [((0, 0), (0, 4)), ((1, 1), (1, 1)),
                                             ((3, 3), (3, 0)), ((0, 2, 2), (0, 2, 3))])
 def test_triangular_solve_small_shapes_f64(a_dims: tuple[int, ...],
