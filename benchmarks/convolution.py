@@ -49,7 +49,8 @@ class ConvShape:
         kind = "dw" if self.depthwise else "conv"
         n, h, w, c = self.input
         kh, kw, _, o = self.filter
-        return f"{kind} {kh}x{kw}/{self.stride} {self.padding} {n}x{h}x{w}x{c}->{o}"
+        outputs = c * o if self.depthwise else o
+        return f"{kind} {kh}x{kw}/{self.stride} {self.padding} {n}x{h}x{w}x{c}->{outputs}"
 
     @property
     def flops(self) -> int:

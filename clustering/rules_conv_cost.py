@@ -17,15 +17,19 @@ are at least as fast only where the GEMM is wide in its feature dimensions:
   FILTER_FEATURES (the GEMM's rows are taps × input features, its columns the output
   features, the pixels its long K).
 
-Depthwise convolutions and their gradients stay on TF: one input feature per group is
-no GEMM, and the element generator runs them. A grouped convolution (input depth a
-multiple of the filter's) is always compiled: TF's CPU kernels cannot run it at all.
+Depthwise convolutions (multiplier 1) and their gradients run direct loops over the
+channels (`convolution_depthwise.py`), ahead of oneDNN on small images only: compiled
+where the output has at most DEPTHWISE_PIXELS pixels per image, except a strided
+backprop-input (cut into phases, each a convolution of its own). A grouped convolution
+(input depth a multiple of the filter's) is always compiled: TF's CPU kernels cannot
+run it at all.
 Shapes not known statically leave the op on TF. docs/benchmarks.md has the
 measurements these thresholds come from (`benchmarks/convolution.py`).
 """
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from tfxla_lite.clustering.registry import attribute
@@ -36,6 +40,7 @@ if TYPE_CHECKING:
 FORWARD_FEATURES = 144
 WINDOW_FEATURES = 512
 FILTER_FEATURES = 128
+DEPTHWISE_PIXELS = 256
 
 _FORWARD = ("Conv2D", "Conv3D")
 _BACKPROP_INPUT = ("Conv2DBackpropInput", "Conv3DBackpropInputV2")
@@ -53,7 +58,7 @@ def tf_kernel_faster(op: tf.Operation) -> bool:
     """Whether TF's kernel is expected faster than tfxla-lite's for `op`, a convolution
     or convolution gradient (the module's rule); False for a grouped convolution."""
     if op.type.startswith("Depthwise"):
-        return True
+        return _depthwise_on_tf(op)
     if op.type in _FORWARD:
         activation, weights = op.inputs[0], op.inputs[1]
     elif op.type in _BACKPROP_INPUT:
@@ -77,3 +82,18 @@ def tf_kernel_faster(op: tf.Operation) -> bool:
     if op.type in _BACKPROP_INPUT:
         return narrower < WINDOW_FEATURES
     return narrower < FILTER_FEATURES
+
+
+def _depthwise_on_tf(op: tf.Operation) -> bool:
+    channels_last = str(attribute(op, "data_format", "NHWC")).endswith("C")
+    weights = op.outputs[0] if op.type.endswith("BackpropFilter") else op.inputs[1]
+    result = op.outputs[0] if op.type == "DepthwiseConv2dNative" else op.inputs[2]
+    w, y = _dims(weights), _dims(result)
+    if w is None or y is None or len(y) < 3 or w[-1] != 1:
+        return True
+    if op.type.endswith("BackpropInput"):
+        strides = list(attribute(op, "strides", [1] * len(y))) or [1] * len(y)
+        if any(s != 1 for s in strides):
+            return True
+    spatial = y[1:-1] if channels_last else y[2:]
+    return math.prod(spatial) > DEPTHWISE_PIXELS

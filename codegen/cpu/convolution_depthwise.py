@@ -21,7 +21,9 @@ base dilation, kernels reversed in some dimensions only, types other than f32/f6
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from llvmlite import ir
@@ -42,6 +44,16 @@ from tfxla_lite.hlo.ir import Instruction
 
 # Output pixels per unit of a forward depthwise convolution.
 BLOCK_PIXELS = 64
+# Channels summed at once in a vector register block (the widest of these dividing C,
+# multiplier 1): the sums stay in registers over the window (forward) or the pixels
+# (filter gradient) instead of going through memory once per term.
+LANES = (32, 16, 8, 4)
+# A filter gradient of at most this many window positions, multiplier 1 and C a multiple
+# of TAP_LANES sums every position at once: a unit per block of TAP_LANES channels, one
+# register of sums per position, one pass over the pixels (x and the gradient read once,
+# not once per position).
+MAX_TAP_SUMS = 25
+TAP_LANES = 16
 PARALLEL_MIN_FLOPS = 1 << 20
 
 
@@ -57,6 +69,18 @@ class DepthwisePlan:
     multiplier: int  # M: outputs per channel
     reversed: bool
     filter_gradient: bool
+    lanes: int  # channels per vector block; 0: one loop over the row instead
+
+    @property
+    def blocks(self) -> int:
+        """Channel blocks per row (1 without vector blocks)."""
+        return self.channels // self.lanes if self.lanes else 1
+
+    @property
+    def tap_sums(self) -> bool:
+        """A filter gradient summed for all window positions at once (MAX_TAP_SUMS)."""
+        return self.filter_gradient and self.multiplier == 1 \
+            and self.taps <= MAX_TAP_SUMS and self.channels % TAP_LANES == 0
 
     @property
     def channels(self) -> int:
@@ -72,7 +96,11 @@ class DepthwisePlan:
 
     @property
     def units(self) -> int:
-        return self.taps if self.filter_gradient else -(-self.pixels // BLOCK_PIXELS)
+        if self.tap_sums:
+            return self.channels // TAP_LANES
+        if self.filter_gradient:
+            return self.taps * self.blocks
+        return -(-self.pixels // BLOCK_PIXELS)
 
     @property
     def flops(self) -> int:
@@ -103,17 +131,25 @@ def plan(inst: Instruction) -> DepthwisePlan | None:
     if dnums == ConvolutionDimensions.channels_last(rank):
         if batch_groups != 1 or feature_groups != channels or rhs.shape.dims[-2] != 1:
             return None
+        multiplier = rhs.shape.dims[-1] // channels
         return DepthwisePlan(element_type, lhs.shape.dims, inst.shape.dims[:-1],
-                             rhs.shape.dims[:rank], window, rhs.shape.dims[-1] // channels,
-                             reversed_taps, False)
+                             rhs.shape.dims[:rank], window, multiplier, reversed_taps, False,
+                             _lanes(channels, multiplier))
     if dnums == ConvolutionDimensions.filter_gradient(rank):
         if feature_groups != 1 or batch_groups != channels or inst.shape.dims[rank] != 1 \
                 or reversed_taps:
             return None
+        multiplier = rhs.shape.dims[-1] // channels
         return DepthwisePlan(element_type, lhs.shape.dims, rhs.shape.dims[:-1],
-                             inst.shape.dims[:rank], window, rhs.shape.dims[-1] // channels,
-                             False, True)
+                             inst.shape.dims[:rank], window, multiplier, False, True,
+                             _lanes(channels, multiplier))
     return None
+
+
+def _lanes(channels: int, multiplier: int) -> int:
+    if multiplier != 1:
+        return 0
+    return next((n for n in LANES if channels % n == 0), 0)
 
 
 def emit_depthwise_kernel(module: ir.Module, pool: object, inst: Instruction, name: str,
@@ -127,7 +163,9 @@ def emit_depthwise_kernel(module: ir.Module, pool: object, inst: Instruction, na
     begin, end = ctx.function.args[-2:]
     begin.name, end.name = "begin", "end"
     with ctx.loop(end, name="unit", start=begin) as unit:
-        if conv.filter_gradient:
+        if conv.tap_sums:
+            _emit_filter_block(ctx, inst, conv, output, unit)
+        elif conv.filter_gradient:
             _emit_filter_unit(ctx, inst, conv, output, unit)
         else:
             _emit_forward_unit(ctx, inst, conv, output, unit)
@@ -150,6 +188,14 @@ def _multi(b: ir.IRBuilder, flat: ir.Value, dims: tuple[int, ...]) -> list[ir.Va
         part = flat if d == 0 else b.urem(flat, i64(strides[d - 1]))
         parts.append(part if stride == 1 else b.udiv(part, i64(stride)))
     return parts
+
+
+def _flat(b: ir.IRBuilder, multi: list[ir.Value], dims: tuple[int, ...]) -> ir.Value:
+    """The row-major flat index of `multi` in `dims`."""
+    flat = multi[0]
+    for index, size in zip(multi[1:], dims[1:]):
+        flat = b.add(b.mul(flat, i64(size)), index)
+    return flat
 
 
 def _input_row(ctx: KernelContext, conv: DepthwisePlan, batch: ir.Value,
@@ -192,6 +238,44 @@ def _clear_row(ctx: KernelContext, conv: DepthwisePlan, target: ir.Value) -> Non
         b.store(ir.Constant(etype, 0.0), b.gep(target, [o], source_etype=etype))
 
 
+def _positions(b: ir.IRBuilder, conv: DepthwisePlan, pixel: list[ir.Value],
+               taps: list[ir.Value]) -> list[ir.Value]:
+    """The input position of each spatial dim for output `pixel` and window `taps`: the
+    forward's stride and dilation are the filter gradient's window dilation and stride."""
+    positions = []
+    for i, d in enumerate(conv.window):
+        stride, dilation = (d.window_dilation, d.stride) if conv.filter_gradient \
+            else (d.stride, d.window_dilation)
+        positions.append(b.sub(b.add(b.mul(pixel[1 + i], i64(stride)),
+                                     b.mul(taps[i], i64(dilation))), i64(d.padding_low)))
+    return positions
+
+
+def _vector_accumulator(ctx: KernelContext, conv: DepthwisePlan, lanes: int = 0
+                        ) -> tuple[ir.Value, ir.Type]:
+    """A stack slot of one channel block's sums (promoted to registers), cleared."""
+    lanes = lanes or conv.lanes
+    vector = ir.VectorType(value_type(conv.element_type), lanes)
+    slot = ctx.alloca(vector, name="sums")
+    ctx.builder.store(ir.Constant(vector, [0.0] * lanes), slot)
+    return slot, vector
+
+
+def _add_products(ctx: KernelContext, conv: DepthwisePlan, slot: ir.Value, vector: ir.Type,
+                  x: ir.Value, y: ir.Value) -> None:
+    """sums += x[0:lanes] · y[0:lanes] (unaligned vector loads)."""
+    b = ctx.builder
+    align = 8 if conv.element_type == "f64" else 4
+    product = b.fmul(b.load(x, typ=vector, align=align), b.load(y, typ=vector, align=align))
+    b.store(b.fadd(b.load(slot, typ=vector), product), slot)
+
+
+def _store_sums(ctx: KernelContext, conv: DepthwisePlan, slot: ir.Value, vector: ir.Type,
+                target: ir.Value) -> None:
+    align = 8 if conv.element_type == "f64" else 4
+    ctx.builder.store(ctx.builder.load(slot, typ=vector), target, align=align)
+
+
 def _emit_forward_unit(ctx: KernelContext, inst: Instruction, conv: DepthwisePlan,
                        output: ir.Value, unit: ir.Value) -> None:
     b = ctx.builder
@@ -204,38 +288,86 @@ def _emit_forward_unit(ctx: KernelContext, inst: Instruction, conv: DepthwisePla
     with ctx.loop(last, name="pixel", start=first) as row:
         pixel = _multi(b, row, conv.pixel_dims)
         target = b.gep(output, [b.mul(row, i64(outputs))], source_etype=etype)
-        _clear_row(ctx, conv, target)
-        with ctx.loop(conv.taps, name="tap") as tap:
-            taps = _multi(b, tap, conv.taps_dims)
-            positions = [b.sub(b.add(b.mul(pixel[1 + i], i64(d.stride)),
-                                     b.mul(taps[i], i64(d.window_dilation))),
-                               i64(d.padding_low)) for i, d in enumerate(conv.window)]
-            inside, offset = _input_row(ctx, conv, pixel[0], positions)
-            kernel_tap = b.sub(i64(conv.taps - 1), tap) if conv.reversed else tap
-            with b.if_then(inside):
-                _accumulate_row(ctx, conv, target, b.gep(x, [offset], source_etype=etype),
-                                b.gep(w, [b.mul(kernel_tap, i64(outputs))],
-                                      source_etype=etype))
+
+        def taps_loop(add: Callable[[ir.Value, ir.Value], None]) -> None:
+            """add(x row, weight row) for each window position on the input."""
+            with ctx.loop_nest(conv.taps_dims, name="tap") as taps:
+                tap = _flat(b, taps, conv.taps_dims)
+                positions = _positions(b, conv, pixel, taps)
+                inside, offset = _input_row(ctx, conv, pixel[0], positions)
+                kernel_tap = b.sub(i64(conv.taps - 1), tap) if conv.reversed else tap
+                with b.if_then(inside):
+                    add(b.gep(x, [offset], source_etype=etype),
+                        b.gep(w, [b.mul(kernel_tap, i64(outputs))], source_etype=etype))
+
+        if conv.lanes:
+            with ctx.loop(conv.blocks, name="channel.block") as block:
+                channel0 = b.mul(block, i64(conv.lanes))
+                slot, vector = _vector_accumulator(ctx, conv)
+                taps_loop(lambda xs, ws: _add_products(
+                    ctx, conv, slot, vector, b.gep(xs, [channel0], source_etype=etype),
+                    b.gep(ws, [channel0], source_etype=etype)))
+                _store_sums(ctx, conv, slot, vector,
+                            b.gep(target, [channel0], source_etype=etype))
+        else:
+            _clear_row(ctx, conv, target)
+            taps_loop(lambda xs, ws: _accumulate_row(ctx, conv, target, xs, ws))
 
 
 def _emit_filter_unit(ctx: KernelContext, inst: Instruction, conv: DepthwisePlan,
-                      output: ir.Value, tap: ir.Value) -> None:
+                      output: ir.Value, unit: ir.Value) -> None:
     b = ctx.builder
     etype = value_type(conv.element_type)
     x = ctx.buffers[id(inst.operand(0))]
     dy = ctx.buffers[id(inst.operand(1))]
     outputs = conv.channels * conv.multiplier
-    target = b.gep(output, [b.mul(tap, i64(outputs))], source_etype=etype)
-    _clear_row(ctx, conv, target)
+    tap = b.udiv(unit, i64(conv.blocks))
+    channel0 = b.mul(b.urem(unit, i64(conv.blocks)), i64(conv.lanes))
+    target = b.gep(output, [b.add(b.mul(tap, i64(outputs)), channel0)], source_etype=etype)
     taps = _multi(b, tap, conv.taps_dims)
-    with ctx.loop(conv.pixels, name="pixel") as row:
-        pixel = _multi(b, row, conv.pixel_dims)
-        # In this form the window's dilation is the forward stride, its stride the
-        # forward dilation.
-        positions = [b.sub(b.add(b.mul(pixel[1 + i], i64(d.window_dilation)),
-                                 b.mul(taps[i], i64(d.stride))), i64(d.padding_low))
-                     for i, d in enumerate(conv.window)]
-        inside, offset = _input_row(ctx, conv, pixel[0], positions)
+    if conv.lanes:
+        slot, vector = _vector_accumulator(ctx, conv)
+    else:
+        _clear_row(ctx, conv, target)
+    # A nest over the pixel's dimensions: no division per pixel.
+    with ctx.loop_nest(conv.pixel_dims, name="pixel") as pixel:
+        row = _flat(b, pixel, conv.pixel_dims)
+        inside, offset = _input_row(ctx, conv, pixel[0], _positions(b, conv, pixel, taps))
         with b.if_then(inside):
-            _accumulate_row(ctx, conv, target, b.gep(x, [offset], source_etype=etype),
-                            b.gep(dy, [b.mul(row, i64(outputs))], source_etype=etype))
+            xs = b.gep(x, [b.add(offset, channel0)], source_etype=etype)
+            ys = b.gep(dy, [b.add(b.mul(row, i64(outputs)), channel0)], source_etype=etype)
+            if conv.lanes:
+                _add_products(ctx, conv, slot, vector, xs, ys)
+            else:
+                _accumulate_row(ctx, conv, target, xs, ys)
+    if conv.lanes:
+        _store_sums(ctx, conv, slot, vector, target)
+
+
+def _emit_filter_block(ctx: KernelContext, inst: Instruction, conv: DepthwisePlan,
+                       output: ir.Value, unit: ir.Value) -> None:
+    """Channels [unit·TAP_LANES, +TAP_LANES) of every window position's row, summed in
+    one pass over the pixels (a register of sums per position)."""
+    b = ctx.builder
+    etype = value_type(conv.element_type)
+    x = ctx.buffers[id(inst.operand(0))]
+    dy = ctx.buffers[id(inst.operand(1))]
+    channel0 = b.mul(unit, i64(TAP_LANES))
+    taps = [list(t) for t in itertools.product(*(range(n) for n in conv.taps_dims))]
+    sums = [_vector_accumulator(ctx, conv, TAP_LANES) for _ in taps]
+    vector = sums[0][1]
+    align = 8 if conv.element_type == "f64" else 4
+    with ctx.loop_nest(conv.pixel_dims, name="pixel") as pixel:
+        row = _flat(b, pixel, conv.pixel_dims)
+        ys = b.load(b.gep(dy, [b.add(b.mul(row, i64(conv.channels)), channel0)],
+                          source_etype=etype), typ=vector, align=align)
+        for tap, (slot, _) in zip(taps, sums):
+            positions = _positions(b, conv, pixel, [i64(t) for t in tap])
+            inside, offset = _input_row(ctx, conv, pixel[0], positions)
+            with b.if_then(inside):
+                xs = b.load(b.gep(x, [b.add(offset, channel0)], source_etype=etype),
+                            typ=vector, align=align)
+                b.store(b.fadd(b.load(slot, typ=vector), b.fmul(xs, ys)), slot)
+    for t, (slot, _) in enumerate(sums):
+        target = b.gep(output, [b.add(i64(t * conv.channels), channel0)], source_etype=etype)
+        b.store(b.load(slot, typ=vector), target, align=align)

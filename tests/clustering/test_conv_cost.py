@@ -1,6 +1,7 @@
 """The default per-op choice between TF's convolution kernels (oneDNN) and tfxla-lite's
 (`clustering/rules_conv_cost.py`, applied by mark.py's `tf_kernels` gate): by shape,
-grouped convolutions always compiled, depthwise ones and unknown shapes left to TF."""
+grouped convolutions always compiled, depthwise ones by their output's pixels, unknown
+shapes left to TF."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from tf_harness import trace
 from tfxla_lite.clustering.mark import TF_KERNEL_REASON, MarkOptions, mark
 from tfxla_lite.clustering.rules_conv import CONVOLUTION_OPS
 from tfxla_lite.clustering.rules_conv_cost import (
+    DEPTHWISE_PIXELS,
     FILTER_FEATURES,
     FORWARD_FEATURES,
     WINDOW_FEATURES,
@@ -70,9 +72,32 @@ def test_grouped_convolutions_are_never_left_to_tf() -> None:
     assert mark(graph, GATED)[op.name].compilable
 
 
-def test_depthwise_and_unknown_shapes_stay_on_tf() -> None:
+def _depthwise(side: int, strides: int = 1, multiplier: int = 1) -> tuple[tf.Operation, ...]:
+    def fn(x: tf.Tensor, w: tf.Tensor) -> list[tf.Tensor]:
+        with tf.GradientTape() as tape:
+            tape.watch([x, w])
+            y = tf.nn.depthwise_conv2d(x, w, [1, strides, strides, 1], "SAME")
+        return [y, *tape.gradient(y, [x, w])]
+
+    concrete = trace(fn, [np.zeros((2, side, side, 32), np.float32),
+                          np.zeros((3, 3, 32, multiplier), np.float32)])
+    return tuple(next(op for op in concrete.graph.get_operations() if op.type == op_type)
+                 for op_type in ("DepthwiseConv2dNative", "DepthwiseConv2dNativeBackpropInput",
+                                 "DepthwiseConv2dNativeBackpropFilter"))
+
+
+def test_depthwise_by_output_pixels() -> None:
+    side = int(DEPTHWISE_PIXELS ** 0.5)
+    assert [tf_kernel_faster(op) for op in _depthwise(side)] == [False] * 3
+    assert [tf_kernel_faster(op) for op in _depthwise(side + 1)] == [True] * 3
+    # A strided backprop-input (phases) and multipliers above 1 stay on TF.
+    assert [tf_kernel_faster(op) for op in _depthwise(side, 2)] == [False, True, False]
+    assert [tf_kernel_faster(op) for op in _depthwise(4, 1, 2)] == [True] * 3
+
+
+def test_depthwise_on_tf_gets_the_reason_and_unknown_shapes_stay_on_tf() -> None:
     op, graph = _op(lambda x, w: tf.nn.depthwise_conv2d(x, w, [1, 1, 1, 1], "SAME"),
-                    [(1, 8, 8, 512), (3, 3, 512, 1)], "DepthwiseConv2dNative")
+                    [(1, 32, 32, 8), (3, 3, 8, 1)], "DepthwiseConv2dNative")
     assert tf_kernel_faster(op)
     decision = mark(graph, GATED)[op.name]
     assert not decision.compilable and TF_KERNEL_REASON in decision.reason

@@ -1,6 +1,7 @@
 """The CPU depthwise kernels (`codegen/cpu/convolution_depthwise.py`: direct loops over
 the channels) against the NumPy evaluator: forward depthwise convolutions (multipliers,
-strides, dilations, padding, reversed kernels, 1-D/3-D) and their filter gradients
+strides, dilations, padding, reversed kernels, 1-D/3-D, vector blocks of channels or a
+loop over the row) and their filter gradients
 (`f01b_i01o->01bf`, batch groups = channels), edge values, and what they decline."""
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ FORWARD_CASES = [
     ((3, 20, 17, 40), (3, 3), 1, "{size=3x3 pad=1_1x1_1}", "f32"),  # many units
     ((2, 13, 6), (4,), 1, "{size=4 stride=3 pad=2_1}", "f32"),  # 1-D
     ((1, 4, 5, 6, 3), (2, 3, 2), 1, "{size=2x3x2 pad=1_0x1_1x0_1}", "f32"),  # 3-D
+    ((2, 7, 6, 64), (3, 3), 1, "{size=3x3 stride=2x2 pad=1_1x1_1}", "f32"),  # 2 blocks of 32
+    ((1, 6, 5, 48), (3, 3), 1, "{size=3x3 pad=1_1x1_1 rhs_reversal=1x1}", "f64"),  # of 16
 ]
 
 
@@ -49,6 +52,9 @@ def test_depthwise_forward_matches_the_evaluator(case: int) -> None:
     module, lhs, rhs = _forward_module(*FORWARD_CASES[case])
     conv = convolution_depthwise.plan(module.entry.root)
     assert conv is not None and not conv.filter_gradient
+    channels, multiplier = FORWARD_CASES[case][0][-1], FORWARD_CASES[case][2]
+    assert conv.lanes == (0 if multiplier > 1 else next(
+        (n for n in convolution_depthwise.LANES if channels % n == 0), 0))
     rng = np.random.default_rng(case)
     check(module, [rng.standard_normal(s.dims).astype(s.numpy_dtype) for s in (lhs, rhs)],
           "convolution")
@@ -61,6 +67,9 @@ FILTER_CASES = [
     ((1, 11, 10, 5), (3, 2), 1, (1, 2), (2, 3), ((2, 2), (0, 0)), "f64"),
     ((2, 9, 9, 4), (3, 3), 1, (2, 2), (1, 1), ((0, 0), (0, 0)), "f32"),  # unread end
     ((2, 13, 6), (4,), 1, (3,), (1,), ((2, 1),), "f32"),  # 1-D
+    ((2, 7, 6, 64), (3, 3), 1, (2, 2), (1, 1), ((1, 1), (1, 1)), "f32"),  # vector blocks
+    ((1, 6, 5, 48), (3, 3), 1, (1, 1), (2, 2), ((2, 2), (2, 2)), "f64"),
+    ((2, 40, 16), (30,), 1, (1,), (1,), ((3, 3),), "f32"),  # too many positions to sum at once
 ]
 
 
@@ -72,6 +81,8 @@ def test_depthwise_filter_gradient_matches_the_evaluator(case: int) -> None:
                                               dilations, pads, channels, element_type)
     conv = convolution_depthwise.plan(module.entry.root)
     assert conv is not None and conv.filter_gradient and conv.multiplier == multiplier
+    assert conv.tap_sums == (multiplier == 1 and channels % convolution_depthwise.TAP_LANES == 0
+                             and conv.taps <= convolution_depthwise.MAX_TAP_SUMS)
     rng = np.random.default_rng(case)
     check(module, [rng.integers(-3, 4, s.dims).astype(s.numpy_dtype) for s in (lhs, rhs)],
           "convolution")
