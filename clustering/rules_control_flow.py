@@ -630,6 +630,11 @@ def _refusal(op: tf.Operation) -> str | None:
     backend = backend_refusal()
     if backend is not None:
         return backend
+    if not _LOWERING_ONLY:
+        from tfxla_lite.runtime.gpu_launch import placed_gpu
+
+        if placed_gpu(op.device) is not None:  # TF runs it on a GPU: so would its cluster
+            return "the GPU backend does not compile HLO while or conditional"
     try:
         _lower_control_flow(LoweringContext(HloModule("check"), Computation("check")), op,
                             None)

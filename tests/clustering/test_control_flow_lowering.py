@@ -273,3 +273,19 @@ def test_keras_recurrent_training_step_is_one_launch(layer: str, sequences: bool
         assert abs(got - want) <= 1e-5, (number, got, want)
     # The forward and the gradient loop are HLO loops of the one launch.
     assert launches(ours, x, y) == (1, 0)
+
+
+def test_a_loop_tf_places_on_a_gpu_stays_in_tf() -> None:
+    """The GPU backend compiles no HLO while: a loop TF runs on a GPU keeps its bodies
+    compiled one by one (tfxla_lite/control_flow.py)."""
+    from tfxla_lite.runtime import gpu_launch
+
+    class OneGpu(gpu_launch.GpuBackend):
+        def tf_gpus(self) -> list[int]:
+            return [0]
+
+    with gpu_launch.use_backend(OneGpu()):
+        result = cluster_graph(trace(_recurrence, _recurrence_args(3)).graph,
+                               min_cluster_size=1)
+    (loop,) = [d for d in result.decisions.values() if d.op_type == "StatelessWhile"]
+    assert not loop.compilable and "GPU" in (loop.reason or ""), loop
