@@ -257,8 +257,8 @@ def test_buffer_filled_by_dynamic_update_slice_in_a_loop() -> None:
     assert assignment.slice_of("summed", (1,)) == assignment.slice_of("filled", (1,))
 
 
-# Each row is the previous row plus x: the body reads the buffer (dynamic-slice) besides
-# updating it, so the buffer is not updated in place (two buffers, ping-pong).
+# Each row is the previous row plus x: the body reads the buffer (dynamic-slice) before
+# it updates it, so the update may still be in place (the read runs first).
 RUNNING = """
 HloModule running
 
@@ -296,12 +296,27 @@ ENTRY main {
 """
 
 
-def test_a_buffer_the_body_also_reads_is_not_updated_in_place() -> None:
+def test_a_buffer_the_body_reads_before_updating_it_is_updated_in_place() -> None:
     b = np.zeros((6, 2), np.float32)
     b[0] = [10, 20]
     (got,) = check(RUNNING, np.array([1, -1], np.float32), b)
     np.testing.assert_array_equal(got[:, 0], 10 + np.arange(6))
     plan = compile_module(parse_module(RUNNING), cache=False).assignment.control_flow
+    assert plan["loop"].in_place == {1} and 1 not in plan["loop"].scratch
+
+
+def test_a_buffer_whose_old_value_the_body_returns_is_not_updated_in_place() -> None:
+    # The body returns the old buffer as the next state's third element: the update
+    # must not overwrite it, so the buffer ping-pongs.
+    text = RUNNING.replace("(s32[], f32[6,2], f32[2])", "(s32[], f32[6,2], f32[6,2], f32[2])")
+    text = text.replace("x = f32[2] get-tuple-element(p), index=2",
+                        "x = f32[2] get-tuple-element(p), index=3")
+    text = text.replace("tuple(i1, written, x)", "tuple(i1, written, buffer, x)")
+    text = text.replace("tuple(one, b, x)", "tuple(one, b, b, x)")
+    b = np.zeros((6, 2), np.float32)
+    b[0] = [10, 20]
+    check(text, np.array([1, -1], np.float32), b)
+    plan = compile_module(parse_module(text), cache=False).assignment.control_flow
     assert plan["loop"].in_place == set() and 1 in plan["loop"].scratch
 
 
@@ -740,3 +755,68 @@ ENTRY main {
 def test_a_loop_inside_a_branch(flag: bool, expected: int) -> None:
     (got,) = check(LOOP_IN_BRANCH, np.bool_(flag), np.int32(27))
     assert got == expected
+
+
+# A TensorList's gradient pattern: read item i into an accumulator, then zero item i.
+# Whatever order the scheduler gives, the zeroing runs after the read, in place.
+READ_THEN_ZERO = """
+HloModule read_then_zero
+
+cond {
+  p = (s32[], f32[5,4], f32[4]) parameter(0)
+  i = s32[] get-tuple-element(p), index=0
+  n = s32[] constant(5)
+  ROOT lt = pred[] compare(i, n), direction=LT
+}
+
+body {
+  p = (s32[], f32[5,4], f32[4]) parameter(0)
+  i = s32[] get-tuple-element(p), index=0
+  buffer = f32[5,4] get-tuple-element(p), index=1
+  acc = f32[4] get-tuple-element(p), index=2
+  zero = s32[] constant(0)
+  z = f32[] constant(0)
+  zeros = f32[1,4] broadcast(z), dimensions={}
+  cleared = f32[5,4] dynamic-update-slice(buffer, zeros, i, zero)
+  item = f32[1,4] dynamic-slice(buffer, i, zero), dynamic_slice_sizes={1,4}
+  flat = f32[4] reshape(item)
+  acc1 = f32[4] add(acc, flat)
+  one = s32[] constant(1)
+  i1 = s32[] add(i, one)
+  ROOT t = (s32[], f32[5,4], f32[4]) tuple(i1, cleared, acc1)
+}
+
+ENTRY main {
+  b = f32[5,4] parameter(0)
+  zero = s32[] constant(0)
+  z = f32[] constant(0)
+  acc = f32[4] broadcast(z), dimensions={}
+  init = (s32[], f32[5,4], f32[4]) tuple(zero, b, acc)
+  loop = (s32[], f32[5,4], f32[4]) while(init), condition=cond, body=body
+  cleared = f32[5,4] get-tuple-element(loop), index=1
+  total = f32[4] get-tuple-element(loop), index=2
+  ROOT r = (f32[5,4], f32[4]) tuple(cleared, total)
+}
+"""
+
+
+def test_reads_of_a_buffer_run_before_its_in_place_update() -> None:
+    b = np.arange(20, dtype=np.float32).reshape(5, 4)
+    cleared, total = check(READ_THEN_ZERO, b, op_type="Add")
+    assert not cleared.any()
+    np.testing.assert_array_equal(total, b.sum(axis=0))
+    plan = compile_module(parse_module(READ_THEN_ZERO), cache=False).assignment.control_flow
+    assert plan["loop"].in_place == {1}
+
+
+def test_an_update_is_moved_after_the_reads_of_the_old_buffer() -> None:
+    from tfxla_lite.passes.control_flow import order_updates_after_reads
+
+    module = parse_module(READ_THEN_ZERO)
+    body = next(c for c in module.computations if c.name == "body")
+    opcodes = [i.opcode for i in body.instructions]
+    assert opcodes.index("dynamic-update-slice") < opcodes.index("dynamic-slice")
+    assert order_updates_after_reads(body)
+    opcodes = [i.opcode for i in body.instructions]
+    assert opcodes.index("dynamic-update-slice") > opcodes.index("dynamic-slice")
+    assert not order_updates_after_reads(body)

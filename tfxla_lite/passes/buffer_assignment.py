@@ -478,11 +478,11 @@ def loop_passthrough(body: Computation) -> frozenset[int]:
 def loop_in_place(body: Computation) -> frozenset[int]:
     """The flat state leaves that `body` may update in place (XLA's in-place
     dynamic-update-slice of a loop-carried buffer): the root's leaf n is a top-level
-    dynamic-update-slice of the parameter's leaf n, and nothing else reads that
-    parameter leaf (nor returns it). The caller then passes one buffer as both
-    parameter n and output n, the body's plan hosts no temp in output n (`unshared`),
-    and the kernel stores only the update (its copy of the operand is skipped at run
-    time)."""
+    dynamic-update-slice of the parameter's leaf n, everything else that reads that
+    parameter leaf runs before it, and the root does not return that leaf elsewhere.
+    The caller then passes one buffer as both parameter n and output n, the body's plan
+    hosts no temp in output n (`unshared`), and the kernel stores only the update (its
+    copy of the operand is skipped at run time)."""
     root = body.root
     assert root is not None
     facts = EntryValues(body)
@@ -497,8 +497,12 @@ def loop_in_place(body: Computation) -> frozenset[int]:
         state = facts.value_at[(id(update.operand(0)), ())]
         if state.instruction is not parameter or state.index != index or id(state) in returned:
             continue
+        # Readers of the old state run before the update overwrites it: kernels run one
+        # after another in the body's order (a TensorList's gradient reads an item,
+        # then zeroes it).
         readers = [i for i in body.instructions if any(r is state for r in facts.reads[id(i)])]
-        if readers == [update]:
+        once = sum(read is state for read in facts.reads[id(update)]) == 1
+        if readers and readers[-1] is update and once:
             found.append(number)
     return frozenset(found)
 

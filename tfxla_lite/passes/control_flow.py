@@ -19,9 +19,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
-from tfxla_lite.hlo.ir import Computation, HloModule, Instruction
+from tfxla_lite.hlo.ir import Computation, HloModule, Instruction, user_edges
 from tfxla_lite.hlo.shape import Shape
 from tfxla_lite.passes.base import Pass
+from tfxla_lite.passes.buffer_assignment import EntryValues, leaves
 
 CONTROL_FLOW = frozenset({"while", "conditional"})
 
@@ -77,6 +78,9 @@ def optimize_called_computations(module: HloModule,
         scratch.entry = callee
         try:
             optimize(scratch)
+            if any(i.opcode == "while" and i.called_computations[1] is callee
+                   for i in entry.instructions):
+                order_updates_after_reads(callee)
         finally:
             members = {id(c) for c in scratch.computations}
             for comp in scratch.called_computations_in_order():
@@ -84,6 +88,51 @@ def optimize_called_computations(module: HloModule,
                     comp.module = owner
                     owner.computations.insert(position, comp)
                     position += 1
+
+
+def order_updates_after_reads(body: Computation) -> bool:
+    """Move each dynamic-update-slice of a loop-carried buffer (the body's root returns,
+    at leaf n, a dynamic-update-slice of the parameter's leaf n) just after the last
+    other instruction that reads that buffer's old value, when nothing between depends
+    on the update but tuples naming its result (which move with it): the update can
+    then run in place (`buffer_assignment.loop_in_place`), as XLA orders a TensorList's
+    reads before its writes. True when anything moved."""
+    root = body.root
+    if root is None or len(body.parameters) != 1:
+        return False
+    (parameter,) = body.parameters
+    facts = EntryValues(body)
+    changed = False
+    for index, _ in leaves(root.shape):
+        value = facts.value_at[(id(root), index)]
+        update = value.instruction
+        if update.opcode != "dynamic-update-slice" or value.index:
+            continue
+        state = facts.value_at[(id(update.operand(0)), ())]
+        if state.instruction is not parameter or state.index != index:
+            continue
+        order = body.instructions
+        position = {id(inst): n for n, inst in enumerate(order)}
+        readers = [i for i in order
+                   if i is not update and any(r is state for r in facts.reads[id(i)])]
+        if not readers:
+            continue
+        last = max(position[id(r)] for r in readers)
+        if position[id(update)] > last:
+            continue
+        after = {id(user) for _, user in user_edges([update])}
+        early = [i for i in order if id(i) in after and position[id(i)] <= last]
+        if any(i.opcode not in ("tuple", "get-tuple-element") for i in early):
+            continue  # something a reader needs depends on the update
+        # The update and the tuples that only name its result move, in their order,
+        # to just after the last reader.
+        moving = [update, *early]
+        for inst in moving:
+            order.remove(inst)
+        at = order.index(max(readers, key=lambda r: position[id(r)])) + 1
+        order[at:at] = moving
+        changed = True
+    return changed
 
 
 def _subtree(callee: Computation, owner: HloModule) -> list[Computation]:
