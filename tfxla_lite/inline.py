@@ -256,23 +256,67 @@ def _import(graph_def: tf.compat.v1.GraphDef, original: tf.Graph,
 
         kept = without_colocation_outside(kept, {n.name for n in kept.node})
     inlined = FuncGraph(f"{getattr(original, 'name', 'graph')}_inlined")
-    with inlined.as_default():
-        input_map = {}
-        for name, tensor in placeholders.items():
-            new = tf.compat.v1.placeholder(tensor.dtype, tensor.shape, name=name)
-            if new.op.name != name:
-                raise ValueError(f"placeholder {name} was renamed {new.op.name}")
-            handle_data_util.copy_handle_data(tensor, new)
-            for attr, value in tensor.op.node_def.attr.items():
-                if attr.startswith("_tfxla_lite"):  # a loop body's argument annotations
-                    new.op._set_attr(attr, value)  # noqa: SLF001 - no public setter
-            input_map[f"{name}:0"] = new
-        used = {r.split(":")[0].lstrip("^") for n in kept.node for r in n.input}
-        input_map = {k: v for k, v in input_map.items() if k[:-2] in used}
-        tf.graph_util.import_graph_def(kept, input_map=input_map, name="")
+    if _scopes_of(placeholders) & {n.name for n in kept.node}:
+        _import_whole(inlined, graph_def, kept, placeholders)
+    else:
+        with inlined.as_default():
+            input_map = {}
+            for name, tensor in placeholders.items():
+                new = tf.compat.v1.placeholder(tensor.dtype, tensor.shape, name=name)
+                if new.op.name != name:
+                    raise ValueError(f"placeholder {name} was renamed {new.op.name}")
+                handle_data_util.copy_handle_data(tensor, new)
+                for attr, value in tensor.op.node_def.attr.items():
+                    if attr.startswith("_tfxla_lite"):  # a loop body's argument annotations
+                        new.op._set_attr(attr, value)  # noqa: SLF001 - no public setter
+                input_map[f"{name}:0"] = new
+            used = {r.split(":")[0].lstrip("^") for n in kept.node for r in n.input}
+            input_map = {k: v for k, v in input_map.items() if k[:-2] in used}
+            tf.graph_util.import_graph_def(kept, input_map=input_map, name="")
     inlined.inputs = [inlined.get_tensor_by_name(t.name)
                       for t in getattr(original, "inputs", [])]
     inlined.outputs = [inlined.get_tensor_by_name(t.name)
                        for t in getattr(original, "outputs", [])]
     inlined.control_outputs = [inlined.get_operation_by_name(name) for name in control_outputs]
     return inlined
+
+
+def _scopes_of(names: Iterable[str]) -> set[str]:
+    """The name scopes that names like 'a/b/c' open ('a', 'a/b')."""
+    scopes = set()
+    for name in names:
+        parts = name.split("/")
+        scopes.update("/".join(parts[:i]) for i in range(1, len(parts)))
+    return scopes
+
+
+def _import_whole(inlined: tf.Graph, graph_def: tf.compat.v1.GraphDef,
+                  kept: tf.compat.v1.GraphDef, placeholders: Mapping[str, tf.Tensor]) -> None:
+    """Import `kept` with its placeholders into the empty `inlined` at once, for a graph
+    with a node named like a placeholder's scope ('CollectiveReduceV2' beside the captured
+    'CollectiveReduceV2/group_size' in Keras's loop under MultiWorkerMirroredStrategy):
+    import_graph_def renames a node whose name a scope of the graph already takes, so
+    placeholders made first would rename it. Their handle data is set afterwards, passed
+    on through Identity and IdentityN, and the traced shapes (`_output_shapes`) set."""
+    from tensorflow.python.ops import handle_data_util
+
+    whole = tf.compat.v1.GraphDef()
+    whole.CopyFrom(kept)
+    whole.node.extend(n for n in graph_def.node if n.name in placeholders)
+    with inlined.as_default():
+        tf.graph_util.import_graph_def(whole, name="")
+    for name, tensor in placeholders.items():
+        handle_data_util.copy_handle_data(tensor, inlined.get_tensor_by_name(f"{name}:0"))
+    shapes = {n.name: n.attr["_output_shapes"].list.shape for n in whole.node
+              if "_output_shapes" in n.attr}
+    forwarded = [op for op in inlined.get_operations() if op.type in ("Identity", "IdentityN")
+                 and any(t.dtype == tf.resource for t in op.outputs)]
+    for _ in range(MAX_DEPTH):  # forwarding chains: an argument of an argument
+        for op in forwarded:
+            for source, target in zip(op.inputs, op.outputs):
+                if target.dtype == tf.resource:
+                    handle_data_util.copy_handle_data(source, target)
+    for op in inlined.get_operations():
+        for tensor, shape in zip(op.outputs, shapes.get(op.name, ())):
+            if tensor.dtype != tf.resource:
+                tensor.set_shape(tf.TensorShape(shape))

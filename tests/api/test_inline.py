@@ -144,3 +144,39 @@ def test_call_of_a_compiled_function_stays_a_call() -> None:
     assert len(calls) == 1, report
     compiled = {op for c in report.compiled_clusters for _, op in c.ops}
     assert compiled <= {"Mul", "Const", "Identity"} and "Mul" in compiled, report
+
+
+def test_nodes_named_like_a_placeholders_scope_keep_their_names() -> None:
+    """A captured placeholder 'scaled/mul/ReadVariableOp/resource' opens the scopes
+    'scaled' and 'scaled/mul', which are nodes of the trace too (as 'CollectiveReduceV2'
+    beside its captured 'CollectiveReduceV2/group_size' in Keras's loop under
+    MultiWorkerMirroredStrategy): the inlined graph keeps every name, the variable's
+    handle data and the read's shape, and the function compiles with TF's values."""
+    from tfxla_lite.runtime import loader
+
+    v = tf.Variable([1.0, 2.0, 3.0])
+
+    @tf.function
+    def inner(x: tf.Tensor) -> tf.Tensor:
+        return tf.sin(x) * 2.0
+
+    def f(x: tf.Tensor) -> tf.Tensor:
+        with tf.name_scope("scaled") as scope:
+            y = tf.identity(inner(x) * v, name=scope)
+        return y + 1.0
+
+    graph = tf.function(f).get_concrete_function(tf.TensorSpec([3], tf.float32)).graph
+    placeholders = [op.name for op in graph.get_operations() if op.type == "Placeholder"]
+    assert "scaled/mul/ReadVariableOp/resource" in placeholders
+    inlined = inline_function_calls(graph)
+    assert inlined is not None
+    names = {op.name for op in inlined.get_operations()}
+    assert {op.name for op in graph.get_operations()} - {"scaled/PartitionedCall"} <= names
+    assert inlined.get_operation_by_name("scaled/mul/ReadVariableOp").outputs[0].shape == [3]
+    assert [t.name for t in inlined.outputs] == [t.name for t in graph.outputs]
+
+    x = tf.constant([0.5, -1.0, 2.0])
+    before = loader.launch_timing().launches
+    np.testing.assert_allclose(tl.function(f, jit_compile=True)(x).numpy(),
+                               tf.function(f)(x).numpy(), rtol=1e-6)
+    assert loader.launch_timing().launches > before
