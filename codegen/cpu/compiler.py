@@ -91,11 +91,33 @@ def _kernel_body(inst: Instruction) -> tuple[Instruction, list[Instruction]]:
     return inst, [inst]
 
 
+# Ops that read only part of their first operand: as much as their result holds.
+_PART_READERS = frozenset({"dynamic-slice", "slice", "gather"})
+
+
+def read_elements(inst: Instruction, number: int) -> int:
+    """How many elements of operand `number` the kernel of `inst` reads: the whole
+    operand, except where only dynamic-slices, slices and gathers read it (a loop body's
+    row of a TensorList), whose results say how much. A big operand read a row at a time
+    must not make a small kernel parallel (each launch costs more than the row)."""
+    operand = inst.operand(number)
+    if inst.opcode in _PART_READERS and number == 0:
+        return inst.shape.num_elements
+    if inst.opcode != "fusion":
+        return operand.shape.num_elements
+    parameter = inst.fused_computation.parameter(number)
+    users = parameter.users
+    if users and all(u.opcode in _PART_READERS and u.operand(0) is parameter
+                     and parameter not in u.operands[1:] for u in users):
+        return min(operand.shape.num_elements, sum(u.shape.num_elements for u in users))
+    return operand.shape.num_elements
+
+
 def plan_partition(inst: Instruction) -> Partition:
     """The partition of entry instruction `inst`'s kernel (not a GEMM)."""
     root, computed = _kernel_body(inst)
     shape = root.shape
-    work = max([shape.num_elements] + [o.shape.num_elements for o in inst.operands])
+    work = max([shape.num_elements] + [read_elements(inst, n) for n in range(len(inst.operands))])
     if row_kernel.is_row_fusion(inst):
         return Partition("rows", row_kernel.row_count(inst), work)
     if root.opcode == "reduce":

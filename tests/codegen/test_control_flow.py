@@ -820,3 +820,24 @@ def test_an_update_is_moved_after_the_reads_of_the_old_buffer() -> None:
     opcodes = [i.opcode for i in body.instructions]
     assert opcodes.index("dynamic-update-slice") > opcodes.index("dynamic-slice")
     assert not order_updates_after_reads(body)
+
+
+def test_a_kernel_reading_a_row_of_a_big_buffer_counts_the_row_as_its_work() -> None:
+    """A loop body's kernel that reads one row of a TensorList is as small as the row:
+    it stays serial (a parallel launch per iteration costs more than the row)."""
+    from tfxla_lite.codegen.cpu.compiler import plan_partition, read_elements
+
+    text = READ_THEN_ZERO.replace("f32[5,4]", "f32[4096,64]").replace("f32[1,4]", "f32[1,64]")
+    text = text.replace("f32[4]", "f32[64]").replace("dynamic_slice_sizes={1,4}",
+                                                     "dynamic_slice_sizes={1,64}")
+    text = text.replace("n = s32[] constant(5)", "n = s32[] constant(4096)")
+    module = parse_module(text)
+    compile_module(module, cache=False)
+    body = next(i for i in module.entry.instructions if i.opcode == "while"
+                ).called_computations[1]
+    (reader,) = [i for i in body.instructions if i.opcode == "fusion" and any(
+        f.opcode == "dynamic-slice" for f in i.fused_computation.instructions)]
+    big = next(n for n, o in enumerate(reader.operands) if o.shape.dims == (4096, 64))
+    assert reader.operand(big).shape.num_elements == 4096 * 64
+    assert read_elements(reader, big) == 64
+    assert plan_partition(reader).work == 64
