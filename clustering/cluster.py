@@ -290,17 +290,22 @@ def merge_independent_clusters(groups: list[list[str]], dependencies: nx.DiGraph
     sizes = [counted_size(by_name[name].type for name in group) for group in groups]
     mergeable = [_static(by_name[name] for name in group) for group in groups]
     device = [by_name[group[0]].device for group in groups]
+    # A device-less variable read runs where its variable lives (a MirroredStrategy
+    # replica's on that replica's device): one launch must not read variables of two.
+    variables = _variable_devices(groups, by_name)
     leader = list(range(len(groups)))  # the group each one now belongs to
     for n in range(1, len(groups)):
         if not mergeable[n]:
             continue
         for m in range(n):
             if (leader[m] != m or not mergeable[m] or device[m] != device[n]
+                    or len(variables[m] | variables[n]) > 1
                     or (max_size is not None and sizes[m] + sizes[n] > max_size)
                     or reach[m] & mask[n] or reach[n] & mask[m]):
                 continue
             mask[m] |= mask[n]
             reach[m] |= reach[n]
+            variables[m] |= variables[n]
             sizes[m] += sizes[n]
             leader[n] = m
             for other in range(len(groups)):
@@ -311,6 +316,29 @@ def merge_independent_clusters(groups: list[list[str]], dependencies: nx.DiGraph
     for n, group in enumerate(groups):
         merged.setdefault(leader[n], []).extend(group)
     return list(merged.values())
+
+
+def _variable_devices(groups: list[list[str]], by_name: dict[str, tf.Operation]
+                      ) -> list[set[str]]:
+    """The devices of the captured variables each group reads, as far as the graph says
+    (`inline.capture_devices`: a FuncGraph's captures, or those an inlined graph kept)."""
+    from tfxla_lite.inline import capture_devices
+
+    if not groups:
+        return []
+    where = capture_devices(by_name[groups[0][0]].graph)
+    result = []
+    for group in groups:
+        found = set()
+        for name in group:
+            for tensor in by_name[name].inputs:
+                if tensor.dtype.name == "resource":
+                    while tensor.op.type in ("Identity", "IdentityN") and tensor.op.inputs:
+                        tensor = tensor.op.inputs[tensor.value_index
+                                                  if tensor.op.type == "IdentityN" else 0]
+                    found.add(where.get(tensor.op.name, ""))
+        result.append(found - {""})
+    return result
 
 
 def _static(ops: Iterable[tf.Operation]) -> bool:

@@ -278,7 +278,20 @@ def _import(graph_def: tf.compat.v1.GraphDef, original: tf.Graph,
     inlined.outputs = [inlined.get_tensor_by_name(t.name)
                        for t in getattr(original, "outputs", [])]
     inlined.control_outputs = [inlined.get_operation_by_name(name) for name in control_outputs]
+    # The captures stay with the original graph; clustering still needs where their
+    # variables live (clustering/cluster.py).
+    inlined._tfxla_lite_capture_devices = capture_devices(original)
     return inlined
+
+
+def capture_devices(graph: tf.Graph) -> dict[str, str]:
+    """Placeholder name -> the device of the resource handle it captures (a FuncGraph's
+    captures), for the handles whose device is known."""
+    found = dict(getattr(graph, "_tfxla_lite_capture_devices", {}))
+    for external, internal in getattr(graph, "captures", ()):
+        if internal.dtype == tf.resource and getattr(external, "device", ""):
+            found[internal.op.name] = external.device
+    return found
 
 
 def _scopes_of(names: Iterable[str]) -> set[str]:

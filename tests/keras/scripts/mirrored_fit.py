@@ -1,11 +1,12 @@
 """Train a small Keras model under tf.distribute.MirroredStrategy over 2 logical CPUs.
 
 Run by tests/keras/test_distribute.py in a subprocess, since logical devices must be
-configured before TF initializes. `python mirrored_fit.py tf|tfxla_lite OUT.json`:
-`tf` trains with plain TF (jit_compile=False: TF's own XLA cannot run this step on
-the CPU, its variables live on two devices), `tfxla_lite` with `tl.enable()` and
-`jit_compile=True`. Writes the per-step losses, the final weights and, for
-tfxla_lite, what was compiled where.
+configured before TF initializes. `python mirrored_fit.py tf|tfxla_lite OUT.json
+[mirrored|none]`: `tf` trains with plain TF (jit_compile=False: TF's own XLA cannot run
+this step on the CPU, its variables live on two devices), `tfxla_lite` with
+`tl.enable()` and `jit_compile=True`; under the MirroredStrategy (default) or none.
+Writes the per-step losses, the final weights and, for tfxla_lite, what was compiled
+where and how many launch ops ran during `fit`.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ import keras  # noqa: E402
 
 import tfxla_lite as tl  # noqa: E402
 from tfxla_lite import api, coverage  # noqa: E402
-from tfxla_lite.rewrite import LAUNCH_OP_TYPE  # noqa: E402
+from tfxla_lite.rewrite import LAUNCH_OP_TYPES  # noqa: E402
+from tfxla_lite.runtime import loader  # noqa: E402
 
 COLLECTIVE_PREFIXES = ("Collective", "NcclAllReduce")
 
@@ -40,9 +42,10 @@ class _Losses(keras.callbacks.Callback):
         self.losses.append(float(logs["loss"]))
 
 
-def main(mode: str, out: str) -> None:
+def main(mode: str, out: str, strategy_name: str = "mirrored") -> None:
     compiled = mode == "tfxla_lite"
-    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    strategy = (tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+                if strategy_name == "mirrored" else tf.distribute.get_strategy())
     keras.utils.set_random_seed(0)
     with strategy.scope():
         model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(32, activation="tanh"),
@@ -65,6 +68,7 @@ def main(mode: str, out: str) -> None:
     if compiled:
         api.build_program = recording_build
         tl.enable()
+    before = loader.launch_timing().launches if compiled else 0
     with coverage.record() as recorded:
         model.fit(x, y, epochs=2, batch_size=20, shuffle=False, verbose=0, callbacks=[losses])
     result = {"losses": losses.losses, "weights": [w.numpy().tolist() for w in model.weights]}
@@ -80,9 +84,10 @@ def main(mode: str, out: str) -> None:
                      else collectives_in_tf).append(op.type)
             if program.concrete_run is not None:
                 launch_devices += [op.device for op in program.concrete_run.graph.get_operations()
-                                   if op.type == LAUNCH_OP_TYPE]
+                                   if op.type in LAUNCH_OP_TYPES]
         share = coverage.total(recorded)
-        result.update(launch_devices=launch_devices, collectives_in_tf=collectives_in_tf,
+        result.update(launches_run=loader.launch_timing().launches - before,
+                      launch_devices=launch_devices, collectives_in_tf=collectives_in_tf,
                       collectives_in_clusters=collectives_in_clusters,
                       flop_share=share.flop_share, op_share=share.op_share,
                       left_out=share.left_out)
@@ -91,4 +96,4 @@ def main(mode: str, out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(*sys.argv[1:4])
