@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 import networkx as nx
 
 from tfxla_lite.clustering.mark import Decision, MarkOptions, mark
-from tfxla_lite.clustering.registry import OP_RULES
+from tfxla_lite.clustering.registry import OP_RULES, known_dims
 from tfxla_lite.clustering.rules_control_flow import FUNCTIONAL_OPS
 
 if TYPE_CHECKING:
@@ -342,7 +342,11 @@ def _variable_devices(groups: list[list[str]], by_name: dict[str, tf.Operation]
 
 
 def _static(ops: Iterable[tf.Operation]) -> bool:
-    return all(t.shape.is_fully_defined() for op in ops for t in list(op.inputs) + op.outputs)
+    """Every dim known at compile time, as lowering knows them (`known_dims`: also the
+    outputs TF's shape inference leaves unknown but whose values fold, e.g.
+    BroadcastGradientArgs' in a gradient)."""
+    return all(known_dims(t) is not None for op in ops for t in list(op.inputs) + op.outputs
+               if t.dtype.base_dtype.name not in ("resource", "variant"))
 
 
 class _CrossingEdges:
