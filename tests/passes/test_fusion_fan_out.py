@@ -71,6 +71,22 @@ def test_the_same_graph_keeps_r_single_through_the_pipeline() -> None:
     assert _in_fusions(module, "add") + count(module.entry, "add") == 1
 
 
+def test_a_square_read_by_six_reductions_is_recomputed_in_each() -> None:
+    # a * a reads a once (the kernel loads it once per element), so each copy reads as
+    # many bytes as s itself: six copies cost less than writing s and reading it six
+    # times (counting both operands, as for a + b above, had s materialized).
+    module, comp = new_module("square_fan_out")
+    a, *weights = parameters(comp, ROWS, *[ROWS] * 6)
+    s = comp.create("multiply", [a, a])
+    comp.root = comp.create("tuple", [
+        reduce(comp, comp.create("multiply", [s, w]), (0,)) for w in weights])
+    _run(module, [Fusion()])
+    assert count(module.entry, "multiply") == 0  # no kernel of its own
+    reductions = [f for f in _fusions(module) if f.attributes["kind"] == "kInput"]
+    assert len(reductions) == 6
+    assert all(len(f.operands) == 2 and f.operands[0] is a for f in reductions)
+
+
 def test_a_centred_row_read_by_two_consumers_is_recomputed_in_each() -> None:
     # x - mean reads x and a broadcast row vector: two copies cost about x's reads,
     # which a kernel of its own would pay too, plus its write and two reads back.

@@ -122,9 +122,10 @@ def _flops_per_element(inst: Instruction) -> float:
 
 def _fan_in_bytes(producer: Instruction) -> float:
     """Bytes one evaluation of `producer` over all its elements reads from its operands:
-    a broadcast operand reads what it expands, a scalar constant or an iota nothing."""
+    a broadcast operand reads what it expands, an operand it reads twice (x * x) once, a
+    scalar constant or an iota nothing."""
     total = 0.0
-    for operand in producer.operands:
+    for operand in dict.fromkeys(producer.operands):  # x * x reads x once
         source = operand
         while source.opcode in ("broadcast", "reshape", "bitcast") and source.operands:
             if source.opcode == "broadcast":
