@@ -20,12 +20,20 @@ from __future__ import annotations
 
 from llvmlite import ir
 
+from tfxla_lite.codegen.cpu import engine
+from tfxla_lite.codegen.cpu.dot import library_gemm
 from tfxla_lite.codegen.cpu.emitter import (
     I1,
+    I64,
+    PTR,
+    VOID,
     ConstantPool,
     Index,
     KernelContext,
+    declare,
     i64,
+    minimum,
+    storage_type,
     value_type,
 )
 from tfxla_lite.codegen.cpu.sort import STACK_ELEMENTS, row_kernel
@@ -54,6 +62,17 @@ def emit_linalg_kernel(module: ir.Module, pool: ConstantPool, inst: Instruction,
                           ctx, inst, outputs[0], begin, end))
 
 
+# Cholesky of order BLOCKED_FROM and up is blocked: BLOCK pivot rows at a time, the rest
+# of the matrix updated by one library GEMM per block (engine.gemm, as dot.py's).
+BLOCK = 32
+BLOCKED_FROM = 128
+
+
+def blocked(element_type: str, n: int) -> bool:
+    """Whether the cholesky of `n`×`n` matrices of `element_type` is blocked."""
+    return n >= BLOCKED_FROM and engine.gemm(element_type) is not None
+
+
 def _scratch_row(ctx: KernelContext, typ: ir.Type, length: int) -> ir.Value | None:
     """A stack row for the row every update of a step reads (the pivot's row, the row of
     unknowns): apart from the output, so LLVM vectorizes the updates without checking
@@ -70,6 +89,14 @@ def _cholesky(ctx: KernelContext, inst: Instruction, output: ir.Value, begin: ir
     lower = bool(inst.attributes.get("lower", False))
     typ = value_type(shape.element_type)
     zero = ir.Constant(typ, 0.0)
+
+    product = None  # the blocks' GEMM results, (n - BLOCK)² elements
+    if blocked(shape.element_type, n):
+        size = (n - BLOCK) ** 2 * (8 if shape.element_type == "f64" else 4)
+        product = b.call(declare(ctx.module, "malloc", ir.FunctionType(PTR, [I64])), [i64(size)],
+                         name="cholesky.product")
+        with b.if_then(b.icmp_unsigned("==", product, ir.Constant(PTR, None)), likely=False):
+            b.call(declare(ctx.module, "llvm.trap", ir.FunctionType(VOID, [])), [])
 
     with ctx.loop(end, name="matrix", start=begin) as matrix:
         base = b.mul(matrix, i64(n * n))
@@ -91,7 +118,13 @@ def _cholesky(ctx: KernelContext, inst: Instruction, output: ir.Value, begin: ir
         failed = ctx.alloca(I1, name="failed")
         b.store(ir.Constant(I1, 0), failed)
         scratch = _scratch_row(ctx, typ, n)
-        with ctx.loop(n, name="step") as j:
+
+        def steps(first: ir.Value, last: ir.Value, rows_end: ir.Value) -> None:
+            """Pivot rows [first, last), each taken from the rows before `rows_end`."""
+            with ctx.loop(last, name="step", start=first) as j:
+                step(j, rows_end)
+
+        def step(j: ir.Value, rows_end: ir.Value) -> None:
             pivot = ctx.call_intrinsic("sqrt", [get(j, j)])
             b.store(b.or_(b.load(failed), b.fcmp_unordered("uno", pivot, pivot)), failed)
             put(pivot, j, j)
@@ -109,10 +142,19 @@ def _cholesky(ctx: KernelContext, inst: Instruction, output: ir.Value, begin: ir
                     b.store(scaled, b.gep(scratch, [c], inbounds=True, source_etype=typ))
             # Right-looking: row j's terms leave every later row, one contiguous row
             # update each; every element still subtracts its terms in order of j.
-            with ctx.loop(n, name="row", start=following) as i:
+            with ctx.loop(rows_end, name="row", start=following) as i:
                 factor = pivot_row(i)
                 with ctx.loop(n, name="update", start=i) as c:
                     put(b.fsub(get(i, c), b.fmul(factor, pivot_row(c))), i, c)
+
+        if product is None:
+            steps(i64(0), i64(n), i64(n))
+        else:
+            with ctx.loop((n + BLOCK - 1) // BLOCK, name="block") as block:
+                first = b.mul(block, i64(BLOCK))
+                last = minimum(b, b.add(first, i64(BLOCK)), i64(n))
+                steps(first, last, last)
+                _take_block(ctx, inst, output, base, product, first, last)
         if lower:  # L = Uᵀ to the lower triangle, zeros above
             with ctx.loop(n, name="flip.r") as r, \
                     ctx.loop(n, name="flip.c", start=b.add(r, i64(1))) as c:
@@ -123,6 +165,32 @@ def _cholesky(ctx: KernelContext, inst: Instruction, output: ir.Value, begin: ir
             nan = ir.Constant(typ, float("nan"))
             with ctx.loop(n * n, name="nan") as k:
                 ctx.store(nan, output, shape, Index(shape.dims, linear=b.add(base, k)))
+    if product is not None:
+        b.call(declare(ctx.module, "free", ir.FunctionType(VOID, [PTR])), [product])
+
+
+def _take_block(ctx: KernelContext, inst: Instruction, output: ir.Value, base: ir.Value,
+                product: ir.Value, first: ir.Value, last: ir.Value) -> None:
+    """The rest of U's upper triangle less the finished block rows' terms: with P their
+    rows [first, last) from column `last` on, W[last:, last:] -= Pᵀ·P (one GEMM into
+    `product`, then the upper triangle subtracted)."""
+    b = ctx.builder
+    shape = inst.shape
+    n = shape.dims[-1]
+    etype = storage_type(shape.element_type)
+    rest = b.sub(i64(n), last)
+    with b.if_then(b.icmp_signed(">", rest, i64(0))):
+        panel = b.gep(output, [b.add(base, b.add(b.mul(first, i64(n)), last))], inbounds=True,
+                      source_etype=etype)
+        library_gemm(ctx, shape.element_type, True, False, rest, rest, b.sub(last, first),
+                     panel, n, panel, n, product, rest)
+        with ctx.loop(rest, name="take.r") as r, ctx.loop(rest, name="take.c", start=r) as c:
+            row = b.add(last, r)
+            target = Index(shape.dims, linear=b.add(base, b.add(b.mul(row, i64(n)),
+                                                                b.add(last, c))))
+            term = b.load(b.gep(product, [b.add(b.mul(r, rest), c)], inbounds=True,
+                                source_etype=etype), typ=etype)
+            ctx.store(b.fsub(ctx.load(output, shape, target), term), output, shape, target)
 
 
 def _triangular_solve(ctx: KernelContext, inst: Instruction, output: ir.Value,

@@ -13,6 +13,7 @@ import pytest
 from codegen_helpers import check
 
 from tfxla_lite.codegen import compile_module
+from tfxla_lite.codegen.cpu.linalg import BLOCK, BLOCKED_FROM, blocked
 from tfxla_lite.hlo.evaluator import evaluate
 from tfxla_lite.hlo.parser import parse_module
 
@@ -92,6 +93,24 @@ def test_cholesky_long_row_updates(element_type: str, lower: bool) -> None:
     (result,) = check(module, [a], "cholesky")(a)
     other = np.triu(result[0], 1) if lower else np.tril(result[0], -1)
     assert not other.any()  # the triangle it does not return is zero
+
+
+# Blocked from linalg.BLOCKED_FROM: four blocks of pivot rows and a partial one, each
+# followed by a GEMM update of the rest; a NaN pivot in a later block.
+@pytest.mark.parametrize("element_type", ["f32", "f64"])
+@pytest.mark.parametrize("lower", [True, False])
+def test_cholesky_blocked(element_type: str, lower: bool) -> None:
+    n = BLOCKED_FROM + 2
+    assert n % BLOCK and blocked(element_type, n)
+    shape = _text(element_type, (3, n, n))
+    module = _module([shape], "", f"%c = {shape} cholesky({shape} %p0), "
+                                  f"lower={str(lower).lower()}")
+    a = _spd((3, n, n), np.dtype(element_type.replace("f", "float")).type)
+    a[2, n - 3, n - 3] = -1e4  # not positive definite, in the last full block
+    (result,) = check(module, [a], "cholesky")(a)
+    assert np.isnan(result[2]).all() and not np.isnan(result[:2]).any()
+    other = np.triu(result[0], 1) if lower else np.tril(result[0], -1)
+    assert not other.any()
 
 
 # Both substitution orders on both sides, rows of unknowns and of right-hand sides longer
