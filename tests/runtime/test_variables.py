@@ -14,6 +14,8 @@ import tensorflow as tf
 from tolerances import assert_close
 
 import tfxla_lite as tl
+from tfxla_lite import compiler
+from tfxla_lite.options import Options
 from tfxla_lite.rewrite import LAUNCH_OP_TYPES
 from tfxla_lite.runtime import loader
 
@@ -282,3 +284,30 @@ def test_variable_of_unknown_shape_stays_in_tf() -> None:
     np.testing.assert_array_equal(v.numpy(), np.full((3,), 3.0, np.float32))
     report = step.experimental_report() if hasattr(step, "experimental_report") else None
     assert report is None or "AssignVariableOp" in str(report)
+
+
+@pytest.mark.parametrize("jit_compile", MODES)
+def test_unknown_batch_keeps_variable_ops_in_tf_and_values_right(jit_compile) -> None:
+    """A cluster with unknown dimensions compiles per input shape at run time, which
+    binds no variables: its variable ops stay in TF (compiler._variables_in_static_clusters)."""
+    w = tf.Variable(np.linspace(-1, 1, 12, dtype=np.float32).reshape(4, 3))
+    w_plain = tf.Variable(w.numpy())
+
+    def make(v):
+        def step(x):
+            y = tf.tanh(x @ v)
+            v.assign_sub(0.1 * tf.transpose(x) @ y)
+            return tf.reduce_sum(y, axis=1)
+        return step
+
+    spec = [tf.TensorSpec([None, 4], tf.float32)]
+    plain = tf.function(make(w_plain), input_signature=spec)
+    traced = tf.function(make(w), input_signature=spec).get_concrete_function()
+    program = compiler.build_program(traced, jit_compile, Options(), dynamic=True)
+    left = {n.op_type: n.reason for n in program.report.fallbacks}
+    assert "unknown dimensions" in left["AssignSubVariableOp"]
+    assert "unknown dimensions" in left["ReadVariableOp"]
+    for batch in (2, 5, 2):
+        x = tf.constant(np.linspace(-2, 2, batch * 4, dtype=np.float32).reshape(batch, 4))
+        assert_close(program.run(x).numpy(), plain(x).numpy(), "model gradient", f"{batch}")
+        assert_close(w.numpy(), w_plain.numpy(), "model gradient", f"w after batch {batch}")
