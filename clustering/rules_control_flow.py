@@ -127,6 +127,8 @@ def list_shape(tensor: tf.Tensor, _depth: int = 0) -> Shape | None:
     size = _list_size(op.inputs[1])
     if size is None:
         return None
+    if op.type == "EmptyTensorList" and size > 1 and _invariant_accumulator(tensor):
+        size = 1
     element = _element_dims(op.inputs[0])
     if element is None:
         element = _element_dims_from_reads(tensor)
@@ -422,38 +424,54 @@ _LIBRARIES: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDict
 
 def _body_graphs(op: tf.Operation, arguments: Sequence[Shape]) -> list[tf.Graph]:
     """The graphs of `op`'s functions (cond and body; the branches), with placeholders of
-    the op's input shapes and TensorList arguments of the given list shapes; built once
-    per op and argument shapes (the check and the lowering share them)."""
-    from tfxla_lite import control_flow
-    from tfxla_lite.inline import inline_function_calls
-
-    known = _BODY_GRAPHS.setdefault(op.graph, {})
-    key = (op.name, tuple(str(a) for a in arguments))
-    if key in known:
-        return known[key]
-    library = _library(op.graph)
+    the op's input shapes and TensorList arguments of the given list shapes."""
+    graphs = _function_graphs(op)
     start = 0 if op.type in WHILE_OPS else 1
-    graphs = []
-    for call in control_flow.op_calls(op, library, exact_shapes=True):
-        if call.function not in library:
-            raise LoweringError(f"function {call.function} of {op.name} not found")
-        graph = control_flow.function_graph(library, call)
-        graph = inline_function_calls(graph) or graph
+    invariant = _invariant_arguments(op)
+    for graph in graphs:
         _PARAMETER_LISTS[graph] = {
             t.op.name: shape for t, shape in zip(graph.inputs, arguments) if shape.is_tuple}
         _FULL_PARAMETERS[graph] = {
             t.op.name for k, (t, source) in enumerate(zip(graph.inputs, op.inputs[start:]))
-            if source.dtype.base_dtype.name == "variant" and _full(source)
-            and (op.type not in WHILE_OPS or call.invariant[k])}
+            if source.dtype.base_dtype.name == "variant" and _full(source) and invariant[k]}
         _POPPED[graph] = {t.op.name: value for t, source in zip(graph.inputs, op.inputs[start:])
                           if (value := _pushed_value(source)) is not None}
-        graphs.append(graph)
-    known[key] = graphs
     return graphs
 
 
-# Per graph: the graphs of its control-flow ops' functions, by op name and argument shapes.
-_BODY_GRAPHS: weakref.WeakKeyDictionary[Any, dict[tuple[str, tuple[str, ...]], list[Any]]] = (
+def _function_graphs(op: tf.Operation) -> list[tf.Graph]:
+    """The graphs of `op`'s functions with placeholders of the op's input shapes, built
+    once per op (the checks, list shapes and the lowering share them)."""
+    from tfxla_lite import control_flow
+    from tfxla_lite.inline import inline_function_calls
+
+    known = _BODY_GRAPHS.setdefault(op.graph, {})
+    if op.name not in known:
+        library = _library(op.graph)
+        graphs = []
+        for call in control_flow.op_calls(op, library, exact_shapes=True):
+            if call.function not in library:
+                raise LoweringError(f"function {call.function} of {op.name} not found")
+            graph = control_flow.function_graph(library, call)
+            graphs.append(inline_function_calls(graph) or graph)
+        known[op.name] = graphs
+    return known[op.name]
+
+
+def _invariant_arguments(op: tf.Operation) -> list[bool]:
+    """Per argument of `op`'s functions: the same in every call (a loop variable its
+    body returns unchanged; every branch argument)."""
+    from tfxla_lite import control_flow
+
+    start = 0 if op.type in WHILE_OPS else 1
+    if op.type not in WHILE_OPS:
+        return [True] * (len(op.inputs) - start)
+    (call, *_) = control_flow.op_calls(op, _library(op.graph))
+    return list(call.invariant)
+
+
+# Per graph: the graphs of its control-flow ops' functions, by op name.
+_BODY_GRAPHS: weakref.WeakKeyDictionary[Any, dict[str, list[Any]]] = (
     weakref.WeakKeyDictionary())
 # Per function graph: its TensorList placeholders whose lists are full (`_full`).
 _FULL_PARAMETERS: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
@@ -461,6 +479,49 @@ _FULL_PARAMETERS: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDict
 # a forward loop's accumulators of a list's element shape or length, which its gradient
 # loop pops to reserve a list like it (what it pops is then known at compile time).
 _POPPED: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
+
+
+def _pushed_item(op: tf.Operation, index: int) -> tf.Tensor | None:
+    """What the body of While `op` pushes onto its loop variable `index` (a TensorList
+    it returns as `TensorListPushBack(argument, item)`), or None."""
+    try:
+        body = _function_graphs(op)[1]
+    except Exception:  # noqa: BLE001 - a body TF cannot rebuild: no such knowledge
+        return None
+    pushed = body.outputs[index].op
+    while pushed.type == "Identity" and pushed.inputs:
+        pushed = pushed.inputs[0].op
+    if pushed.type != "TensorListPushBack" or pushed.inputs[0].op.name != \
+            body.inputs[index].op.name:
+        return None
+    return pushed.inputs[1]
+
+
+def _invariant_accumulator(tensor: tf.Tensor) -> bool:
+    """Whether `tensor` (an EmptyTensorList) only accumulates one loop-invariant value:
+    while_v2 pushes a variable's value each iteration when the forward body reads it
+    (the LSTM's weights), and the gradient loop pops it back. All its elements being
+    equal, a buffer of one element holds the list (pushes and pops clamp to it)."""
+    consumers = tensor.consumers()
+    if len(consumers) != 1 or consumers[0].type not in WHILE_OPS:
+        return False
+    loop = consumers[0]
+    index = [t.name for t in loop.inputs].index(tensor.name)
+    item = _pushed_item(loop, index)
+    if item is None or not all(reader.type in WHILE_OPS
+                               for reader in loop.outputs[index].consumers()):
+        return False
+    invariant = _invariant_arguments(loop)
+    body = _function_graphs(loop)[1]
+    parameters = {t.op.name: k for k, t in enumerate(body.inputs)}
+    source = item.op
+    while source.type == "Identity" and source.inputs:
+        source = source.inputs[0].op
+    if source.type == "ReadVariableOp":
+        source = source.inputs[0].op
+    if source.type == "Placeholder" and source.name in parameters:
+        return invariant[parameters[source.name]]
+    return False
 
 
 def _pushed_value(source: tf.Tensor) -> Any:
@@ -471,20 +532,11 @@ def _pushed_value(source: tf.Tensor) -> Any:
     op, index = source.op, source.value_index
     while op.type == "Identity" and op.inputs:
         op, index = op.inputs[0].op, op.inputs[0].value_index
-    if op.type not in WHILE_OPS or not _BODY_GRAPHS.get(op.graph):
+    if op.type not in WHILE_OPS or source.dtype.base_dtype.name != "variant":
         return None
-    graphs = [g for (name, _), found in _BODY_GRAPHS[op.graph].items() if name == op.name
-              for g in found[1:2]]
-    if not graphs:
+    value = _pushed_item(op, index)
+    if value is None:
         return None
-    body = graphs[0]
-    pushed = body.outputs[index].op
-    while pushed.type == "Identity" and pushed.inputs:
-        pushed = pushed.inputs[0].op
-    if pushed.type != "TensorListPushBack" or pushed.inputs[0].op.name != \
-            body.inputs[index].op.name:
-        return None
-    value = pushed.inputs[1]
     if value.op.type == "TensorListElementShape":
         dims = _element_dims(value)
         return None if dims is None else np.array(dims, value.dtype.as_numpy_dtype)
