@@ -65,7 +65,7 @@ def emit_linalg_kernel(module: ir.Module, pool: ConstantPool, inst: Instruction,
 # Cholesky of order BLOCKED_FROM and up is blocked: BLOCK pivot rows at a time, the rest
 # of the matrix updated by one library GEMM per block (engine.gemm, as dot.py's).
 BLOCK = 32
-BLOCKED_FROM = 128
+BLOCKED_FROM = 64
 
 
 def blocked(element_type: str, n: int) -> bool:

@@ -82,26 +82,29 @@ def test_triangular_solve(fused: bool, left_side: bool, lower: bool, unit_diagon
     check(module, [a, b], "triangular-solve", fused=fused)
 
 
-# Row updates of every length from 66 down to 1: vectorized bodies and their remainders.
+# Unblocked, row updates of every length from n - 1 down to 1: vectorized bodies and
+# their remainders.
 @pytest.mark.parametrize("element_type", ["f32", "f64"])
 @pytest.mark.parametrize("lower", [True, False])
 def test_cholesky_long_row_updates(element_type: str, lower: bool) -> None:
-    shape = _text(element_type, (2, 67, 67))
+    n = BLOCKED_FROM - 1
+    assert not blocked(element_type, n)
+    shape = _text(element_type, (2, n, n))
     module = _module([shape], "", f"%c = {shape} cholesky({shape} %p0), "
                                   f"lower={str(lower).lower()}")
-    a = _spd((2, 67, 67), np.dtype(element_type.replace("f", "float")).type)
+    a = _spd((2, n, n), np.dtype(element_type.replace("f", "float")).type)
     (result,) = check(module, [a], "cholesky")(a)
     other = np.triu(result[0], 1) if lower else np.tril(result[0], -1)
     assert not other.any()  # the triangle it does not return is zero
 
 
-# Blocked from linalg.BLOCKED_FROM: four blocks of pivot rows and a partial one, each
+# Blocked (from linalg.BLOCKED_FROM): four blocks of pivot rows and a partial one, each
 # followed by a GEMM update of the rest; a NaN pivot in a later block.
 @pytest.mark.parametrize("element_type", ["f32", "f64"])
 @pytest.mark.parametrize("lower", [True, False])
 def test_cholesky_blocked(element_type: str, lower: bool) -> None:
-    n = BLOCKED_FROM + 2
-    assert n % BLOCK and blocked(element_type, n)
+    n = 4 * BLOCK + 2
+    assert n >= BLOCKED_FROM and blocked(element_type, n)
     shape = _text(element_type, (3, n, n))
     module = _module([shape], "", f"%c = {shape} cholesky({shape} %p0), "
                                   f"lower={str(lower).lower()}")
