@@ -4,6 +4,7 @@ interleaved in one process (`tfxla_lite.timing.compare`).
 
 Run: .venv/bin/python benchmarks/convolution.py [--models small_cnn,resnet50,mobilenetv2]
      [--directions forward,input,filter] [--limit N] [--match TEXT] [--xla]
+     .venv/bin/python benchmarks/convolution.py --zoo small_cnn,resnet50 [--steps infer]
 The shapes are those of the zoo's models (`benchmarks/zoo.py`: small_cnn at batch 64,
 ResNet50 64×64 and MobileNetV2 96×96 at batch 16, depthwise layers included), read off
 the Keras layers, each distinct shape once with how often it occurs. Per shape and
@@ -12,7 +13,8 @@ tfxla-lite's, above 1 is faster) and, with `--xla`, TF's XLA's; then the total p
 model and direction (each shape weighted by its count). Each
 tfxla-lite variant is compiled with `compile_convolutions` (every convolution on our
 kernels) and checked against TF's result. Ratios hold on a busy machine; absolute
-figures do not (the load average is printed).
+figures do not (the load average is printed). `--zoo` times the zoo's steps with the
+convolutions placed three ways instead (`zoo_placements`).
 """
 
 from __future__ import annotations
@@ -127,6 +129,44 @@ def measure(shape: ConvShape, direction: str, xla: bool) -> dict[str, float]:
                    repeats=7)
 
 
+def zoo_placements(names: list[str], modes: list[str]) -> None:
+    """The zoo's steps (`benchmarks/zoo.py`) with each convolution placed by the default
+    rule (`clustering/rules_conv_cost.py`), all of them on TF's kernels, and all compiled
+    (`compile_convolutions`), against tf.function, interleaved: the rule's check on
+    whole models, where cluster boundaries and fusions count too."""
+    import importlib
+
+    from benchmarks import zoo
+    from tfxla_lite.flags import get_options, set_options
+
+    # The module (the package's `mark` is its function of that name).
+    mark_module = importlib.import_module("tfxla_lite.clustering.mark")
+
+    rule = mark_module.tf_kernel_faster
+    for step in zoo.zoo(names, quick=False):
+        if step.mode not in modes:
+            continue
+        make = step.prepare()
+        variants = {"tf": make("tf_function")}
+        placements = {"rule": (rule, False), "on_tf": (lambda op: True, False),
+                      "all": (rule, True)}
+        before = get_options()
+        for name, (choice, every) in placements.items():
+            mark_module.tf_kernel_faster = choice
+            set_options(compile_convolutions=every)
+            try:
+                variants[name] = make("lite")
+                variants[name].call()  # traces and compiles under this placement
+                tl.wait_for_compiles()
+            finally:
+                mark_module.tf_kernel_faster = rule
+                set_options(compile_convolutions=before.compile_convolutions)
+        seconds = compare({k: v.call for k, v in variants.items()}, repeats=5)
+        print(f"{step.model} {step.mode}: load {os.getloadavg()[0]:.1f}; speed-up over "
+              "tf.function: " + ", ".join(f"{k} {seconds['tf'] / seconds[k]:.2f}x"
+                                          for k in placements), flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="small_cnn,resnet50,mobilenetv2")
@@ -136,8 +176,14 @@ def main() -> None:
     parser.add_argument("--match", default="",
                         help="only shapes whose name contains this (e.g. 'dw', '1x1')")
     parser.add_argument("--xla", action="store_true", help="time TF's XLA too")
+    parser.add_argument("--zoo", default="", help="instead: these zoo models' steps with "
+                        "convolutions placed by the rule, all on TF, all compiled")
+    parser.add_argument("--steps", default="train,infer", help="with --zoo")
     args = parser.parse_args()
     print(f"load {open('/proc/loadavg').read().strip()}")
+    if args.zoo:
+        zoo_placements(args.zoo.split(","), args.steps.split(","))
+        return
     for model in args.models.split(","):
         shapes = model_shapes(model)
         chosen = sorted((s for s in shapes if args.match in str(s)),
