@@ -72,7 +72,7 @@ from tfxla_lite.codegen.cpu.partition import (
 from tfxla_lite.codegen.cpu.tiers import TieredExecutable
 from tfxla_lite.codegen.executable import ENTRY_SIGNATURE, Executable
 from tfxla_lite.hlo.ir import HloModule, Instruction
-from tfxla_lite.passes.buffer_assignment import entry_values, leaves
+from tfxla_lite.passes.buffer_assignment import entry_values, leaves, updated_operand
 
 # Opcodes of the entry computation that own a buffer but emit no kernel.
 _NO_KERNEL = frozenset({"parameter", "constant"})
@@ -185,6 +185,13 @@ def emit_kernel(module: ir.Module, pool: ConstantPool, inst: Instruction,
     if inst.opcode in KERNEL_EMITTERS:  # a whole-kernel emitter (scatter: indexing.py)
         ctx, output, _ = _new_kernel(module, pool, inst, kernel_name(inst), noalias_output)
         KERNEL_EMITTERS[inst.opcode](ctx, inst, output)
+        ctx.builder.ret_void()
+        return ctx.function
+    if inst.opcode == "fusion" and updated_operand(inst) is not None:
+        # XLA's dynamic-update-slice fusion: the update's elements computed in the
+        # kernel and stored in place, as a top-level dynamic-update-slice (indexing.py).
+        ctx, output, _ = _new_kernel(module, pool, inst, kernel_name(inst), False)
+        KERNEL_EMITTERS["dynamic-update-slice"](ctx, root, output)
         ctx.builder.ret_void()
         return ctx.function
     partition = plan_partition(inst)

@@ -841,3 +841,36 @@ def test_a_kernel_reading_a_row_of_a_big_buffer_counts_the_row_as_its_work() -> 
     assert reader.operand(big).shape.num_elements == 4096 * 64
     assert read_elements(reader, big) == 64
     assert plan_partition(reader).work == 64
+
+
+def test_a_dynamic_update_slice_fusion_outside_loops() -> None:
+    """XLA's dynamic-update-slice fusion (the update computed in the kernel) copies its
+    operand when its output is another buffer, then stores the update at the clamped
+    start (here past the end: clamped to the last rows)."""
+    text = """
+HloModule dus_fusion
+
+fused {
+  buffer = f32[6,3] parameter(0)
+  row = f32[2,3] parameter(1)
+  start = s32[] parameter(2)
+  e = f32[2,3] exponential(row)
+  zero = s32[] constant(0)
+  ROOT u = f32[6,3] dynamic-update-slice(buffer, e, start, zero)
+}
+
+ENTRY main {
+  b = f32[6,3] parameter(0)
+  r = f32[2,3] parameter(1)
+  i = s32[] parameter(2)
+  f = f32[6,3] fusion(b, r, i), kind=kLoop, calls=fused
+  ROOT n = f32[6,3] negate(f)
+}
+"""
+    b = np.arange(18, dtype=np.float32).reshape(6, 3)
+    r = np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3)
+    for start in (0, 3, 5, -2):
+        (got,) = check(text, b, r, np.int32(start))
+        at = min(max(start, 0), 4)
+        np.testing.assert_array_equal(np.delete(got, [at, at + 1], axis=0),
+                                      -np.delete(b, [at, at + 1], axis=0))

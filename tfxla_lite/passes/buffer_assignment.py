@@ -475,10 +475,30 @@ def loop_passthrough(body: Computation) -> frozenset[int]:
         and value_at[(id(body.root), index)].index == index)
 
 
+def updated_operand(inst: Instruction) -> int | None:
+    """The operand whose buffer a dynamic-update-slice kernel may update in place: a
+    dynamic-update-slice's operand 0, or a fusion's, when its root is a
+    dynamic-update-slice of a fused parameter that nothing else in it reads (XLA's
+    `dynamic-update-slice_fusion`); None for any other instruction."""
+    if inst.opcode == "dynamic-update-slice":
+        return 0
+    if inst.opcode != "fusion" or inst.shape.is_tuple:
+        return None
+    root = inst.fused_computation.root
+    if root is None or root.opcode != "dynamic-update-slice":
+        return None
+    target = root.operand(0)
+    if target.opcode != "parameter" or target.users != [root] \
+            or target in root.operands[1:]:
+        return None
+    return target.parameter_number
+
+
 def loop_in_place(body: Computation) -> frozenset[int]:
     """The flat state leaves that `body` may update in place (XLA's in-place
     dynamic-update-slice of a loop-carried buffer): the root's leaf n is a top-level
-    dynamic-update-slice of the parameter's leaf n, everything else that reads that
+    dynamic-update-slice (or its fusion, `updated_operand`) of the parameter's leaf n,
+    everything else that reads that
     parameter leaf runs before it, and the root does not return that leaf elsewhere.
     The caller then passes one buffer as both parameter n and output n, the body's plan
     hosts no temp in output n (`unshared`), and the kernel stores only the update (its
@@ -492,9 +512,10 @@ def loop_in_place(body: Computation) -> frozenset[int]:
     for number, (index, _) in enumerate(leaves(root.shape)):
         value = facts.value_at[(id(root), index)]
         update = value.instruction
-        if update.opcode != "dynamic-update-slice" or value.index:
+        target = updated_operand(update)
+        if target is None or value.index:
             continue
-        state = facts.value_at[(id(update.operand(0)), ())]
+        state = facts.value_at[(id(update.operand(target)), ())]
         if state.instruction is not parameter or state.index != index or id(state) in returned:
             continue
         # Readers of the old state run before the update overwrites it: kernels run one

@@ -22,7 +22,7 @@ from typing import ClassVar
 from tfxla_lite.hlo.ir import Computation, HloModule, Instruction, user_edges
 from tfxla_lite.hlo.shape import Shape
 from tfxla_lite.passes.base import Pass
-from tfxla_lite.passes.buffer_assignment import EntryValues, leaves
+from tfxla_lite.passes.buffer_assignment import EntryValues, leaves, updated_operand
 
 CONTROL_FLOW = frozenset({"while", "conditional"})
 
@@ -106,9 +106,10 @@ def order_updates_after_reads(body: Computation) -> bool:
     for index, _ in leaves(root.shape):
         value = facts.value_at[(id(root), index)]
         update = value.instruction
-        if update.opcode != "dynamic-update-slice" or value.index:
+        target = updated_operand(update)
+        if target is None or value.index:
             continue
-        state = facts.value_at[(id(update.operand(0)), ())]
+        state = facts.value_at[(id(update.operand(target)), ())]
         if state.instruction is not parameter or state.index != index:
             continue
         order = body.instructions
