@@ -70,13 +70,28 @@ def written_variables(graph: tf.Graph, op_names: Sequence[str]) -> list[str]:
     return written
 
 
+def _device_kind(device: str) -> str | None:
+    """'CPU' for '/job:localhost/replica:0/task:0/device:CPU:0', None for ''."""
+    for part in device.upper().split("/"):
+        if part.startswith("DEVICE:"):
+            part = part[len("DEVICE:"):]
+        if part.startswith(("CPU:", "GPU:", "TPU:")):
+            return part.split(":")[0]
+    return None
+
+
 def check_variables(op: tf.Operation, dtypes: frozenset[str]) -> str | None:
     """Why the variables of `op` cannot compile: unknown dtype or shape, a dtype outside
-    `dtypes`, or a handle made inside a function it cannot see through (a handle must come
-    from outside every cluster: a captured variable or an argument)."""
+    `dtypes`, a variable on another device than the op's or off the CPU (the launch op
+    binds CPU variables), or a handle made inside a function it cannot see through (a
+    handle must come from outside every cluster: a captured variable or an argument)."""
     for handle in op.inputs:
         if handle.dtype.base_dtype.name != "resource":
             continue
+        where = handle.op.device
+        if _device_kind(where) not in (None, "CPU") or (where and op.device
+                                                        and where != op.device):
+            return f"variable {handle.name} is on device {where}"
         spec = variable_spec(handle)
         if spec is None:
             return f"variable {handle.name}: dtype or shape not known statically"
