@@ -29,6 +29,7 @@ from tfxla_lite.clustering.registry import (
 )
 from tfxla_lite.clustering.rules_control_flow import HANDLE_OPS, VARIANT_OPS
 from tfxla_lite.clustering.rules_conv_cost import tf_kernel_faster
+from tfxla_lite.clustering.rules_linalg import LINALG_OPS, tf_linalg_faster
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -44,8 +45,9 @@ NEVER_CLUSTERED = PLUMBING_OPS - {"Identity", "IdentityN"}
 
 PLUMBING_REASON = "argument/variable plumbing"
 # TF's kernel is faster than tfxla-lite's for the op's shape (`MarkOptions.tf_kernels`).
-TF_KERNEL_REASON = ("runs on TF's kernel, faster than tfxla-lite's for its shape "
-                    "(rules_conv_cost.py; --compile_convolutions compiles it)")
+TF_KERNEL_REASON = "runs on TF's kernel, faster than tfxla-lite's for its shape"
+_TF_KERNEL_HOW = " (rules_conv_cost.py; --compile_convolutions compiles it)"
+_TF_LINALG_HOW = " (rules_linalg.py; jit_compile=True compiles it)"
 RESOURCE_REASON = "resource op / variable plumbing"
 STATEFUL_REASON = "stateful op"
 # Auto mode checks an assertion in TF, as plain TF does; must-compile leaves it out, as
@@ -70,7 +72,8 @@ class MarkOptions:
     allowlist: frozenset[str] | None = None
     dynamic_shapes: bool = False
     # Op types whose ops stay on TF's own kernels where those are faster for the op's
-    # shape (convolutions: oneDNN, rules_conv_cost.py), unless `compile_convolutions`.
+    # shape (convolutions: oneDNN, rules_conv_cost.py, unless `compile_convolutions`;
+    # Cholesky, MatrixTriangularSolve: rules_linalg.py, in auto-clustering only).
     tf_kernels: frozenset[str] = field(default_factory=frozenset)
 
 
@@ -138,9 +141,13 @@ def why_not_compilable(op: tf.Operation, options: MarkOptions | None = None) -> 
         if t.dtype.base_dtype.name not in rule.dtypes | lists_ok:
             return f"dtype {t.dtype.name} not supported by {op.type}"
     reason = _why_not_by_shapes_or_rule(op, rule, options)
-    if reason is None and op.type in options.tf_kernels and tf_kernel_faster(op):
+    if reason is None and op.type in options.tf_kernels:
         # Last, and by shape: a grouped convolution (no TF CPU kernel) is never left to TF.
-        return f"op type {op.type} {TF_KERNEL_REASON}"
+        if op.type in LINALG_OPS:
+            if tf_linalg_faster(op):
+                return f"op type {op.type} {TF_KERNEL_REASON}{_TF_LINALG_HOW}"
+        elif tf_kernel_faster(op):
+            return f"op type {op.type} {TF_KERNEL_REASON}{_TF_KERNEL_HOW}"
     return reason
 
 

@@ -17,6 +17,21 @@ Registered into `registry.OP_RULES` on import; the HLO opcodes they lower to are
 
 TF has CPU kernels of Cholesky and MatrixTriangularSolve for float32 and float64 only
 (and complex types, which HLO here lacks).
+
+Which stay on TF's kernels in auto-clustering (`tf_linalg_faster`, applied by
+`clustering/mark.py`'s `tf_kernels` gate; `jit_compile=True` compiles them all), from how
+the CPU kernels (`codegen/cpu/linalg.py`) work against TF's (Eigen's LLT and blocked
+triangular solve), each matrix whole on one thread in both:
+
+- Cholesky: ours is blocked from 64 rows (a library GEMM per block of pivot rows), as
+  Eigen's is, and skips TF's per-op cost; it stays on TF only from n = CHOLESKY_TF_SIZE.
+- MatrixTriangularSolve: ours substitutes row by row (vectorized over the right-hand
+  sides, no GEMM): ahead with few right-hand sides at any order, behind Eigen's blocked,
+  GEMM-backed solve once there are many of them on a large matrix: it stays on TF from
+  SOLVE_TF_SIZE rows and SOLVE_TF_COLUMNS right-hand sides (both), per matrix.
+
+Shapes not known statically stay on TF. docs/benchmarks.md has the measurements
+(`benchmarks/linalg.py`).
 """
 
 from __future__ import annotations
@@ -37,6 +52,11 @@ if TYPE_CHECKING:
 Operands = list[Any]
 
 LINALG = frozenset({"float32", "float64"})
+# The op types of the cost rule (`tf_linalg_faster`).
+LINALG_OPS = frozenset({"Cholesky", "MatrixTriangularSolve"})
+CHOLESKY_TF_SIZE = 768
+SOLVE_TF_SIZE = 192
+SOLVE_TF_COLUMNS = 64
 BITCAST = frozenset({"float16", "bfloat16", "float32", "float64", "int8", "int16", "uint8",
                      "uint16", "uint32", "uint64"}) | INTEGER
 
@@ -44,7 +64,9 @@ BITCAST = frozenset({"float16", "bfloat16", "float32", "float64", "int8", "int16
 @register("Cholesky", dtypes=LINALG,
           note="a matrix that is not positive definite gives NaN below the diagonal and "
                "zeros above, as TF's XLA (TF's CPU kernel leaves the upper triangle "
-               "unwritten)")
+               f"unwritten); auto-clustering leaves matrices from {CHOLESKY_TF_SIZE}×"
+               f"{CHOLESKY_TF_SIZE} up to TF's kernel, faster there (`jit_compile=True` "
+               "compiles every size)")
 def _lower_cholesky(ctx: LoweringContext, op: tf.Operation, operands: Operands
                     ) -> list[Instruction]:
     (x,) = operands
@@ -59,7 +81,10 @@ def _lower_cholesky(ctx: LoweringContext, op: tf.Operation, operands: Operands
 
 @register("MatrixTriangularSolve", dtypes=LINALG,
           note="a zero on the diagonal gives inf/NaN by substitution, as TF's CPU kernel "
-               "(TF's XLA gives NaN)")
+               "(TF's XLA gives NaN); auto-clustering leaves matrices from "
+               f"{SOLVE_TF_SIZE}×{SOLVE_TF_SIZE} with {SOLVE_TF_COLUMNS} or more "
+               "right-hand sides to TF's kernel, faster there (`jit_compile=True` compiles "
+               "every size)")
 def _lower_matrix_triangular_solve(ctx: LoweringContext, op: tf.Operation, operands: Operands
                                    ) -> list[Instruction]:
     matrix, rhs = operands
@@ -82,3 +107,18 @@ def _lower_bitcast(ctx: LoweringContext, op: tf.Operation, operands: Operands
     if shape == x.shape:
         return [x]
     return [ctx.emit("bitcast-convert", [x], shape=shape)]
+
+
+def tf_linalg_faster(op: tf.Operation) -> bool:
+    """Whether TF's kernel is expected faster than tfxla-lite's for `op`, a Cholesky or
+    MatrixTriangularSolve (the module's rule, per matrix of the batch)."""
+    matrix = op.inputs[0].shape
+    if matrix.rank is None or matrix.rank < 2 or matrix[-1] is None:
+        return True
+    n = int(matrix[-1])
+    if op.type == "Cholesky":
+        return n >= CHOLESKY_TF_SIZE
+    rhs = op.inputs[1].shape
+    if rhs.rank is None or rhs.rank < 2 or rhs[-1] is None:
+        return True
+    return n >= SOLVE_TF_SIZE and int(rhs[-1]) >= SOLVE_TF_COLUMNS
