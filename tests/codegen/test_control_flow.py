@@ -874,3 +874,74 @@ ENTRY main {
         at = min(max(start, 0), 4)
         np.testing.assert_array_equal(np.delete(got, [at, at + 1], axis=0),
                                       -np.delete(b, [at, at + 1], axis=0))
+
+
+# A TensorList gradient's shape in a loop: each iteration adds a list of zeros with
+# item i set (here i - 1, clamped to 0 at the first step) to the accumulated list.
+ACCUMULATE = """
+HloModule accumulate
+
+cond {
+  p = (s32[], f32[4,3]) parameter(0)
+  i = s32[] get-tuple-element(p), index=0
+  n = s32[] constant(6)
+  ROOT lt = pred[] compare(i, n), direction=LT
+}
+
+body {
+  p = (s32[], f32[4,3]) parameter(0)
+  i = s32[] get-tuple-element(p), index=0
+  acc = f32[4,3] get-tuple-element(p), index=1
+  one = s32[] constant(1)
+  i1 = s32[] add(i, one)
+  back = s32[] subtract(i, one)
+  fi = f32[] convert(i)
+  item = f32[1,3] broadcast(fi), dimensions={}
+  zero = f32[] constant(ZERO)
+  zeros = f32[4,3] broadcast(zero), dimensions={}
+  c0 = s32[] constant(0)
+  set = f32[4,3] dynamic-update-slice(zeros, item, back, c0)
+  ROOT t = (s32[], f32[4,3]) tuple(i1, ADD)
+}
+
+ENTRY main {
+  x = f32[4,3] parameter(0)
+  zero = s32[] constant(0)
+  init = (s32[], f32[4,3]) tuple(zero, x)
+  loop = (s32[], f32[4,3]) while(init), condition=cond, body=body
+  ROOT r = f32[4,3] get-tuple-element(loop), index=1
+}
+"""
+
+
+def _whole_adds(module: Any) -> int:
+    """The loop body's adds of [4,3] arrays, fused or not."""
+    loop = next(i for i in module.entry.instructions if i.opcode == "while")
+    body = loop.called_computations[1].instructions
+    inner = [i for inst in body if inst.opcode == "fusion"
+             for i in inst.fused_computation.instructions]
+    return sum(i.opcode == "add" and i.shape.dims == (4, 3) for i in [*body, *inner])
+
+
+@pytest.mark.parametrize("add", ["f32[4,3] add(acc, set)", "f32[4,3] add(set, acc)"])
+def test_adding_one_item_set_into_zeros_adds_that_item_alone(add: str) -> None:
+    """slice-accumulation: the body reads and writes one row, no whole-array add; the
+    last rows (clamped start, never written) keep x, -0.0, inf and NaN included
+    (-0.0 zeros: the add would keep them too, so the evaluator agrees)."""
+    text = ACCUMULATE.replace("ZERO", "-0").replace("ADD", "sum").replace(
+        "ROOT t =", f"sum = {add}\n  ROOT t =")
+    x = np.array([[1, -2, 3], [0.5, np.inf, -np.inf], [-0.0, np.nan, 2], [7, -0.0, 0]],
+                 np.float32)
+    check(text, x)
+    module = parse_module(text)
+    compile_module(module, cache=False)
+    assert _whole_adds(module) == 0
+
+
+def test_a_slice_set_into_non_zeros_is_added_whole() -> None:
+    text = ACCUMULATE.replace("ZERO", "0.5").replace("ADD", "sum").replace(
+        "ROOT t =", "sum = f32[4,3] add(acc, set)\n  ROOT t =")
+    module = parse_module(text)
+    compile_module(module, cache=False)
+    assert _whole_adds(module) == 1
+    check(text, np.arange(12, dtype=np.float32).reshape(4, 3))

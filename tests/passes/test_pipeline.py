@@ -27,12 +27,12 @@ from tfxla_lite.passes.base import Pass
 
 
 def test_registry_and_parsing() -> None:
-    assert DEFAULT_PIPELINE == ("call-inliner,simplify,constant-folding,cse,while-licm,dot-folding,"
-                                "simplify,dce,fuse-rows,fuse,output-fusion,multi-output-fusion,dce,"
+    assert DEFAULT_PIPELINE == ("call-inliner,simplify,constant-folding,cse,while-licm,"
+                                "slice-accumulation,dot-folding,simplify,dce,fuse-rows,fuse,output-fusion,multi-output-fusion,dce,"
                                 "add-output-copies,schedule")
     assert [p.name for p in parse_pipeline(DEFAULT_PIPELINE)] == [
-        "call-inliner", "simplify", "constant-folding", "cse", "while-licm", "dot-folding",
-        "simplify",
+        "call-inliner", "simplify", "constant-folding", "cse", "while-licm",
+        "slice-accumulation", "dot-folding", "simplify",
         "dce", "fuse-rows", "fuse", "output-fusion", "multi-output-fusion", "dce",
         "add-output-copies", "schedule"]
     assert {"simplify", "constant-folding", "cse"} <= set(PASSES)

@@ -10,7 +10,8 @@ computation as a function of its own (`codegen/cpu/control_flow.py`).
 
 `WhileLoopInvariantCodeMotion` hoists what a loop body computes from loop-invariant
 state and constants only out of the loop, as XLA's `WhileLoopInvariantCodeMotion`
-does; its docstring gives the rule.
+does; its docstring gives the rule. `SliceAccumulation` turns a whole-array add of a
+slice written into zeros (a TensorList's gradient) into an add of that slice alone.
 """
 
 from __future__ import annotations
@@ -295,3 +296,60 @@ def _element_of(caller: Computation, init: Instruction, n: int) -> Instruction:
     assert init.shape.tuple_shapes is not None
     return caller.create("get-tuple-element", [init], index=n,
                          shape=init.shape.tuple_shapes[n])
+
+
+class SliceAccumulation(Pass):
+    """add(x, dynamic-update-slice(zeros, u, i...)) -> dynamic-update-slice(x,
+    add(dynamic-slice(x, i...), u), i...), either operand order.
+
+    TF's gradient of a TensorList read in a loop body writes the item's gradient into
+    a list of zeros (TensorListReserve, TensorListSetItem) and adds that list to the
+    accumulated one (AddN) every iteration: lowered as written, each iteration adds two
+    whole lists. Rewritten, it reads and writes one item, and the update is in place
+    (`loop_in_place`). Both forms clamp the start indices alike. Elements outside the
+    slice keep x's bits where the zeros are +0.0 and x holds -0.0 (the add would give
+    +0.0): as TF's AddN of TensorLists, which takes the other list's item where one
+    list has none, and XLA's simplifier, which folds x + 0 to x. Only a
+    dynamic-update-slice that nothing else reads is rewritten (its buffer of zeros then
+    goes).
+    """
+
+    name: ClassVar[str] = "slice-accumulation"
+
+    def run(self, module: HloModule) -> bool:
+        entry = module.entry
+        if entry is None:
+            return False
+        changed = False
+        for inst in list(entry.instructions):
+            if inst.parent is entry and inst.opcode == "add":
+                changed |= _accumulate_slice(entry, inst)
+        if changed:
+            entry.sort()
+        return changed
+
+
+def _accumulate_slice(computation: Computation, add: Instruction) -> bool:
+    from tfxla_lite.passes.simplify import splat_value
+
+    for k in (0, 1):
+        update_slice, other = add.operand(k), add.operand(1 - k)
+        if update_slice.opcode != "dynamic-update-slice" or len(update_slice.users) != 1 \
+                or update_slice.shape != other.shape:
+            continue
+        zeros = splat_value(update_slice.operand(0))
+        if zeros is None or zeros != 0:
+            continue
+        update, *indices = update_slice.operands[1:]
+        read = computation.create(
+            "dynamic-slice", [other, *indices], shape=update.shape,
+            dynamic_slice_sizes=list(update.shape.dims), metadata=add.metadata)
+        operands = [read, update] if k == 1 else [update, read]
+        total = computation.create("add", operands, shape=update.shape, metadata=add.metadata)
+        result = computation.create("dynamic-update-slice", [other, total, *indices],
+                                    shape=add.shape, metadata=add.metadata)
+        add.replace_all_uses_with(result)
+        computation.remove(add)
+        computation.remove(update_slice)
+        return True
+    return False

@@ -14,6 +14,7 @@ from tfxla_lite.passes.base import Pass
 from tfxla_lite.passes.call_inliner import CallInliner
 from tfxla_lite.passes.constant_folding import ConstantFolding
 from tfxla_lite.passes.control_flow import (
+    SliceAccumulation,
     WhileLoopInvariantCodeMotion,
     optimize_called_computations,
 )
@@ -36,6 +37,9 @@ from tfxla_lite.passes.simplify import AlgebraicSimplifier
 #      constants; one instruction per value.
 # while-licm: loop-invariant work leaves loop bodies (control_flow.py); after cse, so
 #      that equal invariant values are hoisted once.
+# slice-accumulation: a list of zeros with one item set, added to a list (a TensorList
+#      gradient in a loop), adds that item alone (control_flow.py); before fusion, which
+#      would fuse the whole-list add.
 # dot-folding: the broadcasts, batch sums, reshapes and transposes TF puts around
 #      dots read as the dots' own dimension numbers (one GEMM instead of a batch of
 #      small ones, no copy kernel), before fusion gathers them into kernels; after
@@ -58,7 +62,8 @@ from tfxla_lite.passes.simplify import AlgebraicSimplifier
 # schedule: last, the instruction order (live ranges, kernel order) with the smallest
 #      temp arena, as XLA schedules just before buffer assignment.
 DEFAULT_PIPELINE = (
-    "call-inliner,simplify,constant-folding,cse,while-licm,dot-folding,simplify,dce,fuse-rows,fuse,"
+    "call-inliner,simplify,constant-folding,cse,while-licm,slice-accumulation,dot-folding,"
+    "simplify,dce,fuse-rows,fuse,"
     "output-fusion,multi-output-fusion,dce,"
     "add-output-copies,schedule")
 
@@ -67,7 +72,7 @@ PASSES: dict[str, type[Pass]] = {
                               CommonSubexpressionElimination, DeadCodeElimination, Fusion,
                               OutputFusion, AddOutputCopies, RowFusion, MemoryScheduler,
                               MultiOutputFusion, CallInliner, DotFolding,
-                              WhileLoopInvariantCodeMotion)
+                              WhileLoopInvariantCodeMotion, SliceAccumulation)
 }
 
 
