@@ -1,22 +1,27 @@
 """CPU kernels of `cholesky` and `triangular-solve`: whole kernels, one matrix at a time.
 
-The semantics are `tfxla_lite/hlo/linalg.py`'s, and so is the order of every sum (each
-element subtracts its terms in the reference's order, products taken with the same
-operands), so the kernels and the references agree to rounding. Both work in the output
-buffer. cholesky factors U = Lᵀ in the upper triangle, right-looking: a pivot's row is
-scaled, then taken from every later row, one contiguous row update each (LLVM vectorizes
-it); for `lower` the result is transposed to the lower triangle at the end, the other
-triangle zero. triangular-solve copies `b` and substitutes in place: on the left side each
-row of unknowns takes the solved rows' multiples, contiguous updates over the right-hand
-sides; on the right side each row of `b` alone, a solved unknown leaving the later ones.
+The semantics are `tfxla_lite/hlo/linalg.py`'s. Both work in the output buffer. cholesky
+factors U = Lᵀ in the upper triangle, right-looking: a pivot's row is scaled, then taken
+from every later row, one contiguous row update each (LLVM vectorizes it, the pivot row
+read from a stack copy); for `lower` the result is transposed to the lower triangle at
+the end, the other triangle zero. triangular-solve copies `b` and substitutes in place:
+on the left side each row of unknowns takes the solved rows' multiples, contiguous
+updates over the right-hand sides summed in a stack row; on the right side each row of
+`b` alone, a solved unknown leaving the later ones. Unblocked, every element subtracts
+its terms in the order of the reference's loops, products taken with the same operands.
+From BLOCKED_FROM rows (cholesky) or SOLVE_BLOCKED_FROM unknowns and
+SOLVE_BLOCKED_COLUMNS right-hand sides (left-side solve) both are blocked: BLOCK pivot
+rows or unknowns at a time by the unblocked steps, then one library GEMM (`engine.gemm`,
+as `dot.py`'s) takes their terms from the rest, so those sums are grouped by block.
 An element depends on everything solved before it, so neither is an element generator:
 `compiler.py` hands every entry cholesky and triangular-solve to `emit_linalg_kernel`,
 whose range function takes matrices [begin, end) of the batch, split across threads
-(`sort.row_kernel`), each matrix whole on one thread. Unblocked (O(n³) in row updates):
-small-matrix kernels, not a LAPACK; `clustering/rules_linalg.py` leaves to TF's kernels
-the shapes where those are faster.
+(`sort.row_kernel`), each matrix whole on one thread; `clustering/rules_linalg.py`
+leaves to TF's kernels the shapes where those are faster.
 """
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from llvmlite import ir
 
@@ -59,7 +64,7 @@ def emit_linalg_kernel(module: ir.Module, pool: ConstantPool, inst: Instruction,
     work = inst.shape.num_elements * max(k, 1)
     return row_kernel(module, pool, inst, threads, matrices if inst.shape.num_elements else 0,
                       work, lambda ctx, outputs, inputs, begin, end: _triangular_solve(
-                          ctx, inst, outputs[0], begin, end))
+                          ctx, inst, outputs[0], inputs[0], begin, end))
 
 
 # Cholesky of order BLOCKED_FROM and up is blocked: BLOCK pivot rows at a time, the rest
@@ -68,9 +73,25 @@ BLOCK = 32
 BLOCKED_FROM = 64
 
 
+# A left-side triangular-solve of SOLVE_BLOCKED_FROM unknowns and SOLVE_BLOCKED_COLUMNS
+# right-hand sides or more is blocked alike: BLOCK unknowns at a time, then one GEMM
+# takes them from the later ones (its product at most SOLVE_PRODUCT_BYTES).
+SOLVE_BLOCKED_FROM = 128
+SOLVE_BLOCKED_COLUMNS = 32
+SOLVE_PRODUCT_BYTES = 1 << 26
+
+
 def blocked(element_type: str, n: int) -> bool:
     """Whether the cholesky of `n`×`n` matrices of `element_type` is blocked."""
     return n >= BLOCKED_FROM and engine.gemm(element_type) is not None
+
+
+def solve_blocked(element_type: str, unknowns: int, columns: int) -> bool:
+    """Whether a left-side triangular-solve of `unknowns` rows of `columns` right-hand
+    sides is blocked."""
+    size = (unknowns - BLOCK) * columns * (8 if element_type == "f64" else 4)
+    return (unknowns >= SOLVE_BLOCKED_FROM and columns >= SOLVE_BLOCKED_COLUMNS
+            and size <= SOLVE_PRODUCT_BYTES and engine.gemm(element_type) is not None)
 
 
 def _scratch_row(ctx: KernelContext, typ: ir.Type, length: int) -> ir.Value | None:
@@ -194,7 +215,7 @@ def _take_block(ctx: KernelContext, inst: Instruction, output: ir.Value, base: i
 
 
 def _triangular_solve(ctx: KernelContext, inst: Instruction, output: ir.Value,
-                      begin: ir.Value, end: ir.Value) -> None:
+                      a_buffer: ir.Value, begin: ir.Value, end: ir.Value) -> None:
     b = ctx.builder
     a, rhs = inst.operands
     shape = inst.shape
@@ -210,6 +231,13 @@ def _triangular_solve(ctx: KernelContext, inst: Instruction, output: ir.Value,
     # right side the unknowns depend the other way, so the order of solving flips.
     t_lower = lower != transposed
     ascending = t_lower if left else not t_lower
+    product = None  # the blocks' GEMM results, (k - BLOCK) × n elements
+    if left and solve_blocked(shape.element_type, k, others):
+        size = (k - BLOCK) * others * (8 if shape.element_type == "f64" else 4)
+        product = b.call(declare(ctx.module, "malloc", ir.FunctionType(PTR, [I64])), [i64(size)],
+                         name="solve.product")
+        with b.if_then(b.icmp_unsigned("==", product, ir.Constant(PTR, None)), likely=False):
+            b.call(declare(ctx.module, "llvm.trap", ir.FunctionType(VOID, [])), [])
 
     with ctx.loop(end, name="matrix", start=begin) as matrix:
         a_base = b.mul(matrix, i64(k * k))
@@ -246,35 +274,87 @@ def _triangular_solve(ctx: KernelContext, inst: Instruction, output: ir.Value,
             def row(o: ir.Value) -> ir.Value:
                 return b.gep(scratch, [o], inbounds=True, source_etype=typ)
 
-            with ctx.loop(k, name="unknown") as p:
-                i = nth(p)
-                if scratch is not None:
-                    with ctx.loop(others, name="load") as o:
-                        b.store(get(i, o), row(o))
-                with ctx.loop(p, name="solved") as q:
-                    j = nth(q)
-                    coefficient = t(i, j)
-                    with ctx.loop(others, name="update") as o:
-                        if scratch is None:
-                            put(b.fsub(get(i, o), b.fmul(coefficient, get(j, o))), i, o)
-                        else:
-                            term = b.fmul(coefficient, get(j, o))
-                            b.store(b.fsub(b.load(row(o), typ=typ), term), row(o))
-                diagonal = None if unit else t(i, i)
-                if scratch is not None or diagonal is not None:
-                    with ctx.loop(others, name="finish") as o:
-                        value = get(i, o) if scratch is None else b.load(row(o), typ=typ)
-                        put(value if diagonal is None else b.fdiv(value, diagonal), i, o)
-            return
-        # Right side: each row of x alone; an unknown, once solved, leaves the later ones
-        # (a contiguous stretch of the row), in the order they were solved.
-        with ctx.loop(others, name="row") as o:
-            with ctx.loop(k, name="unknown") as p:
-                i = nth(p)
-                value = get(o, i)
-                if not unit:
-                    value = b.fdiv(value, t(i, i))
-                    put(value, o, i)
-                start, stop = (b.add(i, i64(1)), i64(k)) if ascending else (i64(0), i)
-                with ctx.loop(stop, name="update", start=start) as c:
-                    put(b.fsub(get(o, c), b.fmul(t(i, c), value)), o, c)
+            def substitute(first: ir.Value, last: ir.Value) -> None:
+                """Unknowns [first, last) in solve order, from the ones since `first`."""
+                with ctx.loop(last, name="unknown", start=first) as p:
+                    i = nth(p)
+                    if scratch is not None:
+                        with ctx.loop(others, name="load") as o:
+                            b.store(get(i, o), row(o))
+                    with ctx.loop(p, name="solved", start=first) as q:
+                        j = nth(q)
+                        coefficient = t(i, j)
+                        with ctx.loop(others, name="update") as o:
+                            if scratch is None:
+                                put(b.fsub(get(i, o), b.fmul(coefficient, get(j, o))), i, o)
+                            else:
+                                term = b.fmul(coefficient, get(j, o))
+                                b.store(b.fsub(b.load(row(o), typ=typ), term), row(o))
+                    diagonal = None if unit else t(i, i)
+                    if scratch is not None or diagonal is not None:
+                        with ctx.loop(others, name="finish") as o:
+                            value = get(i, o) if scratch is None else b.load(row(o), typ=typ)
+                            put(value if diagonal is None else b.fdiv(value, diagonal), i, o)
+
+            if product is None:
+                substitute(i64(0), i64(k))
+            else:
+                with ctx.loop((k + BLOCK - 1) // BLOCK, name="block") as block:
+                    first = b.mul(block, i64(BLOCK))
+                    last = minimum(b, b.add(first, i64(BLOCK)), i64(k))
+                    substitute(first, last)
+                    _take_unknowns(ctx, inst, output, a_buffer, product, a_base, x_base,
+                                   first, last, ascending, transposed)
+        else:
+            _right_side(ctx, inst, t, get, put, nth, ascending)
+    if product is not None:
+        b.call(declare(ctx.module, "free", ir.FunctionType(VOID, [PTR])), [product])
+
+
+def _right_side(ctx: KernelContext, inst: Instruction, t: Callable[..., ir.Value],
+                get: Callable[..., ir.Value], put: Callable[..., None],
+                nth: Callable[[ir.Value], ir.Value], ascending: bool) -> None:
+    """Right side: each row of x alone; an unknown, once solved, leaves the later ones
+    (a contiguous stretch of the row), in the order they were solved."""
+    b = ctx.builder
+    others, k = inst.shape.dims[-2:]
+    unit = bool(inst.attributes.get("unit_diagonal", False))
+    with ctx.loop(others, name="row") as o:
+        with ctx.loop(k, name="unknown") as p:
+            i = nth(p)
+            value = get(o, i)
+            if not unit:
+                value = b.fdiv(value, t(i, i))
+                put(value, o, i)
+            start, stop = (b.add(i, i64(1)), i64(k)) if ascending else (i64(0), i)
+            with ctx.loop(stop, name="update", start=start) as c:
+                put(b.fsub(get(o, c), b.fmul(t(i, c), value)), o, c)
+
+
+def _take_unknowns(ctx: KernelContext, inst: Instruction, output: ir.Value, a: ir.Value,
+                   product: ir.Value, a_base: ir.Value, x_base: ir.Value, first: ir.Value,
+                   last: ir.Value, ascending: bool, transposed: bool) -> None:
+    """The later unknowns (left side) less the terms of the solved ones [first, last) in
+    solve order: x[later] -= op(a)[later, solved]·x[solved], one GEMM into `product`."""
+    b = ctx.builder
+    shape = inst.shape
+    k, n = shape.dims[-2:]
+    etype = storage_type(shape.element_type)
+    rest = b.sub(i64(k), last)
+    # Rows of the solved block and of the later unknowns, in index order.
+    solved = first if ascending else b.sub(i64(k), last)
+    later = last if ascending else i64(0)
+    with b.if_then(b.icmp_signed(">", rest, i64(0))):
+        if transposed:  # op(a)[r, c] is a[c, r]
+            corner = b.add(b.mul(solved, i64(k)), later)
+        else:
+            corner = b.add(b.mul(later, i64(k)), solved)
+        matrix = b.gep(a, [b.add(a_base, corner)], inbounds=True, source_etype=etype)
+        rows = b.gep(output, [b.add(x_base, b.mul(solved, i64(n)))], inbounds=True,
+                     source_etype=etype)
+        library_gemm(ctx, shape.element_type, transposed, False, rest, n, b.sub(last, first),
+                     matrix, k, rows, n, product, n)
+        with ctx.loop(b.mul(rest, i64(n)), name="take") as e:
+            target = Index(shape.dims, linear=b.add(b.add(x_base, b.mul(later, i64(n))), e))
+            term = b.load(b.gep(product, [e], inbounds=True, source_etype=etype), typ=etype)
+            ctx.store(b.fsub(ctx.load(output, shape, target), term), output, shape, target)

@@ -13,7 +13,13 @@ import pytest
 from codegen_helpers import check
 
 from tfxla_lite.codegen import compile_module
-from tfxla_lite.codegen.cpu.linalg import BLOCK, BLOCKED_FROM, blocked
+from tfxla_lite.codegen.cpu.linalg import (
+    BLOCK,
+    BLOCKED_FROM,
+    SOLVE_BLOCKED_COLUMNS,
+    blocked,
+    solve_blocked,
+)
 from tfxla_lite.hlo.evaluator import evaluate
 from tfxla_lite.hlo.parser import parse_module
 
@@ -131,6 +137,29 @@ def test_triangular_solve_long_rows_f64(left_side: bool, lower: bool, transpose_
                      f"unit_diagonal=false, transpose_a={transpose_a}")
     a = _spd(a_dims, np.float64)
     b = np.random.default_rng(5).standard_normal(b_dims)
+    check(module, [a, b], "triangular-solve")
+
+
+# Blocked on the left side: four blocks of unknowns and a partial one, each taken from the
+# later unknowns by a GEMM, in both orders of solving, op(a) read either way.
+@pytest.mark.parametrize("element_type", ["f32", "f64"])
+@pytest.mark.parametrize("lower", [True, False])
+@pytest.mark.parametrize("transpose_a", ["NO_TRANSPOSE", "TRANSPOSE"])
+@pytest.mark.parametrize("unit_diagonal", [True, False])
+def test_triangular_solve_blocked(element_type: str, lower: bool, transpose_a: str,
+                                  unit_diagonal: bool) -> None:
+    n, columns = 4 * BLOCK + 2, SOLVE_BLOCKED_COLUMNS + 3
+    assert solve_blocked(element_type, n, columns)
+    a_text, b_text = _text(element_type, (2, n, n)), _text(element_type, (2, n, columns))
+    module = _module([a_text, b_text], "",
+                     f"%x = {b_text} triangular-solve({a_text} %p0, {b_text} %p1), "
+                     f"left_side=true, lower={str(lower).lower()}, "
+                     f"unit_diagonal={str(unit_diagonal).lower()}, transpose_a={transpose_a}")
+    dtype = np.dtype(element_type.replace("f", "float")).type
+    a = _spd((2, n, n), dtype)
+    if unit_diagonal:  # keep the unit-diagonal solve well conditioned
+        a = (a / np.diagonal(a, axis1=1, axis2=2)[:, :, None]).astype(dtype)
+    b = np.random.default_rng(7).standard_normal((2, n, columns)).astype(dtype)
     check(module, [a, b], "triangular-solve")
 
 
