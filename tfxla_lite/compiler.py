@@ -337,12 +337,16 @@ def _program_from_cache(graph: tf.Graph, function_name: str, settings: _Settings
     for cached, inputs, outputs, executable in found:
         key = f"{function_name}/{cached.name}/{next(_executable_ids)}"
         registrations.append(loader.Registration(key))
-        _register(key, executable, inputs, outputs)
+        # The variables it writes follow from its ops, as when it was compiled.
+        written = written_variables(graph, cached.op_names)
+        _register(key, executable, inputs,
+                  outputs + [graph.get_tensor_by_name(h) for h in written])
         compiled.append(CompiledCluster(
             name=cached.name, op_names=cached.op_names, inputs=cached.inputs,
             outputs=cached.outputs, control_inputs=cached.control_inputs, key=key,
             output_dtypes=tuple(t.dtype for t in outputs), output_shapes=cached.output_shapes,
-            input_dtypes=tuple(t.dtype for t in inputs)))
+            input_dtypes=tuple(t.dtype for t in inputs),
+            variable_writes=tuple(cached.inputs.index(h) for h in written)))
         artifacts.append(_CachedArtifacts(cached.name, None, "", executable))
     logger.info("tfxla-lite: %s from the rewrite cache: %d clusters", function_name,
                 len(compiled))
@@ -364,7 +368,6 @@ def _store_in_cache(cache_key: str, graph: tf.Graph, program: Program) -> None:
     cache holds (tfxla_lite/rewrite_cache.py) and every executable is in the caches."""
     plain = (not program.bodies and not program.dynamic_clusters and not program.renames
              and not program.dropped and all(c.compiled for c in program.report.clusters)
-             and all(tf.resource not in c.input_dtypes for c in program.compiled)
              and len(program.clusters) == len(program.compiled)
              and all(c.gpu_launch is None and c.fallback is None for c in program.compiled))
     keys = [getattr(a.executable, "optimized_key", None) for a in program.clusters]

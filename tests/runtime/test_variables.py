@@ -311,3 +311,24 @@ def test_unknown_batch_keeps_variable_ops_in_tf_and_values_right(jit_compile) ->
         x = tf.constant(np.linspace(-2, 2, batch * 4, dtype=np.float32).reshape(batch, 4))
         assert_close(program.run(x).numpy(), plain(x).numpy(), "model gradient", f"{batch}")
         assert_close(w.numpy(), w_plain.numpy(), "model gradient", f"w after batch {batch}")
+
+
+def test_rewrite_cache_hit_writes_the_variables(tmp_path, monkeypatch) -> None:
+    """A second build of the same trace comes from the rewrite cache: its launch still
+    binds and writes the variables (their writes follow from the cached cluster's ops)."""
+    from tfxla_lite.codegen import cache
+
+    monkeypatch.setenv("TFXLA_LITE_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("TFXLA_LITE_CACHE", raising=False)
+    cache.clear_memory()
+    x = tf.constant(np.linspace(-1, 1, 6, dtype=np.float32).reshape(3, 2))
+    results = []
+    for _ in range(2):
+        step, variables = _make_assigns()
+        before = cache.stats().rewrite_hits
+        compiled = tl.function(step, jit_compile=True)
+        results.append(([t.numpy() for t in compiled(x)], [v.numpy() for v in variables],
+                        cache.stats().rewrite_hits - before))
+    assert results[1][2] == 1, "the second build hits the rewrite cache"
+    for first, second in zip(results[0][0] + results[0][1], results[1][0] + results[1][1]):
+        np.testing.assert_array_equal(second, first)
