@@ -44,6 +44,7 @@ from tfxla_lite.codegen.cpu import (  # noqa: F401
     streaming,
     tiers,
 )
+from tfxla_lite.codegen.cpu import dot as dot_codegen
 from tfxla_lite.codegen.cpu.convolution_gemm import emit_convolution_kernel
 from tfxla_lite.codegen.cpu.donation import output_donations
 from tfxla_lite.codegen.cpu.dot import emit_dot_kernel
@@ -111,6 +112,18 @@ def read_elements(inst: Instruction, number: int) -> int:
                      and parameter not in u.operands[1:] for u in users):
         return min(operand.shape.num_elements, sum(u.shape.num_elements for u in users))
     return operand.shape.num_elements
+
+
+def loop_team(inst: Instruction, team: int) -> int:
+    """The team size of `inst`'s kernel inside a loop (`control_flow.loop_kernel_team`):
+    by a GEMM-shaped dot's flops, other kernels' largest array read or written."""
+    dot = dot_codegen.kernel_dot(inst)
+    plan = dot_codegen.plan_gemm(dot) if dot is not None else None
+    if plan is not None:
+        return control_flow.loop_kernel_team(team, 0, dot_codegen.schedule(plan).flops)
+    work = max([leaf.num_elements for _, leaf in leaves(inst.shape)]
+               + [read_elements(inst, n) for n in range(len(inst.operands))])
+    return control_flow.loop_kernel_team(team, work, None)
 
 
 def plan_partition(inst: Instruction) -> Partition:
@@ -517,11 +530,14 @@ def _emit_code(module: HloModule, assignment: Any, team: int,
 
 def emit_function(llvm_module: ir.Module, pool: ConstantPool, kernels: KernelMerger,
                   computation: Any, assignment: Any, team: int, name: str,
-                  donations: tuple[tuple[int, int], ...] = ()) -> tuple[ir.Function, int]:
+                  donations: tuple[tuple[int, int], ...] = (), in_loop: bool = False
+                  ) -> tuple[ir.Function, int]:
     """`void name(void** params, void** outputs, void* temp)`, the ABI's entry function
     (`executable.py`) of `computation` under `assignment`: the entry, or a computation a
     loop or a conditional calls (internal, called by its caller's function,
-    `control_flow.py`); and how many kernel launches it holds."""
+    `control_flow.py`); and how many kernel launches it holds. `in_loop`: it runs once
+    per iteration of a loop, so its kernels use the team only when big
+    (`control_flow.loop_kernel_team`)."""
     root = computation.root
     assert root is not None
     outputs = list(root.operands) if root.opcode == "tuple" else [root]
@@ -535,13 +551,14 @@ def emit_function(llvm_module: ir.Module, pool: ConstantPool, kernels: KernelMer
     pointers: dict[tuple[int, tuple[int, ...]], ir.Value] = {}
     functions: dict[str, ir.Function] = {}
 
-    def called_function(callee: Any, plan: Any) -> ir.Function:
+    def called_function(callee: Any, plan: Any, looped: bool) -> ir.Function:
         """The function of a computation a loop or conditional calls, emitted once."""
         nonlocal kernel_count
         if callee.name not in functions:
             functions[callee.name], count = emit_function(
                 llvm_module, pool, kernels, callee, plan, team,
-                f"{name}.{re.sub(r'[^A-Za-z0-9_.]', '_', callee.name)}")
+                f"{name}.{re.sub(r'[^A-Za-z0-9_.]', '_', callee.name)}",
+                in_loop=in_loop or looped)
             kernel_count += count
         return functions[callee.name]
 
@@ -571,8 +588,9 @@ def emit_function(llvm_module: ir.Module, pool: ConstantPool, kernels: KernelMer
         if inst.opcode in ("tuple", "get-tuple-element"):
             continue  # names for its operands' buffers (buffer assignment aliases them)
         if inst.opcode in control_flow.OPCODES:  # a loop or branches calling functions
+            looped = inst.opcode == "while"
             control_flow.emit(builder, inst, assignment.control_flow[inst.name], pointer_of,
-                              temp_arg, called_function)
+                              temp_arg, lambda c, p, looped=looped: called_function(c, p, looped))
             continue
         # One output pointer per leaf: a tuple-shaped kernel (a multi-output fusion, a
         # variadic reduce) writes each leaf to its own slice (multi_output.py).
@@ -581,19 +599,20 @@ def emit_function(llvm_module: ir.Module, pool: ConstantPool, kernels: KernelMer
         noalias = [all(not _leaf_slice(assignment, inst, index).may_overlap(s)
                        for s in in_slices) for index in indices]
         mark = kernels.mark()
+        kernel_team = loop_team(inst, team) if in_loop else team
         if inst.opcode in ("sort", "topk"):  # a kernel of its own (sort.py)
-            kernel = sort.emit_sort_kernel(llvm_module, pool, inst, team)
+            kernel = sort.emit_sort_kernel(llvm_module, pool, inst, kernel_team)
         elif inst.opcode == "rng-bit-generator":  # state and bits (random_bits.py)
-            kernel = random_bits.emit_rng_kernel(llvm_module, pool, inst, team)
+            kernel = random_bits.emit_rng_kernel(llvm_module, pool, inst, kernel_team)
         elif inst.opcode in ("cholesky", "triangular-solve"):  # per matrix (linalg.py)
-            kernel = linalg.emit_linalg_kernel(llvm_module, pool, inst, team)
+            kernel = linalg.emit_linalg_kernel(llvm_module, pool, inst, kernel_team)
         elif inst.shape.is_tuple:
             kernel = multi_output.emit_kernel(
-                llvm_module, pool, inst, noalias, team,
+                llvm_module, pool, inst, noalias, kernel_team,
                 [_reused_operand(assignment, inst, index) for index in indices])
         else:
             in_place = donated.get(id(inst), _reused_operand(assignment, inst))
-            kernel = emit_kernel(llvm_module, pool, inst, noalias[0], team, in_place,
+            kernel = emit_kernel(llvm_module, pool, inst, noalias[0], kernel_team, in_place,
                                  always_in_place=id(inst) not in donated)
         kernel = kernels.unique(kernel, mark)
         kernel_count += 1

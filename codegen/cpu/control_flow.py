@@ -28,6 +28,11 @@ around the calls, at the buffers its own plan gives (`ControlFlowPlan`):
   calls the branch's function with its operand's leaves and the conditional's own
   buffers as outputs.
 
+A kernel inside a loop (a body's or condition's, at any depth) asks for the thread
+team only when one iteration's work of it is big (`loop_kernel_team`): a team's
+dispatch and join is paid every iteration, and while the cores are shared it costs
+more than halving a kernel gains (the thresholds' comment says what was measured).
+
 Every pointer the calls need is computed before the loop or switch, where it dominates
 every later use. The callees' temp arenas start at the plan's `callee_temp` in the
 caller's arena, after the caller's own temps, the loop's second buffers and its pred.
@@ -46,8 +51,30 @@ from tfxla_lite.passes.buffer_assignment import ControlFlowPlan, leaves
 
 OPCODES = frozenset({"while", "conditional"})
 
+# The smallest work per iteration at which a kernel in a loop uses the thread team: a
+# dot's flops, other kernels' elements (`compiler.plan_partition`'s work). A loop of
+# one kernel over 20 iterations, 2 threads (libgomp) against 1, compiled HLO, load
+# 4.5-5.6 on 2 shared cores: dot + tanh 32x256x256 (4.2e6 flops) 0.91x the serial
+# time, 32x512x512 2.53x, 64x1024x1024 (1.3e8) 1.21x, 128x1024x1024 (2.7e8) 1.17x;
+# tanh over 256x256 elements 16.8x, 1024x1024 2.10x, 2048x2048 (4.2e6) 1.36x: the
+# team's join cost about a millisecond each time. The thresholds sit just past the
+# largest sizes measured, so such kernels keep the team on an idle machine, and every
+# smaller one runs on the calling thread (the entry's thresholds,
+# `dot.PARALLEL_MIN_FLOPS` and `parallel.PARALLEL_MIN_WORK`, are 128 times lower).
+LOOP_PARALLEL_MIN_FLOPS = 1 << 29
+LOOP_PARALLEL_MIN_WORK = 1 << 23
+
 PointerOf = Callable[[Instruction, tuple[int, ...]], ir.Value]
 FunctionOf = Callable[[Computation, Any], ir.Function]
+
+
+def loop_kernel_team(team: int, work: int, flops: int | None) -> int:
+    """The team size of a kernel inside a loop body or condition: `team` when its work
+    per iteration pays for a team's dispatch and join each iteration (`flops` for a
+    GEMM-shaped dot, else `work` in elements), else 1."""
+    if flops is not None:
+        return team if flops >= LOOP_PARALLEL_MIN_FLOPS else 1
+    return team if work >= LOOP_PARALLEL_MIN_WORK else 1
 
 
 def emit(builder: ir.IRBuilder, inst: Instruction, plan: ControlFlowPlan,

@@ -6,6 +6,7 @@ on an index (out of range included), and the loop-invariant hoist."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -945,3 +946,86 @@ def test_a_slice_set_into_non_zeros_is_added_whole() -> None:
     compile_module(module, cache=False)
     assert _whole_adds(module) == 1
     check(text, np.arange(12, dtype=np.float32).reshape(4, 3))
+
+
+# The same dot + tanh (16.8e6 flops: an entry's kernel takes the team from 2.1e6) in
+# the entry and in a loop's body.
+TEAM = """
+HloModule team
+
+cond {
+  p = (s32[], f32[32,512], f32[512,512]) parameter(0)
+  i = s32[] get-tuple-element(p), index=0
+  n = s32[] constant(3)
+  ROOT lt = pred[] compare(i, n), direction=LT
+}
+
+body {
+  p = (s32[], f32[32,512], f32[512,512]) parameter(0)
+  i = s32[] get-tuple-element(p), index=0
+  h = f32[32,512] get-tuple-element(p), index=1
+  w = f32[512,512] get-tuple-element(p), index=2
+  one = s32[] constant(1)
+  i1 = s32[] add(i, one)
+  d = f32[32,512] dot(h, w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  h1 = f32[32,512] tanh(d)
+  ROOT t = (s32[], f32[32,512], f32[512,512]) tuple(i1, h1, w)
+}
+
+ENTRY main {
+  h = f32[32,512] parameter(0)
+  w = f32[512,512] parameter(1)
+  d = f32[32,512] dot(h, w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  h0 = f32[32,512] tanh(d)
+  zero = s32[] constant(0)
+  init = (s32[], f32[32,512], f32[512,512]) tuple(zero, h0, w)
+  loop = (s32[], f32[32,512], f32[512,512]) while(init), condition=cond, body=body
+  ROOT r = f32[32,512] get-tuple-element(loop), index=1
+}
+"""
+
+
+def _team_calls(llvm_ir: str) -> dict[str, int]:
+    """For each function of the IR, how many of the functions it calls start a
+    parallel region (call the team's entry point)."""
+    from tfxla_lite.codegen.cpu import parallel
+
+    callees: dict[str, set[str]] = {}
+    name = ""
+    for line in llvm_ir.splitlines():
+        if line.startswith("define"):
+            name = re.search(r'@"?([^"(]+)"?\(', line).group(1)
+            callees[name] = set()
+        elif name and "call " in line:
+            callees[name].update(re.findall(r'@"?([^"(\s]+)"?\(', line))
+    starts = {f for f, called in callees.items() if parallel.RUNTIME_SYMBOL in called}
+    return {f: len(called & starts) for f, called in callees.items()}
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_kernels_in_a_loop_use_the_team_only_when_big(threads: int) -> None:
+    """loop_kernel_team: the entry's dot takes the team (when there is one), the body's
+    same dot runs on the calling thread; past the loop thresholds a kernel keeps it."""
+    from tfxla_lite.codegen.cpu import control_flow
+
+    h = np.random.default_rng(0).normal(size=(32, 512)).astype(np.float32)
+    w = np.random.default_rng(1).normal(size=(512, 512)).astype(np.float32) / 512
+    executable = compile_module(parse_module(TEAM), threads=threads, cache=False)
+    expected = evaluate(parse_module(TEAM), h, w)
+    assert_close(executable(h, w)[0], np.asarray(expected), "MatMul", "loop team")
+    calls = _team_calls(executable.llvm_ir)
+    bodies = [f for f in calls if "body" in f]
+    assert bodies and all(calls[f] == 0 for f in bodies), calls
+    if parallel_available():
+        assert calls["entry"] == (1 if threads == 2 else 0), calls
+    assert control_flow.loop_kernel_team(2, 0, 2 * 32 * 512 * 512) == 1
+    assert control_flow.loop_kernel_team(2, 0, control_flow.LOOP_PARALLEL_MIN_FLOPS) == 2
+    assert control_flow.loop_kernel_team(2, 1 << 20, None) == 1
+    assert control_flow.loop_kernel_team(2, control_flow.LOOP_PARALLEL_MIN_WORK, None) == 2
+    assert control_flow.loop_kernel_team(1, 1 << 30, None) == 1
+
+
+def parallel_available() -> bool:
+    from tfxla_lite.codegen.cpu import parallel
+
+    return parallel.effective_threads(2) == 2
