@@ -15,8 +15,8 @@ tfxla-lite's variant of a train or infer step is must-compile where tfxla-lite c
 the whole trace, else auto-clustering (`min_cluster_size=1`, as `benchmarks/run.py`):
 never TF's XLA in its place, so that its row measures tfxla-lite. Per step it reports
 the medians of interleaved repeats (`tfxla_lite.timing.compare`), the speed-ups, the
-`TfxlaLiteLaunch` nodes of the rewritten graphs (function library included; a loop
-body's launches count once, not once per iteration), the share of the step's FLOPs
+launch ops that run in one step (both launch op types, counted by the op library: a
+launch inside a loop left in TF counts once per iteration), the share of the step's FLOPs
 inside compiled clusters (`tfxla_lite.coverage`, with convolution gradients counted at
 their real cost) and the first call (trace + compile + run) of each of the three. A
 variant that fails (TF's XLA refusing a model, say) prints its error in the row. The
@@ -57,7 +57,6 @@ from tfxla_lite import api, coverage  # noqa: E402
 from tfxla_lite.timing import compare  # noqa: E402
 
 COMPILERS = ("tf_function", "xla", "lite")
-LAUNCH_OP = "TfxlaLiteLaunch"
 GOAL_VS_TF_FUNCTION, GOAL_VS_XLA, GOAL_GEOMEAN_VS_TF_FUNCTION = 1.0, 1.25, 1.5
 # -- the models ------------------------------------------------------------------------------
 
@@ -301,13 +300,15 @@ def zoo(names: list[str], quick: bool) -> list[ZooStep]:
 
 # -- what is counted -------------------------------------------------------------------------
 
-def launch_count(function: Any, args: tuple) -> int:
-    """`TfxlaLiteLaunch` nodes of the graph that `function` runs for `args`, those of its
-    function library (loop bodies, branches, called functions) included."""
-    graph_def = function.get_concrete_function(*args).graph.as_graph_def()
-    nodes = list(graph_def.node)
-    nodes += [node for f in graph_def.library.function for node in f.node_def]
-    return sum(1 for node in nodes if node.op == LAUNCH_OP)
+def launch_count(call: Callable[[], object]) -> int:
+    """Launch ops (`TfxlaLiteLaunch` and `TfxlaLiteVariableLaunch`) that run during one
+    `call()`, as the op library counts them: nodes that a graph holds but never runs
+    (a branch not taken, a trace a caller does not use) do not count."""
+    from tfxla_lite.runtime import loader
+
+    before = loader.launch_timing().launches
+    call()
+    return loader.launch_timing().launches - before
 
 
 def flop_share(programs: list[Any]) -> float | None:
@@ -399,7 +400,7 @@ def measure(step: ZooStep, repeats: int) -> Row:
                 tl.wait_for_compiles()  # steady state is the O3 code's (tiered compiles)
                 row.compiled_flop_share = flop_share(programs)
                 row.lite_mode = _lite_mode(variant)
-            row.launches[compiler] = launch_count(*variant.function())
+            row.launches[compiler] = launch_count(variant.call)
             variants[compiler] = variant
         except Exception as error:  # noqa: BLE001 - printed in the row, the run goes on
             row.errors[compiler] = _error(error)
