@@ -332,3 +332,20 @@ def test_rewrite_cache_hit_writes_the_variables(tmp_path, monkeypatch) -> None:
     assert results[1][2] == 1, "the second build hits the rewrite cache"
     for first, second in zip(results[0][0] + results[0][1], results[1][0] + results[1][1]):
         np.testing.assert_array_equal(second, first)
+
+
+@pytest.mark.parametrize("update_slots", [True, False])
+def test_adagrad_v2_raw_op_matches_tf(update_slots: bool) -> None:
+    def make():
+        var = tf.Variable(tf.linspace(-1.0, 1.0, 6))
+        accum = tf.Variable(tf.fill((6,), 0.5))
+
+        def step(grad):
+            tf.raw_ops.ResourceApplyAdagradV2(var=var.handle, accum=accum.handle, lr=0.1,
+                                              epsilon=1e-3, grad=grad,
+                                              update_slots=update_slots)
+            return var.read_value() * 1.0
+
+        return step, [var, accum]
+
+    _compare(make, [(tf.linspace(0.5, 1.5, 6),)] * 3, True, op_type="Sqrt")
