@@ -144,6 +144,11 @@ class Program:
     dropped: frozenset[str] = frozenset()
 
     @property
+    def writes_variables(self) -> bool:
+        """Whether a launch of its own writes variables (`TfxlaLiteVariableLaunch`)."""
+        return any(c.variable_writes for c in self.compiled)
+
+    @property
     def has_launches(self) -> bool:
         """Whether the rewrite changes anything: a launch op here or in a body."""
         return bool(self.compiled) or bool(self.renames)

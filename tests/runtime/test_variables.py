@@ -349,3 +349,36 @@ def test_adagrad_v2_raw_op_matches_tf(update_slots: bool) -> None:
         return step, [var, accum]
 
     _compare(make, [(tf.linspace(0.5, 1.5, 6),)] * 3, True, op_type="Sqrt")
+
+
+def _forward_updating_statistics(v: tf.Variable, moving: tf.Variable) -> Callable[..., Any]:
+    def forward(x):
+        y = tf.tanh(x * v)
+        moving.assign(moving * 0.9 + y * 0.1)  # as BatchNorm's moving statistics
+        return tf.reduce_sum(y * y)
+
+    return forward
+
+
+def test_eager_tape_over_a_function_that_writes_runs_the_trace() -> None:
+    """A launch that writes variables has no gradient: under a recording tape the call
+    runs the original trace (its writes once, in TF), and the gradient is TF's."""
+    results = []
+    for compile_it in (False, True):
+        v = tf.Variable(tf.linspace(-1.0, 1.0, 4))
+        moving = tf.Variable(tf.zeros((4,)))
+
+        forward = _forward_updating_statistics(v, moving)
+
+        f = tl.function(forward, jit_compile=True) if compile_it else tf.function(forward)
+        x = tf.linspace(0.5, 2.0, 4)
+        before = _launches()
+        f(x)  # untaped: compiled when compile_it
+        assert _launches() - before == int(compile_it)
+        before = _launches()
+        with tf.GradientTape() as tape:
+            loss = f(x)
+        assert _launches() == before, "a taped call runs the trace"
+        results.append((loss.numpy(), tape.gradient(loss, v).numpy(), moving.numpy()))
+    for ours, theirs in zip(results[1], results[0]):
+        assert_close(ours, theirs, "model gradient")
