@@ -30,6 +30,7 @@ from tfxla_lite.clustering.registry import (
 from tfxla_lite.clustering.rules_control_flow import HANDLE_OPS, VARIANT_OPS
 from tfxla_lite.clustering.rules_conv_cost import tf_kernel_faster
 from tfxla_lite.clustering.rules_linalg import LINALG_OPS, tf_linalg_faster
+from tfxla_lite.clustering.rules_variables import VARIABLE_OPS
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -40,8 +41,9 @@ PLUMBING_OPS = frozenset({
     "Placeholder", "ReadVariableOp", "AssignVariableOp", "AssignAddVariableOp",
     "AssignSubVariableOp", "VarHandleOp", "Identity", "IdentityN", "NoOp",
 })
-# Plumbing that never joins a cluster, whatever its dtype (Identity can compile).
-NEVER_CLUSTERED = PLUMBING_OPS - {"Identity", "IdentityN"}
+# Plumbing that never joins a cluster, whatever its dtype (Identity can compile; the
+# variable ops of rules_variables.py can, when their variables have static shapes).
+NEVER_CLUSTERED = PLUMBING_OPS - {"Identity", "IdentityN"} - VARIABLE_OPS
 
 PLUMBING_REASON = "argument/variable plumbing"
 # TF's kernel is faster than tfxla-lite's for the op's shape (`MarkOptions.tf_kernels`).
@@ -113,7 +115,8 @@ def why_not_compilable(op: tf.Operation, options: MarkOptions | None = None) -> 
         return f"op type {op.type} is not in --ops_to_cluster"
     tensors = list(op.inputs) + list(op.outputs)
     dtypes = {t.dtype.base_dtype.name for t in tensors}
-    if "resource" in dtypes and op.type not in HANDLE_OPS:  # rules_control_flow.py
+    variable_op = op.type in VARIABLE_OPS  # stateful, on resources: rules_variables.py
+    if "resource" in dtypes and not variable_op and op.type not in HANDLE_OPS:
         return RESOURCE_REASON
     # TensorLists and functional control flow: their rules lower lists as (buffer, length)
     # and check the functions' ops (clustering/rules_control_flow.py).
@@ -127,7 +130,8 @@ def why_not_compilable(op: tf.Operation, options: MarkOptions | None = None) -> 
         if _is_stateful(op):
             return STATEFUL_REASON
         return f"op type {op.type} has no lowering"
-    if _is_stateful(op) and op.type not in HANDLE_OPS:  # loops: by their functions' ops
+    # Functional control flow: by its functions' ops; variable ops: rules_variables.py.
+    if _is_stateful(op) and op.type not in HANDLE_OPS and not variable_op:
         return STATEFUL_REASON
     kind = device_type(op.device)
     if kind is not None and kind not in options.device_types:
