@@ -30,6 +30,7 @@ from tfxla_lite.clustering.registry import (
 from tfxla_lite.clustering.rules_control_flow import HANDLE_OPS, VARIANT_OPS
 from tfxla_lite.clustering.rules_conv_cost import tf_kernel_faster
 from tfxla_lite.clustering.rules_linalg import LINALG_OPS, tf_linalg_faster
+from tfxla_lite.clustering.rules_resize import RESIZE_TF_KERNEL_OPS, tf_resize_faster
 from tfxla_lite.clustering.rules_variables import VARIABLE_OPS
 
 if TYPE_CHECKING:
@@ -50,6 +51,8 @@ PLUMBING_REASON = "argument/variable plumbing"
 TF_KERNEL_REASON = "runs on TF's kernel, faster than tfxla-lite's for its shape"
 _TF_KERNEL_HOW = " (rules_conv_cost.py; --compile_convolutions compiles it)"
 _TF_LINALG_HOW = " (rules_linalg.py; jit_compile=True compiles it)"
+_TF_RESIZE_REASON = ("runs on TF's kernel, faster than tfxla-lite's for its shape "
+                     "(rules_resize.py; jit_compile=True compiles it)")
 RESOURCE_REASON = "resource op / variable plumbing"
 STATEFUL_REASON = "stateful op"
 # Auto mode checks an assertion in TF, as plain TF does; must-compile leaves it out, as
@@ -145,6 +148,8 @@ def why_not_compilable(op: tf.Operation, options: MarkOptions | None = None) -> 
         if t.dtype.base_dtype.name not in rule.dtypes | lists_ok:
             return f"dtype {t.dtype.name} not supported by {op.type}"
     reason = _why_not_by_shapes_or_rule(op, rule, options)
+    if reason is None and op.type in RESIZE_TF_KERNEL_OPS and op.type in options.tf_kernels:
+        return f"op type {op.type} {_TF_RESIZE_REASON}" if tf_resize_faster(op) else None
     if reason is None and op.type in options.tf_kernels:
         # Last, and by shape: a grouped convolution (no TF CPU kernel) is never left to TF.
         if op.type in LINALG_OPS:

@@ -30,6 +30,17 @@ rows and columns, with no coordinate arithmetic at run time.
   multiplies, zeros included, is in the table, so an infinite gradient gives the NaN
   that `inf * 0` gives TF. Sums are in float32 (TF's too for 2-byte floats; float64
   results sum in float64, as TF's do).
+- Index tables with structure are not gathered: where a table (a gradient table's
+  column, or a forward read along one axis) is periodic with an arithmetic progression
+  per residue class (`periodic_progressions`: integer-factor resizes, their clamped
+  edges taken apart), each class is a strided slice, weighted, spread by a pad with
+  interior padding, and the classes are added (integer factors up and down, and the
+  nearest-neighbor gradients). A gather in a fused loop loads and clamps an index per
+  element and keeps the loop from vectorizing.
+- Auto-clustering leaves the bilinear and bicubic gradients of a downsampling resize to
+  TF's kernels (`tf_resize_faster`, mark.py's `tf_kernels` gate): TF adds the few
+  products each image row takes into a zeroed image, faster than a loop over every
+  element; `jit_compile=True` compiles them.
 """
 
 from __future__ import annotations
@@ -149,7 +160,12 @@ def _pixel_rules(op: tf.Operation) -> tuple[bool, bool]:
 def _take(ctx: LoweringContext, x: Instruction, axis: int, indices: np.ndarray
           ) -> Instruction:
     """`x` gathered at the constant `indices` (any shape) along `axis`: the indices' dims
-    replace that axis."""
+    replace that axis. A 1-D table with structure (`periodic_progressions`) becomes
+    slices instead of a gather."""
+    if indices.ndim == 1:
+        structured = _structured_take(ctx, x, axis, indices)
+        if structured is not None:
+            return structured
     index_dims = indices.shape
     vectors = ctx.constant(indices.reshape(*index_dims, 1).astype(np.int32), "s32")
     sizes = tuple(1 if d == axis else n for d, n in enumerate(x.shape.dims))
@@ -158,6 +174,121 @@ def _take(ctx: LoweringContext, x: Instruction, axis: int, indices: np.ndarray
     return ctx.emit("gather", [x, vectors], offset_dims=offset_dims,
                     collapsed_slice_dims=(axis,), start_index_map=(axis,),
                     index_vector_dim=len(index_dims), slice_sizes=sizes)
+
+
+_MAX_PERIOD = 8
+
+
+def periodic_progressions(indices: np.ndarray, max_period: int = _MAX_PERIOD
+                          ) -> tuple[int, list[tuple[int, int]]] | None:
+    """The smallest period p (dividing the length, at most `max_period`) such that each
+    residue class `indices[c::p]` is an arithmetic progression with a step >= 0, and
+    each class's (start, step); None when there is none. Integer-factor resizes have
+    one: a x2 nearest upsampling reads 0, 0, 1, 1, ... (p = 2, steps 1), a x4
+    downsampling 1, 5, 9, ... (p = 1, step 4)."""
+    n = len(indices)
+    for period in range(1, min(n, max_period) + 1):
+        if n % period:
+            continue
+        classes = []
+        for c in range(period):
+            values = indices[c::period].astype(np.int64)
+            step = int(values[1] - values[0]) if len(values) > 1 else 0
+            if step < 0 or np.any(np.diff(values) != step):
+                break
+            classes.append((int(values[0]), step))
+        else:
+            return period, classes
+    return None
+
+
+_MAX_EDGE = 2
+
+
+def _structured_take(ctx: LoweringContext, x: Instruction, axis: int, indices: np.ndarray,
+                     zero_index: int | None = None, weights: np.ndarray | None = None
+                     ) -> Instruction | None:
+    """`_structured_run` of `indices`, or of its middle with up to `_MAX_EDGE` positions
+    at each end taken one by one and concatenated around it (the clamped edges of a
+    half-pixel resize break the period there); None when neither has structure."""
+    n = len(indices)
+    for trimmed in range(2 * _MAX_EDGE + 1):
+        for head in range(min(trimmed, _MAX_EDGE) + 1):
+            tail = trimmed - head
+            if tail > _MAX_EDGE or trimmed >= n:
+                continue
+            runs = ([(i, i + 1) for i in range(head)] + [(head, n - tail)]
+                    + [(i, i + 1) for i in range(n - tail, n)])
+            if not all(_has_structure(indices[a:b], zero_index) for a, b in runs):
+                continue
+            pieces = [_structured_run(ctx, x, axis, indices[a:b], zero_index,
+                                      None if weights is None else weights[a:b])
+                      for a, b in runs]
+            if len(pieces) == 1:
+                return pieces[0]
+            return ctx.emit("concatenate", pieces, dimensions=(axis,))
+    return None
+
+
+def _has_structure(indices: np.ndarray, zero_index: int | None) -> bool:
+    """Whether `_structured_run` takes `indices` (see there)."""
+    found = periodic_progressions(indices) if len(indices) else None
+    if found is None:
+        return False
+    period, classes = found
+    if zero_index is None:
+        return period == 1
+    count = len(indices) // period
+    return all(not step or zero_index not in (start, start + step * (count - 1))
+               for start, step in classes)
+
+
+def _structured_run(ctx: LoweringContext, x: Instruction, axis: int, indices: np.ndarray,
+                    zero_index: int | None = None, weights: np.ndarray | None = None
+                    ) -> Instruction:
+    """`x` at `indices` along `axis` without a gather (`_has_structure` holds). Each
+    residue class of `periodic_progressions` is a strided slice (a broadcast row for a
+    step of 0), spread to its positions by a pad with interior padding, and the classes
+    are added; a class
+    of only `zero_index` is left out (zeros). Adding the other classes' zeros is exact
+    but for -0.0, so with no `zero_index` (a forward read) only a single class (period
+    1: a plain strided slice) is taken; no class may mix `zero_index` with rows of
+    `x`. `weights` (per index) multiply each class before it is spread, so
+    that a fused loop multiplies only the values read. A fused loop computes these with
+    constant index arithmetic, where a gather loads and clamps an index per element."""
+    found = periodic_progressions(indices)
+    assert found is not None
+    period, classes = found
+    count = len(indices) // period
+    dims = x.shape.dims
+    part_dims = dims[:axis] + (count,) + dims[axis + 1:]
+    total = None
+    for c, (start, step) in enumerate(classes):
+        last = start + step * (count - 1)
+        if zero_index is not None and zero_index in (start, last):
+            continue  # only the zero row
+        spec = [(0, n, 1) for n in dims]
+        if step == 0:
+            spec[axis] = (start, start + 1, 1)
+            row = ctx.emit("slice", [x], slice=tuple(spec))
+            part = ctx.emit("broadcast", [ctx.reshape(row, dims[:axis] + dims[axis + 1:])],
+                            shape=x.shape.with_dims(part_dims),
+                            dimensions=tuple(d for d in range(len(dims)) if d != axis))
+        else:
+            spec[axis] = (start, last + 1, step)
+            part = ctx.emit("slice", [x], slice=tuple(spec))
+        if weights is not None:
+            weight = _along(ctx, weights[c::period], part_dims, (axis,), x.shape.element_type)
+            part = ctx.emit("multiply", [part, weight])
+        if period > 1:
+            config = [(0, 0, 0)] * len(dims)
+            config[axis] = (c, period - 1 - c, period - 1)
+            part = ctx.emit("pad", [part, ctx.constant(0, x.shape.element_type)],
+                            padding=PaddingConfig.of(*config))
+        total = part if total is None else ctx.emit("add", [total, part])
+    if total is None:
+        return ctx.full(0, x.shape.with_dims(dims[:axis] + (len(indices),) + dims[axis + 1:]))
+    return total
 
 
 def _along(ctx: LoweringContext, values: np.ndarray, dims: tuple[int, ...], axes: tuple[int, ...],
@@ -238,6 +369,10 @@ def _gather_back(ctx: LoweringContext, gradient: Instruction, axis: int, taps: T
     out_size = gradient.shape.dims[axis]
     table, weights = _spread(taps, in_size, out_size)
     etype = gradient.shape.element_type
+    if summed:
+        columns = _columns_back(ctx, gradient, axis, table, weights if weighted else None)
+        if columns is not None:
+            return columns
     config = [(0, 0)] * gradient.shape.rank
     config[axis] = (0, 1)
     padded = ctx.emit("pad", [gradient, ctx.constant(0, etype)],
@@ -249,6 +384,27 @@ def _gather_back(ctx: LoweringContext, gradient: Instruction, axis: int, taps: T
     return ctx.reduce(gathered, [axis + 1], "add", 0) if summed else gathered
 
 
+def _columns_back(ctx: LoweringContext, gradient: Instruction, axis: int, table: np.ndarray,
+                  weights: np.ndarray | None) -> Instruction | None:
+    """`_gather_back`'s sum without the gather, when every column of `table` has structure
+    (`_structured_take`, the zero row as zeros): each column weighted, then added from a
+    zero in column order (the reduce's order; 2-byte floats in float32). None otherwise."""
+    etype = gradient.shape.element_type
+    out_size = gradient.shape.dims[axis]
+    terms = []
+    for k in range(table.shape[1]):
+        term = _structured_take(ctx, gradient, axis, table[:, k], zero_index=out_size,
+                                weights=None if weights is None else weights[:, k])
+        if term is None:
+            return None
+        terms.append(term)
+    wide = "f32" if etype in ("f16", "bf16") else etype
+    total = ctx.full(0, terms[0].shape.with_element_type(wide))
+    for term in terms:
+        total = ctx.emit("add", [total, ctx.convert(term, wide)])
+    return ctx.convert(total, etype)
+
+
 def _bilinear_reads(in_size: int, out_size: int, align: bool, half: bool) -> Taps:
     lower, upper, lerp = bilinear_taps(in_size, out_size, align, half)
     inverse = np.float32(1) - lerp
@@ -258,7 +414,8 @@ def _bilinear_reads(in_size: int, out_size: int, align: bool, half: bool) -> Tap
 
 @register("ResizeBilinearGrad", dtypes=FLOAT, check=_check_resize_grad, unused_inputs=(1,),
           note="NHWC; weights multiplied as TF's (row, then column, in float32), summed in "
-               "another order")
+               "another order; auto-clustering leaves one of a downsampling resize to TF's "
+               "kernel (faster), jit_compile=True compiles it")
 def _lower_resize_bilinear_grad(ctx: LoweringContext, op: tf.Operation, operands: Operands
                                 ) -> list[Instruction]:
     out = ctx.output_shape()
@@ -365,7 +522,9 @@ def _lower_resize_bicubic(ctx: LoweringContext, op: tf.Operation, operands: Oper
 
 @register("ResizeBicubicGrad", dtypes=frozenset({"float32", "float64"}),
           check=_check_resize_grad, unused_inputs=(1,),
-          note="NHWC; weights multiplied as TF's (row, then column), summed in another order")
+          note="NHWC; weights multiplied as TF's (row, then column), summed in another "
+               "order; auto-clustering leaves one of a downsampling resize to TF's kernel "
+               "(faster), jit_compile=True compiles it")
 def _lower_resize_bicubic_grad(ctx: LoweringContext, op: tf.Operation, operands: Operands
                                ) -> list[Instruction]:
     out = ctx.output_shape()
@@ -379,3 +538,25 @@ def _lower_resize_bicubic_grad(ctx: LoweringContext, op: tf.Operation, operands:
                  for row_indices, row_weights in zip(indices, weights)]
         gradient = _gather_back(ctx, gradient, axis, reads, out.dims[axis], weighted=True)
     return [gradient]
+
+
+# -- auto-clustering's shape rule ----------------------------------------------------------------
+# Gradients left to TF's kernels in auto mode where those are faster (mark.py's `tf_kernels`
+# gate; jit_compile=True compiles them all).
+RESIZE_TF_KERNEL_OPS = frozenset({"ResizeBilinearGrad", "ResizeBicubicGrad"})
+
+
+def tf_resize_faster(op: tf.Operation) -> bool:
+    """Whether TF's kernel beats the compiled gradient of a downsampling resize: the
+    original image is larger than the resized one along an axis. Each input row then
+    takes the gradient of at most a few output rows, which TF's kernel adds into a
+    zeroed image, while the compiled loop works out every element of the image (most of
+    them zeros) through the row and column interpolations. Unknown image sizes: TF's (a
+    batch known only at run time does not matter)."""
+    gradient, original = op.inputs[0].shape, op.outputs[0].shape
+    if gradient.rank != 4 or original.rank != 4:
+        return True
+    sizes = [gradient[_ROWS], gradient[_COLUMNS], original[_ROWS], original[_COLUMNS]]
+    if any(size is None for size in sizes):
+        return True
+    return sizes[2] > sizes[0] or sizes[3] > sizes[1]

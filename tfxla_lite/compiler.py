@@ -44,6 +44,7 @@ from tfxla_lite.clustering.registry import variable_spec
 from tfxla_lite.clustering.rules_control_flow import FUNCTIONAL_OPS
 from tfxla_lite.clustering.rules_conv import CONVOLUTION_OPS
 from tfxla_lite.clustering.rules_linalg import LINALG_OPS
+from tfxla_lite.clustering.rules_resize import RESIZE_TF_KERNEL_OPS
 from tfxla_lite.clustering.rules_variables import VARIABLE_OPS, written_variables
 from tfxla_lite.codegen import cache as code_caches
 from tfxla_lite.codegen import compile_module
@@ -475,6 +476,8 @@ def _compile_graph(graph: tf.Graph, function_name: str, settings: _Settings,
     tf_kernels = frozenset() if options.compile_convolutions else CONVOLUTION_OPS
     if not jit_compile:  # must-compile compiles linear algebra whatever its shape
         tf_kernels |= LINALG_OPS
+    if not jit_compile:  # must-compile compiles every resize gradient
+        tf_kernels |= RESIZE_TF_KERNEL_OPS
     denied = frozenset() if options.hlo_control_flow else FUNCTIONAL_OPS
     decisions = mark(graph, MarkOptions(dynamic_shapes=dynamic, denylist=denied,
                                         allowlist=options.ops_to_cluster,

@@ -20,7 +20,12 @@ from tolerances import assert_close
 import tfxla_lite as tl
 from tfxla_lite import coverage
 from tfxla_lite.clustering.mark import mark
-from tfxla_lite.clustering.rules_resize import nearest_taps
+from tfxla_lite.clustering.rules_resize import (
+    bilinear_taps,
+    nearest_taps,
+    periodic_progressions,
+    tf_resize_faster,
+)
 from tfxla_lite.compiler import build_program
 from tfxla_lite.runtime import loader
 
@@ -47,6 +52,8 @@ OP_TYPES = {"bilinear": "ResizeBilinear", "nearest": "ResizeNearestNeighbor",
             "bicubic": "ResizeBicubic"}
 GRADIENT_OP_TYPES = {"bilinear": "ResizeBilinearGrad", "nearest": "ResizeNearestNeighborGrad",
                      "bicubic": "ResizeBicubicGrad"}
+# Read by test_clustering_ops.test_every_registered_op_is_tested.
+TESTED_OPS = frozenset(OP_TYPES.values()) | frozenset(GRADIENT_OP_TYPES.values())
 
 
 def _forward(kind: str, sizes: list[tuple[int, int]], align: bool, half: bool
@@ -95,6 +102,74 @@ def test_resize_gradient(kind: str, rules: tuple[bool, bool]) -> None:
     op_type = GRADIENT_OP_TYPES[kind]
     check_against_tf(_gradients(kind, SIZES, *rules), [image, *_grads_for(IMAGE, SIZES, F32)],
                      op_type)
+
+
+# Integer factors, whose index tables have structure (`periodic_progressions`): the
+# lowering takes strided slices and interior pads instead of gathers.
+FACTOR_IMAGE = (2, 12, 12, 3)
+FACTOR_SIZES = [(4, 3), (6, 4), (24, 36), (12, 6), (3, 24)]
+
+
+@pytest.mark.parametrize("kind", list(RESIZES))
+@pytest.mark.parametrize("rules", PIXEL_RULES)
+def test_integer_factors(kind: str, rules: tuple[bool, bool]) -> None:
+    """Up and down by 2, 3 and 4 per axis, forward and gradient (NaN and ±inf in both)."""
+    check_against_tf(_forward(kind, FACTOR_SIZES, *rules), [sample(FACTOR_IMAGE, F32)],
+                     OP_TYPES[kind])
+    image = sample(FACTOR_IMAGE, F32, edges=False)
+    check_against_tf(_gradients(kind, FACTOR_SIZES, *rules),
+                     [image, *_grads_for(FACTOR_IMAGE, FACTOR_SIZES, F32)],
+                     GRADIENT_OP_TYPES[kind])
+
+
+def test_integer_factor_gradients_half_floats() -> None:
+    """The structured nearest-neighbor gradient sums 2-byte floats in float32 (TF's
+    kernel rounds each partial sum: at six terms, x2 by x3, they differ beyond the
+    tolerance, with or without the structure; at most four here)."""
+    sizes = [s for s in FACTOR_SIZES if s != (24, 36)]
+    for dtype in (F16, BF16):
+        image = sample(FACTOR_IMAGE, dtype, edges=False)
+        check_against_tf(_gradients("nearest", sizes, False, True),
+                         [image, *_grads_for(FACTOR_IMAGE, sizes, dtype)],
+                         "ResizeNearestNeighborGrad")
+
+
+def test_periodic_progressions() -> None:
+    assert periodic_progressions(np.array([1, 5, 9, 13])) == (1, [(1, 4)])
+    assert periodic_progressions(np.array([0, 0, 1, 1, 2, 2])) == (2, [(0, 1), (0, 1)])
+    assert periodic_progressions(np.array([4, 0, 4, 1, 4, 2])) == (2, [(4, 0), (0, 1)])
+    assert periodic_progressions(np.array([7])) == (1, [(7, 0)])
+    # Edges clamped (a half-pixel bilinear x2 upsampling) or a falling run: no structure.
+    assert periodic_progressions(bilinear_taps(64, 128, False, True)[0]) is None
+    assert periodic_progressions(np.arange(9)[::-1]) is None
+
+
+def _gradient_op(kind: str, image_size: tuple[int, int], size: tuple[int, int]
+                 ) -> tuple[tf.Operation, tf.Graph]:
+    shape = (1, *image_size, 2)
+    graph = trace(_gradients(kind, [size], False, True),
+                  [sample(shape, F32), *_grads_for(shape, [size], F32)]).graph
+    (op,) = [op for op in graph.get_operations() if op.type == GRADIENT_OP_TYPES[kind]]
+    return op, graph
+
+
+def test_downsampling_gradients_stay_on_tf_kernels_in_auto_mode() -> None:
+    """The shape rule: a bilinear or bicubic gradient of a downsampling resize (along
+    either axis) is left to TF's kernel in auto-clustering; upsampling compiles, and
+    must-compile compiles both."""
+    assert tf_resize_faster(_gradient_op("bilinear", (16, 16), (4, 4))[0])
+    assert tf_resize_faster(_gradient_op("bicubic", (8, 16), (8, 4))[0])
+    assert not tf_resize_faster(_gradient_op("bilinear", (4, 4), (8, 8))[0])
+    assert not tf_resize_faster(_gradient_op("bicubic", (4, 4), (4, 4))[0])
+    shape, size = (1, 16, 16, 2), (4, 4)
+    args = [tf.constant(sample(shape, F32)), *map(tf.constant, _grads_for(shape, [size], F32))]
+    fn = _gradients("bilinear", [size], False, True)
+    auto = tl.function(fn, options=tl.Options(min_cluster_size=1))
+    (left,) = [f for f in auto.explain(*args).fallbacks if f.op_type == "ResizeBilinearGrad"]
+    assert "rules_resize.py" in left.reason
+    strict = tl.function(fn, jit_compile=True, options=tl.Options(strict_jit_compile=True))
+    assert_close(strict(*args)[0].numpy(), fn(*args)[0].numpy(), "ResizeBilinearGrad")
+    assert not [f for f in strict.explain(*args).fallbacks if f.op_type == "ResizeBilinearGrad"]
 
 
 def test_nearest_gradient_with_both_pixel_rules() -> None:
