@@ -143,7 +143,7 @@ def test_every_opcode_has_an_emitter() -> None:
 
 def test_array_shaped_while_compiles() -> None:
     # Calls compile (calls.py; test_multi_output.py checks them), and so do bf16
-    # (test_half_float_kernels.py) and control flow (test_control_flow.py): a while whose
+    # (test_half_float_kernels.py) and control flow (test_control_flow_codegen.py): a while whose
     # state is one array, and whose condition never holds, returns its initial state.
     shape = Shape("f32", (2,))
 
