@@ -298,12 +298,14 @@ def test_every_registered_op_is_tested() -> None:
     from test_indexing_lowerings import TESTED_OPS as INDEXING_OPS
     from test_pooling import TESTED_OPS as POOLING_OPS
     from test_random_ops import TESTED_OPS as RANDOM_OPS
+    from test_resize import TESTED_OPS as RESIZE_OPS
     from test_scan_roll_band_ops import TESTED_OPS as SCAN_ROLL_BAND_OPS
     from test_slicing_ops import TESTED_OPS as SLICING_OPS
+    from test_space_to_batch import TESTED_OPS as SPACE_OPS
     from test_training_ops import TESTED_OPS as TRAINING_OPS
 
     tested = (SLICING_OPS | TRAINING_OPS | INDEXING_OPS | SCAN_ROLL_BAND_OPS | CONV_OPS
-              | POOLING_OPS | BATCH_NORM_OPS | RANDOM_OPS
+              | POOLING_OPS | BATCH_NORM_OPS | RANDOM_OPS | RESIZE_OPS | SPACE_OPS
               | {o for o, _, _ in UNARY}
               | {o for o, _, _ in BINARY}
               | {o for o, _, _ in REDUCTIONS} | {o for o, _, _ in SHAPE_OPS}

@@ -37,6 +37,9 @@ CASES = [
     ((2, 4, 4, 0), [2, 2], [[0, 0], [0, 0]]),  # no channels
 ]
 
+# Read by test_clustering_ops.test_every_registered_op_is_tested.
+TESTED_OPS = frozenset({"SpaceToBatchND", "BatchToSpaceND", "SpaceToDepth", "DepthToSpace"})
+
 
 def _round_trip(block: list[int], paddings: list[list[int]]) -> Any:
     def fn(x: tf.Tensor) -> list[tf.Tensor]:
