@@ -124,7 +124,8 @@ def _lower_space_to_batch(ctx: LoweringContext, op: tf.Operation, operands: Oper
     for offsets in itertools.product(*(range(int(b)) for b in block)):
         spec = [(0, size, 1) for size in x.shape.dims]
         for i, (k, b) in enumerate(zip(offsets, block)):
-            spec[1 + i] = (k, x.shape.dims[1 + i], int(b))
+            size = x.shape.dims[1 + i]  # a 0-size dim has no offset k > 0: start at 0
+            spec[1 + i] = (min(k, size), size, int(b))
         pieces.append(ctx.emit("slice", [x], slice=tuple(spec)))
     if len(pieces) == 1:
         return pieces

@@ -2,7 +2,8 @@
 both against TF's own kernels, through the NumPy evaluator, the CPU backend, and
 `tl.function` in both modes (auto-clustering and `jit_compile=True`), with NaN, ±inf,
 -0.0 and shapes with 0- and 1-size dims, within the per-dtype tolerance of
-tests/tolerances.py. The cases are in half_float_cases.py, one per op.
+tests/tolerances.py. The cases are in half_float_cases.py and half_float_cases_more.py,
+one per op.
 
 The default run takes every op in bfloat16 through the evaluator and `jit_compile=True`,
 and a representative few in float16 and in auto-clustering mode too (which lowers the
@@ -17,6 +18,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from half_float_cases import CASES, Case
+from half_float_cases_more import CASES as MORE_CASES
 from tf_harness import run_clusters, trace
 from tolerances import assert_close
 
@@ -26,11 +28,11 @@ from tfxla_lite.clustering.registry import HALF
 from tfxla_lite.options import Options
 
 HALVES = {"float16": np.float16, "bfloat16": tf.bfloat16.as_numpy_dtype}
-BY_OP = {case.op_type: case for case in CASES}
-# Lowerings that emit no instruction of their own (the operand passes through), so no
-# HLO metadata names them.
+BY_OP = {case.op_type: case for case in CASES + MORE_CASES}
+# Lowerings that emit no instruction of their own (the operand passes through; a variable
+# read is the value the variable holds, an assign replaces it), so no HLO metadata names them.
 PASS_THROUGH = frozenset({"Identity", "Snapshot", "StopGradient", "PreventGradient",
-                          "IdentityN", "Const"})
+                          "IdentityN", "Const", "ReadVariableOp", "AssignVariableOp"})
 # One of each lowering family: run in float16 and in auto-clustering mode by default too.
 REPRESENTATIVE = frozenset({"FloorDiv", "FloorMod", "Exp", "Erfc", "Sum", "ArgMax", "MatMul",
                           "Softmax", "Cast", "Cumsum", "UnsortedSegmentMax", "Pow"})
@@ -62,6 +64,16 @@ def _expected(case: Case, args: list[np.ndarray]) -> list[np.ndarray]:
     return [t.numpy() for t in tf.nest.flatten(results)]
 
 
+def _returned(tensor: tf.Tensor, evaluated: dict[str, np.ndarray]) -> tf.Tensor:
+    """The value an output Identity returns where that Identity stays in TF: tf.function
+    gives a returned tensor's Identity control inputs on the stateful ops run before it
+    (variable writes, While/If/Case), which keep it out of the cluster that made its input."""
+    op = tensor.op
+    if tensor.name not in evaluated and op.type == "Identity" and op.control_inputs:
+        return op.inputs[0]
+    return tensor
+
+
 def _check_lowering(case: Case, args: list[np.ndarray], expected: list[np.ndarray]) -> None:
     """The rule itself: lowered, verified and evaluated in NumPy."""
     concrete = trace(case.fn, args)
@@ -70,6 +82,7 @@ def _check_lowering(case: Case, args: list[np.ndarray], expected: list[np.ndarra
     # The backend's side is the jit_compile=True run: compiling here too would double it.
     evaluated, _ = run_clusters(concrete, args, compiled=False)
     for i, (tensor, want) in enumerate(zip(concrete.graph.outputs, expected)):
+        tensor = _returned(tensor, evaluated)
         assert tensor.name in evaluated, f"output {tensor.name} not made by a cluster"
         _compare(case, evaluated[tensor.name], want, f"output {i}, evaluator")
 

@@ -63,6 +63,11 @@ def run_clusters(concrete: Any, args: Sequence[np.ndarray], compiled: bool = Tru
     graph = concrete.graph
     result = cluster_graph(graph, min_cluster_size=min_cluster_size)
     feeds = {t.name: a for t, a in zip(graph.inputs, args)}
+    # A captured variable's handle: the launch op passes the value the variable holds.
+    held = {id(v.handle): v for v in getattr(concrete, "variables", ())}
+    for external, internal in graph.captures:
+        if id(external) in held:
+            feeds[internal.name] = held[id(external)].numpy()
     evaluated: dict[str, np.ndarray] = {}
     executed: dict[str, np.ndarray] = {}
     for cluster in result.clusters:
