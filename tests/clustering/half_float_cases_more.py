@@ -243,9 +243,11 @@ CASES = [
                  "ResourceScatterUpdate")],
     *[_apply_case(op) for op in _SLOTS],
     *[Case(op, _loop(op), arrays([[(3, 4)]], "x")) for op in ("While", "StatelessWhile")],
-    *[Case(op, _if(op), arrays([[(2, 3), (1,)]], "xf")) for op in ("If", "StatelessIf")],
-    *[Case(op, _case(op), arrays([[(2, 0, 3)], [(4,)]], "x")) for op in
-      ("Case", "StatelessCase")],
+    # A branch computes exp(x) - 1.
+    *[Case(op, _if(op), arrays([[(2, 3), (1,)]], "xf"), compare_as="Exp")
+      for op in ("If", "StatelessIf")],
+    *[Case(op, _case(op), arrays([[(2, 0, 3)], [(4,)]], "x"), compare_as="Exp")
+      for op in ("Case", "StatelessCase")],
     *[Case(op, _lists, arrays([[(4, 3)]], "x")) for op in _LIST_OPS],
     Case("ResizeBilinear", _resize("ResizeBilinear", half_pixel_centers=True), _IMAGES),
     Case("ResizeBicubic", _resize("ResizeBicubic", half_pixel_centers=True), _IMAGES),

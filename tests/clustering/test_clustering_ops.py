@@ -292,13 +292,34 @@ def test_composite_graph_is_one_cluster() -> None:
     check_against_tf(fn, args, "Erf", compare=lambda a, e, o, c: assert_close(a, e, "Mean", c))
 
 
+# TF emits these forms where a branch holds a stateful op; the raw ops build them here.
+STATEFUL_BRANCHES = ("If", "Case")
+
+
+@pytest.mark.parametrize("op_type", STATEFUL_BRANCHES)
+def test_stateful_branches(op_type: str) -> None:
+    """If and Case in float32 through the evaluator and both modes, with the 2-byte-float
+    audit's cases (the stateless forms: test_control_flow_lowering.py)."""
+    from half_float_cases_more import CASES as MORE_CASES
+    from test_half_float_ops_tf import _check_lowering, _check_mode, _expected
+
+    (case,) = [c for c in MORE_CASES if c.op_type == op_type]
+    args = case.make(F32)
+    expected = _expected(case, args)
+    _check_lowering(case, args, expected)
+    for jit_compile in (True, None):
+        _check_mode(case, args, expected, jit_compile)
+
+
 def test_every_registered_op_is_tested() -> None:
     from test_batch_norm import TESTED_OPS as BATCH_NORM_OPS
+    from test_control_flow_lowering import TESTED_OPS as CONTROL_FLOW_OPS
     from test_conv_ops import TESTED_OPS as CONV_OPS
     from test_indexing_lowerings import TESTED_OPS as INDEXING_OPS
     from test_pooling import TESTED_OPS as POOLING_OPS
     from test_random_ops import TESTED_OPS as RANDOM_OPS
     from test_resize import TESTED_OPS as RESIZE_OPS
+    from test_rules_linalg import TESTED_OPS as LINALG_OPS
     from test_scan_roll_band_ops import TESTED_OPS as SCAN_ROLL_BAND_OPS
     from test_slicing_ops import TESTED_OPS as SLICING_OPS
     from test_space_to_batch import TESTED_OPS as SPACE_OPS
@@ -306,6 +327,7 @@ def test_every_registered_op_is_tested() -> None:
 
     tested = (SLICING_OPS | TRAINING_OPS | INDEXING_OPS | SCAN_ROLL_BAND_OPS | CONV_OPS
               | POOLING_OPS | BATCH_NORM_OPS | RANDOM_OPS | RESIZE_OPS | SPACE_OPS
+              | CONTROL_FLOW_OPS | LINALG_OPS | set(STATEFUL_BRANCHES)
               | {o for o, _, _ in UNARY}
               | {o for o, _, _ in BINARY}
               | {o for o, _, _ in REDUCTIONS} | {o for o, _, _ in SHAPE_OPS}
@@ -315,4 +337,5 @@ def test_every_registered_op_is_tested() -> None:
     assert tested <= set(OP_RULES), f"tested but not registered: {tested - set(OP_RULES)}"
     # Aliases and legacy forms lowered by a tested rule.
     aliases = {"Snapshot", "PreventGradient", "Inv", "Rint", "BatchMatMul", "BiasAddV1"}
-    assert set(OP_RULES) - tested - aliases == set()
+    untested = set(OP_RULES) - tested - aliases
+    assert untested == set(), f"registered but untested: {sorted(untested)}"

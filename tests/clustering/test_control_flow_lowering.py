@@ -29,6 +29,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tolerances import assert_close  # noqa: E402 - tests/tolerances.py, by path
 
 F32 = np.float32
+# Read by test_clustering_ops.test_every_registered_op_is_tested: the ops these tests lower
+# and check against TF (While: the Keras recurrent steps' loops, which read variables;
+# VariableShape: their gradients' zeros for a variable).
+TESTED_OPS = frozenset({"While", "StatelessWhile", "StatelessIf", "StatelessCase",
+                        "VariableShape", "EmptyTensorList", "TensorListReserve",
+                        "TensorListFromTensor", "TensorListSetItem", "TensorListGetItem",
+                        "TensorListPushBack", "TensorListPopBack", "TensorListStack",
+                        "TensorListElementShape", "TensorListLength"})
 # The launch op types (a cluster that writes variables has its own: rules_variables.py).
 LAUNCHES = frozenset(getattr(rewrite, "LAUNCH_OP_TYPES", {rewrite.LAUNCH_OP_TYPE}))
 

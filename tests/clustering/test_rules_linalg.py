@@ -17,6 +17,9 @@ from tolerances import assert_close
 from tfxla_lite.hlo.evaluator import evaluate
 from tfxla_lite.hlo.parser import parse_module
 
+# Read by test_clustering_ops.test_every_registered_op_is_tested.
+TESTED_OPS = frozenset({"Cholesky", "MatrixTriangularSolve", "Bitcast"})
+
 
 def _spd(dims: tuple[int, ...], dtype: Any, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed)

@@ -35,6 +35,7 @@ CASES = [
     ((0, 4, 2, 3), [2, 2], [[0, 0], [1, 1]]),  # no batch
     ((2, 0, 4, 3), [2, 2], [[1, 1], [0, 0]]),  # no rows: padding alone
     ((2, 4, 4, 0), [2, 2], [[0, 0], [0, 0]]),  # no channels
+    ((1, 2, 0, 3), [1, 2], [[0, 0], [0, 0]]),  # an empty dim under a block of 2
 ]
 
 # Read by test_clustering_ops.test_every_registered_op_is_tested.
