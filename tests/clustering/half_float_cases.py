@@ -282,9 +282,11 @@ CASES: list[Case] = [
          arrays([[(1, 5, 5, 3), (3, 3, 3, 4), (2, 6, 5, 2), (2, 2, 2, 3)]], "ffff")),
     Case("Conv3D", lambda x, w: tf.nn.conv3d(x, w, [1, 1, 1, 1, 1], "VALID"),
          arrays([[(1, 4, 4, 3, 2), (2, 2, 2, 2, 3)]], "ff")),
+    # Positive operands: TF's float16 depthwise kernel (Eigen's) sums in float16, and
+    # cancellation left it 5% from the exact sum where the compiled one was within 0.1%.
     Case("DepthwiseConv2dNative",
          lambda x, w: tf.nn.depthwise_conv2d(x, w, [1, 1, 1, 1], "VALID"),
-         arrays([[(1, 5, 4, 3), (2, 2, 3, 2)]], "ff")),
+         arrays([[(1, 5, 4, 3), (2, 2, 3, 2)]], "pp")),
     Case("Einsum", lambda a, b, c: [tf.einsum("ij,jk->ik", a, b), tf.einsum("bij,bj->bi", c, a),
                                     tf.einsum("ij->ji", a)],
          arrays([[(2, 3), (3, 4), (2, 2, 3)]], "fff")),
