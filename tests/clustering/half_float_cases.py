@@ -280,10 +280,11 @@ CASES: list[Case] = [
     Case("Conv2D", lambda x, w, y, v: [tf.nn.conv2d(x, w, 1, "VALID"),
                                        tf.nn.conv2d(y, v, 2, "SAME", dilations=1)],
          arrays([[(1, 5, 5, 3), (3, 3, 3, 4), (2, 6, 5, 2), (2, 2, 2, 3)]], "ffff")),
+    # Positive operands: TF's float16 Conv3D and depthwise kernels (Eigen's) sum in float16,
+    # and cancellation left them 4-5% from the exact sum where the compiled one was within
+    # 0.1%.
     Case("Conv3D", lambda x, w: tf.nn.conv3d(x, w, [1, 1, 1, 1, 1], "VALID"),
-         arrays([[(1, 4, 4, 3, 2), (2, 2, 2, 2, 3)]], "ff")),
-    # Positive operands: TF's float16 depthwise kernel (Eigen's) sums in float16, and
-    # cancellation left it 5% from the exact sum where the compiled one was within 0.1%.
+         arrays([[(1, 4, 4, 3, 2), (2, 2, 2, 2, 3)]], "pp")),
     Case("DepthwiseConv2dNative",
          lambda x, w: tf.nn.depthwise_conv2d(x, w, [1, 1, 1, 1], "VALID"),
          arrays([[(1, 5, 4, 3), (2, 2, 3, 2)]], "pp")),
