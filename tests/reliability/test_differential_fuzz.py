@@ -77,6 +77,22 @@ NOT_FUZZED = {
         "StatelessRandomUniformFullIntV2", "StatelessRandomUniform",
         "StatelessRandomUniformInt", "StatelessRandomUniformFullInt",
         "StatelessRandomNormalV2", "StatelessRandomNormal")},
+    **{op: "functional control flow and TensorLists, built from FunctionDefs and list handles: "
+           "tests/clustering/test_control_flow_lowering.py" for op in (
+        "While", "StatelessWhile", "If", "StatelessIf", "Case", "StatelessCase",
+        "EmptyTensorList", "TensorListReserve", "TensorListFromTensor", "TensorListSetItem",
+        "TensorListGetItem", "TensorListPushBack", "TensorListPopBack", "TensorListStack",
+        "TensorListLength", "TensorListElementShape", "VariableShape")},
+    **{op: "image resizes and their gradients, sizes and pixel rules as operands or attributes: "
+           "tests/clustering/test_resize.py" for op in (
+        "ResizeBilinear", "ResizeBilinearGrad", "ResizeNearestNeighbor",
+        "ResizeNearestNeighborGrad", "ResizeBicubic", "ResizeBicubicGrad")},
+    **{op: "block shapes, paddings and crops of related sizes: "
+           "tests/clustering/test_space_to_batch.py" for op in (
+        "SpaceToBatchND", "BatchToSpaceND", "SpaceToDepth", "DepthToSpace")},
+    **{op: "matrices of related shapes (positive definite, triangular), and bit casts between "
+           "dtype pairs: tests/clustering/test_rules_linalg.py" for op in (
+        "Cholesky", "MatrixTriangularSolve", "Bitcast")},
 }
 
 _INT_DIVISION = frozenset({"Div", "FloorDiv", "TruncateDiv", "FloorMod", "TruncateMod"})
