@@ -32,7 +32,6 @@ from tfxla_lite.codegen.cpu import parallel
 from tfxla_lite.codegen.cpu.dot import NewKernel
 from tfxla_lite.codegen.cpu.emitter import (
     I1,
-    I64,
     KernelContext,
     i64,
     minimum,
@@ -159,25 +158,12 @@ def emit_depthwise_kernel(module: ir.Module, pool: object, inst: Instruction, na
     conv = plan(inst)
     if conv is None:
         return None
-    ctx, output, _ = new_kernel(module, pool, inst, name, noalias_output, [I64, I64])
-    begin, end = ctx.function.args[-2:]
-    begin.name, end.name = "begin", "end"
-    with ctx.loop(end, name="unit", start=begin) as unit:
-        if conv.tap_sums:
-            _emit_filter_block(ctx, inst, conv, output, unit)
-        elif conv.filter_gradient:
-            _emit_filter_unit(ctx, inst, conv, output, unit)
-        else:
-            _emit_forward_unit(ctx, inst, conv, output, unit)
-    ctx.builder.ret_void()
-    range_function = ctx.function
-
-    launcher, output, inputs = new_kernel(module, pool, inst, name + ".launch", noalias_output)
-    if conv.flops < PARALLEL_MIN_FLOPS:
-        threads = 1
-    parallel.emit_launch(launcher, range_function, [output, *inputs], conv.units, threads)
-    launcher.builder.ret_void()
-    return launcher.function
+    emit_unit = (_emit_filter_block if conv.tap_sums else
+                 _emit_filter_unit if conv.filter_gradient else _emit_forward_unit)
+    threads = 1 if conv.flops < PARALLEL_MIN_FLOPS else threads
+    return parallel.emit_unit_kernel(
+        module, pool, inst, name, noalias_output, new_kernel, conv.units, threads,
+        lambda ctx, output, unit: emit_unit(ctx, inst, conv, output, unit))
 
 
 def _multi(b: ir.IRBuilder, flat: ir.Value, dims: tuple[int, ...]) -> list[ir.Value]:

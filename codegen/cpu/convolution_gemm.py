@@ -163,20 +163,10 @@ def emit_convolution_kernel(module: ir.Module, pool: object, inst: Instruction, 
         return emit_filter_gradient_kernel(module, pool, inst, name, noalias_output, threads,
                                            new_kernel) or emit_depthwise_kernel(
             module, pool, inst, name, noalias_output, threads, new_kernel)
-    ctx, output, _ = new_kernel(module, pool, inst, name, noalias_output, [I64, I64])
-    begin, end = ctx.function.args[-2:]
-    begin.name, end.name = "begin", "end"
-    with ctx.loop(end, name="unit", start=begin) as unit:
-        _emit_unit(ctx, inst, conv, output, unit)
-    ctx.builder.ret_void()
-    range_function = ctx.function
-
-    launcher, output, inputs = new_kernel(module, pool, inst, name + ".launch", noalias_output)
-    if conv.flops < PARALLEL_MIN_FLOPS:
-        threads = 1
-    parallel.emit_launch(launcher, range_function, [output, *inputs], conv.units, threads)
-    launcher.builder.ret_void()
-    return launcher.function
+    threads = 1 if conv.flops < PARALLEL_MIN_FLOPS else threads
+    return parallel.emit_unit_kernel(
+        module, pool, inst, name, noalias_output, new_kernel, conv.units, threads,
+        lambda ctx, output, unit: _emit_unit(ctx, inst, conv, output, unit))
 
 
 def _emit_unit(ctx: KernelContext, inst: Instruction, conv: ConvolutionPlan, output: ir.Value,

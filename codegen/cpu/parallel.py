@@ -34,6 +34,8 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+from collections.abc import Callable
+from typing import Any
 
 import llvmlite.binding as llvm
 from llvmlite import ir
@@ -121,6 +123,26 @@ def _declare(module: ir.Module, name: str, signature: ir.FunctionType) -> ir.Fun
     function = ir.Function(module, signature, name=name)
     function.attributes.add("nounwind")
     return function
+
+
+def emit_unit_kernel(module: ir.Module, pool: object, inst: object, name: str,
+                     noalias_output: bool, new_kernel: Callable[..., Any], units: int,
+                     threads: int, emit_unit: Callable[[KernelContext, ir.Value, ir.Value],
+                                                       None]) -> ir.Function:
+    """A kernel that runs `units` independent units of work: a range function looping
+    `emit_unit(ctx, output, unit)` over [begin, end), and a launcher covering [0, units)
+    on `threads` threads (`emit_launch`). `new_kernel` is the backend's kernel builder
+    (`dot.NewKernel`); the launcher is the kernel the entry calls."""
+    ctx, output, _ = new_kernel(module, pool, inst, name, noalias_output, [I64, I64])
+    begin, end = ctx.function.args[-2:]
+    begin.name, end.name = "begin", "end"
+    with ctx.loop(end, name="unit", start=begin) as unit:
+        emit_unit(ctx, output, unit)
+    ctx.builder.ret_void()
+    launcher, output, inputs = new_kernel(module, pool, inst, name + ".launch", noalias_output)
+    emit_launch(launcher, ctx.function, [output, *inputs], units, threads)
+    launcher.builder.ret_void()
+    return launcher.function
 
 
 def emit_launch(ctx: KernelContext, range_function: ir.Function, pointers: list[ir.Value],
