@@ -30,13 +30,11 @@ from dataclasses import dataclass
 from llvmlite import ir
 
 from tfxla_lite.codegen.cpu import engine, parallel
-from tfxla_lite.codegen.cpu.dot import NewKernel
+from tfxla_lite.codegen.cpu.dot import NewKernel, library_gemm
 from tfxla_lite.codegen.cpu.emitter import (
     I1,
-    I32,
     I64,
     PTR,
-    VOID,
     KernelContext,
     i64,
     minimum,
@@ -63,7 +61,6 @@ MIN_SPLIT = 32
 # Narrower groups (depthwise) are left to the element generator.
 MIN_GROUP_COLUMNS = 8
 PARALLEL_MIN_FLOPS = 1 << 21
-_ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
 
 
 @dataclass(frozen=True)
@@ -292,30 +289,11 @@ def accumulating_gemm(ctx: KernelContext, element_type: str, transpose_a: bool,
                       k: ir.Value | int, a: ir.Value, lda: int, b_matrix: ir.Value, ldb: int,
                       c: ir.Value, ldc: int, first: ir.Value | float) -> None:
     """C[m, n] (+)= op(A) · op(B) by one library GEMM, row major: C is overwritten where
-    `first` holds (or is 0.0), accumulated into otherwise. dot.py's `library_gemm` takes
-    no beta, hence this call of the same routine."""
-    routine = engine.gemm(element_type)
-    assert routine is not None
-    blas_int = ir.IntType(routine.int_bits)
-    scalar = value_type(element_type)
-    function = ctx.module.globals.get(routine.symbol)
-    if function is None:
-        signature = ir.FunctionType(VOID, [I32, I32, I32, blas_int, blas_int, blas_int, scalar,
-                                           PTR, blas_int, PTR, blas_int, scalar, PTR, blas_int])
-        function = ir.Function(ctx.module, signature, name=routine.symbol)
-    b = ctx.builder
+    `first` holds (or is 0.0), accumulated into otherwise (beta 0 or 1)."""
     if isinstance(first, float):
-        beta: ir.Value = ir.Constant(scalar, first)
+        beta: ir.Value | float = first
     else:
-        beta = b.select(first, ir.Constant(scalar, 0.0), ir.Constant(scalar, 1.0))
-
-    def integer(value: ir.Value | int) -> ir.Value:
-        if isinstance(value, int):
-            return ir.Constant(blas_int, value)
-        return value if routine.int_bits == 64 else b.trunc(value, blas_int)
-
-    b.call(function, [
-        ir.Constant(I32, _ROW_MAJOR), ir.Constant(I32, _TRANS if transpose_a else _NO_TRANS),
-        ir.Constant(I32, _TRANS if transpose_b else _NO_TRANS),
-        integer(m), integer(n), integer(k), ir.Constant(scalar, 1.0), a, integer(lda),
-        b_matrix, integer(ldb), beta, c, integer(ldc)])
+        scalar = value_type(element_type)
+        beta = ctx.builder.select(first, ir.Constant(scalar, 0.0), ir.Constant(scalar, 1.0))
+    library_gemm(ctx, element_type, transpose_a, transpose_b, m, n, k, a, lda, b_matrix, ldb,
+                 c, ldc, beta)

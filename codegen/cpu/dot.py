@@ -698,9 +698,10 @@ class Tile:
 def library_gemm(ctx: KernelContext, element_type: str, transpose_a: bool, transpose_b: bool,
                  m: ir.Value | int, n: ir.Value | int, k: ir.Value | int, a: ir.Value,
                  lda: ir.Value | int, b_matrix: ir.Value, ldb: ir.Value | int, c: ir.Value,
-                 ldc: ir.Value | int) -> None:
-    """C[m, n] = op(A) · op(B), row major, by one call of the library's GEMM (declared
-    in the module once); i64 sizes are narrowed to the library's integer width."""
+                 ldc: ir.Value | int, beta: ir.Value | float = 0.0) -> None:
+    """C[m, n] = op(A) · op(B) + beta · C, row major, by one call of the library's GEMM
+    (declared in the module once); i64 sizes are narrowed to the library's integer width.
+    `beta` 0.0 overwrites C (NaN in it included), as BLAS specifies."""
     routine = engine.gemm(element_type)
     assert routine is not None
     blas_int = ir.IntType(routine.int_bits)
@@ -722,7 +723,8 @@ def library_gemm(ctx: KernelContext, element_type: str, transpose_a: bool, trans
         ir.Constant(I32, _TRANS if transpose_a else _NO_TRANS),
         ir.Constant(I32, _TRANS if transpose_b else _NO_TRANS),
         integer(m), integer(n), integer(k), ir.Constant(scalar, 1.0),
-        a, integer(lda), b_matrix, integer(ldb), ir.Constant(scalar, 0.0), c, integer(ldc),
+        a, integer(lda), b_matrix, integer(ldb),
+        ir.Constant(scalar, beta) if isinstance(beta, float) else beta, c, integer(ldc),
     ])
 
 
