@@ -140,6 +140,9 @@ class CacheStats:
 class CachePolicy:
     memory: bool
     disk: bool
+    # The disk caches' folder when the compile began: a background write lands there even
+    # if TFXLA_LITE_CACHE_DIR changes meanwhile (None: `cache_root()` when written).
+    root: Path | None = None
 
 
 class _MemoryTable(collections.OrderedDict):
@@ -173,13 +176,16 @@ def switched_off(variable: str) -> bool:
 def policy(cache: bool | str | None = None) -> CachePolicy:
     """The caches one compile uses: `cache` if given (True or "on": both; "memory": the
     process only; False or "off": none), else `TFXLA_LITE_CACHE` (`config.cache_setting`)."""
+    from tfxla_lite.cache_dir import cache_root
+
     if isinstance(cache, bool):
-        return CachePolicy(cache, cache)
+        return CachePolicy(cache, cache, cache_root() if cache else None)
     setting = config.cache_setting() if cache is None else cache
     if setting not in config.CACHE_SETTINGS:
         raise ValueError(f"cache must be a bool, None or one of "
                          f"{', '.join(config.CACHE_SETTINGS)}, got {cache!r}")
-    return CachePolicy(setting != "off", setting == "on")
+    disk = setting == "on"
+    return CachePolicy(setting != "off", disk, cache_root() if disk else None)
 
 
 def stats() -> CacheStats:
@@ -360,12 +366,13 @@ def environment() -> dict[str, str]:
             **engine.host_description()}
 
 
-def disk_path(fingerprint_: str) -> Path:
+def disk_path(fingerprint_: str, root: Path | None = None) -> Path:
+    """The entry's file under `root` (default: `cache_root()` now)."""
     from tfxla_lite.cache_dir import cache_root
 
     hasher = hashlib.sha256(fingerprint_.encode())
     hasher.update(json.dumps(environment(), sort_keys=True).encode())
-    return cache_root() / "kernels" / (hasher.hexdigest()[:40] + ENTRY_SUFFIX)
+    return (root or cache_root()) / "kernels" / (hasher.hexdigest()[:40] + ENTRY_SUFFIX)
 
 
 def _expected(fingerprint_: str, shapes: dict[str, Any]) -> dict[str, Any]:
@@ -470,11 +477,13 @@ def _parse_entry(data: bytes, expected: dict[str, Any]
     return manifest, sections
 
 
-def disk_store(fingerprint_: str, shapes: dict[str, Any], code: CompiledCode) -> None:
-    """Write the entry atomically; a failure (read-only cache, full disk) is only logged."""
+def disk_store(fingerprint_: str, shapes: dict[str, Any], code: CompiledCode,
+               root: Path | None = None) -> None:
+    """Write the entry atomically under `root` (`disk_path`); a failure (read-only cache,
+    full disk) is only logged."""
     if not code.objects or len(code.bitcode) != len(code.objects):
         return
-    path = disk_path(fingerprint_)
+    path = disk_path(fingerprint_, root)
     llvm_ir = code.llvm_ir if isinstance(code.llvm_ir, str) else code.llvm_ir()
     sections = [("object", body) for body in code.objects]
     sections += [("llvm_ir", zlib.compress(llvm_ir.encode(), 1))]

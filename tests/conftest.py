@@ -5,7 +5,8 @@ their position in node-id order and rotated by the day of the year, so that CI r
 bounded, deterministic slice of the long suites each day and all of them over N days.
 Tests marked `slow_rotation(K)` as well rotate K times slower, one in N*K a day (the
 Keras layer suite: about two of its files a day instead of ten).
-`cache_root` gives a test its own empty cache folder.
+`cache_root` gives a test its own empty cache folder; no test starts while an earlier
+one's background compile runs (`no_background_compile_in_flight`).
 """
 
 from __future__ import annotations
@@ -41,6 +42,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = [item for item in items if id(item) not in dropped]
 
 
+@pytest.fixture(autouse=True)
+def no_background_compile_in_flight() -> None:
+    """Each test starts with no earlier test's background LLVM compile running: one that
+    finishes late would call LLVM, count, store and swap code in the next test (whose
+    monkeypatches, counters and cache folder it is not part of)."""
+    import sys
+
+    if "tfxla_lite.codegen.cpu.tiers" in sys.modules:  # never imported here for a test
+        sys.modules["tfxla_lite.codegen.cpu.tiers"].wait_for_compiles()
+
+
 @pytest.fixture
 def cache_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """An empty private cache folder for every tfxla-lite cache (`TFXLA_LITE_CACHE_DIR`),
@@ -58,11 +70,6 @@ def cache_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         from tfxla_lite.runtime import loader
 
         loader.load_library()
-    if "tfxla_lite.codegen.cpu.tiers" in sys.modules:
-        # An earlier test's background O3 compiles store into the folder of the moment.
-        from tfxla_lite.codegen.cpu import tiers
-
-        tiers.wait_for_compiles()
     monkeypatch.setenv("TFXLA_LITE_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("TFXLA_LITE_CACHE", raising=False)
     cache.clear_memory()

@@ -489,7 +489,7 @@ def _finish_code(emitted: EmittedModule, key: str, signature: dict[str, Any],
     """LLVM's part of a compile (`_machine_code`), then the kernel caches' writes."""
     code = _machine_code(emitted)
     if caches.disk:
-        kernel_cache.disk_store(key, signature, code)
+        kernel_cache.disk_store(key, signature, code, caches.root)
     if caches.memory:
         kernel_cache.memory_store(key, code)
     return code

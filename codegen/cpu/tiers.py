@@ -263,7 +263,7 @@ def o3_tier(executable: TieredExecutable, emitted: Any, key: str, signature: dic
         raise AbandonedCompile("the interpreter is exiting")
     code = machine_code.o3_machine_code(emitted, threads=1)
     if caches.disk:
-        kernel_cache.disk_store(key, signature, code)
+        kernel_cache.disk_store(key, signature, code, caches.root)
     if caches.memory:
         kernel_cache.memory_store(key, code)
     executable.swap(code)

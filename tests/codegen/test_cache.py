@@ -463,3 +463,31 @@ def test_metadata_that_maps_to_nothing_is_dropped() -> None:
     assert "old.py" not in cache.with_current_metadata(found, "HloModule x\nENTRY main {\n}")
     unmapped = cache.with_current_metadata(found, "one\ntwo\nthree")  # lines without any
     assert unmapped == found.optimized_hlo_text.replace(stale, "")
+
+
+def test_a_background_compile_stores_where_its_compile_began(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cache folder is fixed when the compile starts: LLVM finishing after
+    TFXLA_LITE_CACHE_DIR changed (the next test's folder, another job's) writes the entry
+    where the compile began, not into the new folder."""
+    from tfxla_lite.codegen.cpu import engine, tiers
+
+    began, moved = tmp_path / "began", tmp_path / "moved"
+    monkeypatch.setenv("TFXLA_LITE_CACHE_DIR", str(began))
+    monkeypatch.delenv("TFXLA_LITE_CACHE", raising=False)
+    cache.clear_memory()
+    release = threading.Event()
+    compile_parts = engine.compile_parts
+
+    def held(*args, **kwargs):
+        assert release.wait(60), "never released"
+        return compile_parts(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "compile_parts", held)
+    executable = compile_module(_module(), background=True)
+    monkeypatch.setenv("TFXLA_LITE_CACHE_DIR", str(moved))
+    release.set()
+    assert tiers.wait_for_compiles(timeout=120)
+    assert len(_entries(began / "kernels")) == 1
+    assert _entries(moved / "kernels") == []
+    np.testing.assert_allclose(executable(*_inputs())[0], _expected(), rtol=1e-5, atol=1e-5)

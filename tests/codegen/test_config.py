@@ -116,7 +116,9 @@ def test_gomp_spin_count_leaves_a_users_choice(monkeypatch: pytest.MonkeyPatch,
     (False, False, False), ("off", False, False),
 ])
 def test_policy_of_an_argument(argument: bool | str, memory: bool, disk: bool) -> None:
-    assert cache.policy(argument) == cache.CachePolicy(memory, disk)
+    chosen = cache.policy(argument)
+    assert (chosen.memory, chosen.disk) == (memory, disk)
+    assert (chosen.root is not None) == disk  # the folder is fixed when the compile begins
 
 
 def test_policy_refuses_an_unknown_setting() -> None:
