@@ -52,7 +52,8 @@ def _expected() -> np.ndarray:
 
 
 @pytest.fixture
-def kernel_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def kernel_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+               background_compiles_done: None) -> Path:
     monkeypatch.setenv("TFXLA_LITE_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("TFXLA_LITE_CACHE", raising=False)
     cache.clear_memory()
