@@ -2,7 +2,7 @@
 
 The first stop of clustering's data flow: `mark.py` asks `compilability(op)` which
 ops may join a cluster, and `lower.py` calls each op's `lower(ctx, op, operands)`
-to build the cluster's `HloModule`. One op, one registration (house habit 2): the
+to build the cluster's `HloModule`. One op, one registration (docs/conventions.md, habit 2): the
 rules themselves live beside each other in `rules_elementwise.py` (element-wise,
 comparisons, casts, activations) and `rules_tensor.py` (reductions, dots, shapes,
 softmax), `rules_slicing.py` (strided slices, pads, splits, tiles), `rules_nn.py`

@@ -2,7 +2,7 @@
 
 Every numerics test (HLO evaluator against NumPy, TF graphs against TF itself,
 codegen against the evaluator) compares through `assert_close`, so that one table
-says what "close" means (house habit 6). Rules:
+says what "close" means (docs/conventions.md, habit 6). Rules:
 
 - shapes and dtypes must match exactly;
 - NaN positions must match exactly; infinities must match exactly (value and sign);

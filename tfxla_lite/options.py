@@ -1,4 +1,4 @@
-"""Compiler options: one frozen object, made once and passed down (house habit 10).
+"""Compiler options: one frozen object, made once and passed down (docs/conventions.md, habit 10).
 
 `Options` is what `tfxla_lite.function` hands to the compiler for every trace.
 Its values come from the dataclass defaults, then `TFXLA_LITE_FLAGS` (parsed

@@ -7,7 +7,7 @@ LLVM IR that computes that element from its operands' elements. A kernel is a lo
 nest over its output's index space that asks the root's generator for each element;
 fused producers are thereby computed inline, at whatever index their consumer needs.
 
-`EMITTERS` maps each HLO opcode to its generator (house habit 2: one registration
+`EMITTERS` maps each HLO opcode to its generator (docs/conventions.md, habit 2: one registration
 per opcode); `elementwise.py`, `data_movement.py`, `reduction.py` and `dot.py` fill
 it. `KernelContext` holds the state of one kernel function being emitted;
 `new_kernel_function` makes a kernel's function and its context (every kernel shape:

@@ -1,4 +1,4 @@
-"""Tests of the API compile with the HLO verifier after every pass (house habit 5)."""
+"""API tests compile with the HLO verifier after every pass (docs/conventions.md, habit 5)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The NumPy reference evaluator: what every HLO opcode computes, on NumPy arrays.
 
-One reference per opcode of `tfxla_lite.hlo.opcodes.OPCODES` (house habit 2); a
+One reference per opcode of `tfxla_lite.hlo.opcodes.OPCODES` (docs/conventions.md, habit 2); a
 test fails when one is missing. Passes are checked by evaluating a module before
 and after them, and the backends by comparing their kernels with `evaluate`.
 

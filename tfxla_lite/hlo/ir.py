@@ -4,7 +4,7 @@ Every stage below clustering speaks this IR: the TF lowering builds it, passes
 rewrite it, codegen emits kernels from it. The IR keeps its own use lists:
 creating an instruction registers it as a user of its operands, and
 `replace_all_uses_with` / `replace_operand` / `Computation.remove` keep them
-exact, so no pass edits `users` by hand (house habit 1). Instructions of a
+exact, so no pass edits `users` by hand (docs/conventions.md, habit 1). Instructions of a
 computation stay in a topological order (operands before users).
 """
 

@@ -1,6 +1,6 @@
 """The HLO opcode registry: each opcode's category and shape rule.
 
-One registration per opcode (house habit 2). Other layers key their own tables
+One registration per opcode (docs/conventions.md, habit 2). Other layers key their own tables
 by the same names: the NumPy reference in `evaluator.py`, the CPU emitter in
 `tfxla_lite.codegen.cpu`. Tests fail when an opcode here lacks one of them.
 
