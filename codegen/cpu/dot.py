@@ -206,67 +206,30 @@ def plan_gemm(inst: Instruction) -> GemmPlan | None:
 # -- strategy and schedule -----------------------------------------------------------------
 
 # A GEMM-shaped dot runs as *units*: tiles of its output, or groups of whole batch
-# elements, each computed over the full K by one call (library or emitted code). The
-# units depend on the shape alone, never on the thread count, so every element is summed
-# in the same order however many threads share the units: results are deterministic.
-# Tiles are split from the whole matrix, halving the longer side, while a unit keeps at
-# least MIN_UNIT_FLOPS, there are at most MAX_UNITS, and the extra CPU time the split
-# costs stays within SPLIT_BUDGET of the dot's (`split_overhead`): each library call
-# packs its rows of A and its columns of B again, so tm × tn tiles pack K·M·(tn − 1) +
-# K·N·(tm − 1) more elements than one call. A packed element costs about PACKING_FLOPS
-# flops' time while the operand it is copied from fits in a core's L2 (L2_BYTES), about
-# PACKING_FLOPS_BEYOND_L2 once it does not (OpenBLAS 0.3.31, one thread, znver4; fitted
-# to 50 splits of 11 shapes measured by `benchmarks/matmul.py --split-cost`: 2.6
-# percentage points r.m.s., 3.4 with 17 flops throughout; 4×4 tiles of a 1024³ product
-# took 9.4-10.6% more CPU time than one call, 2×2 tiles 4.8-5.3%). Each extra tile
-# also costs about TILE_CALL_FLOPS whatever its size (3-8 µs on one thread beyond the
-# packing, over 7 shapes of the MLP steps; its cause was not examined), which matters
-# for small tiles only: 4×2 tiles of a 784×128 by 128×512 weight gradient took 9-12%
-# more CPU time than one call where the packing alone predicts 5%, 2×2 tiles 2-4%;
-# 1×4 tiles of 64×512 by 512×512 9%, 1×2 3-4%. More units balance the team better
-# when the machine is busy; fewer pack less. Below MIN_SPLIT_UNITS the budget does not
-# apply: a K-heavy product with a small output (a weight gradient,
-# 128×128 over K = 512: 6.6% more packing for 2 units) would otherwise be one unit, run
-# by one thread while the others idle.
-# What more units buy is balance: a thread that starts late (a sleeping pool worker woken,
-# a core taken by another job) leaves at most one unit's time at the join. That delay does
-# not grow with the dot, while the split's cost does, so above BALANCE_FLOPS the budget
-# shrinks in proportion to the flops (`split_budget`), but such a dot still gets
-# BALANCED_UNITS units where MIN_UNIT_FLOPS allows, so that a machine with more cores than
-# the 2 these figures come from keeps 4 of them busy (units never depend on the thread
-# count: OpenBLAS's sums can change with the tile bounds). A 2048³ product (17 GFLOP) is
-# cut in 2×2 tiles, +2.5-2.7% CPU time on one thread, where its former 4×4 tiles cost
-# +6.3-7.1% (the model said 5.3%: operands beyond the L3 re-pack dearer still) and 2
-# halves +0.5-0.6%; two threads on 2048³ through TF, interleaved, in 16 runs at loads
-# 2.4-131 (`benchmarks/matmul.py 2048 --split 4x4,2x1`): 4 units 84-125% of tf.matmul's
-# median, 16 units 84-115% (4 units ahead in 12 runs, level or a point behind in 3, 9
-# points behind in 1), 2 units 80-138%. Dots of the benchmark workloads (at most 0.27
-# GFLOP) keep their schedules (docs/benchmarks.md, "Large dots").
-# An operand of exactly L2_BYTES counts as beyond the L2 (the packed panels and C's tile
-# need room beside it): 512³ in 2×2 tiles took +6.8-8.6% CPU time on one thread where
-# 17 flops per element say +3.9% (36 say +7.6%), its 1×2 tiles +3.3-4.9%, so 512³ is cut
-# in 2 units (2×1: +1.8-3.0% median); through TF, interleaved, 2×1 was ahead of 2×2 in 17
-# of 18 runs (1-16 points of tf.matmul's rate; loads 1.2-2.2). The boundary is a fit,
-# not a law: 256×1024×256's 1 MiB operands re-packed at about 17 (its schedule, 2×1, is
-# the minimum either way). The benchmark workloads' dots keep their schedules; of the
-# shapes probed (squares 384-2048, the matmul benchmark's) only 512³ moves.
-# SPLIT_BUDGET was 0.06 until 2026-11-21 (session 6): on 2 cores the units it bought
-# beyond two did not pay for their packing, quiet or loaded. The workloads' dots with
-# 0.06 against 0.02, compiled in one process and interleaved (`timing.compare`, 15
-# bursts, 8 runs: 4 quiet at load 0.9-1.7, 4 beside one or two busy-looping processes):
-# the mlp's 256x512x1024 (1x4 -> 1x2 tiles) and the MLP step's weight gradients
-# 784x128x512 and 512x128x512 (2x2 -> 2x1) moved; the MLP step 0.83-0.89x the time in
-# the quiet runs, 0.86-0.98x loaded; the dense MLP 0.94-0.98x quiet, 0.87-1.11x loaded
-# (slower in 2 of 4 loaded runs); the Transformer step 0.89-1.01x (5 runs). Squares of
-# 384-768 now stop at 2x1 tiles too (2x2 re-pack 4-5% more).
+# elements, each computed over the full K by one call. Units depend on the shape alone,
+# never on the thread count, so every element is summed in the same order however many
+# threads share them. More units balance the team (a late thread leaves at most one
+# unit's time at the join); each extra tile re-packs its rows of A and columns of B and
+# costs one more library call, so the split stops when that extra CPU time would exceed
+# the budget (`split_overhead`, `split_budget`). The constants are fitted to OpenBLAS on
+# the development machine with `benchmarks/matmul.py --split-cost` (docs/benchmarks.md,
+# "Large dots").
 MIN_UNIT_FLOPS = 1 << 22
 MAX_UNITS = 16
+# Below this many units the budget does not apply: a K-heavy product with a small output
+# (a weight gradient) would otherwise run on one thread while the others idle.
 MIN_SPLIT_UNITS = 2
+# The time one re-packed element costs, in flops, while its operand fits in a core's L2
+# and once it does not; an operand of exactly L2_BYTES counts as beyond it (the packed
+# panels and C's tile need room beside it).
 PACKING_FLOPS = 17.0
 PACKING_FLOPS_BEYOND_L2 = 36.0
 TILE_CALL_FLOPS = 5e5  # the fixed cost of one more library call, in flops' time
 L2_BYTES = 1 << 20
 SPLIT_BUDGET = 0.02
+# A late thread's delay does not grow with the dot while the split's cost does, so above
+# BALANCE_FLOPS the budget shrinks with the flops; such a dot still gets BALANCED_UNITS
+# units where MIN_UNIT_FLOPS allows, to keep a machine with more cores busy.
 BALANCE_FLOPS = 1 << 30  # about 10 ms of one thread's GEMM
 BALANCED_UNITS = 4
 TILE_ALIGN = 16  # tile bounds at multiples of 16 elements: whole cache lines for f32

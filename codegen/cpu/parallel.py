@@ -172,12 +172,8 @@ def emit_launch(ctx: KernelContext, range_function: ir.Function, pointers: list[
     b.call(run_parallel, [task, data, ir.Constant(I32, threads), ir.Constant(I32, 0)])
 
 
-# Parts per thread: more balance the load and absorb a late thread; fewer cost fewer
-# atomic increments and keep longer contiguous runs. Sixteen beat four on the
-# memory-bound kernels through TF in three interleaved runs on a quiet machine
-# (`benchmarks/launch_timeline.py --parts 4,16`, medians: softmax and layer norm
-# 4096x1024 0.79-0.93x the time, GELU 0.89-0.92x; docs/benchmarks.md): a pool worker
-# that starts late still finds parts to take, and the caller waits less at the join.
+# Parts per thread: more balance the load and let a pool worker that starts late still
+# find parts to take; fewer cost fewer atomic increments (measured: docs/benchmarks.md).
 _PARTS_PER_THREAD = 16
 
 

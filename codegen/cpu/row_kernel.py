@@ -25,20 +25,10 @@ for all accumulators beside it) and give the exact, NaN-propagating `llvm.maximu
 (whose sign the select may get wrong: a scan of the row's bits for the zero that wins).
 
 A streamed row (`streaming.py`) whose root is such a quotient of a row buffer (softmax's
-exponentials) goes out straight from registers: one load, multiply and streaming store
-a line (`_stream_scaled_lines`), without the block buffer and its copy.
-
-Softmax's exponential leaves out exp's upper clamp, its argument x - max(x) being
-proven never above 0 (`_nonpositive_exponentials`; the same bits), and the loop that
-fills a shared value's row buffer runs two vectors a turn (interleave count 2).
-
-These rare paths are kept small for LLVM's sake: they had cost it about 7 of the
-47 ms it spent on softmax's module (1024 columns; 27 KB of IR, now 22 KB and 39 ms),
-with the kernel as fast and its results the same bits. The streamed softmax module
-of 4096x1024 then went from 29 to 23 KB of IR and 52 to 45 ms of LLVM (one run) with
-the zero scan, the select tree, the line stores of `streaming.emit_lines` and the
-quotients stored from registers, the kernel 12% faster on one thread, the same bits
-(docs/benchmarks.md).
+exponentials) goes out straight from registers (`_stream_scaled_lines`), without the
+block buffer and its copy. Softmax's exponential leaves out exp's upper clamp, its
+argument x - max(x) being proven never above 0 (`_nonpositive_exponentials`). The rare
+paths stay small because LLVM's compile time grows with the IR they add.
 
 The row is read from memory once; later stages find it in L1 or L2. An expensive
 wide value that several stages need (softmax's exponentials) is computed once: its
