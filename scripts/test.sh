@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Sets everything up, then lints and runs the test suite (slow suites excluded; see README).
+# Sets everything up, then lints and runs the test suite (slow suites excluded; see docs/testing.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
