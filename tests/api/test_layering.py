@@ -77,8 +77,7 @@ ALLOWED_CYCLE_EDGES: dict[tuple[str, str], str] = {
         "unowned",
     ("tfxla_lite.clustering.rules_tensor", "tfxla_lite.clustering.rules_control_flow"):
         "unowned",
-    # codegen and hlo
-    ("tfxla_lite.hlo.ir", "tfxla_lite.hlo.printer"): "LAYERS",
+    # codegen
     ("tfxla_lite.codegen.gpu.compiler", "tfxla_lite.codegen.gpu.executable"): "LAYERS",
     ("tfxla_lite.codegen.gpu.templates", "tfxla_lite.codegen.gpu.*"): "LAYERS",
     ("tfxla_lite.codegen.gpu.kernels", "tfxla_lite.codegen.gpu.sort"): "LAYERS",

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from tfxla_lite.hlo.opcodes import infer_shape
+from tfxla_lite.hlo.printer import module_to_text
 from tfxla_lite.hlo.shape import Shape, element_type_of
 from tfxla_lite.hlo.stack_frames import StackFrameIndex
 
@@ -343,8 +344,6 @@ class HloModule:
         return order
 
     def to_text(self) -> str:
-        from tfxla_lite.hlo.printer import module_to_text
-
         return module_to_text(self)
 
     def __str__(self) -> str:

@@ -9,11 +9,12 @@ and attributes (`dimensions={...}`, `to_apply=%c`, `metadata={...}`).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tfxla_lite.hlo.ir import Computation, HloModule, Instruction
+if TYPE_CHECKING:  # the IR prints itself through this module, which only reads it
+    from tfxla_lite.hlo.ir import Computation, HloModule, Instruction
 
 # Literals with more elements than this print as `{...}`, as XLA does for big constants.
 MAX_PRINTED_LITERAL_ELEMENTS = 64
