@@ -1,46 +1,20 @@
 """Lowering rules of TF's 2-D image resizes: ResizeBilinear, ResizeNearestNeighbor,
 ResizeBicubic and their gradients (Keras UpSampling2D and Resizing, `tf.image.resize`).
 
-Registered into `registry.OP_RULES` on import. Images are NHWC; the output size is
-static. Each axis is resized on its own (both resizes are separable), and where each
-output row or column reads from is worked out here, at compile time, with TF's CPU
-kernels' float32 arithmetic (`image_resizer_state.h`): the scale is `in / out`, or
-`(in - 1) / (out - 1)` with `align_corners` and sizes above 1; the legacy source
-coordinate is `i * scale`, the half-pixel one `(i + 0.5) * scale - 0.5` (bilinear) or
-`(i + 0.5) * scale` (nearest). So the indices are constants and the HLO is gathers of
-rows and columns, with no coordinate arithmetic at run time.
+Registered into `registry.OP_RULES` on import. Images are NHWC and the output size is
+static, so each axis is resized on its own and where every output row or column reads
+from is worked out here, at compile time, with the float32 arithmetic of TF's CPU
+kernels (`image_resizer_state.h`): the HLO gathers rows and columns by constant indices
+and blends them with TF's weights in TF's order, so NaN and ±inf spread as in TF.
 
-- ResizeBilinear reads a row pair (`floor`, `ceil` of the coordinate, clamped) and a
-  column pair, and blends them as TF does, `top + (bottom - top) * lerp` in float32
-  (its output is float32 whatever the input), so NaN and ±inf spread exactly as in TF
-  (an inf beside a finite value gives NaN where lerp is 0: inf - inf). A resize to the
-  input's own size is TF's plain cast.
-- ResizeNearestNeighbor gathers one row and one column (`floor`, or `round` half away
-  from zero with `align_corners`); its output keeps the input's dtype.
-- ResizeBicubic reads four rows, then four columns, with TF's weights: its cubic kernel
-  tabulated at 1/1024 steps and read at the rounded fraction, Keys' (a = -0.5) with taps
-  outside the image zeroed and the rest renormalized for half-pixel centers, a = -0.75
-  with the edge repeated otherwise; each sum in TF's order.
-- The gradients are scatter-free: every input row receives the gradient of the output
-  rows that read it, so per axis the output gradient gets one zero row appended and is
-  gathered through a table [input index, k] of the output rows that read that input
-  (the zero row where it has fewer than the most), weighted, and summed over k. TF's
-  ResizeBilinearGrad multiplies each gradient by the row weight and then the column
-  weight, in float32, as here; it adds the products in another order. Every weight TF
-  multiplies, zeros included, is in the table, so an infinite gradient gives the NaN
-  that `inf * 0` gives TF. Sums are in float32 (TF's too for 2-byte floats; float64
-  results sum in float64, as TF's do).
-- Index tables with structure are not gathered: where a table (a gradient table's
-  column, or a forward read along one axis) is periodic with an arithmetic progression
-  per residue class (`periodic_progressions`: integer-factor resizes, their clamped
-  edges taken apart), each class is a strided slice, weighted, spread by a pad with
-  interior padding, and the classes are added (integer factors up and down, and the
-  nearest-neighbor gradients). A gather in a fused loop loads and clamps an index per
-  element and keeps the loop from vectorizing.
-- Auto-clustering leaves the bilinear and bicubic gradients of a downsampling resize to
-  TF's kernels (`tf_resize_faster`, mark.py's `tf_kernels` gate): TF adds the few
-  products each image row takes into a zeroed image, faster than a loop over every
-  element; `jit_compile=True` compiles them.
+The gradients are scatter-free: per axis, the output gradient (with one zero row
+appended) is gathered through a table of the output rows that read each input row,
+weighted and summed. Where an index table is periodic with an arithmetic progression
+per residue class (`periodic_progressions`: integer-factor resizes), each class is a
+strided slice instead of a gather, which would keep the fused loop from vectorizing.
+Auto-clustering leaves the bilinear and bicubic gradients of a downsampling resize to
+TF's kernels, which are faster there (`tf_resize_faster`); `jit_compile=True` compiles
+them. Each op's semantics against TF: docs/supported_ops.md.
 """
 
 from __future__ import annotations

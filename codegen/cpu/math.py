@@ -8,35 +8,12 @@ and a few vectorizable intrinsics (`llvm.fmuladd`, `llvm.roundeven`, `llvm.copys
 loop over `<16 x float>` on AVX-512 hosts. XLA's CPU backend does the same
 (`cpu/llvm_ir_runtime.cc`).
 
-The approximations (max errors measured against float64 and bounded in
-`tests/codegen/test_math_accuracy.py`; the table is in `docs/accuracy.md`):
-
-- `exp`: Cody-Waite reduction x = n*ln2 + r, |r| <= ln2/2, Cephes' degree-7
-  polynomial for e^r, and 2^n applied with one rounding, so that results round
-  correctly into the denormal range and overflow to inf: `llvm.ldexp` (one
-  `vscalefps`) on AVX-512 hosts, two exponent-field factors elsewhere. n comes from
-  one FMA that adds 1.5*2^23 (the float n and the integer n without a conversion),
-  and NaN flows through the arithmetic (no mask of its own). `exp_of_nonpositive`
-  leaves out the upper clamp for arguments proven <= 0 (softmax's x - max(x), found by
-  `row_kernel.py`): the same bits for every float32 <= 0, -inf and NaN.
-- `log`: Cephes' `logf`: the mantissa in [sqrt(1/2), sqrt(2)), a degree-9
-  polynomial for log(1+m), the exponent times ln2 in two parts; denormals are
-  scaled by 2^23 first.
-- `expm1`: the same reduction with a degree-9 Taylor polynomial for e^r - 1, and
-  `fma(2^n, p, 2^n - 1)`, exact near 0 and free of cancellation elsewhere.
-- `log1p`: Goldberg's `log(u) * x / (u - 1)` with u = 1 + x.
-- `tanh`: h/sqrt(1 + h^2) with h = x + x^3*P(x^2) (P of degree 5) approximating
-  sinh on [-9.5, 9.5], x clamped there, as erf below; for |x| < 1/2 the polynomial
-  x + x^3*Q(x^2) (Q of degree 3) is selected instead; the sign copied back. A square
-  root and a division, no exp, no branches (1.5x faster than the former expm1 form).
-- `logistic`: e/(1 + e) or 1/(1 + e) with e = exp(-|x|) by the sign of x, so that
-  neither side overflows and tiny results keep their precision.
-- `erf`: h/sqrt(1 + h^2) with h = x*(1 + P(x^2)) (P of degree 8) approximating
-  erf/sqrt(1 - erf^2) on [-4.5, 4.5], x clamped there: a square root and a division
-  (XLA's x*P(x^2)/Q(x^2) takes one division), no exp, no branches. The form damps the
-  polynomial's rounding near erf = ±1, where a plain rational loses the most, to
-  3 ulp in all (XLA's form: about 7). The fits are near-minimax (Lawson-weighted
-  least squares on float64 references).
+Each function's method and its measured maximum error are in docs/accuracy.md, and
+`tests/codegen/test_math_accuracy.py` bounds them. `exp` applies 2^n with one rounding,
+so results round correctly into the denormal range; `exp_of_nonpositive` leaves out the
+upper clamp for arguments proven <= 0 (softmax's x - max(x), found by `row_kernel.py`).
+`tanh` and `erf` are h/sqrt(1 + h^2) forms: no exp and no branches, and the form damps
+the polynomial's rounding near ±1.
 
 Special values are exact: NaN gives NaN, ±inf and ±0 give what C99 says
 (tanh(-0) = -0, erf(-0) = -0, expm1(-0) = -0, log(0) = -inf, log(x < 0) = NaN).

@@ -13,46 +13,12 @@ and the printer is checked by round trips. The grammar follows
     operand     := [shape] name            (long form `f32[2]{0} %x` or short `%x`)
     shape       := type '[' dims ']' [layout] | '(' shape, ... ')'
 
-Decisions where XLA's text carries more than the IR holds:
-
-- Layouts (`{1,0}`; after `:` tiles `T(8,128)(2,1)`, element size `E(4)`, memory
-  space `S(1)`) are read and then dropped: the IR is row-major throughout, and a
-  layout changes where values live, not what they are. Only `bitcast` depends on
-  layouts (it reinterprets the bytes); one between non-default layouts becomes the
-  equivalent row-major transpose → reshape → transpose, so optimized HLO keeps its
-  meaning. A bitcast whose layouts carry tiles is kept when it changes nothing but the
-  memory space (or holds one element), and otherwise raises "not supported: bitcast
-  between tiled layouts".
-- Constants elided as `{...}` (XLA elides literals of more than 10 elements, the
-  printer more than 64) raise `ParseError`, since their values are gone;
-  `fill_elided_constants=True` fills them with zeros instead, for structure-only
-  uses (printing, passes, counts), never for numerics.
-- Opcodes the registry does not know (`custom-call`, `async-start`, `copy-start`,
-  collectives, ...) parse into instructions of the printed shape, their attributes
-  kept verbatim: the verifier then reports "not supported: <opcode>", and the
-  evaluator and codegen name the opcode they lack.
-- Attributes the IR gives a meaning (`dimensions`, `slice`, `direction`, `kind`,
-  `index`, `iota_dimension`, the dot dimension lists, `padding`, `window`, sort's
-  `is_stable`, topk's `k` and `largest`, convolution's `dim_labels` and group counts,
-  the gather and scatter dimension lists, `dynamic_slice_sizes`) are parsed into values; the
-  computations an instruction calls (`to_apply`, fusion `calls`, while's
-  `condition` and `body`, conditional's `true_computation`/`false_computation` or
-  `branch_computations`) become its `called_computations`, in that order. Every
-  other one (`sharding`, `backend_config`, `frontend_attributes`,
-  `operand_precision`, `indices_are_sorted`, ...) is kept
-  as a `RawAttribute` holding its text, which the printer writes back verbatim
-  (`origin`, `statistics`, `custom_call_target`, `api_version`, async ops' `calls`).
-  `metadata` keeps every key (`stack_frame_id`, `source_end_line`,
-  `deduplicated_name`, `scheduling_name`, ...): integers as ints, quoted values as
-  strings, other words and `{...}` verbatim.
-- The module header's attributes are kept in `HloModule.attributes` and printed
-  back; `entry_computation_layout` is printed from the module (row-major). The
-  stack-frame tables, after the header (XLA) or after the computations, become
-  `HloModule.stack_frames` (`stack_frames.py`); a `stack_frame_id` must name one of
-  their frames. A computation's attributes after its `}` (`execution_thread="x"`)
-  are kept verbatim in `Computation.attributes`.
-- Element types outside `tfxla_lite.hlo.shape` (c64, f8*, s4, token) and dynamic
-  dimensions (`<=4`, `?`) raise `ParseError` ("not supported: ...").
+Where XLA's text carries more than the IR holds, docs/hlo_text.md says what becomes of
+each piece: layouts are read and dropped (a `bitcast` between non-default layouts becomes
+the row-major transpose, reshape and transpose that read the same bytes), attributes the
+IR has no meaning for are kept verbatim as `RawAttribute`s, unknown opcodes parse into
+instructions the verifier refuses, and elided constants, exotic element types and
+dynamic dimensions are refused.
 
 Every malformed input raises `ParseError` (a `ValueError`) with the line, the
 column and the offending text under a caret; nothing else escapes the parser.

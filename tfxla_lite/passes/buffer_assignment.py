@@ -3,55 +3,23 @@
 The last step of `tfxla_lite.passes` and the plan codegen and the runtime execute:
 parameters live in the caller's input buffers, the entry root's elements in the
 output buffers, constants in the executable, and every other value in one temp
-arena whose size the runtime allocates per call. Values whose live ranges do not
-overlap share space, placed by `heap_simulator.py` as XLA places them: a temp that
-fits in an output buffer and overlaps nothing in it in time lives there (XLA's
-reuse of live-out allocations); the rest are packed by XLA's global
-decreasing-size best-fit heap, offsets aligned to 64 bytes, the arena ending where
-its last buffer ends.
+arena whose size the runtime allocates per call. Buffers belong to *values* (XLA's
+logical buffers): one per array-shaped instruction, one per leaf of a tuple-shaped one
+(`%fusion{1}`); `tuple` and `get-tuple-element` only forward their operands' values.
+A live range runs from the defining instruction through its last use, both inclusive.
 
-Buffers belong to *values* (XLA's logical buffers): an array-shaped instruction
-defines one, a tuple-shaped one (a multi-output fusion, a variadic reduce) one per
-leaf, named by its shape index (`%fusion{1}`). `tuple` and `get-tuple-element`
-define none: they forward their operands' values, so a get-tuple-element of a
-fusion's leaf reads that leaf's slice, with no copy, and a value's last use is the
-last instruction that reads it through any of its names.
+Values whose ranges do not overlap share space; a temp may also take the buffer of an
+operand that dies at it when it reads that operand only at its own output index
+(in-place reuse, XLA's `CanShareOperandBufferWithUser`; codegen then drops `noalias`).
+Temps that fit in an output buffer live there; the rest are packed by
+`heap_simulator.py`. docs/buffers.md gives each rule step by step. Run
+`add-output-copies` first, so that every output has a buffer of its own.
 
-A live range runs over the positions of the entry's instruction order, from the
-defining instruction through its last use, inclusive at both ends. Two temps may
-share bytes only when one's range ends strictly before the other's begins, with
-one exception, in-place reuse (XLA's `CanShareOperandBufferWithUser` for
-elementwise users): a temp may take the buffer of an operand when
-
-- the operand is a temp (never a parameter, a constant or an output) and the
-  instruction a temp or an output (the group then lives in that output's buffer),
-- the operand has the same dimensions and element width (not necessarily the same
-  element type) and dies at this instruction (this is its last use), and
-- the instruction reads the operand only elementwise at its own output index: it
-  is an elementwise op, or a kLoop fusion in which every path from that parameter
-  to the root (to the root tuple, for a multi-output fusion, whose leaves share one
-  index space) goes through elementwise ops of the root's dimensions (no
-  broadcast, transpose, reverse, slice, pad or gather of it), or a row fusion
-  (softmax, layer norm) whose paths may also end at its row reduces, which the row
-  kernel finishes before it stores the row.
-
-Each element is then read before it is overwritten, by the same loop iteration,
-so the kernel is correct with its output aliasing that input; codegen sees the
-overlap and emits that kernel without `noalias`. The two values form one buffer
-whose live range is the union of theirs; chains (a → b → c) form one buffer too.
-
-Run `add-output-copies` first to give every output a buffer of its own: without
-it, an output that is a parameter or a constant keeps that kind here.
-
-Control flow (`while`, `conditional`) is opaque here: such an instruction defines one
-value per leaf of its result, like a multi-output kernel, and reads its operands'
-leaves. The computations it calls are planned on their own, each as an entry would be
-(`assign_computation`): a called computation's parameters are the flat leaves of its
-parameters (a loop body's tuple state is one parameter per leaf), its outputs the flat
-leaves of its root. Their temp arenas, and what the caller's loop needs besides (a
-second buffer per loop-state leaf the body changes, for ping-pong, and the condition's
-pred), lie in one *region* after the caller's own temps (`ControlFlowPlan`): control
-flow instructions run one at a time, so they all share that region.
+Control flow (`while`, `conditional`) defines one value per leaf of its result, like a
+multi-output kernel. The computations it calls are planned on their own
+(`assign_computation`), and their arenas, with a loop's second buffer per changed state
+leaf and the condition's pred, share one region after the caller's temps
+(`ControlFlowPlan`): control flow instructions run one at a time.
 """
 
 from __future__ import annotations
