@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfxla_lite.codegen.gpu.compiler import GpuProgram, compile, emit_program
+from tfxla_lite.codegen.gpu.compiler import GpuProgram, emit_program
 from tfxla_lite.codegen.gpu.elemental import EMITTERS
 from tfxla_lite.hlo.ir import HloModule
 
@@ -64,5 +64,5 @@ def emit_module(module: HloModule, pipeline: str | None = None, verify: bool = F
     return emit_program(module, assignment), assignment, (hlo_text, optimized)
 
 
-__all__ = ["EMITTERS", "GpuProgram", "compile", "compile_module", "emit_module",
-           "emit_program", "is_available"]
+__all__ = ["EMITTERS", "GpuProgram", "compile_module", "emit_module", "emit_program",
+           "is_available"]

@@ -3,8 +3,8 @@
 `emit_program` is pure Python (no CuPy, no GPU): it plans the kernels (`kernels.py`, then
 `row_groups.py`), writes one CUDA translation unit (the prelude, the reducers and constant
 arrays the kernels share, then every kernel) and the *thunk list* the executable runs: a
-kernel launch, or a cuBLAS dot, per plan, in the entry computation's order. `compile` adds
-the device side: NVRTC through `cupy.RawModule`, cached by a fingerprint of the module.
+kernel launch, or a cuBLAS dot, per plan, in the entry computation's order. The device side
+(NVRTC through `cupy.RawModule`, cached by a fingerprint of the source) is `executable.py`'s.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from tfxla_lite.codegen.gpu.kernels import KernelPlan, describe, plan_kernels, s
 from tfxla_lite.codegen.gpu.row_groups import merge_row_groups
 from tfxla_lite.codegen.gpu.sort import sort_scratch_bytes
 from tfxla_lite.codegen.gpu.templates import emit_plan
-from tfxla_lite.hlo.ir import HloModule, Instruction
+from tfxla_lite.hlo.ir import HloModule
 
 SCRATCH_ALIGNMENT = 256  # where the scratch area starts after the temp arena
 
@@ -95,22 +95,3 @@ def emit_program(module: HloModule, assignment: Any) -> GpuProgram:
     types = _element_types(module)
     body = "\n".join([*tables.definitions, *kernels])
     return GpuProgram(module.name, prelude(types) + "\n" + body, thunks, scratch, types, body)
-
-
-def output_instructions(module: HloModule) -> list[Instruction]:
-    entry = module.entry
-    assert entry is not None and entry.root is not None
-    root = entry.root
-    return list(root.operands) if root.opcode == "tuple" else [root]
-
-
-def compile(module: HloModule, assignment: Any, hlo_text: str = "",
-            optimized_hlo_text: str = "", cache: bool | None = None) -> Any:
-    """Emit `module`'s CUDA and build a `GpuExecutable` (needs CuPy and a GPU to run;
-    the NVRTC compile happens here, through the module cache)."""
-    from tfxla_lite.codegen.gpu.executable import GpuExecutable
-
-    program = emit_program(module, assignment)
-    return GpuExecutable.build(module, assignment, program, hlo_text=hlo_text,
-                               optimized_hlo_text=optimized_hlo_text or module.to_text(),
-                               cache=cache)
