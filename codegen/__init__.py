@@ -24,7 +24,7 @@ def compile_module(module: HloModule, pipeline: str | None = None,
     `threads` is how many threads big kernels use (None: every CPU; 1: serial);
     `cache` chooses the compile caches: True or "on" both, "memory" the process's only,
     False or "off" none (None: as `TFXLA_LITE_CACHE` says, both by default;
-    `tfxla_lite.codegen.cache`, `tfxla_lite.codegen.config`). A module whose lowered text was
+    `codegen/cache.py`, `codegen/config.py`). A module whose lowered text was
     compiled before with the same options, in this process or an earlier one, runs no
     pass and no LLVM (its optimized form and machine code are reused; `module` is then
     left as it was); one whose optimized HLO, buffer assignment and thread count were,
@@ -34,8 +34,9 @@ def compile_module(module: HloModule, pipeline: str | None = None,
     `tiered`: on a miss the machine code is a quick tier's until the O3 compile, in the
     background, is swapped in (`cpu.compile`, `codegen/cpu/tiers.py`).
     """
-    from tfxla_lite.codegen import cache as caches_
-    from tfxla_lite.codegen import cpu
+    from tfxla_lite.codegen import cache as stage_cache
+    from tfxla_lite.codegen import cpu, module_cache
+    from tfxla_lite.codegen.cpu.kernel_cache import constants_digest
     from tfxla_lite.codegen.cpu.parallel import effective_threads
     from tfxla_lite.hlo.verifier import verify as verify_module
     from tfxla_lite.passes import DEFAULT_PIPELINE, assign_buffers, optimize
@@ -45,15 +46,15 @@ def compile_module(module: HloModule, pipeline: str | None = None,
         verify_module(module)
     pipeline = DEFAULT_PIPELINE if pipeline is None else pipeline
     team = effective_threads(threads)
-    policy = caches_.policy(cache)
-    key = caches_.optimized_key(hlo_text, caches_.constants_digest(module), pipeline, donate,
-                                team)
+    policy = stage_cache.policy(cache)
+    key = module_cache.optimized_key(hlo_text, constants_digest(module), pipeline, donate, team)
     # With `verify` the verifier is asked to check every pass: run them.
-    found = caches_.executable_from_cache(key, hlo_text, team, policy) if not verify else None
+    found = (module_cache.executable_from_cache(key, hlo_text, team, policy) if not verify
+             else None)
     if found is not None:
         found.optimized_key = key  # the rewrite cache names the compile by it
         return found
-    caches_.count("pipeline_runs")
+    stage_cache.count("pipeline_runs")
     optimize(module, pipeline, verify=verify)
     optimized_hlo_text = module.to_text()
     assignment = assign_buffers(module)
@@ -62,13 +63,13 @@ def compile_module(module: HloModule, pipeline: str | None = None,
                              cache=cache, donate=donate, background=background,
                              tiered=tiered)
     if policy.memory or policy.disk:
-        caches_.optimized_store(key, caches_.OptimizedModule(
+        module_cache.store(key, module_cache.OptimizedModule(
             optimized_hlo_text, executable.assignment_text, executable.temp_bytes,
             int(assignment.temp_bytes_without_reuse), tuple(executable.donations),
-            caches_.constants_digest(module),
+            constants_digest(module),
             tuple((s.element_type, s.dims) for s in executable.parameter_shapes),
             tuple((s.element_type, s.dims) for s in executable.output_shapes),
-            caches_.line_metadata(hlo_text)), policy)
+            module_cache.line_metadata(hlo_text)), policy)
     executable.optimized_key = key
     return executable
 

@@ -60,6 +60,27 @@ class _Text:
         instance.__dict__[self.key] = value
 
 
+class Prepared:
+    """An attribute of an `Executable` subclass that calls the instance's method `prepare`
+    (by name) before each read (a cache hit's parsed module, a background compile's
+    code): stored in the instance's `__dict__` under `_<name>`."""
+
+    def __init__(self, prepare: str) -> None:
+        self.prepare = prepare
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.key = "_" + name
+
+    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+        if instance is None:
+            return self
+        getattr(instance, self.prepare)()
+        return instance.__dict__[self.key]
+
+    def __set__(self, instance: Any, value: Any) -> None:
+        instance.__dict__[self.key] = value
+
+
 @dataclass(eq=False)
 class Executable:
     """A compiled HLO module: its native entry point, buffer plan and every dump."""
@@ -79,7 +100,7 @@ class Executable:
     optimized_hlo_text: str = ""
     assignment_text: str = ""
     # Where the machine code came from: "llvm" (compiled for this executable), or a
-    # compile cache hit, "memory" or "disk" (codegen/cache.py).
+    # compile cache hit, "memory" or "disk" (codegen/cpu/kernel_cache.py).
     compiled_from: str = "llvm"
     # (output j, parameter i): outputs[j] may be params[i]'s own buffer (see the ABI).
     donations: tuple[tuple[int, int], ...] = ()

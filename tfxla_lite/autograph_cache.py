@@ -12,9 +12,8 @@ AutoGraph's transpiler first looks here. An entry, `<cache root>/autograph/<key>
 holds the generated source, the name of its factory and the source map (generated line
 -> the user's file, line, column, function and source line); a hit loads the source as
 AutoGraph's loader does and builds the same factory object, which then sits in TF's
-own in-process cache as if TF had converted the function. The format is that of the
-other caches (one manifest line, then the zlib'd payload; atomic writes, checksums,
-every manifest field checked); an entry that fails a check is a miss and is rewritten.
+own in-process cache as if TF had converted the function. The entry is a stage of the
+stage cache (`codegen/cache.py`); an entry that fails a check is a miss and is rewritten.
 
 The key is everything the conversion reads: the function's source text, file, first
 line, name, free variables and `__future__` imports, the *names* in its namespace
@@ -46,14 +45,14 @@ import json
 import logging
 import sys
 import threading
-import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import tensorflow as tf
 
-from tfxla_lite.codegen import cache as caches
+from tfxla_lite.codegen import cache as stage_cache
+from tfxla_lite.codegen import config
 
 try:  # TF's private AutoGraph modules: another TF may lay them out otherwise
     from tensorflow.python.autograph.impl import api as ag_api
@@ -69,9 +68,6 @@ try:  # TF's private AutoGraph modules: another TF may lay them out otherwise
 except (ImportError, AttributeError):
     AVAILABLE = False
 
-FORMAT = "tfxla-lite-autograph-1"
-SUFFIX = ".tla"
-
 logger = logging.getLogger("tfxla_lite")
 _active = threading.local()
 _install_lock = threading.Lock()
@@ -84,8 +80,8 @@ def conversions_cached(enabled: bool = True, cache: str | None = None) -> Iterat
     nothing when `enabled` is False, the disk caches are off (`cache`, the `cache`
     option; None: `TFXLA_LITE_CACHE`), or this TF's AutoGraph
     does not have the internals the cache relies on (`AVAILABLE`)."""
-    if (not enabled or not AVAILABLE or not caches.policy(cache).disk
-            or caches.switched_off("TFXLA_LITE_AUTOGRAPH_CACHE")):
+    if (not enabled or not AVAILABLE or not stage_cache.policy(cache).disk
+            or config.switched_off(config.AUTOGRAPH_CACHE)):
         yield
         return
     _install()
@@ -180,40 +176,17 @@ def _options_text(options: Any) -> str:
 
 def environment() -> dict[str, str]:
     """Everything besides the key that an entry must have been written with."""
-    return {"format": FORMAT, "tensorflow": tf.__version__,
-            "python": ".".join(map(str, sys.version_info[:3]))}
+    return {"tensorflow": tf.__version__, "python": ".".join(map(str, sys.version_info[:3]))}
 
 
-def disk_path(key: str) -> Path:
-    from tfxla_lite.cache_dir import cache_root
+STAGE = stage_cache.Stage("autograph", ".tla", "tfxla-lite-autograph-2", environment,
+                          "autograph")
 
-    hasher = hashlib.sha256(key.encode())
-    hasher.update(json.dumps(environment(), sort_keys=True).encode())
-    return cache_root() / "autograph" / (hasher.hexdigest()[:40] + SUFFIX)
-
-
-# -- load and store ----------------------------------------------------------------------
 
 def _load(key: str, fn: Any) -> transpiler._PythonFnFactory | None:
     """The factory stored for `key`, loaded, or None (a miss: absent, or not trusted and
     removed)."""
-    path = disk_path(key)
-    try:
-        data = path.read_bytes()
-    except OSError:
-        caches.count("autograph_misses")
-        return None
-    try:
-        payload = caches.read_manifest_entry(data, {**environment(), "key": key})
-        factory = _factory_from(json.loads(zlib.decompress(payload)), fn)
-    except Exception as error:  # noqa: BLE001 - a cache entry is never trusted blindly
-        logger.debug("tfxla-lite: ignoring AutoGraph cache entry %s: %s", path, error)
-        caches.count("autograph_rejected")
-        caches.discard(path)
-        return None
-    caches.count("autograph_hits")
-    caches.touch(path)
-    return factory
+    return STAGE.load_json(key, lambda entry: _factory_from(entry, fn))
 
 
 def _factory_from(entry: dict[str, Any], fn: Any) -> transpiler._PythonFnFactory:
@@ -238,9 +211,8 @@ def _factory_from(entry: dict[str, Any], fn: Any) -> transpiler._PythonFnFactory
 
 def _store(key: str, converter: Any, fn: Any, subkey: Any) -> None:
     """Write the conversion of `fn` that `converter` (the transpiler) just made and keeps
-    in its cache; anything unexpected (no such entry, a factory not made by `create`, a
-    read-only cache, a full disk) is only logged: never the user's conversion's fault."""
-    path = disk_path(key)
+    in its cache; anything unexpected (no such entry, a factory not made by `create`) is
+    only logged: never the user's conversion's fault."""
     try:
         factory = converter._cache[fn][subkey]
         module = factory.module
@@ -255,10 +227,7 @@ def _store(key: str, converter: Any, fn: Any, subkey: Any) -> None:
         }
         if not hasattr(module, entry["outer_factory"]):
             raise ValueError(f"no factory {entry['outer_factory']!r} in the generated module")
-        payload = zlib.compress(json.dumps(entry).encode(), 1)
-        caches.write_manifest_entry(path, {**environment(), "key": key}, payload)
     except Exception as error:  # noqa: BLE001 - see the docstring
-        logger.debug("tfxla-lite: could not write AutoGraph cache entry %s: %s", path, error)
+        logger.debug("tfxla-lite: could not store AutoGraph conversion of %s: %s", fn, error)
         return
-    caches.count("autograph_writes")
-    caches.prune(path.parent, SUFFIX)
+    STAGE.store_json(key, entry)

@@ -49,8 +49,8 @@ from tfxla_lite.clustering.rules_variables import VARIABLE_OPS, written_variable
 from tfxla_lite.codegen import cache as code_caches
 from tfxla_lite.codegen import compile_module
 from tfxla_lite.codegen import config as code_config
-from tfxla_lite.codegen.cache import CachedExecutable
 from tfxla_lite.codegen.cpu.parallel import effective_threads
+from tfxla_lite.codegen.module_cache import CachedExecutable, executable_from_cache
 from tfxla_lite.hlo import HloModule
 from tfxla_lite.hlo.stablehlo import module_to_stablehlo
 from tfxla_lite.inline import inline_function_calls, is_compiled_function
@@ -325,7 +325,7 @@ def _program_from_cache(graph: tf.Graph, function_name: str, settings: _Settings
             # Source lines are looked up in this trace when something reads the texts.
             current = functools.partial(rewrite_cache.with_current_sources, cached.hlo_text,
                                         graph)
-            executable = code_caches.executable_from_cache(
+            executable = executable_from_cache(
                 cached.optimized_key, cached.hlo_text, threads,
                 code_caches.policy(settings.options.cache), current)
             if executable is None:  # pruned or invalidated below: compile again

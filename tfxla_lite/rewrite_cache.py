@@ -12,13 +12,14 @@ TF-side modules of `tfxla_lite/`) and the environment of the compile caches belo
 An entry, `<cache root>/rewrites/<key>.tlr`, holds what the rewrite needs of each
 compiled cluster (its ops, its boundary, the dtypes and shapes of its outputs), the
 clustering report without source lines, and for each cluster the lowered HLO text and
-the key of its optimized module (`codegen/cache.py`). A hit therefore runs no marking,
+the key of its optimized module (`codegen/module_cache.py`). A hit therefore runs no marking,
 no clustering, no lowering, no pass and no LLVM: each executable comes from the
 optimized-module and machine-code caches, and the graph is rewritten as on a cold
-path. The format is that of the other caches (one manifest line, then the zlib'd
-payload; atomic writes, checksums, every manifest field checked). An entry that fails
-a check, names an op or tensor the graph does not have, or whose executables are no
-longer cached, is a miss: the caller takes the full path, which writes the entry anew.
+path. The entry is a stage of the stage cache (`codegen/cache.py`: one header line,
+then the zlib'd JSON payload; atomic writes, checksums, every header field checked).
+An entry that fails a check, names an op or tensor the graph does not have, or whose
+executables are no longer cached, is a miss: the caller takes the full path, which
+writes the entry anew.
 
 Source metadata is never taken from an entry: the GraphDef holds no Python source
 lines, so two traces with equal fingerprints can come from different lines. The
@@ -41,9 +42,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import logging
 import re
-import zlib
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -51,13 +50,10 @@ from typing import Any
 
 import tensorflow as tf
 
-from tfxla_lite.codegen import cache as caches
+from tfxla_lite.codegen import cache as stage_cache
+from tfxla_lite.codegen import module_cache
+from tfxla_lite.codegen.cpu.kernel_cache import METADATA
 from tfxla_lite.report import ClusteringReport, ClusterReport, FallbackNode
-
-FORMAT = "tfxla-lite-rewrite-1"
-SUFFIX = ".tlr"
-
-logger = logging.getLogger("tfxla_lite")
 
 
 @dataclass(frozen=True)
@@ -72,7 +68,7 @@ class CachedCluster:
     device: str  # the ops' placement, as the trace had it
     output_dtypes: tuple[str, ...]  # tf.DType names
     output_shapes: tuple[tuple[int, ...], ...]
-    optimized_key: str  # codegen.cache.optimized_key of the lowered module
+    optimized_key: str  # module_cache.optimized_key of the lowered module
     hlo_text: str  # as lowered, with the writer's metadata (refreshed on load)
 
 
@@ -122,7 +118,7 @@ def enabled(options: Any) -> bool:
     """Whether a build with `options` may use the rewrite cache (see the module docstring)."""
     from tfxla_lite import dump
 
-    return (caches.policy(options.cache).disk and not options.verify
+    return (stage_cache.policy(options.cache).disk and not options.verify
             and dump.dump_directory(options) is None)
 
 
@@ -191,8 +187,9 @@ def rewrite_key(graph_def: tf.compat.v1.GraphDef, jit_compile: bool | None, opti
 
 
 # The TF-side modules whose code decides the clusters, their boundaries and the rewrite.
-_TF_SIDE_MODULES = ("api.py", "compiler.py", "rewrite.py", "rewrite_cache.py", "inline.py",
-                    "dynamic.py", "control_flow.py", "options.py")
+_TF_SIDE_MODULES = ("api.py", "driver.py", "program.py", "cached_programs.py", "rewrite.py",
+                    "rewrite_cache.py", "inline.py", "dynamic.py", "control_flow.py",
+                    "options.py")
 
 
 @cache
@@ -211,57 +208,28 @@ def _tf_side_source_hash() -> str:
 
 def environment() -> dict[str, str]:
     """Everything besides the key that an entry must have been written with."""
-    return {**caches.optimized_environment(), "format": FORMAT, "tensorflow": tf.__version__,
+    return {**module_cache.environment(), "tensorflow": tf.__version__,
             "tf_side_sources": _tf_side_source_hash()}
 
 
-def disk_path(key: str) -> Path:
-    from tfxla_lite.cache_dir import cache_root
+# Hits are counted by the caller, once it has checked the entry against the trace.
+STAGE = stage_cache.Stage("rewrites", ".tlr", "tfxla-lite-rewrite-2", environment, "rewrite",
+                          counts_hits=False)
 
-    hasher = hashlib.sha256(key.encode())
-    hasher.update(json.dumps(environment(), sort_keys=True).encode())
-    return cache_root() / "rewrites" / (hasher.hexdigest()[:40] + SUFFIX)
-
-
-# -- load and store ----------------------------------------------------------------------
 
 def load(key: str) -> RewriteEntry | None:
     """The verified entry of `key`, or None (a miss: absent, or not trusted and removed)."""
-    path = disk_path(key)
-    try:
-        data = path.read_bytes()
-    except OSError:
-        caches.count("rewrite_misses")
-        return None
-    try:
-        payload = caches.read_manifest_entry(data, {**environment(), "key": key})
-        entry = RewriteEntry.from_json(json.loads(zlib.decompress(payload)))
-    except Exception as error:  # noqa: BLE001 - a cache entry is never trusted blindly
-        reject(path, error)
-        return None
-    caches.touch(path)
-    return entry
+    return STAGE.load_json(key, RewriteEntry.from_json)
 
 
-def reject(path_or_key: Path | str, error: Any) -> None:
-    """Count, log and remove an entry that failed a check (`load`'s or the caller's)."""
-    path = disk_path(path_or_key) if isinstance(path_or_key, str) else path_or_key
-    logger.debug("tfxla-lite: ignoring rewrite cache entry %s: %s", path, error)
-    caches.count("rewrite_rejected")
-    caches.discard(path)
+def reject(key: str, error: Any) -> None:
+    """Count, log and remove the entry of `key`, which failed the caller's checks."""
+    STAGE.reject(key, error)
 
 
 def store(key: str, entry: RewriteEntry) -> None:
     """Write `entry` atomically; a failure (read-only cache, full disk) is only logged."""
-    path = disk_path(key)
-    payload = zlib.compress(json.dumps(entry.to_json()).encode(), 1)
-    try:
-        caches.write_manifest_entry(path, {**environment(), "key": key}, payload)
-    except OSError as error:
-        logger.debug("tfxla-lite: could not write rewrite cache entry %s: %s", path, error)
-        return
-    caches.count("rewrite_writes")
-    caches.prune(path.parent, SUFFIX)
+    STAGE.store_json(key, entry.to_json())
 
 
 # -- source metadata of the current trace -------------------------------------------------
@@ -292,7 +260,7 @@ def with_current_sources(hlo_text: str, graph: tf.Graph) -> str:
                 f' source_file="{_escape(location[0])}" source_line={location[1]}')
         return _SOURCE.sub("", block)[:-1] + sources[op_name] + "}"
 
-    return caches.METADATA.sub(current, hlo_text)
+    return METADATA.sub(current, hlo_text)
 
 
 def _escape(text: str) -> str:  # as the HLO printer escapes strings

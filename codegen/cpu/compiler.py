@@ -20,8 +20,7 @@ from typing import Any
 
 from llvmlite import ir
 
-from tfxla_lite.codegen import cache as kernel_cache
-from tfxla_lite.codegen.cache import _Prepared
+from tfxla_lite.codegen import cache as stage_cache
 
 # Importing the emitter modules fills the EMITTERS registry.
 from tfxla_lite.codegen.cpu import (  # noqa: F401
@@ -32,6 +31,7 @@ from tfxla_lite.codegen.cpu import (  # noqa: F401
     data_movement,
     elementwise,
     engine,
+    kernel_cache,
     linalg,
     machine_code,
     module_split,
@@ -71,7 +71,7 @@ from tfxla_lite.codegen.cpu.partition import (
     is_flat,
 )
 from tfxla_lite.codegen.cpu.tiers import TieredExecutable
-from tfxla_lite.codegen.executable import ENTRY_SIGNATURE, Executable
+from tfxla_lite.codegen.executable import ENTRY_SIGNATURE, Executable, Prepared
 from tfxla_lite.hlo.ir import HloModule, Instruction
 from tfxla_lite.passes.buffer_assignment import entry_values, leaves, updated_operand
 
@@ -399,7 +399,7 @@ def compile(module: HloModule, assignment: Any, hlo_text: str = "",
     costs compile time, so callers name only inputs that TF might forward.
 
     `threads` is the team size of parallel kernels (None: every CPU this process may
-    use; 1: all kernels serial). `cache` chooses the compile caches (`codegen/cache.py`;
+    use; 1: all kernels serial). `cache` chooses the compile caches (`kernel_cache.py`;
     None: as `TFXLA_LITE_CACHE` says): a hit reuses machine code and emits nothing.
 
     `background`: on a cache miss, the IR is emitted on this thread and LLVM's work
@@ -423,7 +423,7 @@ def compile(module: HloModule, assignment: Any, hlo_text: str = "",
     outputs = list(root.operands) if root.opcode == "tuple" else [root]
     optimized_hlo_text = optimized_hlo_text or module.to_text()
     assignment_text = assignment.to_text()
-    caches = kernel_cache.policy(cache)
+    caches = stage_cache.policy(cache)
     donations = output_donations(module, assignment, frozenset(donate))
     key = kernel_cache.kernel_fingerprint(optimized_hlo_text, assignment_text, donations, team,
                                           kernel_cache.constants_digest(module))
@@ -437,9 +437,7 @@ def compile(module: HloModule, assignment: Any, hlo_text: str = "",
         output_shapes=[o.shape for o in outputs], temp_bytes=int(assignment.temp_bytes),
         hlo_text=hlo_text or module.to_text(), optimized_hlo_text=optimized_hlo_text,
         assignment_text=assignment_text, donations=donations)
-    code = kernel_cache.memory_lookup(key) if caches.memory else None
-    if code is None and caches.disk:
-        code = kernel_cache.disk_load(key, signature)
+    code = kernel_cache.lookup(key, signature, caches)
     if code is None and tiered:
         emitted = _emit_code(module, assignment, team, donations, tiered=True)
         quick_split = emitted.quick_split or emitted.split
@@ -449,11 +447,11 @@ def compile(module: HloModule, assignment: Any, hlo_text: str = "",
             **described, kernel_count=emitted.kernel_count, llvm_ir=emitted.split.text,
             llvm_ir_optimized=None, entry_address=quick.entry_address, engine=quick.engine,
             compiled_from="llvm", quick=quick)
-        kernel_cache.count("llvm_compilations")  # its O3 compile, certain to be tried
+        stage_cache.count("llvm_compilations")  # its O3 compile, certain to be tried
         job = tiers.submit(tiers.o3_tier, executable, emitted, key, signature, caches)
         executable.start(job)
         if caches.memory:
-            kernel_cache.memory_pending(key, job)
+            kernel_cache.MEMORY.pending(key, job)
         return executable
     if code is None and background:
         emitted = _emit_code(module, assignment, team, donations)
@@ -465,8 +463,6 @@ def compile(module: HloModule, assignment: Any, hlo_text: str = "",
     if code is None:
         code = _finish_code(_emit_code(module, assignment, team, donations), key, signature,
                             caches)
-    elif caches.memory:
-        kernel_cache.memory_store(key, code)
     return Executable(
         **described, kernel_count=code.kernel_count, llvm_ir=code.llvm_ir,
         llvm_ir_optimized=code.llvm_ir_optimized, entry_address=code.entry_address,
@@ -485,19 +481,16 @@ class EmittedModule:
 
 
 def _finish_code(emitted: EmittedModule, key: str, signature: dict[str, Any],
-                 caches: kernel_cache.CachePolicy) -> kernel_cache.CompiledCode:
+                 caches: stage_cache.CachePolicy) -> kernel_cache.CompiledCode:
     """LLVM's part of a compile (`_machine_code`), then the kernel caches' writes."""
     code = _machine_code(emitted)
-    if caches.disk:
-        kernel_cache.disk_store(key, signature, code, caches.root)
-    if caches.memory:
-        kernel_cache.memory_store(key, code)
+    kernel_cache.store(key, signature, code, caches)
     return code
 
 
 def _machine_code(emitted: EmittedModule) -> kernel_cache.CompiledCode:
     """Optimize and compile the emitted parts (one object each) and load them."""
-    kernel_cache.count("llvm_compilations")
+    stage_cache.count("llvm_compilations")
     return machine_code.o3_machine_code(emitted)
 
 
@@ -643,9 +636,9 @@ class PendingExecutable(Executable):
     its error if it failed. `wait()` does only that, for callers that must know the code
     is ready (the launch op's registration)."""
 
-    entry_address = _Prepared("wait")
-    engine = _Prepared("wait")
-    _entry = _Prepared("wait")
+    entry_address = Prepared("wait")
+    engine = Prepared("wait")
+    _entry = Prepared("wait")
 
     @property  # type: ignore[override]
     def llvm_ir_optimized(self) -> str:

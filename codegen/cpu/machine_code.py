@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfxla_lite.codegen import cache as kernel_cache
-from tfxla_lite.codegen.cpu import engine
+from tfxla_lite.codegen.cpu import engine, kernel_cache
 from tfxla_lite.codegen.cpu.emitter import ENTRY_NAME
 
 

@@ -54,9 +54,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from tfxla_lite.codegen import cache as kernel_cache
+from tfxla_lite.codegen import cache as stage_cache
 from tfxla_lite.codegen import config
-from tfxla_lite.codegen.cpu import engine, machine_code
+from tfxla_lite.codegen.cpu import engine, kernel_cache, machine_code
 from tfxla_lite.codegen.executable import Executable
 
 logger = logging.getLogger("tfxla_lite")
@@ -167,7 +167,7 @@ def quick_code(parts: list[str], entry_name: str, internal: frozenset[str],
     setter = llvm_engine.get_function_address(TIER_SET)
     if not entry or not setter:
         raise RuntimeError("tiered compile: the quick object lacks its trampoline")
-    kernel_cache.count("quick_compilations")
+    stage_cache.count("quick_compilations")
     return QuickCode(llvm_engine, entry, setter, compiled.bitcode, internal)
 
 
@@ -235,7 +235,7 @@ class TieredExecutable(Executable):
         self.__dict__["_o3"] = code  # held as long as the executable: launches call it
         _SETTER(self.__dict__["_quick"].setter_address)(code.entry_address)
         self.__dict__["_tier"] = "o3"
-        kernel_cache.count("tier_swaps")
+        stage_cache.count("tier_swaps")
 
     def _finished(self, job: concurrent.futures.Future) -> None:
         error = job.exception() if not job.cancelled() else AbandonedCompile("cancelled")
@@ -243,9 +243,9 @@ class TieredExecutable(Executable):
             return
         self.__dict__["_tier_error"] = error
         if isinstance(error, AbandonedCompile):
-            kernel_cache.count("tier_abandoned")
+            stage_cache.count("tier_abandoned")
             return
-        kernel_cache.count("tier_failures")
+        stage_cache.count("tier_failures")
         logger.warning("tfxla-lite: the O3 compile of %s failed, its quick-tier code keeps "
                        "running: %s: %s", self.module_name, type(error).__name__, error)
 
@@ -256,16 +256,13 @@ class TieredExecutable(Executable):
 
 
 def o3_tier(executable: TieredExecutable, emitted: Any, key: str, signature: dict[str, Any],
-            caches: kernel_cache.CachePolicy) -> kernel_cache.CompiledCode:
+            caches: stage_cache.CachePolicy) -> kernel_cache.CompiledCode:
     """The background half of a tiered compile: O3 machine code on one thread, the kernel
     caches' writes, then the swap."""
     if _exit_deadline is not None and time.monotonic() > _exit_deadline:
         raise AbandonedCompile("the interpreter is exiting")
     code = machine_code.o3_machine_code(emitted, threads=1)
-    if caches.disk:
-        kernel_cache.disk_store(key, signature, code, caches.root)
-    if caches.memory:
-        kernel_cache.memory_store(key, code)
+    kernel_cache.store(key, signature, code, caches)
     executable.swap(code)
     return code
 

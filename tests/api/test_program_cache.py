@@ -15,7 +15,8 @@ import pytest
 import tensorflow as tf
 
 import tfxla_lite as tl
-from tfxla_lite.codegen import cache
+from tfxla_lite.codegen import cache, module_cache
+from tfxla_lite.codegen.cpu.kernel_cache import without_metadata
 from tfxla_lite.examples import EXAMPLES
 from tfxla_lite.options import Options
 
@@ -54,7 +55,7 @@ def test_report_of_a_cached_compile_matches_the_cold_one(cache_root: Path) -> No
     # Called from another line: the same compile but for the metadata's source lines.
     for stage in ("hlo", "optimized_hlo", "buffer_assignment", "llvm"):
         texts = [f.experimental_get_compiler_ir(*inputs)(stage=stage) for f in (warm, cold)]
-        assert cache.without_metadata(texts[0]) == cache.without_metadata(texts[1]), stage
+        assert without_metadata(texts[0]) == without_metadata(texts[1]), stage
 
 
 PROCESS = textwrap.dedent("""
@@ -105,7 +106,7 @@ def test_second_process_runs_no_pass_and_no_llvm(tmp_path: Path) -> None:
                     "optimized_disk_hits": len(names), "optimized_disk_rejected": 0}
     _same_results(tmp_path, 0, 1)
     # Damaged entries are refused, compiled afresh (same bits) and rewritten.
-    for entry in (tmp_path / "cache" / "optimized").glob("*" + cache.OPTIMIZED_SUFFIX):
+    for entry in (tmp_path / "cache" / "optimized").glob("*" + module_cache.STAGE.suffix):
         data = entry.read_bytes()
         entry.write_bytes(data[:-1] + bytes([data[-1] ^ 0x55]))
     damaged = _run(tmp_path, 2, names)

@@ -22,7 +22,7 @@ from tolerances import assert_close
 import tfxla_lite as tl
 from tfxla_lite import rewrite_cache
 from tfxla_lite.codegen import cache
-from tfxla_lite.codegen.cpu import engine, tiers
+from tfxla_lite.codegen.cpu import engine, kernel_cache, tiers
 from tfxla_lite.options import Options
 
 # The compile caches are skipped under `verify=True` (the directory's default).
@@ -99,8 +99,8 @@ def test_quick_tier_runs_like_tf_then_the_o3_code_is_swapped_in(monkeypatch) -> 
     _assert_like_tf(f(x * 3.0), x * 3.0)  # the same signature, still the quick code
     # Nothing is cached while only quick code exists: no kernel entry, no rewrite entry.
     assert not list((tiers_root := Path(os.environ["TFXLA_LITE_CACHE_DIR"])).glob(
-        "kernels/*" + cache.ENTRY_SUFFIX))
-    assert not list(tiers_root.glob("rewrites/*" + rewrite_cache.SUFFIX))
+        "kernels/*" + kernel_cache.STAGE.suffix))
+    assert not list(tiers_root.glob("rewrites/*" + rewrite_cache.STAGE.suffix))
     release.set()
     assert tl.wait_for_compiles(60)
     assert all(e.tier == "o3" and e.tier_error is None for e in executables)
@@ -124,20 +124,21 @@ def test_only_o3_objects_are_cached_and_the_rewrite_entry_comes_after_them(
     _assert_like_tf(f(x), x)
     executables = _executables(f)
     assert tl.wait_for_compiles(60) and all(e.tier == "o3" for e in executables)
-    entries = list(cache_root.glob("kernels/*" + cache.ENTRY_SUFFIX))
+    entries = list(cache_root.glob("kernels/*" + kernel_cache.STAGE.suffix))
     assert len(entries) == len(executables)
     # The stored objects are the O3 compile's: the same bytes as a compile at O3 now.
     stored = set()
     for entry in entries:
-        _, sections = cache._parse_entry(entry.read_bytes(), {})
-        stored.add(tuple(body for section, body in sections if section["name"] == "object"))
+        header, sections = cache.read_entry(entry.read_bytes(), {})
+        stored.add(tuple(body for section, body in zip(header["sections"], sections)
+                         if section["name"] == "object"))
     for executable in executables:
         o3 = engine.compile_parts([executable.llvm_ir]).objects
         quick = engine.compile_parts([executable.llvm_ir], tiers.QUICK_SPEED_LEVEL,
                                      tiers.QUICK_CODEGEN_LEVEL).objects
         assert quick != o3  # the test can tell the tiers apart
         assert o3 in stored and quick not in stored
-    assert len(list(cache_root.glob("rewrites/*" + rewrite_cache.SUFFIX))) == 1
+    assert len(list(cache_root.glob("rewrites/*" + rewrite_cache.STAGE.suffix))) == 1
     # A second function in the process takes the O3 code from the caches: no quick tier.
     before = cache.stats()
     g = tl.function(softmax_and_sum, jit_compile=True, options=NO_VERIFY)
@@ -169,8 +170,8 @@ def test_an_o3_failure_is_reported_and_the_quick_code_keeps_running(
     assert "injected O3 failure" in caplog.text
     _assert_like_tf(f(x + 1.0), x + 1.0)  # still running, still right
     # Nothing cached that a warm process would trust.
-    assert not list(cache_root.glob("kernels/*" + cache.ENTRY_SUFFIX))
-    assert not list(cache_root.glob("rewrites/*" + rewrite_cache.SUFFIX))
+    assert not list(cache_root.glob("kernels/*" + kernel_cache.STAGE.suffix))
+    assert not list(cache_root.glob("rewrites/*" + rewrite_cache.STAGE.suffix))
     text = f.experimental_get_compiler_ir(x)(stage="llvm")
     assert "O3 compile failed" in text
 

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from tfxla_lite import cache_dir
-from tfxla_lite.codegen import cache, compile_module
+from tfxla_lite.codegen import cache, compile_module, module_cache
+from tfxla_lite.codegen.cpu import kernel_cache
 from tfxla_lite.hlo.ir import HloModule
 from tfxla_lite.hlo.parser import parse_module
 
@@ -61,7 +62,7 @@ def kernel_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 
 
 def _entries(folder: Path) -> list[Path]:
-    return sorted(folder.glob("*" + cache.ENTRY_SUFFIX))
+    return sorted(folder.glob("*" + kernel_cache.STAGE.suffix))
 
 
 def test_second_compile_in_the_process_reuses_the_machine_code(kernel_dir: Path) -> None:
@@ -129,12 +130,12 @@ def _listed_symbols(symbols: list[str]):
     _foreign("cpu", "some-other-cpu"),
     _foreign("tfxla_lite", "0.0.0"),
     _foreign("llvm", "1.0.0"),
-    _foreign("fingerprint", "0" * 64),
+    _foreign("key", "0" * 64),
     _foreign("temp_bytes", 12345),
     _listed_symbols(["tfxla_lite_no_such_symbol"]),  # not what the object needs
-    _foreign("format", "tfxla-lite-kernel-1"),
+    _foreign("format", "tfxla-lite-kernel-2"),
 ], ids=["flipped", "truncated", "short", "trailing", "empty", "garbage", "cpu", "version",
-        "llvm", "fingerprint", "temp-bytes", "listed-symbols", "format"])
+        "llvm", "key", "temp-bytes", "listed-symbols", "format"])
 def test_damaged_or_foreign_entry_is_recompiled_and_rewritten(kernel_dir: Path, damage) -> None:
     compile_module(_module())
     (entry,) = _entries(kernel_dir)
@@ -232,7 +233,7 @@ def test_second_process_starts_without_compiling(tmp_path: Path) -> None:
 
 
 def test_runtime_build_and_codegen_share_one_cache_root(kernel_dir: Path) -> None:
-    assert cache.disk_path("x").parent.parent == cache_dir.cache_root()
+    assert kernel_cache.STAGE.path("x").parent.parent == cache_dir.cache_root()
     source = (Path(cache_dir.__file__).parent / "runtime" / "build.py").read_text()
     assert "from tfxla_lite.cache_dir import cache_root" in source
 
@@ -240,7 +241,7 @@ def test_runtime_build_and_codegen_share_one_cache_root(kernel_dir: Path) -> Non
 # -- optimized modules: a warm compile runs no pass ------------------------------------
 
 def _optimized_entries(root: Path) -> list[Path]:
-    return sorted((root / "optimized").glob("*" + cache.OPTIMIZED_SUFFIX))
+    return sorted((root / "optimized").glob("*" + module_cache.STAGE.suffix))
 
 
 def _cold_then_warm(kernel_dir: Path, **options) -> tuple:
@@ -253,7 +254,7 @@ def _cold_then_warm(kernel_dir: Path, **options) -> tuple:
 
 def test_warm_compile_from_disk_runs_no_pass_and_no_llvm(kernel_dir: Path) -> None:
     cold, warm, before, after = _cold_then_warm(kernel_dir)
-    assert isinstance(warm, cache.CachedExecutable) and warm.compiled_from == "disk"
+    assert isinstance(warm, module_cache.CachedExecutable) and warm.compiled_from == "disk"
     assert after.pipeline_runs == before.pipeline_runs
     assert after.llvm_compilations == before.llvm_compilations
     assert after.optimized_disk_hits == before.optimized_disk_hits + 1
@@ -315,7 +316,8 @@ def _edit_payload(edit):
         fields = json.loads(zlib.decompress(payload))
         edit(fields)
         payload = zlib.compress(json.dumps(fields).encode())
-        manifest.update(size=len(payload), sha256=hashlib.sha256(payload).hexdigest())
+        manifest["sections"][0].update(size=len(payload),
+                                       sha256=hashlib.sha256(payload).hexdigest())
         return json.dumps(manifest).encode() + b"\n" + payload
     return damage
 
@@ -349,13 +351,13 @@ def test_damaged_or_stale_optimized_entry_is_recompiled_and_rewritten(kernel_dir
     before = cache.stats()
     executable = compile_module(_module())
     after = cache.stats()
-    assert not isinstance(executable, cache.CachedExecutable)
+    assert not isinstance(executable, module_cache.CachedExecutable)
     assert after.optimized_disk_rejected == before.optimized_disk_rejected + 1
     assert after.pipeline_runs == before.pipeline_runs + 1
     np.testing.assert_allclose(executable(*_inputs())[0], _expected(), rtol=1e-5, atol=1e-5)
     cache.clear_memory()
     again = cache.stats()
-    assert isinstance(compile_module(_module()), cache.CachedExecutable)
+    assert isinstance(compile_module(_module()), module_cache.CachedExecutable)
     assert cache.stats().pipeline_runs == again.pipeline_runs
 
 
@@ -371,7 +373,7 @@ def test_stored_texts_name_the_machine_code(kernel_dir: Path) -> None:
     cache.clear_memory()
     before = cache.stats()
     executable = compile_module(_module())
-    assert not isinstance(executable, cache.CachedExecutable)
+    assert not isinstance(executable, module_cache.CachedExecutable)
     assert cache.stats().pipeline_runs == before.pipeline_runs + 1
     np.testing.assert_allclose(executable(*_inputs())[0], _expected(), rtol=1e-5, atol=1e-5)
 
@@ -380,18 +382,18 @@ def test_rebuilt_assignment_must_match_the_stored_one(kernel_dir: Path) -> None:
     import dataclasses
 
     cold = compile_module(_module())
-    found = cache.OptimizedModule(
+    found = module_cache.OptimizedModule(
         cold.optimized_hlo_text, cold.assignment_text + "y", cold.temp_bytes,
         cold.assignment.temp_bytes_without_reuse, cold.donations,
-        cache.constants_digest(cold.module),
+        kernel_cache.constants_digest(cold.module),
         tuple((s.element_type, s.dims) for s in cold.parameter_shapes),
         tuple((s.element_type, s.dims) for s in cold.output_shapes))
-    code = cache.CompiledCode(cold.engine, cold.entry_address, cold.kernel_count,
+    code = kernel_cache.CompiledCode(cold.engine, cold.entry_address, cold.kernel_count,
                               cold.llvm_ir, cold.llvm_ir_optimized)
-    assert cache.cached_executable(dataclasses.replace(
+    assert module_cache.cached_executable(dataclasses.replace(
         found, assignment_text=cold.assignment_text), code, cold.hlo_text).module is not None
     with pytest.raises(RuntimeError, match="buffer assignment"):
-        _ = cache.cached_executable(found, code, cold.hlo_text).module
+        _ = module_cache.cached_executable(found, code, cold.hlo_text).module
 
 
 def _scaled_sine(constant: np.ndarray, metadata: str = "") -> HloModule:
@@ -418,7 +420,7 @@ def test_modules_differing_only_in_a_large_constant_do_not_share_code(kernel_dir
                                    atol=1e-6)
         cache.clear_memory()  # from disk too
         again = compile_module(_scaled_sine(constant))
-        assert isinstance(again, cache.CachedExecutable)
+        assert isinstance(again, module_cache.CachedExecutable)
         np.testing.assert_allclose(again(x)[0], np.sin(x * constant), rtol=1e-5, atol=1e-6)
 
 
@@ -448,21 +450,22 @@ def test_optimized_module_hit_shows_the_current_metadata(kernel_dir: Path) -> No
             cache.clear_memory()
         second = compile_module(_scaled_sine(constant, ', metadata={op_type="Mul" '
                                                        'source_file="b.py" source_line=7}'))
-        assert isinstance(second, cache.CachedExecutable)
+        assert isinstance(second, module_cache.CachedExecutable)
         assert 'source_file="b.py" source_line=7' in second.optimized_hlo_text
         assert "a.py" not in second.optimized_hlo_text
-        assert cache.without_metadata(second.optimized_hlo_text) == cache.without_metadata(
-            first.optimized_hlo_text)
+        assert (kernel_cache.without_metadata(second.optimized_hlo_text)
+                == kernel_cache.without_metadata(first.optimized_hlo_text))
 
 
 def test_metadata_that_maps_to_nothing_is_dropped() -> None:
     """A stored block without a counterpart in the current lowered text is left out
     rather than shown stale."""
     stale = ', metadata={op_type="Mul" source_file="old.py" source_line=3}'
-    found = cache.OptimizedModule(f"ENTRY main {{\n  ROOT m = f32[] multiply(a, b){stale}\n}}",
-                                  "", 0, 0, (), "", (), (), ("", stale, ""))
-    assert "old.py" not in cache.with_current_metadata(found, "HloModule x\nENTRY main {\n}")
-    unmapped = cache.with_current_metadata(found, "one\ntwo\nthree")  # lines without any
+    found = module_cache.OptimizedModule(
+        f"ENTRY main {{\n  ROOT m = f32[] multiply(a, b){stale}\n}}", "", 0, 0, (), "", (), (),
+        ("", stale, ""))
+    assert "old.py" not in module_cache.with_current_metadata(found, "HloModule x\nENTRY main {\n}")
+    unmapped = module_cache.with_current_metadata(found, "one\ntwo\nthree")  # lines without any
     assert unmapped == found.optimized_hlo_text.replace(stale, "")
 
 

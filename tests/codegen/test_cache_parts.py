@@ -17,7 +17,7 @@ from codegen_helpers import PARTS_HLO, float32_reference
 from llvmlite import ir
 
 from tfxla_lite.codegen import cache, compile_module
-from tfxla_lite.codegen.cpu import engine, parallel
+from tfxla_lite.codegen.cpu import engine, kernel_cache, parallel
 from tfxla_lite.hlo.parser import parse_module
 
 pytestmark = pytest.mark.skipif(not parallel.openmp_available(),
@@ -46,7 +46,7 @@ def _compile() -> object:
 
 
 def _entry(kernel_dir: Path) -> Path:
-    (entry,) = sorted(kernel_dir.glob("*" + cache.ENTRY_SUFFIX))
+    (entry,) = sorted(kernel_dir.glob("*" + kernel_cache.STAGE.suffix))
     return entry
 
 
@@ -74,7 +74,7 @@ def _rewritten(data: bytes, replace: dict[int, bytes]) -> bytes:
         body = replace.get(number, body)
         section.update(size=len(body), sha256=hashlib.sha256(body).hexdigest())
         if section["name"] == "object":
-            section["defines"], section["symbols"] = cache.object_symbols(body)
+            section["defines"], section["symbols"] = kernel_cache.object_symbols(body)
         manifest["sections"][number] = section
         bodies.append(body)
     return json.dumps(manifest).encode() + b"\n" + b"".join(bodies)
@@ -162,7 +162,7 @@ def test_a_part_needing_a_symbol_nothing_defines_is_a_miss(kernel_dir: Path, cap
     sections = _sections(data)
     parts = [s["name"] for s, _ in sections].count("object")
     calling = engine.compile_parts([_module_calling("tfxla_lite_test_missing")]).objects[0]
-    assert "tfxla_lite_test_missing" in cache.object_symbols(calling)[1]
+    assert "tfxla_lite_test_missing" in kernel_cache.object_symbols(calling)[1]
     # Appended as one more part (with its bitcode slot), entry's own parts intact.
     objects = [body for s, body in sections[:parts]] + [calling]
     rest = [body for s, body in sections[parts:]]
@@ -173,7 +173,7 @@ def test_a_part_needing_a_symbol_nothing_defines_is_a_miss(kernel_dir: Path, cap
                        + [("bitcode", b) for b in rest[1:] + [bitcode]]):
         section = {"name": name, "size": len(body), "sha256": hashlib.sha256(body).hexdigest()}
         if name == "object":
-            section["defines"], section["symbols"] = cache.object_symbols(body)
+            section["defines"], section["symbols"] = kernel_cache.object_symbols(body)
         described.append(section)
     manifest["sections"] = described
     damaged = (json.dumps(manifest).encode() + b"\n" + b"".join(objects) + rest[0]
@@ -191,7 +191,8 @@ def test_an_entry_of_the_single_object_format_is_a_miss(kernel_dir: Path, caplog
     body = engine.compile_parts([cold.llvm_ir]).objects[0]
     texts = zlib.compress(json.dumps([cold.llvm_ir, cold.llvm_ir_optimized]).encode(), 1)
     old = {key: value for key, value in manifest.items() if key not in ("sections", "internal")}
-    old.update(format="tfxla-lite-kernel-1", symbols=cache.object_symbols(body)[1], sections=[
+    old.update(format="tfxla-lite-kernel-1", symbols=kernel_cache.object_symbols(body)[1],
+               sections=[
         {"name": "object", "size": len(body), "sha256": hashlib.sha256(body).hexdigest()},
         {"name": "llvm_ir", "size": len(texts), "sha256": hashlib.sha256(texts).hexdigest()}])
     _refused_then_rewritten(kernel_dir, json.dumps(old).encode() + b"\n" + body + texts,

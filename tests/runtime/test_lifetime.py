@@ -23,7 +23,8 @@ import tensorflow as tf
 
 import tfxla_lite as tl
 from tfxla_lite.codegen import cache as code_caches
-from tfxla_lite.codegen.cpu import engine, tiers
+from tfxla_lite.codegen import module_cache
+from tfxla_lite.codegen.cpu import engine, kernel_cache, tiers
 from tfxla_lite.runtime import loader
 
 # Allowed RSS growth per create/compile/drop cycle, over the second half of the cycles.
@@ -52,8 +53,8 @@ def _settle() -> None:
 @pytest.fixture
 def small_caches(cache_root, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
     """Caps small enough that the caches fill within a few cycles."""
-    monkeypatch.setattr(code_caches, "MEMORY_BYTES", 2 << 20)
-    monkeypatch.setattr(code_caches, "OPTIMIZED_MEMORY_BYTES", 256 << 10)
+    monkeypatch.setattr(kernel_cache.MEMORY, "max_bytes", 2 << 20)
+    monkeypatch.setattr(module_cache.MEMORY, "max_bytes", 256 << 10)
 
 
 def _cycles(count: int, new_code: bool) -> tuple[list[int], dict[int, float]]:

@@ -4,6 +4,8 @@ entries are never trusted."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -96,7 +98,7 @@ def _delta(before: cache.CacheStats) -> dict[str, int]:
 
 
 def _entries(root: Path) -> list[Path]:
-    return sorted((root / "autograph").glob("*" + autograph_cache.SUFFIX))
+    return sorted((root / "autograph").glob("*" + autograph_cache.STAGE.suffix))
 
 
 def _forget(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -172,12 +174,14 @@ def test_an_entry_of_another_tensorflow_is_not_trusted(
         cache_root: Path, fresh_conversions: None, monkeypatch: pytest.MonkeyPatch) -> None:
     tl.function(loop_and_branch, min_cluster_size=1)(tf.constant(X))
     (entry,) = _entries(cache_root)
-    path_here = autograph_cache.disk_path("some key")
+    key = json.loads(entry.read_bytes().split(b"\n", 1)[0])["key"]
+    assert autograph_cache.STAGE.path(key) == entry
     foreign = {**autograph_cache.environment(), "tensorflow": "0.0.1"}
-    monkeypatch.setattr(autograph_cache, "environment", lambda: foreign)
-    assert autograph_cache.disk_path("some key") != path_here, "the environment is in the path"
-    # The same file found under another TF (a copied folder): its manifest must not pass.
-    monkeypatch.setattr(autograph_cache, "disk_path", lambda _: entry)
+    stage = dataclasses.replace(autograph_cache.STAGE, environment=lambda: foreign)
+    monkeypatch.setattr(autograph_cache, "STAGE", stage)
+    assert stage.path(key) != entry, "the environment is in the path"
+    # The same file found under another TF (a copied folder): its header must not pass.
+    stage.path(key).write_bytes(entry.read_bytes())
     _forget(monkeypatch)
     before = cache.stats()
     tl.function(loop_and_branch, min_cluster_size=1)(tf.constant(X))

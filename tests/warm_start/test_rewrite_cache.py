@@ -43,7 +43,7 @@ def _compile(fn=first) -> tuple[tl.Function, list[np.ndarray]]:
 
 
 def _entries(root: Path) -> list[Path]:
-    return sorted((root / "rewrites").glob("*" + rewrite_cache.SUFFIX))
+    return sorted((root / "rewrites").glob("*" + rewrite_cache.STAGE.suffix))
 
 
 def _delta(before: cache.CacheStats) -> dict[str, int]:
