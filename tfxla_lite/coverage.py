@@ -4,35 +4,12 @@
 (auto_jit=2), records every program the compiler builds (`record()`), and counts for
 each traced function its compute ops and their estimated FLOPs inside compiled
 clusters and left in TF, the ops left out grouped by (op type, reason). Then, unless
-`--no-tf`, it runs SCRIPT again in a subprocess under TF's auto-clustering
-(`TF_XLA_FLAGS=--tf_xla_auto_jit=2 --tf_xla_cpu_global_jit --tf_xla_clustering_debug`,
-`TF_DUMP_GRAPH_PREFIX=DIR`) and reads the `mark_for_compilation*.pbtxt` GraphDefs TF
-writes there: a node with an `_XlaCluster` attribute is clustered. TF's graphs are
-Grappler's output (folded, pruned, renamed), so its counts compare by share, not op by op.
-
-Compute ops are every op but argument and variable plumbing, constants and no-ops
-(`stats._NOT_COMPUTE`, plus TF's `_Arg`/`_Retval`). FLOPs per op, from static shapes
-(an unknown dimension counts as `assumed_dim`, 64 by default, since Keras steps are
-traced with an unknown batch dimension):
-
-- MatMul, BatchMatMul*: 2·M·N·K per batch; Einsum: 2 × the product of every label's size;
-- convolutions (Conv2D, Conv3D, DepthwiseConv2dNative) and each of their backprops:
-  2 × the forward output's elements × the kernel's spatial size × its input channels
-  (one for a depthwise kernel; a grouped kernel's are already per group);
-- pooling (MaxPool, AvgPool, 2-D and 3-D): output elements × window size; their
-  gradients: the output gradient's elements × window size;
-- reductions (Sum, Mean, Max, Min, Prod, All, Any, ArgMax, ArgMin, Softmax, LogSoftmax,
-  the cross-entropy losses, BiasAddGrad): 1 per input element;
-- data movement (Reshape, Transpose, slices, concatenation, Shape, Pack, Tile, Gather
-  ...): 0;
-- every other op (element-wise, casts, selects, ...): 1 per output element.
-TF's side counts ops only (its dumped graphs carry no shapes).
-
-The functions of While and If ops (loop bodies and conditions, branches) count too,
-each op once in the op counts and weighted in FLOPs by how often it runs per call
-(`body_weight`): a loop body by its trip count (a constant `maximum_iterations`, the
-forward loop's for a gradient loop, else `assumed_dim`), its condition once more,
-each branch of an If one half. The While and If ops themselves are not counted.
+`--no-tf`, it runs SCRIPT again in a subprocess under TF's auto-clustering and reads the
+`mark_for_compilation*.pbtxt` GraphDefs TF dumps: a node with an `_XlaCluster` attribute
+is clustered. TF's graphs are Grappler's output, so its counts compare by share only.
+What counts as a compute op, the FLOPs of each op kind (`op_flops`) and the weights of
+loop bodies and branches (`body_weight`): docs/inspecting.md, "Coverage of your own
+script".
 """
 
 from __future__ import annotations

@@ -2,40 +2,15 @@
 functions of the computations they run.
 
 Each computation a loop or conditional calls (condition, body, branches) is optimized
-as an entry of its own (`tfxla_lite/passes/control_flow.py`), planned by buffer
-assignment as one (`assign_computation`), and emitted as an internal function with
-the ABI of `entry` (`executable.py`: `f(void** params, void** outputs, void* temp)`,
-`compiler.emit_function`): its parameters are the flat leaves of its parameter, its
-outputs the flat leaves of its root. The caller's function emits the control flow
-around the calls, at the buffers its own plan gives (`ControlFlowPlan`):
-
-- `while`: the initial state is copied into the loop's state buffers once (except the
-  leaves the body passes through unchanged, which the loop reads where the initial
-  state lives: buffer assignment forwards them, `entry_values`); then the
-  condition runs on the state into a pred in the temp arena, and while it holds, the
-  body reads the current state and writes the next one into the other buffer of each
-  leaf it changes (ping-pong: a leaf's two buffers swap roles each iteration, by
-  swapping the pointer arrays passed to the calls, so nothing is copied per iteration
-  and nothing is allocated); a leaf the body returns unchanged has one buffer, passed
-  as both its parameter and its output (the body's copy of it is skipped at run time,
-  since source and destination are the same), and so does a buffer the body updates
-  in place with a dynamic-update-slice (`loop_in_place`: the kernel, `indexing.py`,
-  skips its copy of the operand when the output is the operand's buffer and stores
-  only the update, as XLA does for TensorList buffers). After an odd number of
-  iterations the changed leaves live in their second buffers and are copied back once.
-- `conditional`: the selector is read (a pred: true runs branch 0, false branch 1; an
-  s32: branch i, an index out of range runs the last branch, as XLA does) and a switch
-  calls the branch's function with its operand's leaves and the conditional's own
-  buffers as outputs.
-
-A kernel inside a loop (a body's or condition's, at any depth) asks for the thread
-team only when one iteration's work of it is big (`loop_kernel_team`): a team's
-dispatch and join is paid every iteration, and while the cores are shared it costs
-more than halving a kernel gains (the thresholds' comment says what was measured).
-
-Every pointer the calls need is computed before the loop or switch, where it dominates
-every later use. The callees' temp arenas start at the plan's `callee_temp` in the
-caller's arena, after the caller's own temps, the loop's second buffers and its pred.
+and planned as an entry of its own and emitted as an internal function with the ABI of
+`entry` (`compiler.emit_function`); the caller's function emits the control flow around
+the calls, at the buffers its plan gives (`ControlFlowPlan`). A `while` keeps two buffers
+per state leaf the body changes and swaps the pointer arrays each iteration (ping-pong:
+nothing copied or allocated per iteration); leaves the body passes through or updates in
+place (`loop_in_place`) have one buffer. A `conditional` switches on its selector to a
+call of the branch's function. A kernel inside a loop takes the thread team only when one
+iteration's work is big (`loop_kernel_team`), since the team's dispatch and join are paid
+every iteration. docs/architecture.md ("How loops and branches run") walks through it.
 """
 
 from __future__ import annotations

@@ -3,44 +3,13 @@ its launch geometry.
 
 The step between the buffer-assigned HLO module and the CUDA text. Every entry instruction
 that computes is one *kernel plan*; consecutive kernels over the same rows are then merged
-into one *row group* (`row_groups.py`). Templates:
-
-- `loop`: one thread per output element, grid-stride; a flat elementwise f32 kernel also
-  gets a `float4` variant used when every buffer is 16-byte aligned.
-- `row-reduction`: the reduced dimensions are innermost (rows of W contiguous elements);
-  a warp per row (W <= 512) or a block per row, warp shuffles then shared memory; rows
-  read by 16-byte vector loads where W allows (`row_vectors.py`, as in `row-fusion`).
-- `split-reduction`: a reduction to one element, or to a few long rows, maybe variadic
-  (ArgMax), or sibling reductions of a multi-output fusion folded together: blocks fold
-  fixed chunks of the rows into partials (scratch memory), a second kernel folds each
-  row's partials.
-- `column-reduction`: any other reduce: 32·G outputs per block (G consecutive outputs a
-  thread, read by 16-byte vector loads, where the kept minor dimension allows:
-  `column_group`), 8 slices of the reduced elements per output, combined in shared
-  memory in a fixed order.
-- `transpose`: a kLoop fusion (or a lone transpose) whose root reads a transpose that
-  moves the minor dimension (the *hero*) elementwise or through reshapes: 32x32 tiles of
-  the hero's operand go through shared memory (32x8 threads, 4 rows each), read
-  coalesced along the operand's minor dimension and written coalesced along the
-  output's, XLA's transpose emitter. Transposes too small to pay for the tile (XLA's
-  rule) stay `loop` kernels.
-- `row-group`: consecutive kernels over the same rows, one team per row (`row_groups.py`).
-- `row-fusion`: a kCustom fusion of the `fuse-rows` pass (softmax, layer norm): a team
-  per row folds each of its reduces in order (the results shared through shared memory),
-  then computes the row's outputs; wide values between stages are recomputed, not stored.
-- `multi-output`: a fusion whose root is a tuple (`multi-output-fusion`): a kernel of
-  reduction phases, one per group of reduce results over the same elements (folded in
-  one pass), each storing the loop results of its input shape at the elements it reads
-  (as XLA's reduction emitter), then a loop kernel for the loop results no phase can
-  take (`plan_multi_output` says why).
-- `sort`, `topk`: whole-row kernels of their own (`sort.py`): a block per row merging a
-  permutation of it in the evaluator's order (`sort`); a block per row merging its
-  threads' k best, or for a large k a thread per row streaming them (`topk`).
-- `dot`: a library call (cuBLAS through CuPy), no generated kernel.
-- `dot-epilogue`: a kOutput fusion (a dot and its elementwise epilogue): cuBLAS writes
-  the product to scratch memory, then a loop kernel applies the epilogue (bias,
-  activation, scale) reading it once per element; or, for a bias and/or relu
-  (`lt_epilogue.py`), one cuBLASLt call computes the product and the epilogue.
+into one *row group* (`row_groups.py`). The templates (docs/gpu.md, "Kernel templates",
+describes each): `loop` (a thread per element, grid-stride), `row-reduction` (a warp or
+block per contiguous row), `split-reduction` (partials over blocks, then a second kernel),
+`column-reduction`, `transpose` (32x32 tiles through shared memory, as XLA's transpose
+emitter), `row-group`, `row-fusion` (softmax, layer norm), `multi-output`, `sort`,
+`topk`, `dot` (cuBLAS) and `dot-epilogue` (cuBLAS then a loop kernel, or one cuBLASLt
+call for a bias and/or relu).
 
 Every reduction folds in a fixed tree order that depends only on the shapes (never on the
 grid size or the device), so results are deterministic run to run and device to device.
@@ -48,12 +17,14 @@ grid size or the device), so results are deterministic run to run and device to 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from tfxla_lite.codegen.gpu.cuda_source import identifier
+from tfxla_lite.codegen.gpu.kernel_plan import KernelPlan, Launch, leaf_indices
 from tfxla_lite.codegen.gpu.lt_epilogue import lt_epilogue
 from tfxla_lite.codegen.gpu.row_vectors import VECTOR_BYTES, VECTOR_TYPES, read_at_own_index
+from tfxla_lite.codegen.gpu.sort import WHOLE_ROW_OPCODES, plan_sort
 from tfxla_lite.hlo.ir import Instruction
 from tfxla_lite.hlo.opcodes import is_elementwise
 from tfxla_lite.passes.row_fusion import plan_row_fusion
@@ -85,65 +56,6 @@ TILED_MIN_ELEMENTS = 64 * 128
 _NO_KERNEL = frozenset({"parameter", "constant"})
 DERIVED_SUFFIXES = ("", "_v4", "_partials", "_reduce", "_row_group")
 _FLAT = frozenset({"parameter", "constant", "reshape", "bitcast"})
-
-
-@dataclass(frozen=True)
-class Launch:
-    """Threads per block, and the work units a grid strides over (`units_per_block` per
-    block): the grid is `min(ceil(units / units_per_block), cap)` at run time, any grid
-    being correct."""
-
-    block: tuple[int, int]
-    units: int
-    units_per_block: int
-
-    def grid(self, cap: int) -> int:
-        return max(1, min(-(-self.units // self.units_per_block), cap))
-
-
-@dataclass
-class KernelPlan:
-    """One kernel (or library call) of the executable."""
-
-    # loop | transpose | row-reduction | split-reduction | column-reduction | row-group |
-    # row-fusion | multi-output | dot | dot-epilogue | sort | topk
-    kind: str
-    name: str
-    members: list[Instruction]  # the entry instructions it computes, in order
-    launch: Launch | None = None
-    team: int = 0  # threads per row (reductions and row groups)
-    rows: int = 0
-    width: int = 0  # elements per row (of a reduction)
-    vectorized: bool = False  # has a float4 variant `<name>_v4`
-    chunk: int = 0  # split-reduction: elements per partial
-    chunks: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def outputs(self) -> list[tuple[Instruction, tuple[int, ...]]]:
-        """(member, shape index) of every array the kernel writes, in flat order."""
-        return [(m, index) for m in self.members for index in leaf_indices(m)]
-
-    @property
-    def inputs(self) -> list[Instruction]:
-        """The entry values the kernel reads that it does not compute, in first-use order."""
-        member_ids = {id(m) for m in self.members}
-        inputs: list[Instruction] = []
-        for member in self.members:
-            for operand in member.operands:
-                if id(operand) not in member_ids and all(operand is not i for i in inputs):
-                    inputs.append(operand)
-        return inputs
-
-
-def leaf_indices(inst: Instruction) -> list[tuple[int, ...]]:
-    """The shape indices of an instruction's arrays: `[()]`, or one per tuple element."""
-    if not inst.shape.is_tuple:
-        return [()]
-    assert inst.shape.tuple_shapes is not None
-    if any(s.is_tuple for s in inst.shape.tuple_shapes):
-        raise NotImplementedError(f"GPU backend: nested tuple result of %{inst.name}")
-    return [(n,) for n in range(len(inst.shape.tuple_shapes))]
 
 
 def multi_output_leaves(inst: Instruction) -> list[Instruction] | None:
@@ -284,8 +196,6 @@ def plan_instruction(inst: Instruction, name: str, assignment: Any = None) -> Ke
         if operand.shape.is_tuple:
             raise NotImplementedError(f"GPU backend: tuple-shaped operand %{operand.name} of "
                                       f"%{inst.name}")
-    from tfxla_lite.codegen.gpu.sort import WHOLE_ROW_OPCODES, plan_sort  # imports this module
-
     if inst.opcode in WHOLE_ROW_OPCODES:
         return plan_sort(inst, name)
     if inst.opcode in ("tuple", "get-tuple-element", "while", "conditional", "call"):

@@ -12,33 +12,14 @@ with `compile_cluster` and becomes a `GpuLaunch`, whose nodes the rewrite
                        trace time (EagerPyFunc's own outputs have unknown shapes)
     <launch>           IdentityN of those: the name every consumer already points at
 
-int32 inputs and outputs cross `gpu_call` as uint32 through a Bitcast on each side
-(`<launch>/wire_in_i`, `<launch>/wire_out_j`): TF's EagerPyFunc has no GPU kernel for
-int32 (`wire_dtype`).
-
-`GpuLaunch.__call__` checks the inputs' count, dtypes and shapes
-(`tf.errors.InvalidArgumentError`), turns the TF tensors into CuPy arrays over the same
-memory (DLPack), runs the `GpuExecutable` and turns its CuPy outputs into TF tensors the
-same way. TF and CuPy use different CUDA streams, so the device is synchronized before
-(TF's writes are done: TF's stream is out of reach) and CuPy's stream after (ours are);
-docs/gpu.md ("Host synchronizations per launch") says why those two waits stay and what
-orders the rest.
-
-A cluster on a GPU that does not compile (no CuPy, an unsupported op, NVRTC refusing the
-source) is left to TF, on the GPU where TF placed it; the clustering report says why
-(the driver's usual fallback). CPU clusters are untouched.
-
-A GPU cluster with unknown dimensions becomes a `GpuDynamicLaunch`: the same nodes, and
-a call compiles its input signature at first sight through the cluster's
-`tfxla_lite.dynamic.DynamicCluster` (bounded in auto mode, after which the cluster's TF
-ops run), as the CPU launch op does with its compile callback.
-
-`GpuBackend` is how this module meets devices: which GPUs TF has, where a tensor lives,
-and the `cupy` module the executable runs with. The default one is CuPy on CUDA; the
-tests install one that runs the same code on the CPU emulator of `tests/gpu`
-(`use_backend`), so that placement, the graph rewrite, the launch node and DLPack run
-end to end on machines without a GPU. On hardware this module has NEVER run: no CUDA
-device was available when it was written (docs/gpu.md, "What runs where").
+`GpuLaunch.__call__` hands TF's tensors to CuPy and back over the same memory (DLPack)
+around the `GpuExecutable`; int32 crosses `gpu_call` as uint32 (`wire_dtype`: TF's
+EagerPyFunc has no GPU kernel for int32). A GPU cluster that does not compile stays in TF
+on its GPU, with the reason in the clustering report; one with unknown dimensions becomes
+a `GpuDynamicLaunch`, compiling each input signature at first sight. `GpuBackend` is how
+this module meets devices; the tests install one that runs on the CPU emulator of
+`tests/gpu`. docs/gpu.md ("GPU clusters in `tfxla_lite.function`") gives placement, the
+launch node, the stream synchronizations and what has not run on hardware.
 """
 
 from __future__ import annotations
