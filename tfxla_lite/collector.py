@@ -20,10 +20,8 @@ def collector_paused(enabled: bool = True) -> Iterator[None]:
 
     A compile (TF's trace and autograph's conversion, clustering, lowering, the re-trace)
     allocates hundreds of thousands of short-lived objects beside TF's heap of about
-    350,000; each full collection they trigger walks all of it. Measured in fresh
-    processes (benchmarks/startup.py): the trace of the attention example took 200 ms
-    after tfxla-lite's warm-up against 47 ms with the collector frozen, and warm starts
-    went from 300-680 ms to 100-130 ms (attention, the Keras MLP step). Nothing is
+    350,000; each full collection they trigger walks all of it (docs/benchmarks.md has
+    the first calls and warm starts this saves). Nothing is
     leaked: the compile's cycles are collected by the next automatic collection. Left
     alone when the collector is already off (the caller's choice, or an enclosing
     compile: a `tl.function` traced inside another).

@@ -267,9 +267,8 @@ def choose_strategy(plan: GemmPlan) -> str:
     """Emitted loops for small dots and vector × matrix products, register blocks for
     products up to dot_blocks.MAX_MACS whose B rows are contiguous (`dot_blocks.fits`),
     the packed GEMM for f32 products of at least gemm_packed.MIN_FLOPS on AVX-512
-    (`gemm_packed.fits`: 4-5% more GFLOP per CPU second than OpenBLAS at 2048³-3072³;
-    at 1024³ the library's tiles led on two threads),
-    the library GEMM otherwise.
+    (`gemm_packed.fits`: below that size the library's tiles led), the library GEMM
+    otherwise.
 
     A vector × matrix product (M = 1) with B's rows contiguous is a sequence of
     `axpy`s over those rows, which the emitted loop streams once through B at memory
@@ -437,10 +436,9 @@ def _emit_packed_kernel(module: ir.Module, pool: Any, inst: Instruction, dot: In
     parallel phase whose units compute the row panels' share of the block (the epilogue
     over each panel after the last block) and, as its last units, pack the next block
     into the other buffer; the scratch freed. Both threads work on the same K block of B
-    at a time, so it stays in the shared L3 (each panel streaming all of B from memory
-    ran 3072³ at 97 GFLOP/s on one thread against 106), and one join per block (the first
-    version had a packing phase of its own per block, two joins: under load a late
-    thread holds every join up)."""
+    at a time, so it stays in the shared L3 rather than each panel streaming all of B
+    from memory; packing shares the block's phase, so each block costs one join (under
+    load a late thread holds every join up)."""
     batch = math.prod(plan.batch_sizes)
     strips = gemm_packed.strips(plan.n)
     k_block = gemm_packed.k_block(plan)

@@ -19,15 +19,12 @@ multiply and an add at any optimization level) over k ascending from 0: a K bloc
 continues from the partial sum its predecessor stored in C, which is the same float a
 register would have held. So the result's bits depend on K alone, not on the units,
 the blocking (MR, NR, MC, KC), the thread count or the edges (edge tiles run the same
-kernel on a copy; tests/codegen/test_gemm_packed.py). The scratch (a header naming the
-blocks the phase computes and packs, two packed K blocks of B, one packed-A slot per
-row panel) is one `aligned_alloc` per call, freed at the end: no buffer of the plan's
-arena is that large, and glibc serves the same block again (after the first free of an
-mmapped block its mmap threshold rises to that size, up to 32 MiB).
+kernel on a copy; tests/codegen/test_gemm_packed.py). The scratch is one `aligned_alloc`
+per call, freed at the end: no buffer of the plan's arena is that large, and glibc
+serves the same block again (its mmap threshold rises to that size after the first free).
 
-Measured (docs/benchmarks.md, "Packed GEMM"): one thread, 8 × 3 tiles with KC 512 and
-MC 64 ran 2048³ at 102-107 GFLOP per CPU second against OpenBLAS's 96-101; 8 × 2,
-12 × 2, 14 × 2 and 6 × 4 tiles were slower, and so were KC 256, MC 128-256.
+The tile shape and block sizes are those that ran fastest against OpenBLAS on one
+thread (docs/benchmarks.md, "Packed GEMM").
 """
 
 from __future__ import annotations

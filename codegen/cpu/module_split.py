@@ -5,31 +5,22 @@ kernel and `entry`) and `engine.compile_parts`, which runs LLVM's pipeline and c
 generator on each part in its own LLVM context and thread, one object file per part;
 one engine loads the objects and its linker resolves the calls between them
 (`engine.load_objects`). Optimizing one big module is the longest step of a cold
-compile (the Transformer training step's 0.8 MB of IR took 0.9 s of a 2.1 s first
-call, and generating its machine code 0.36 s more), and a module is optimized and
-compiled function by function anyway, so cutting it between kernels changes little of
-the code LLVM produces (the Transformer and MLP training steps: every function's bytes
-the same as in the whole module's object).
+compile, and LLVM works function by function anyway, so cutting between kernels leaves
+each function's machine code the same.
 
 The cut follows the parallel kernels: a function whose address is taken (a kernel's
 task, handed to the parallel runtime) is never inlined into its caller, so the task and
-every function it reaches form a unit that can be optimized apart without changing
-what LLVM makes of the module; `entry` and the rest (each kernel's launch code, the
-serial kernels, which LLVM inlines into `entry`) form one more unit. Cutting between
-any two functions instead would keep LLVM from inlining range functions into their
-tasks and launches into `entry`: the Transformer step then had 144 functions instead of
-60, and MCJIT took 20% longer to compile them. Units are packed into parts by size of IR
-text, largest first, each into the smallest part so far. A function one part
-defines and another calls loses its internal linkage there and is declared in the
-caller's part (in practice: a task that a launch in the `entry` unit passes to
-the parallel runtime; a global symbol of its part's object, which the other part's object
-calls; `engine.link_parts` makes it internal again when the optimized text is asked
-for); constants (internal globals) are copied into each part that reads them, since a
-declared constant could not be folded (each object holds its own copy).
+every function it reaches form a unit; `entry` and the rest (launch code, serial
+kernels, which LLVM inlines into `entry`) form one more. Cutting between any two
+functions would keep LLVM from inlining range functions into their tasks. Units are
+packed into parts by size of IR text, largest first, each into the smallest part so
+far. A function one part defines and another calls loses its internal linkage there and
+is declared in the caller's part (`engine.link_parts` makes it internal again for the
+optimized text); constants are copied into each part that reads them, so they still fold.
 
-Functions can also be *set apart* (`apart`): they go into a last part of their own,
-whatever the cut of the rest, so that LLVM can compile that part at other levels (the
-quick tier of a tiered compile keeps register-blocked dots at O3: `tiers.py`).
+Functions can also be *set apart* (`apart`): they go into a last part of their own, so
+that LLVM can compile that part at other levels (the quick tier of a tiered compile
+keeps register-blocked dots at O3: `tiers.py`).
 """
 
 from __future__ import annotations

@@ -162,8 +162,8 @@ def _fold_lanes(fold: Accumulation, element_at: Callable[[ir.Value], ir.Value], 
     step (2 * lanes + 1 copies). LLVM's loop vectorizer turns each lane loop into one
     vector operation (its trip count is the vector width) and SROA keeps the lanes in
     a vector register: the code the SLP vectorizer made of the copies, in the same
-    fold order, bit for bit the same results, from far less IR (reduce_sum_fma 24 KB
-    instead of 8, LLVM 42 ms instead of 25; docs/benchmarks.md)."""
+    fold order, bit for bit the same results, from far less IR and LLVM time
+    (docs/benchmarks.md)."""
     ctx = fold.ctx
     b = ctx.builder
     element = value_type(fold.element_type)

@@ -404,8 +404,8 @@ def _stream_scaled_lines(ctx: KernelContext, root: Instruction, source: ir.Value
     A row off the line grid (a NumPy output 16 bytes past a line) first scales `source`
     in place (the root is the row's last stage: nothing reads the buffer after it) and
     multiplies by 1 in the line loop (x * 1 = x), so that the elements before its first
-    line boundary and after its last are copied with `memcpy`: a scalar loop for them
-    cost softmax's module 7 ms of LLVM."""
+    line boundary and after its last are copied with `memcpy` (a scalar loop for them
+    costs LLVM far more time)."""
     b = ctx.builder
     scalar = scale.type
     size = streaming.element_bytes(root.shape)
@@ -566,10 +566,8 @@ def _fold_exactly(ctx: KernelContext, opcode: str, element_type: str, row: ir.Va
     whether the row holds the zero that wins (max: +0 when the row holds a +0, else -0;
     min: -0 when it holds a -0), found by comparing bits, a vector at a time.
 
-    No fold of the row again: the former exact redo (`llvm.maximum` vector folds and
-    their tree) cost softmax's module 2-2.5 ms of LLVM, and rows whose maximum is 0 (a
-    softmax of x - max(x)) 18% more kernel time; this scan 8%. (A scalar
-    `llvm.maximum` loop cost about as little LLVM time but made such rows 10x slower.)"""
+    A bit scan rather than a second fold with `llvm.maximum`: it costs LLVM less time
+    and rows whose maximum is 0 (a softmax of x - max(x)) less kernel time."""
     b = ctx.builder
     scalar = value_type(element_type)
     bits = ir.IntType(8 * (8 if element_type == "f64" else 4))
@@ -606,9 +604,8 @@ def _fold_vectors(ctx: KernelContext, opcode: str, element_type: str, row: ir.Va
     """`fold_contiguous`'s fold, and with `fast` (max and min) whether it saw a NaN: each
     group's vectors then fold by one compare-select each (x86's vmaxps/vminps: a NaN or
     the second of two zeros wins for one step), and one NaN mask collects the group's
-    NaNs (`fcmp uno` of two vectors at a time). (A mask per accumulator, and a zero
-    test per accumulator lane, made LLVM's InstCombine the largest part of softmax's
-    compile: the fold alone 13.3 ms of LLVM against 9.3 with one mask.)"""
+    NaNs (`fcmp uno` of two vectors at a time): a mask per accumulator would make
+    LLVM's InstCombine the largest part of the module's compile."""
     b = ctx.builder
     scalar = value_type(element_type)
     lanes = _VECTOR_LANES[element_type]
