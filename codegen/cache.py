@@ -44,7 +44,7 @@ from typing import Any, TypeVar
 
 import tfxla_lite
 from tfxla_lite.cache_dir import cache_root
-from tfxla_lite.codegen import config
+from tfxla_lite.codegen import background, config
 
 logger = logging.getLogger("tfxla_lite")
 
@@ -138,13 +138,13 @@ def policy(cache: bool | str | None = None) -> CachePolicy:
 class MemoryTable:
     """An in-process LRU of at most `max_entries` entries and `max_bytes` bytes (the
     newest is kept even when alone it is larger); `hits` names the counter of a hit.
-    A key may be pending: `get` then waits for the future that gives its value."""
+    A key may be pending, a background job submitted with `job_key(key)`: `get` then
+    waits for the job, whose result is the value."""
 
     def __init__(self, name: str, max_bytes: int, hits: str, max_entries: int = 256) -> None:
         self.name, self.max_bytes, self.hits, self.max_entries = name, max_bytes, hits, max_entries
         self._values: collections.OrderedDict[str, Any] = collections.OrderedDict()
         self._sizes: dict[str, int] = {}
-        self._pending: dict[tuple[int, str], Any] = {}
         self.bytes = 0
         _tables.append(self)
 
@@ -156,8 +156,7 @@ class MemoryTable:
                 self._values.move_to_end(key)
                 setattr(_stats, self.hits, getattr(_stats, self.hits) + 1)
                 return value
-            # A forked child never waits for its parent's thread: keyed by process.
-            job = self._pending.get((os.getpid(), key))
+        job = background.pending(self.job_key(key))
         if job is None:
             return None
         try:
@@ -178,25 +177,16 @@ class MemoryTable:
                 oldest, _ = self._values.popitem(last=False)
                 self.bytes -= self._sizes.pop(oldest)
 
-    def pending(self, key: str, job: Any) -> None:
-        """`job` (a future) will give the value of `key`: `get` waits for it until done."""
-        pending = (os.getpid(), key)
-        with _lock:
-            self._pending[pending] = job
-
-        def forget(_: Any) -> None:
-            with _lock:
-                if self._pending.get(pending) is job:
-                    del self._pending[pending]
-
-        job.add_done_callback(forget)
+    def job_key(self, key: str) -> tuple[str, str]:
+        """The key of a background job giving the value of `key` (`background.submit`)."""
+        return self.name, key
 
     def clear(self) -> None:
         with _lock:
             self._values.clear()
             self._sizes.clear()
-            self._pending.clear()
             self.bytes = 0
+        background.forget_keys(self.name)
 
     def usage(self) -> tuple[int, int]:
         """(entries, bytes)."""

@@ -49,8 +49,8 @@ def background_compiles_done() -> None:
     (every test waiting made the whole suite 1.7x slower)."""
     import sys
 
-    if "tfxla_lite.codegen.cpu.tiers" in sys.modules:  # never imported here for a test
-        sys.modules["tfxla_lite.codegen.cpu.tiers"].wait_for_compiles()
+    if "tfxla_lite.codegen.background" in sys.modules:  # never imported here for a test
+        sys.modules["tfxla_lite.codegen.background"].wait_for_compiles()
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ _LAZY_NAMES = {
     "enable": "autojit", "disable": "autojit", "is_enabled": "autojit",
     "get_options": "flags", "set_options": "flags", "FlagError": "flags",
     "Options": "options", "OptionsError": "options",
-    "wait_for_compiles": "codegen.cpu.tiers",
+    "wait_for_compiles": "codegen.background",
 }
 
 

@@ -25,7 +25,6 @@ import dataclasses
 import functools
 import itertools
 import logging
-import os
 import time
 import traceback
 from collections.abc import Callable
@@ -46,6 +45,7 @@ from tfxla_lite.clustering.rules_conv import CONVOLUTION_OPS
 from tfxla_lite.clustering.rules_linalg import LINALG_OPS
 from tfxla_lite.clustering.rules_resize import RESIZE_TF_KERNEL_OPS
 from tfxla_lite.clustering.rules_variables import VARIABLE_OPS, written_variables
+from tfxla_lite.codegen import background as background_jobs
 from tfxla_lite.codegen import cache as code_caches
 from tfxla_lite.codegen import compile_module
 from tfxla_lite.codegen import config as code_config
@@ -266,7 +266,7 @@ def build_program(concrete_function: Any, jit_compile: bool | None, options: Opt
     cache_key = (rewrite_cache.rewrite_key(graph_def, jit_compile, options, dynamic,
                                            max_specializations)
                  if rewrite_cache.enabled(options) else None)
-    pending = _rewrites_pending.get((os.getpid(), cache_key))
+    pending = background_jobs.pending(("rewrites", cache_key))
     if pending is not None:  # written once this process's O3 code is stored
         pending.result()
     program = _program_from_cache(graph, function_name, settings, cache_key)
@@ -399,26 +399,15 @@ def _store_in_cache(cache_key: str, graph: tf.Graph, program: Program) -> None:
     if not jobs:
         rewrite_cache.store(cache_key, entry)
         return
-    from tfxla_lite.codegen.cpu import tiers
-
     # On the compile thread, after those jobs (one thread, in order): `wait_for_compiles`
     # waits for the write too, and a second trace of this graph in the process for it.
-    _rewrites_pending[(os.getpid(), cache_key)] = tiers.submit(_store_after, jobs, cache_key,
-                                                              entry)
-
-
-# Rewrite cache entries waiting for their O3 code (`_store_in_cache`), by process id (a
-# forked child never waits for its parent's thread) and key.
-_rewrites_pending: dict[tuple[int, str], Any] = {}
+    background_jobs.submit(_store_after, jobs, cache_key, entry, key=("rewrites", cache_key))
 
 
 def _store_after(jobs: list[Any], cache_key: str, entry: rewrite_cache.RewriteEntry) -> None:
-    try:
-        done, _ = concurrent.futures.wait(jobs)
-        if all(not job.cancelled() and job.exception() is None for job in done):
-            rewrite_cache.store(cache_key, entry)
-    finally:
-        _rewrites_pending.pop((os.getpid(), cache_key), None)
+    done, _ = concurrent.futures.wait(jobs)
+    if all(not job.cancelled() and job.exception() is None for job in done):
+        rewrite_cache.store(cache_key, entry)
 
 
 def _store_refusal(cache_key: str, graph: tf.Graph, error: CompilationError) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 
 from llvmlite import ir
 
+from tfxla_lite.codegen import background as background_jobs
 from tfxla_lite.codegen import cache as stage_cache
 
 # Importing the emitter modules fills the EMITTERS registry.
@@ -448,14 +449,14 @@ def compile(module: HloModule, assignment: Any, hlo_text: str = "",
             llvm_ir_optimized=None, entry_address=quick.entry_address, engine=quick.engine,
             compiled_from="llvm", quick=quick)
         stage_cache.count("llvm_compilations")  # its O3 compile, certain to be tried
-        job = tiers.submit(tiers.o3_tier, executable, emitted, key, signature, caches)
-        executable.start(job)
-        if caches.memory:
-            kernel_cache.MEMORY.pending(key, job)
+        # A second compile of the module in this process waits for this one.
+        executable.start(background_jobs.submit(
+            tiers.o3_tier, executable, emitted, key, signature, caches, droppable=True,
+            key=kernel_cache.MEMORY.job_key(key) if caches.memory else None))
         return executable
     if code is None and background:
         emitted = _emit_code(module, assignment, team, donations)
-        job = tiers.submit(_finish_code, emitted, key, signature, caches)
+        job = background_jobs.submit(_finish_code, emitted, key, signature, caches)
         return PendingExecutable(
             **described, kernel_count=emitted.kernel_count, llvm_ir=emitted.split.text,
             llvm_ir_optimized=None, entry_address=None, engine=None, compiled_from="llvm",

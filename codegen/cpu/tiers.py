@@ -10,9 +10,8 @@ cold first call"), and the O3 compile of the same IR in the background; once tha
 done the executable runs the O3 code. Only O3 code reaches the kernel caches, so a
 warm process never loads quick code. Register-blocked dots' block functions and the
 packed GEMM's are compiled at O3 even in the quick tier, in a part of their own
-(`O3_EVEN_WHEN_QUICK`),
-and the compile thread runs at a lower priority (`BACKGROUND_NICE`;
-`TFXLA_LITE_BACKGROUND_NICE` overrides it, for A/B runs: `codegen/config.py`).
+(`O3_EVEN_WHEN_QUICK`). The O3 compile is a job of the background executor
+(`codegen/background.py`).
 
 The swap. The quick tier's object holds, beside the module, a trampoline that is the
 executable's entry (the address the launch op and `Executable.__call__` call) and a
@@ -35,27 +34,21 @@ swap is one load and one indirect call per launch.
 A failure of the O3 compile after a quick success keeps the quick code, which is the
 same IR compiled by the same LLVM with the same IEEE float semantics: it is logged as
 a warning, counted (`cache.stats().tier_failures`) and kept in `tier_error`, and
-nothing is cached. At interpreter exit, the background thread finishes the compile
-it is running and those queued before `EXIT_WAIT_SECONDS` have passed, so that the
-next process finds the O3 code on disk; the rest are dropped before they start (no
-entry written: writes are atomic renames anyway).
+nothing is cached. At interpreter exit, O3 compiles that have not started soon enough
+are dropped (`background.EXIT_WAIT_SECONDS`; no entry written).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import ctypes
-import functools
 import logging
-import os
-import threading
-import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from tfxla_lite.codegen import background
 from tfxla_lite.codegen import cache as stage_cache
-from tfxla_lite.codegen import config
 from tfxla_lite.codegen.cpu import engine, kernel_cache, machine_code
 from tfxla_lite.codegen.executable import Executable
 
@@ -64,15 +57,6 @@ logger = logging.getLogger("tfxla_lite")
 # The quick tier's LLVM: the IR pipeline's level and the code generator's.
 QUICK_SPEED_LEVEL = 1
 QUICK_CODEGEN_LEVEL = 0
-# At interpreter exit, background compiles queued to start within this many seconds
-# still run (their results go to the disk cache); later ones are dropped. Measured:
-# docs/benchmarks.md, "A tiered LLVM compile".
-EXIT_WAIT_SECONDS = 10.0
-# How much nicer than the process the compile thread runs (`_lower_priority`). At 0 the
-# O3 compile took a core from the first call (MLP 1.8x slower than without tiers); at
-# 19 it starved behind a loop of calls right after (softmax's 1000 calls +40-90 ms, the
-# MLP step's 300 +300 ms, on slow quick code); 10 is between (docs/benchmarks.md).
-BACKGROUND_NICE = 10
 
 # Functions (by name prefix) that the quick tier compiles at O3 all the same, in a part
 # of their own (`module_split`'s `apart`), beside the rest at the quick levels: the
@@ -171,10 +155,6 @@ def quick_code(parts: list[str], entry_name: str, internal: frozenset[str],
     return QuickCode(llvm_engine, entry, setter, compiled.bitcode, internal)
 
 
-class AbandonedCompile(RuntimeError):
-    """A background compile dropped at interpreter exit (`EXIT_WAIT_SECONDS`)."""
-
-
 class TieredExecutable(Executable):
     """An `Executable` that runs quick-tier code until its O3 code, compiled in the
     background, is swapped in (see the module docstring). `tier` says which runs:
@@ -225,10 +205,7 @@ class TieredExecutable(Executable):
         """Wait for the O3 compile (at most `timeout` seconds); whether it is over,
         swapped in or failed. Never raises the compile's error (`tier_error`)."""
         job = self.__dict__["_job"]
-        if job is None:
-            return True
-        done, _ = concurrent.futures.wait([job], timeout)
-        return bool(done)
+        return job is None or background.wait_for_compiles(timeout, [job])
 
     def swap(self, code: kernel_cache.CompiledCode) -> None:
         """Run `code` (the O3 compile's) from now on."""
@@ -238,11 +215,12 @@ class TieredExecutable(Executable):
         stage_cache.count("tier_swaps")
 
     def _finished(self, job: concurrent.futures.Future) -> None:
-        error = job.exception() if not job.cancelled() else AbandonedCompile("cancelled")
+        error = (job.exception() if not job.cancelled()
+                 else background.AbandonedCompile("cancelled"))
         if error is None:
             return
         self.__dict__["_tier_error"] = error
-        if isinstance(error, AbandonedCompile):
+        if isinstance(error, background.AbandonedCompile):
             stage_cache.count("tier_abandoned")
             return
         stage_cache.count("tier_failures")
@@ -259,92 +237,7 @@ def o3_tier(executable: TieredExecutable, emitted: Any, key: str, signature: dic
             caches: stage_cache.CachePolicy) -> kernel_cache.CompiledCode:
     """The background half of a tiered compile: O3 machine code on one thread, the kernel
     caches' writes, then the swap."""
-    if _exit_deadline is not None and time.monotonic() > _exit_deadline:
-        raise AbandonedCompile("the interpreter is exiting")
     code = machine_code.o3_machine_code(emitted, threads=1)
     kernel_cache.store(key, signature, code, caches)
     executable.swap(code)
     return code
-
-
-# -- the background thread ---------------------------------------------------------------
-
-_exit_deadline: float | None = None
-
-
-def submit(function: Callable[..., Any], *args: Any) -> concurrent.futures.Future:
-    """Run `function(*args)` on the process's background compile thread; the future is
-    one `wait_for_compiles` waits for."""
-    job = _pool_of_process(os.getpid()).submit(function, *args)
-    jobs = _outstanding_of_process(os.getpid())
-    with _outstanding_lock:
-        jobs.add(job)
-    job.add_done_callback(_forget)
-    return job
-
-
-def _forget(job: concurrent.futures.Future) -> None:
-    with _outstanding_lock:
-        _outstanding_of_process(os.getpid()).discard(job)
-
-
-def wait_for_compiles(timeout: float | None = None) -> bool:
-    """`tfxla_lite.wait_for_compiles()`: wait until every background LLVM compile of the
-    process submitted so far (and any they lead to) is over, so that from then on every
-    executable runs its O3 code (`TFXLA_LITE_TIERED`) and the disk caches hold it;
-    benchmarks call it before timing steady state. False when `timeout` seconds passed
-    first. An O3 compile that failed is not raised here: it was logged, and its
-    executable keeps its quick-tier code (`Executable.tier`, `tier_error`)."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while True:
-        with _outstanding_lock:
-            jobs = [job for job in _outstanding_of_process(os.getpid()) if not job.done()]
-        if not jobs:
-            return True
-        left = None if deadline is None else max(0.0, deadline - time.monotonic())
-        _, running = concurrent.futures.wait(jobs, left)
-        if running and deadline is not None and time.monotonic() >= deadline:
-            return False
-
-
-@functools.cache
-def _outstanding_of_process(pid: int) -> set[concurrent.futures.Future]:
-    return set()
-
-
-_outstanding_lock = threading.Lock()
-
-
-@functools.cache
-def _pool_of_process(pid: int) -> concurrent.futures.ThreadPoolExecutor:
-    """One compile thread per process: with the thread that emits the next module (or
-    runs the launches) it keeps two cores busy, and a background O3 compile cuts no
-    parts of its own (`o3_tier`: one thread). A forked child does not have its parent's
-    thread, and an executor inherited from the parent would never run a task."""
-    register = getattr(threading, "_register_atexit", None)
-    if register is not None:  # before concurrent.futures joins the thread at exit
-        register(_at_exit)
-    return concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tfxla-lite-llvm",
-                                                 initializer=_lower_priority)
-
-
-def _lower_priority() -> None:
-    """Run the compile thread at `BACKGROUND_NICE` above the process's nice value (Linux
-    sets it per thread), so that a first call's own work and its launches, which need
-    both cores, come first; the O3 compile takes what they leave."""
-    nice = config.background_nice(BACKGROUND_NICE)
-    if nice <= 0 or not hasattr(os, "setpriority"):
-        return
-    try:
-        thread = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, thread, min(19, os.getpriority(os.PRIO_PROCESS, thread)
-                                                    + nice))
-    except OSError:
-        pass
-
-
-def _at_exit() -> None:
-    """At interpreter exit, before the compile thread is joined: compiles that have not
-    started within `EXIT_WAIT_SECONDS` are dropped (`o3_tier`)."""
-    global _exit_deadline
-    _exit_deadline = time.monotonic() + EXIT_WAIT_SECONDS

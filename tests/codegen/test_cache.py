@@ -474,7 +474,8 @@ def test_a_background_compile_stores_where_its_compile_began(
     """The cache folder is fixed when the compile starts: LLVM finishing after
     TFXLA_LITE_CACHE_DIR changed (the next test's folder, another job's) writes the entry
     where the compile began, not into the new folder."""
-    from tfxla_lite.codegen.cpu import engine, tiers
+    from tfxla_lite.codegen import background
+    from tfxla_lite.codegen.cpu import engine
 
     began, moved = tmp_path / "began", tmp_path / "moved"
     monkeypatch.setenv("TFXLA_LITE_CACHE_DIR", str(began))
@@ -491,7 +492,7 @@ def test_a_background_compile_stores_where_its_compile_began(
     executable = compile_module(_module(), background=True)
     monkeypatch.setenv("TFXLA_LITE_CACHE_DIR", str(moved))
     release.set()
-    assert tiers.wait_for_compiles(timeout=120)
+    assert background.wait_for_compiles(timeout=120)
     assert len(_entries(began / "kernels")) == 1
     assert _entries(moved / "kernels") == []
     np.testing.assert_allclose(executable(*_inputs())[0], _expected(), rtol=1e-5, atol=1e-5)

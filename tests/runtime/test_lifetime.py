@@ -24,7 +24,7 @@ import tensorflow as tf
 import tfxla_lite as tl
 from tfxla_lite.codegen import cache as code_caches
 from tfxla_lite.codegen import module_cache
-from tfxla_lite.codegen.cpu import engine, kernel_cache, tiers
+from tfxla_lite.codegen.cpu import engine, kernel_cache
 from tfxla_lite.runtime import loader
 
 # Allowed RSS growth per create/compile/drop cycle, over the second half of the cycles.
@@ -46,7 +46,7 @@ def _make(constant: float) -> tl.Function:
 
 
 def _settle() -> None:
-    tiers.wait_for_compiles()  # background O3 compiles hold their executables
+    tl.wait_for_compiles()  # background O3 compiles hold their executables
     gc.collect()
 
 
