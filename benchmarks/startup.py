@@ -1,38 +1,21 @@
 """First-call time in fresh processes: `python -m benchmarks.startup [--repeats N] [NAME ...]`.
 
-Issue #5's start-up goals, each measured in its own fresh subprocess (TF imported and a
-trivial function of the same kind compiled first, so that importing TF, building or
-loading the launch op and initializing LLVM or XLA are not counted):
+Each variant's first call runs in its own fresh subprocess, after TF is imported and a
+trivial function of the same kind is compiled (so importing TF, the launch op and LLVM or
+XLA's initialization are not counted): **tf.function** (plain `tf.function(fn)`),
+**XLA** (`jit_compile=True`; XLA keeps no compile cache across processes), **cold**
+(tfxla-lite with an empty `TFXLA_LITE_CACHE_DIR`) and **warm** (tfxla-lite again, with
+the cache the cold process left). Goals: cold <= XLA's first call; warm <= 10% of cold.
+Medians over `--repeats`, the variants taken in turn for each workload so that all see
+the same load: only ratios within one run mean anything. tfxla-lite's processes also
+report the pass pipelines and LLVM compilations they ran and whether the rewrite cache
+hit; a last view gives tfxla-lite's overhead over tf.function's first call.
 
-- **tf.function**: TF's first call of plain `tf.function(fn)` (trace + graph
-  optimization + run), which every variant pays in some form: the baseline of the
-  overhead view below;
-- **XLA**: TF's first call of `tf.function(fn, jit_compile=True)` (trace + XLA compile +
-  run; XLA keeps no compile cache across processes);
-- **cold**: tfxla-lite's first call with an empty cache folder (`TFXLA_LITE_CACHE_DIR`,
-  a fresh one per repeat that shares only the built launch op);
-- **warm**: the same again in a new process, with the cache the cold process left
-  (optimized modules and machine code, `codegen/cache.py`).
-
-Goals: cold <= XLA's first call; warm <= 10% of cold. Medians over `--repeats`, with
-tf.function, XLA, cold and warm taken in turn for each workload so that all see the same load; the
-machine is shared, so only the ratios within one run mean anything. The tfxla-lite
-processes also report how many pass pipelines and LLVM compilations they ran and
-whether the whole-rewrite cache hit (`tfxla_lite/rewrite_cache.py`).
-
-`--overlap-ab` measures only cold first calls, with LLVM in the background
-(`TFXLA_LITE_OVERLAP_LLVM=1`) and on the calling thread (`=0`, the default), the two
-alternating in order from repeat to repeat, each in a fresh process with an empty cache.
-`--tiered-ab` does the same with tiered compiles off and on (`TFXLA_LITE_TIERED=0/1`:
-the first call on quick-tier code, the O3 code compiled in the background), beside
-XLA's first call, and also reports each child's exit (a process that exits right after
-its first call waits at exit for its O3 compiles, so that the next one finds them
-cached) and its calling thread's CPU time during the first call.
-
-An added view, not a goal of the issue: tfxla-lite's *overhead* over plain tf.function's
-first call (cold - tf.function, warm - tf.function), i.e. what tfxla-lite adds on top
-of the trace and first run that TF pays anyway.
-Default workloads: the seed examples and the Keras MLP training step.
+`--overlap-ab` and `--tiered-ab` time only cold first calls, with background LLVM or
+tiered compiles off and on in alternating order, each in a fresh process with an empty
+cache (`--tiered-ab` also reports each child's exit, which waits for its O3 compiles,
+and its calling thread's CPU time). Default workloads: the seed examples and the Keras
+MLP training step.
 """
 
 from __future__ import annotations

@@ -4,26 +4,19 @@
 that raises `CompilationError` and the function may fall back (everything but
 `--strict_jit_compile`), `choose` decides, from what could not be compiled:
 
-- **TF's XLA, whole**: the trace runs as TF's own `tf.function(fn, jit_compile=True)`,
-  which is what plain TF runs for it. The default: some programs need XLA to run at
-  all (Keras computes grouped and channels-first 3-D convolutions through a
-  `jit_compile=True` function because TF's CPU kernels refuse them), and an op
-  tfxla-lite cannot compile may be one of those.
-- **auto-clustering** (tfxla-lite's clusters, of any size; the rest on TF's kernels),
-  when every op left over is one tfxla-lite leaves to TF's kernels by design in every
-  mode, where TF's kernels are known to run it: random number generation (TF's kernels
-  draw plain TF's numbers, `docs/architecture.md`), TensorList and other variant or
-  resource plumbing (an RNN's loop), ops refused only for shapes or values not known
-  when tracing (a Keras step with an unknown batch dimension, compiled per shape
-  where it can be), ops the user's `--ops_to_cluster`/denylist keeps out, and calls of
-  functions TF's XLA compiles itself (a `jit_compile=True` function called inside:
-  it stays a call, and TF runs it with XLA). Those steps ran this way before TF's
-  XLA was a fallback; sending them to XLA would be slower (TF's XLA runs CNN and RNN
-  steps several times slower than plain TF on CPU) and give XLA's random numbers.
-- **raise**: TF's XLA refuses the trace as well (checked by converting it to HLO,
-  `experimental_get_compiler_ir(stage="hlo")`, when its inputs can be described):
-  plain TF with `jit_compile=True` fails too, so tfxla-lite fails the same way, with
-  both reasons, at the first call.
+- **TF's XLA, whole**, the default: what plain TF runs for it, and some programs need
+  XLA to run at all (Keras's grouped and channels-first 3-D convolutions, which TF's
+  CPU kernels refuse).
+- **auto-clustering**, when every op left over is one tfxla-lite leaves to TF's kernels
+  by design in every mode (random number generation, TensorList and other variant or
+  resource plumbing, ops refused only for shapes unknown when tracing, ops kept out by
+  `--ops_to_cluster`, calls of functions TF's XLA compiles itself): TF's XLA would run
+  such CNN and RNN steps several times slower than plain TF on CPU and draw other
+  random numbers.
+- **raise**, when TF's XLA refuses the trace as well (checked by converting it to HLO):
+  plain TF with `jit_compile=True` fails too, so tfxla-lite fails with both reasons.
+
+docs/usage.md ("Auto-clustering without code changes") states the same for users.
 """
 
 from __future__ import annotations

@@ -1,42 +1,22 @@
 """CPU code for row fusions (`passes/row_fusion.py`): every stage of a row, row by row.
 
-A row fusion holds reductions over the rows of an array S (the trailing dimensions)
-and their consumers, e.g. softmax: max, then the sum of exp(x - max), then
-exp(x - max) / sum. Its range function computes rows [begin, end), and for each row
-runs one *stage* per reduce, in order, then the root:
+A row fusion holds reductions over the rows of an array (the trailing dimensions) and
+their consumers, e.g. softmax: max, then the sum of exp(x - max), then exp(x - max) /
+sum. Its range function computes rows [begin, end), and for each row runs one *stage*
+per reduce, in order, then the root. A reduce's stage folds the row and binds the
+result, with every per-row value that depends only on bound results (mean = sum / n),
+as a scalar that later stages read from a register; the root's stage stores the row's
+output. A float divide by a per-row value multiplies by the reciprocal (within 2 ulp, as
+oneDNN's softmax); only a tiny or huge finite divisor keeps exact quotients
+(`_keep_scalar`). Float max and min folds compare and select, and fall back to the
+exact, NaN-propagating result only when a NaN or a zero is seen (`_fold_exactly`).
 
-- a reduce's stage folds the row and binds the row's result as a scalar, with every
-  per-row value that depends only on bound results (mean = sum / n, rsqrt(variance +
-  eps)), so later stages read registers. A computed operand is first stored into a
-  row buffer by a plain loop (which LLVM vectorizes whole, exponentials included);
-  a row in memory (that buffer, or the input's own row) is folded in vector
-  registers (`fold_contiguous`) when the reducer is a float add, multiply, max or
-  min, else in interleaved scalar lanes (`reduction.fold_elements`);
-- the root's stage stores the row's output (the whole row, or one value per row). A
-  float divide by a per-row value (softmax's x / sum) divides once per row and
-  multiplies each element by the reciprocal (within 2 ulp of the quotient, as
-  oneDNN's softmax; for a zero, infinite or NaN divisor the same bits as the
-  quotient); only a tiny or huge finite divisor keeps the exact quotients, in a loop
-  LLVM is told not to vectorize (`_keep_scalar`: no row of a softmax takes it).
-
-Float max and min folds compare and select (one `vmaxps` a vector, with one NaN mask
-for all accumulators beside it) and give the exact, NaN-propagating `llvm.maximum` /
-`llvm.minimum` result otherwise only when a NaN was seen (NaN) or the result is a zero
-(whose sign the select may get wrong: a scan of the row's bits for the zero that wins).
-
-A streamed row (`streaming.py`) whose root is such a quotient of a row buffer (softmax's
-exponentials) goes out straight from registers (`_stream_scaled_lines`), without the
-block buffer and its copy. Softmax's exponential leaves out exp's upper clamp, its
-argument x - max(x) being proven never above 0 (`_nonpositive_exponentials`). The rare
-paths stay small because LLVM's compile time grows with the IR they add.
-
-The row is read from memory once; later stages find it in L1 or L2. An expensive
-wide value that several stages need (softmax's exponentials) is computed once: its
-first stage stores it into a row buffer that later stages load. Row buffers live on
-the stack while they fit `ROW_SCRATCH_BYTES`; beyond that, values are recomputed and
-folded in place. Each row is computed whole by one thread with the same code, and
-the order of every fold depends on the row width alone, so results do not depend on
-the thread count.
+The row is read from memory once; later stages find it in L1 or L2. An expensive wide
+value that several stages need (softmax's exponentials) is computed once into a row
+buffer on the stack while it fits `ROW_SCRATCH_BYTES`, else recomputed. Each row is
+computed whole by one thread and every fold's order depends on the row width alone, so
+results do not depend on the thread count. The rare paths stay small because LLVM's
+compile time grows with the IR they add.
 """
 
 from __future__ import annotations

@@ -2,35 +2,25 @@
 
 TF lowers Keras's attention and 3-D Dense layers into dots wrapped in data movement
 that the GEMM code could read through (`codegen/cpu/dot.py` takes any layout where
-each operand's rows and columns have one stride, batch dimensions any strides). Run
-as written, each costs a kernel that copies an array, and batches of small GEMMs.
-Four rewrites, in the spirit of XLA's TransposeFolding and DotDecomposer passes and
-its algebraic simplifier's dot rules:
+each operand's rows and columns have one stride). Run as written, each costs a copy
+kernel, and batches of small GEMMs. Four rewrites, in the spirit of XLA's
+TransposeFolding and DotDecomposer and its algebraic simplifier's dot rules:
 
-- *broadcast operand*: `dot(x, broadcast(w))` whose batch dimensions are exactly
-  those the broadcast adds (each batch element multiplies the same w; a Dense layer
-  on a 3-D input as `BatchMatMulV2`) becomes `dot(x, w)` with x's batch dimensions
-  free: one GEMM of b·m rows. Only for the rhs, and only when x's batch dimensions
-  precede its free ones, so that the result keeps its dimension order.
-- *reduced batch*: `reduce(dot(a, c), batch dimensions, add, 0)`, the dot read by
-  that reduce alone (a weight gradient summed over the batch) becomes `dot(a, c)`
-  contracting over the batch dimensions too: one GEMM with K = b·k.
-- *merged batch*: `dot(reshape(x), reshape(y))` whose one batch dimension is the
-  reshapes' merge of x's and y's equal leading dimensions (attention heads: [b, h, ...]
-  as [b·h, ...]) becomes `reshape(dot(x, y))` with those dimensions as batch
-  dimensions, so that a transpose below the reshape can fold too. Only when every
-  user of the dot is a reshape (TF splits the heads again at once): the new reshape
-  then composes with those, where alone it would be a copy kernel.
-- *transposed operand*: `dot(transpose(x), y)` (either side) becomes a dot of x
-  with its dimension numbers mapped through the permutation, when the operand's free
-  dimensions keep their order (the result is unchanged) and x's layout is one GEMM
-  reads (rows and columns each of one stride, one of them contiguous).
+- *broadcast operand*: `dot(x, broadcast(w))` whose batch dimensions are those the
+  broadcast adds (a Dense layer on a 3-D input) becomes one GEMM `dot(x, w)` of b·m rows,
+  when x's batch dimensions precede its free ones (the result keeps its order);
+- *reduced batch*: a dot summed over its batch dimensions by its only reader (a weight
+  gradient) becomes one dot contracting over them too (K = b·k);
+- *merged batch*: `dot(reshape(x), reshape(y))` whose batch dimension merges equal
+  leading dimensions (attention heads) becomes `reshape(dot(x, y))`, when every user of
+  the dot is a reshape the new one composes with;
+- *transposed operand*: `dot(transpose(x), y)` becomes a dot of x with its dimension
+  numbers mapped through the permutation, when the result is unchanged and x's layout
+  is one a GEMM reads.
 
-All but *reduced batch* compute each element as the same sum of the same products.
-*Reduced batch* reassociates the float sum (per-batch sums added afterwards, against
-one sum over b·k terms), within the dot tolerance; so these rewrites are their own
-pass, not part of `simplify`, whose rewrites are exact to the bit. The reshapes the
-*merged batch* rewrite leaves are for `simplify` to cancel (reshape of reshape).
+All but *reduced batch* compute each element as the same sum of the same products;
+*reduced batch* reassociates the float sum, within the dot tolerance, which is why these
+rewrites are their own pass and not part of the bit-exact `simplify`.
 
 Needs: a module that verifies, before fusion (the patterns are plain instructions).
 Guarantees: the module still verifies; every rewritten value keeps its shape and

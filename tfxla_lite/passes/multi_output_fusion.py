@@ -2,43 +2,24 @@
 that reads it, become one kernel whose result is a tuple.
 
 Runs after `fuse` (and `output-fusion`), as XLA's `multi_output_fusion.cc` does after
-instruction fusion. `fuse` makes one kernel per result, so two kernels that read one
-large array each read it from memory, and a producer that a reduction and someone
-else both need is written by one kernel and read back by the next. Two rewrites:
+instruction fusion: `fuse` makes one kernel per result, so two kernels that read one
+large array each read it from memory, and a value two kernels need is written by one
+and read back by the other. Two rewrites:
 
 - *sibling*: two kernels that share a non-scalar operand (`reduce_sum(x)` and
-  `reduce_sum(x*x)` over the same rows, or two loops over `x`) become one fusion
-  whose root is `tuple(their roots...)`, so x is read once;
-- *producer-consumer*: a loop kernel P (maybe itself multi-output, read through its
-  get-tuple-elements) whose values a reduction or loop kernel C reads elementwise at
-  P's shape is fused into C; the fusion returns C's results and, when other users
-  still need them, P's, so P's values are computed once and never read back from
-  memory (an LSTM cell's gate activations, which `fuse` will not compute twice,
-  join the one kernel that reads them).
+  `reduce_sum(x*x)`) become one fusion whose root is `tuple(their roots...)`;
+- *producer-consumer*: a loop kernel P whose values a reduction or loop kernel C reads
+  elementwise at P's shape is fused into C, which also returns P's values when others
+  still need them (an LSTM cell's gate activations).
 
-Their former users read the new fusion through `get-tuple-element`s (buffer
-assignment makes those names of the leaves' slices, with no copy). Each run merges
-one pair at a time: first a producer only its consumer reads (its buffer goes), then
-siblings, then a producer others read too (an extra output).
-
-A merge makes values live at once that were not (the two transposes of x read by
-kernels far apart; a producer computed late, when its consumer runs, keeping its
-operands live until then), so in the entry each legal merge is weighed by the temp
-arena it leaves and refused when that grows (`_Scale`), as XLA refuses fusions that
-grow peak memory.
-
-Legality, as XLA checks it:
-
-- iteration spaces match (`_space`): loop kernels of one output shape, reductions of
-  one input shape and one set of reduced dimensions, or a loop kernel of a
-  reduction's input shape joined to that reduction when the reduction keeps a
-  dimension (a full reduction is split into chunks for parallelism, which a kernel
-  that also writes an input-shaped array cannot be);
-- no cycle: neither kernel reaches the other through other instructions;
-- bounded size: at most `max_instructions` fused instructions, `max_outputs` leaves
-  and `max_operands` operands per kernel;
-- only kLoop and kInput kernels (or unfused ops `fuse` would root a fusion at), whose
-  roots are arrays: variadic reduces and other kinds (kOutput, kCustom) stay alone.
+Former users read the new fusion through `get-tuple-element`s, which buffer assignment
+makes names of the leaves' slices. Each run merges one pair at a time: first a producer
+only its consumer reads, then siblings, then a producer others read too. A merge makes
+values live at once that were not, so in the entry each legal merge is weighed by the
+temp arena it leaves and refused when that grows (`_Scale`), as XLA refuses fusions
+that grow peak memory. Legality, as XLA checks it: matching iteration spaces (`_space`),
+no cycle through other instructions, bounded size (`max_instructions`, `max_outputs`,
+`max_operands`), and only kLoop and kInput kernels whose roots are arrays.
 """
 
 from __future__ import annotations
