@@ -54,6 +54,7 @@ from tfxla_lite.codegen.cpu.emitter import (
     I8,
     I64,
     KERNEL_EMITTERS,
+    OWN_KERNELS,
     PTR,
     VOID,
     ConstantPool,
@@ -594,12 +595,8 @@ def emit_function(llvm_module: ir.Module, pool: ConstantPool, kernels: KernelMer
                        for s in in_slices) for index in indices]
         mark = kernels.mark()
         kernel_team = loop_team(inst, team) if in_loop else team
-        if inst.opcode in ("sort", "topk"):  # a kernel of its own (sort.py)
-            kernel = sort.emit_sort_kernel(llvm_module, pool, inst, kernel_team)
-        elif inst.opcode == "rng-bit-generator":  # state and bits (random_bits.py)
-            kernel = random_bits.emit_rng_kernel(llvm_module, pool, inst, kernel_team)
-        elif inst.opcode in ("cholesky", "triangular-solve"):  # per matrix (linalg.py)
-            kernel = linalg.emit_linalg_kernel(llvm_module, pool, inst, kernel_team)
+        if inst.opcode in OWN_KERNELS:  # sort and topk, rng-bit-generator, linalg
+            kernel = OWN_KERNELS[inst.opcode](llvm_module, pool, inst, kernel_team)
         elif inst.shape.is_tuple:
             kernel = multi_output.emit_kernel(
                 llvm_module, pool, inst, noalias, kernel_team,

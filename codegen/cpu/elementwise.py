@@ -31,6 +31,7 @@ from tfxla_lite.codegen.cpu.emitter import (
     value_type,
 )
 from tfxla_lite.hlo.ir import Instruction
+from tfxla_lite.hlo.opcodes import opcodes_in
 
 # Unary float ops that map to one `llvm.<name>` intrinsic.
 _FLOAT_INTRINSICS = {
@@ -53,10 +54,7 @@ def _unsupported(inst: Instruction, element_type: str) -> NotImplementedError:
 
 # -- unary ---------------------------------------------------------------------------------
 
-@register("abs", "negate", "exponential", "exponential-minus-one", "log", "log-plus-one",
-          "tanh", "logistic", "sqrt", "rsqrt", "cbrt", "erf", "sign", "floor", "ceil",
-          "round-nearest-afz", "round-nearest-even", "not", "sine", "cosine", "tan", "copy",
-          "is-finite")
+@register(*opcodes_in("unary"))
 def emit_unary(ctx: KernelContext, inst: Instruction, index: Index) -> ir.Value:
     x = ctx.value(inst.operand(0), index)
     element_type = _type_of(inst)
@@ -126,9 +124,7 @@ def _integer_unary(ctx: KernelContext, inst: Instruction, x: ir.Value,
 
 # -- binary --------------------------------------------------------------------------------
 
-@register("add", "subtract", "multiply", "divide", "maximum", "minimum", "power", "remainder",
-          "atan2", "and", "or", "xor", "shift-left", "shift-right-arithmetic",
-          "shift-right-logical")
+@register(*opcodes_in("binary"))
 def emit_binary(ctx: KernelContext, inst: Instruction, index: Index) -> ir.Value:
     x = ctx.value(inst.operand(0), index)
     if (reciprocal := constant_division.divisor_reciprocal(inst)) is not None:

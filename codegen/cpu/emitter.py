@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from llvmlite import ir
@@ -219,26 +219,35 @@ KernelEmitter = Callable[["KernelContext", Instruction, ir.Value], None]
 
 KERNEL_EMITTERS: dict[str, KernelEmitter] = {}
 
+# A kernel of its own: the launcher `void kernel(outputs..., inputs...)` of an entry
+# instruction that no loop over its output elements computes (`compiler.py` calls it with
+# the module, its constant pool, the instruction and the threads it may use).
+OwnKernel = Callable[[ir.Module, "ConstantPool", Instruction, int], ir.Function]
 
-def register_kernel(opcode: str) -> Callable[[KernelEmitter], KernelEmitter]:
-    def decorate(fn: KernelEmitter) -> KernelEmitter:
-        if opcode in KERNEL_EMITTERS:
-            raise ValueError(f"two CPU kernel emitters for {opcode}")
-        KERNEL_EMITTERS[opcode] = fn
-        return fn
+OWN_KERNELS: dict[str, OwnKernel] = {}
 
-    return decorate
+_Emitter = TypeVar("_Emitter")
 
 
-def register(*opcodes: str) -> Callable[[ElementGenerator], ElementGenerator]:
-    def decorate(fn: ElementGenerator) -> ElementGenerator:
-        for opcode in opcodes:
-            if opcode in EMITTERS:
-                raise ValueError(f"two CPU emitters for {opcode}")
-            EMITTERS[opcode] = fn
-        return fn
+def _registrar(table: dict[str, _Emitter],
+               what: str) -> Callable[..., Callable[[_Emitter], _Emitter]]:
+    """The decorator `@name(*opcodes)` that enters a function in `table` once per opcode."""
+    def register(*opcodes: str) -> Callable[[_Emitter], _Emitter]:
+        def decorate(fn: _Emitter) -> _Emitter:
+            for opcode in opcodes:
+                if opcode in table:
+                    raise ValueError(f"two CPU {what} for {opcode}")
+                table[opcode] = fn
+            return fn
 
-    return decorate
+        return decorate
+
+    return register
+
+
+register = _registrar(EMITTERS, "emitters")
+register_kernel = _registrar(KERNEL_EMITTERS, "kernel emitters")
+register_own_kernel = _registrar(OWN_KERNELS, "kernels")
 
 
 class ConstantPool:

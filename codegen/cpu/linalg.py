@@ -38,6 +38,7 @@ from tfxla_lite.codegen.cpu.emitter import (
     declare,
     i64,
     minimum,
+    register_own_kernel,
     storage_type,
     value_type,
 )
@@ -46,6 +47,7 @@ from tfxla_lite.hlo.ir import Instruction
 from tfxla_lite.hlo.linalg import transpose_kind
 
 
+@register_own_kernel("cholesky", "triangular-solve")
 def emit_linalg_kernel(module: ir.Module, pool: ConstantPool, inst: Instruction,
                        threads: int) -> ir.Function:
     """The launcher `void kernel(out, a[, b])` of the entry cholesky or triangular-solve

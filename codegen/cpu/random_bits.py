@@ -21,6 +21,7 @@ from tfxla_lite.codegen.cpu.emitter import (
     i64,
     kernel_name,
     new_kernel_function,
+    register_own_kernel,
 )
 from tfxla_lite.hlo import random_bits
 from tfxla_lite.hlo.ir import Instruction
@@ -68,6 +69,7 @@ def _threefry(b: ir.IRBuilder, x0: ir.Value, x1: ir.Value, key: tuple[ir.Value, 
     return x[0], x[1]
 
 
+@register_own_kernel("rng-bit-generator")
 def emit_rng_kernel(module: ir.Module, pool: ConstantPool, inst: Instruction,
                     threads: int) -> ir.Function:
     """The kernel `void kernel(state_out, bits_out, state_in)` of entry `inst`."""

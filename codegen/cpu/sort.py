@@ -36,6 +36,7 @@ from tfxla_lite.codegen.cpu.emitter import (
     i64,
     minimum,
     new_kernel_function,
+    register_own_kernel,
     storage_type,
     value_type,
 )
@@ -47,6 +48,7 @@ from tfxla_lite.hlo.sort import sort_dimension
 STACK_ELEMENTS = 1 << 14
 
 
+@register_own_kernel("sort", "topk")
 def emit_sort_kernel(module: ir.Module, pool: ConstantPool, inst: Instruction,
                      threads: int) -> ir.Function:
     """The launcher `void kernel(out..., in...)` of the entry `sort` or `topk` `inst`."""

@@ -14,10 +14,7 @@ read once, the output written once) reach the host's last-level cache size, exce
 loop kernels bound by their arithmetic (`COMPUTE_BOUND_OPCODES`) and in kernels whose
 rows are shorter than `MIN_RUN_BYTES`. Below that size,
 inputs and outputs of repeated calls stay in the cache, which a streaming store would
-bypass and empty (measured on the 2-core development VM, 32 MiB L3, a C copy on 2
-threads: with 16 MiB arrays ordinary stores ran 1.7x faster than streaming ones; with
-24 MiB and more, streaming ran 1.25x to 2x faster), and a small output read by the
-next kernel should stay in cache.
+bypass and empty, and a small output read by the next kernel should stay in cache.
 
 The store path never looks at what it stores: the range is computed block by block,
 each block of `BLOCK_BYTES` by a plain loop into an aligned stack buffer (the loop
@@ -54,7 +51,7 @@ from tfxla_lite.codegen.cpu.emitter import (
     storage_type,
 )
 from tfxla_lite.hlo.ir import Instruction
-from tfxla_lite.hlo.opcodes import TRANSCENDENTAL
+from tfxla_lite.hlo.opcodes import OPCODES, is_transcendental
 from tfxla_lite.hlo.shape import Shape
 
 # One cache line, one AVX-512 vector: the unit of a streaming store.
@@ -101,16 +98,12 @@ def streamable(shape: Shape) -> bool:
     return LINE_BYTES % element_bytes(shape) == 0
 
 
-# Functions computed by polynomial approximations (`math.py`): a loop kernel computing one
-# is bound by its arithmetic, not by memory, on the development machine (GELU's erf:
-# 0.6 ns an element a core); there the block buffer's extra store, load and copy (about
-# 0.05 ns an element) cost more than the line reads they save (measured: GELU over 4M
-# and 16M floats 5-15% slower streamed, one or two threads; the same with the fill loop
-# out of line, its constants then in registers, 46 instructions a vector instead of 66).
-# Re-measured with erf 1.3x and tanh 1.5x cheaper (4M floats, best of 200): GELU still
-# 10-20% slower streamed on one and two threads, a lone tanh 15-25% (docs/benchmarks.md).
-# These are the transcendentals but sqrt and rsqrt, one instruction each.
-COMPUTE_BOUND_OPCODES = TRANSCENDENTAL - {"sqrt", "rsqrt"}
+# A loop kernel computing a transcendental (a polynomial in `math.py`, or a libm call) is
+# bound by its arithmetic, not by memory: the block buffer's extra store, load and copy
+# cost more than the line reads streaming saves (docs/benchmarks.md, "The 80% bandwidth
+# goal and streaming stores"). sqrt and rsqrt are one instruction each.
+COMPUTE_BOUND_OPCODES = frozenset(
+    op for op in OPCODES if is_transcendental(op) and op not in ("sqrt", "rsqrt"))
 
 
 # The shortest contiguous run of output (a row) worth streaming: four lines, so that

@@ -36,6 +36,7 @@ from tfxla_lite.codegen.gpu.cuda_source import (
     storage_type,
 )
 from tfxla_lite.hlo.ir import Computation, Instruction, widened_reduce_op
+from tfxla_lite.hlo.opcodes import opcodes_in
 
 
 class Index:
@@ -119,6 +120,17 @@ class Index:
 
 Generator = Callable[["KernelContext", Instruction, Index], str]
 EMITTERS: dict[str, Generator] = {}
+
+# The opcodes with no element generator here, and why (sort and topk are kernels of their
+# own, `sort.py`); the error naming one says it.
+NO_ELEMENT_GENERATOR: dict[str, str] = {
+    **dict.fromkeys(("tuple", "get-tuple-element"), "names for buffers, no computation"),
+    "fusion": "a kernel (kernels.py); nested fusions are not supported",
+    **dict.fromkeys(("while", "conditional", "call", "cholesky", "triangular-solve",
+                     "rng-bit-generator", "bitcast-convert", "reduce-precision",
+                     "get-dimension-size", "set-dimension-size", "opt-barrier"),
+                    "GPU: not supported, the CPU backend compiles it"),
+}
 
 
 def register(*opcodes: str) -> Callable[[Generator], Generator]:
@@ -214,8 +226,10 @@ class KernelContext:
             try:
                 generator = EMITTERS[inst.opcode]
             except KeyError:
-                raise NotImplementedError(f"GPU backend: no element generator for "
-                                          f"{inst.opcode} (%{inst.name})") from None
+                why = NO_ELEMENT_GENERATOR.get(inst.opcode)
+                raise NotImplementedError(f"GPU backend: no element generator for {inst.opcode}"
+                                          f" (%{inst.name})" + (f": {why}" if why else "")) \
+                    from None
             expression = generator(self, inst, index)
         result = self.bind(expression, compute_type(element_type))
         self._scopes[-1][key] = result
@@ -386,10 +400,7 @@ _FLOAT_UNARY = {"exponential": "exp", "exponential-minus-one": "expm1", "log": "
                 "cosine": "cos", "tan": "tan", "abs": "fabs"}
 
 
-@register("abs", "negate", "exponential", "exponential-minus-one", "log", "log-plus-one",
-          "tanh", "logistic", "sqrt", "rsqrt", "cbrt", "erf", "sign", "floor", "ceil",
-          "round-nearest-afz", "round-nearest-even", "not", "sine", "cosine", "tan", "copy",
-          "is-finite")
+@register(*opcodes_in("unary"))
 def emit_unary(ctx: KernelContext, inst: Instruction, index: Index) -> str:
     x = ctx.value(inst.operand(0), index)
     element_type = _element_type(inst)
@@ -447,9 +458,7 @@ _FLOAT_OPERATORS = {"add": "+", "subtract": "-", "multiply": "*", "divide": "/"}
 _INTEGER_WRAPPING = {"add": "+", "subtract": "-", "multiply": "*"}
 
 
-@register("add", "subtract", "multiply", "divide", "maximum", "minimum", "power", "remainder",
-          "atan2", "and", "or", "xor", "shift-left", "shift-right-arithmetic",
-          "shift-right-logical")
+@register(*opcodes_in("binary"))
 def emit_binary(ctx: KernelContext, inst: Instruction, index: Index) -> str:
     x = ctx.value(inst.operand(0), index)
     y = ctx.value(inst.operand(1), index)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from codegen_helpers import as_args, build, check
 
-from tfxla_lite.hlo.opcodes import BINARY_ELEMENTWISE, UNARY_ELEMENTWISE
+from tfxla_lite.hlo.opcodes import opcodes_in
 from tfxla_lite.hlo.shape import Shape
 
 SHAPES = [(), (0,), (7,), (3, 5), (2, 0, 3), (33,)]
@@ -29,7 +29,7 @@ def _shapes(element_type: str) -> list[Shape]:
 
 def _unary_cases() -> list[tuple[str, str]]:
     cases = []
-    for op in (*UNARY_ELEMENTWISE, "is-finite"):
+    for op in opcodes_in("unary"):
         types = ["f32", "f64"] if op in _FLOAT_ONLY else (
             ["s32", "u8", "pred"] if op in _INTEGER_ONLY else ["f32", "f64", "s32"])
         cases += [(op, t) for t in types]
@@ -49,7 +49,7 @@ def test_unary(opcode: str, element_type: str) -> None:
 
 def _binary_cases() -> list[tuple[str, str]]:
     cases = []
-    for op in BINARY_ELEMENTWISE:
+    for op in opcodes_in("binary"):
         if op in _FLOAT_ONLY:
             types = ["f32", "f64"]
         elif op in _INTEGER_ONLY:

@@ -20,7 +20,7 @@ from hlo_builders import argmax_reducer, reduce_sum_x_plus_y_times_z  # noqa: E4
 
 from tfxla_lite.hlo.attributes import PaddingConfig, Window  # noqa: E402
 from tfxla_lite.hlo.ir import Computation, HloModule, Instruction  # noqa: E402
-from tfxla_lite.hlo.opcodes import BINARY_ELEMENTWISE, UNARY_ELEMENTWISE  # noqa: E402
+from tfxla_lite.hlo.opcodes import opcodes_in  # noqa: E402
 from tfxla_lite.hlo.shape import Shape  # noqa: E402
 
 FLOATS = ("f16", "bf16", "f32", "f64")
@@ -30,7 +30,7 @@ _INTEGER_UNARY = ("abs", "negate", "sign", "not", "floor", "ceil", "round-neares
                   "round-nearest-even", "copy")
 _FLOAT_BINARY = ("add", "subtract", "multiply", "divide", "maximum", "minimum", "power",
                  "remainder", "atan2")
-_INTEGER_BINARY = tuple(op for op in BINARY_ELEMENTWISE if op != "atan2")
+_INTEGER_BINARY = tuple(op for op in opcodes_in("binary") if op != "atan2")
 
 
 def new_module(name: str) -> tuple[HloModule, Computation]:
@@ -53,7 +53,7 @@ def reduce(comp: Computation, x: Instruction, dims: tuple[int, ...], kind: str =
 def unary(element_type: str) -> HloModule:
     module, comp = new_module(f"unary_{element_type}")
     x = comp.add_parameter(0, Shape(element_type, (7, 33)))
-    opcodes = tuple(op for op in UNARY_ELEMENTWISE if op != "not") \
+    opcodes = tuple(op for op in opcodes_in("unary") if op not in ("not", "is-finite")) \
         if element_type in FLOATS else _INTEGER_UNARY
     if element_type == "pred":
         opcodes = ("not", "copy")

@@ -80,17 +80,24 @@ def test_opcode_facts_come_from_one_table() -> None:
     """Transcendental and expensive are each opcode's registration, read by cost analysis
     and fusion alike; an expensive elementwise op is a transcendental, divide or remainder
     (XLA's IsExpensive)."""
-    from tfxla_lite.hlo.opcodes import OPCODES, TRANSCENDENTAL, is_expensive, is_transcendental
+    from tfxla_lite.hlo.opcodes import (
+        OPCODES,
+        is_elementwise,
+        is_expensive,
+        is_transcendental,
+    )
 
-    assert {name for name, info in OPCODES.items() if info.transcendental} == TRANSCENDENTAL
-    expensive = {name for name, info in OPCODES.items()
-                 if is_expensive(name) and info.category == "elementwise"}
-    assert expensive == TRANSCENDENTAL | {"divide", "remainder"}
+    transcendental = {name for name, info in OPCODES.items() if info.transcendental}
+    assert transcendental == {  # XLA's HloCostAnalysis
+        "exponential", "exponential-minus-one", "log", "log-plus-one", "tanh", "logistic",
+        "sqrt", "rsqrt", "cbrt", "erf", "sine", "cosine", "tan", "power", "atan2"}
+    expensive = {name for name in OPCODES if is_expensive(name) and is_elementwise(name)}
+    assert expensive == transcendental | {"divide", "remainder"}
     assert is_expensive("dot") and is_expensive("convolution")
-    for name in TRANSCENDENTAL:
+    for name in transcendental:
         module, comp = new_module()
         (x,) = parameters(comp, F)
-        operands = [x, x] if name in ("power", "atan2") else [x]
+        operands = [x] * OPCODES[name].arity
         comp.root = comp.create(name, operands)
         assert is_transcendental(name)
         assert instruction_cost(comp.root).transcendentals == 32, name

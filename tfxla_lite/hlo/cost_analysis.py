@@ -5,10 +5,9 @@ and memory traffic a module (or each of its kernels) asks for. The definitions
 are those of XLA's `HloCostAnalysis` (`xla/service/hlo_cost_analysis.cc`):
 
 - Elementwise ops (unary, binary, compare, select, clamp, convert): one
-  operation per output element. exponential, exponential-minus-one, log,
-  log-plus-one, logistic, power, sqrt, rsqrt, cbrt, tanh, sine, cosine, tan,
-  atan2 and erf count as *transcendentals*, every other one as *flops*.
-  divide is a flop.
+  operation per output element, a *transcendental* for the opcodes the table marks
+  so (`OpcodeInfo.transcendental`: exp, log, tanh, sqrt, power, ...), a *flop* for
+  every other one (divide included).
 - dot: 2 flops (one fused multiply-add) per output element per contracted
   element: `2 * elements(output) * product(contracting dims)`.
 - convolution: 2 flops per multiply-add with a real input element: input features

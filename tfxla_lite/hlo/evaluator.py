@@ -58,7 +58,7 @@ import numpy as np
 from tfxla_lite.hlo import bit_ops, convolution, linalg, random_bits, sort
 from tfxla_lite.hlo.attributes import ScatterDimensions
 from tfxla_lite.hlo.ir import Computation, HloModule, Instruction
-from tfxla_lite.hlo.opcodes import OPCODES
+from tfxla_lite.hlo.opcodes import opcodes_in
 from tfxla_lite.hlo.shape import FLOAT_TYPES, SIGNED_TYPES, UNSIGNED_TYPES, Shape
 
 Value = np.ndarray | tuple
@@ -131,7 +131,13 @@ def _is_float(dtype: np.dtype) -> bool:
     return dtype.kind == "f" or dtype.name == "bfloat16"
 
 
-@_reference(*_FLOAT_UNARY)
+@_reference(*opcodes_in("unary"))
+def _unary(inst: Instruction, operands: Sequence[Any]) -> np.ndarray:
+    if inst.opcode in _FLOAT_UNARY:
+        return _float_unary(inst, operands)
+    return _plain_unary(inst, operands)
+
+
 def _float_unary(inst: Instruction, operands: Sequence[Any]) -> np.ndarray:
     (x,) = operands
     if not _is_float(x.dtype):
@@ -142,7 +148,6 @@ def _float_unary(inst: Instruction, operands: Sequence[Any]) -> np.ndarray:
     return _result(fn(x.astype(_compute_dtype(x.dtype))), inst.shape)
 
 
-@_reference("abs", "negate", "sign", "not", "copy", "is-finite")
 def _plain_unary(inst: Instruction, operands: Sequence[Any]) -> np.ndarray:
     (x,) = operands
     wide = x.astype(_compute_dtype(x.dtype))
@@ -156,8 +161,10 @@ def _plain_unary(inst: Instruction, operands: Sequence[Any]) -> np.ndarray:
         value = np.logical_not(x) if x.dtype == np.bool_ else np.invert(x)
     elif inst.opcode == "is-finite":
         value = np.isfinite(wide)
-    else:  # copy
+    elif inst.opcode == "copy":
         value = np.array(x, copy=True)
+    else:
+        raise NotImplementedError(f"no NumPy reference for {inst.opcode}")
     return _result(value, inst.shape)
 
 
@@ -221,10 +228,7 @@ _FLOAT_BINARY: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
 }
 
 
-@_reference(*OPCODES.keys() & {"add", "subtract", "multiply", "divide", "maximum", "minimum",
-                                "power", "remainder", "atan2", "and", "or", "xor",
-                                "shift-left", "shift-right-arithmetic",
-                                "shift-right-logical"})
+@_reference(*opcodes_in("binary"))
 def _binary(inst: Instruction, operands: Sequence[Any]) -> np.ndarray:
     a, b = operands
     opcode = inst.opcode

@@ -1,8 +1,12 @@
-"""The HLO opcode registry: each opcode's category and shape rule.
+"""The HLO opcode table: each opcode's category, arity, cost facts and shape rule.
 
-One registration per opcode (docs/conventions.md, habit 2). Other layers key their own tables
-by the same names: the NumPy reference in `evaluator.py`, the CPU emitter in
-`tfxla_lite.codegen.cpu`. Tests fail when an opcode here lacks one of them.
+One registration per opcode (docs/conventions.md, habit 2): every fact about an
+opcode is its `OpcodeInfo` here; other layers ask the table
+(`is_elementwise`, `is_expensive`, `opcodes_in("unary")`) instead of listing opcodes.
+Beside it, keyed by the same names, sit the NumPy reference (`evaluator.REFERENCES`),
+the CPU emitters (`tfxla_lite.codegen.cpu`) and the GPU element generators
+(`tfxla_lite.codegen.gpu.elemental`); tests/hlo/test_opcode_table.py fails when an
+opcode lacks one of them (docs/architecture.md, "Adding an HLO opcode").
 
 Attribute names and meanings are XLA's (see `xla/hlo/ir/hlo_instruction.h`):
 `dimensions`, `direction`, `slice`, `index`, `iota_dimension`, `kind`,
@@ -30,7 +34,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tfxla_lite.hlo import bit_ops, linalg, random_bits
+from tfxla_lite.hlo import bit_ops, linalg
 from tfxla_lite.hlo.attributes import PaddingConfig, Window
 from tfxla_lite.hlo.convolution import ConvolutionShapeError, convolution_shape
 from tfxla_lite.hlo.shape import INTEGER_TYPES, Shape
@@ -43,13 +47,26 @@ class ShapeError(ValueError):
     """Operands or attributes that no shape rule accepts."""
 
 
+# Categories whose opcodes map equal-shaped operands to an equal-shaped result, element
+# by element; fusion and in-place buffer reuse rely on that. "unary" and "binary" are
+# the attribute-free functions of one and of two operands of one type, which each
+# backend computes in one `emit_unary` / `emit_binary`; "elementwise" are the others
+# (compare, convert, select, clamp, reduce-precision), each generated on its own.
+ELEMENTWISE_CATEGORIES = frozenset({"unary", "binary", "elementwise"})
+
+
 @dataclass(frozen=True)
 class OpcodeInfo:
     name: str
-    # 'elementwise' ops map equal-shaped operands to an equal-shaped result, element by
-    # element; fusion and in-place buffer reuse rely on that.
+    # What kind of computation it is: one of ELEMENTWISE_CATEGORIES, "data-movement",
+    # "reduction", "dot", "convolution", "sort", "linalg", "random", "control-flow" or
+    # "other" (parameters, constants, tuples, calls).
     category: str
-    shape_rule: ShapeRule
+    # None: the instruction carries its shape, which its operands do not decide (a
+    # parameter, iota, broadcast, reshape, call); the verifier checks it on its own.
+    shape_rule: ShapeRule | None
+    # How many operands it takes; None: any number (tuple, concatenate, reduce, ...).
+    arity: int | None
     # A transcendental function of its operands, as XLA's cost analysis counts them
     # (`transcendentals` in cost_analysis.py).
     transcendental: bool = False
@@ -61,10 +78,15 @@ class OpcodeInfo:
 OPCODES: dict[str, OpcodeInfo] = {}
 
 
-def _register(name: str, category: str, rule: ShapeRule, transcendental: bool = False,
-              expensive: bool = False) -> None:
-    OPCODES[name] = OpcodeInfo(name, category, rule, transcendental,
+def _register(name: str, category: str, arity: int | None, rule: ShapeRule | None,
+              transcendental: bool = False, expensive: bool = False) -> None:
+    OPCODES[name] = OpcodeInfo(name, category, rule, arity, transcendental,
                                expensive or transcendental)
+
+
+def opcodes_in(*categories: str) -> tuple[str, ...]:
+    """The opcodes of `categories`, in registration order: what an emitter registers for."""
+    return tuple(name for name, info in OPCODES.items() if info.category in categories)
 
 
 def infer_shape(opcode: str, operand_shapes: list[Shape], attributes: Mapping[str, Any]) -> Shape:
@@ -73,7 +95,10 @@ def infer_shape(opcode: str, operand_shapes: list[Shape], attributes: Mapping[st
         info = OPCODES[opcode]
     except KeyError:
         raise ShapeError(f"unknown opcode {opcode!r}") from None
-    return info.shape_rule(operand_shapes, attributes)
+    _require(info.shape_rule is not None, f"{opcode}'s shape is given, not inferred")
+    _require(info.arity is None or len(operand_shapes) == info.arity,
+             f"{opcode} takes {info.arity} operand(s), got {len(operand_shapes)}")
+    return info.shape_rule(operand_shapes, attributes)  # type: ignore[misc]
 
 
 def _require(condition: bool, message: str) -> None:
@@ -92,7 +117,6 @@ def _same_arrays(shapes: list[Shape], opcode: str) -> Shape:
 
 def _unary_rule(result_type: str | None = None) -> ShapeRule:
     def rule(shapes: list[Shape], attributes: Mapping[str, Any]) -> Shape:
-        _require(len(shapes) == 1, "unary op takes one operand")
         s = _same_arrays(shapes, "unary op")
         return s.with_element_type(result_type) if result_type else s
 
@@ -101,7 +125,6 @@ def _unary_rule(result_type: str | None = None) -> ShapeRule:
 
 def _binary_rule(result_type: str | None = None) -> ShapeRule:
     def rule(shapes: list[Shape], attributes: Mapping[str, Any]) -> Shape:
-        _require(len(shapes) == 2, "binary op takes two operands")
         s = _same_arrays(shapes, "binary op")
         _require(shapes[0].element_type == shapes[1].element_type,
                  f"binary op operands differ in type: {shapes}")
@@ -110,28 +133,22 @@ def _binary_rule(result_type: str | None = None) -> ShapeRule:
     return rule
 
 
-UNARY_ELEMENTWISE = (
-    "abs", "negate", "exponential", "exponential-minus-one", "log", "log-plus-one", "tanh",
-    "logistic", "sqrt", "rsqrt", "cbrt", "erf", "sign", "floor", "ceil", "round-nearest-afz",
-    "round-nearest-even", "not", "sine", "cosine", "tan", "copy",
-)
-TRANSCENDENTAL = frozenset({
+_TRANSCENDENTAL = frozenset({
     "exponential", "exponential-minus-one", "log", "log-plus-one", "tanh", "logistic", "sqrt",
     "rsqrt", "cbrt", "erf", "sine", "cosine", "tan", "power", "atan2",
 })
-_EXPENSIVE_ARITHMETIC = frozenset({"divide", "remainder"})
-BINARY_ELEMENTWISE = (
-    "add", "subtract", "multiply", "divide", "maximum", "minimum", "power", "remainder", "atan2",
-    "and", "or", "xor", "shift-left", "shift-right-arithmetic", "shift-right-logical",
-)
 COMPARISON_DIRECTIONS = ("EQ", "NE", "LT", "LE", "GT", "GE")
 
-for _name in UNARY_ELEMENTWISE:
-    _register(_name, "elementwise", _unary_rule(), _name in TRANSCENDENTAL)
-_register("is-finite", "elementwise", _unary_rule("pred"))
-for _name in BINARY_ELEMENTWISE:
-    _register(_name, "elementwise", _binary_rule(), _name in TRANSCENDENTAL,
-              _name in _EXPENSIVE_ARITHMETIC)
+for _name in ("abs", "negate", "exponential", "exponential-minus-one", "log", "log-plus-one",
+              "tanh", "logistic", "sqrt", "rsqrt", "cbrt", "erf", "sign", "floor", "ceil",
+              "round-nearest-afz", "round-nearest-even", "not", "sine", "cosine", "tan", "copy"):
+    _register(_name, "unary", 1, _unary_rule(), _name in _TRANSCENDENTAL)
+_register("is-finite", "unary", 1, _unary_rule("pred"))
+for _name in ("add", "subtract", "multiply", "divide", "maximum", "minimum", "power",
+              "remainder", "atan2", "and", "or", "xor", "shift-left", "shift-right-arithmetic",
+              "shift-right-logical"):
+    _register(_name, "binary", 2, _binary_rule(), _name in _TRANSCENDENTAL,
+              _name in ("divide", "remainder"))
 
 
 def _compare_rule(shapes: list[Shape], attributes: Mapping[str, Any]) -> Shape:
@@ -142,51 +159,32 @@ def _compare_rule(shapes: list[Shape], attributes: Mapping[str, Any]) -> Shape:
 
 def _convert_rule(shapes: list[Shape], attributes: Mapping[str, Any]) -> Shape:
     # The target type is the instruction's own shape; builders pass it as 'element_type'.
-    _require(len(shapes) == 1 and "element_type" in attributes,
-             "convert takes one operand and an element_type")
+    _require("element_type" in attributes, "convert needs an element_type")
     return shapes[0].with_element_type(attributes["element_type"])
 
 
 def _select_rule(shapes: list[Shape], attributes: Mapping[str, Any]) -> Shape:
-    _require(len(shapes) == 3, "select takes predicate, on_true, on_false")
     _require(shapes[0].element_type == "pred", "select's predicate must be pred")
     _require(shapes[1].element_type == shapes[2].element_type, "select branches differ in type")
     return _same_arrays(shapes, "select").with_element_type(shapes[1].element_type)
 
 
 def _clamp_rule(shapes: list[Shape], attributes: Mapping[str, Any]) -> Shape:
-    _require(len(shapes) == 3, "clamp takes min, operand, max")
     lo, x, hi = shapes
     for bound in (lo, hi):
         _require(bound.dims in ((), x.dims), f"clamp bound {bound} does not fit {x}")
     return x
 
 
-_register("compare", "elementwise", _compare_rule)
-_register("convert", "elementwise", _convert_rule)
-_register("select", "elementwise", _select_rule)
-_register("clamp", "elementwise", _clamp_rule)
-
-
-def _parameter_rule(shapes: list[Shape], attributes: Mapping[str, Any]) -> Shape:
-    raise ShapeError("a parameter's shape is given, not inferred")
+_register("compare", "elementwise", 2, _compare_rule)
+_register("convert", "elementwise", 1, _convert_rule)
+_register("select", "elementwise", 3, _select_rule)
+_register("clamp", "elementwise", 3, _clamp_rule)
 
 
 def _constant_rule(shapes: list[Shape], attributes: Mapping[str, Any]) -> Shape:
     _require(not shapes and "literal" in attributes, "constant takes a literal and no operands")
     return Shape.of_array(attributes["literal"])
-
-
-def _iota_rule(shapes: list[Shape], attributes: Mapping[str, Any]) -> Shape:
-    raise ShapeError("an iota's shape is given, not inferred")
-
-
-def _broadcast_rule(shapes: list[Shape], attributes: Mapping[str, Any]) -> Shape:
-    raise ShapeError("a broadcast's shape is given, not inferred")
-
-
-def _reshape_rule(shapes: list[Shape], attributes: Mapping[str, Any]) -> Shape:
-    raise ShapeError("a reshape's shape is given, not inferred")
 
 
 def _transpose_rule(shapes: list[Shape], attributes: Mapping[str, Any]) -> Shape:
@@ -251,7 +249,6 @@ def _concatenate_rule(shapes: list[Shape], attributes: Mapping[str, Any]) -> Sha
 
 
 def _reverse_rule(shapes: list[Shape], attributes: Mapping[str, Any]) -> Shape:
-    _require(len(shapes) == 1, "reverse takes one operand")
     s = _same_arrays(shapes, "reverse")
     dims = tuple(attributes["dimensions"])
     _require(len(set(dims)) == len(dims) and all(0 <= d < s.rank for d in dims),
@@ -260,7 +257,6 @@ def _reverse_rule(shapes: list[Shape], attributes: Mapping[str, Any]) -> Shape:
 
 
 def _pad_rule(shapes: list[Shape], attributes: Mapping[str, Any]) -> Shape:
-    _require(len(shapes) == 2, "pad takes an operand and a padding value")
     operand, value = shapes
     _require(not operand.is_tuple and value.dims == () and not value.is_tuple,
              f"pad takes an array and a scalar, got {shapes}")
@@ -309,7 +305,6 @@ def _dynamic_update_slice_rule(shapes: list[Shape], attributes: Mapping[str, Any
 
 
 def _gather_rule(shapes: list[Shape], attributes: Mapping[str, Any]) -> Shape:
-    _require(len(shapes) == 2, "gather takes an operand and start indices")
     operand, indices = shapes
     _require(not operand.is_tuple and not indices.is_tuple
              and indices.element_type in INTEGER_TYPES, f"gather operands {shapes}")
@@ -358,7 +353,6 @@ def _sorting_rule(rule: ShapeRule,
 
 def _scatter_rule(shapes: list[Shape], attributes: Mapping[str, Any]) -> Shape:
     """XLA's ShapeInference::InferScatterShape for one operand and no batching dims."""
-    _require(len(shapes) == 3, "scatter takes an operand, scatter indices and updates")
     operand, indices, updates = shapes
     _require(not any(s.is_tuple for s in shapes) and indices.element_type in INTEGER_TYPES
              and operand.element_type == updates.element_type, f"scatter operands {shapes}")
@@ -425,7 +419,6 @@ def _convolution_rule(shapes: list[Shape], attributes: Mapping[str, Any]) -> Sha
 
 
 def _while_rule(shapes: list[Shape], attributes: Mapping[str, Any]) -> Shape:
-    _require(len(shapes) == 1, "while takes one operand (its initial state)")
     return shapes[0]
 
 
@@ -439,53 +432,49 @@ def _get_tuple_element_rule(shapes: list[Shape], attributes: Mapping[str, Any]) 
     return s.tuple_shapes[attributes["index"]]  # type: ignore[index]
 
 
-def _given_rule(shapes: list[Shape], attributes: Mapping[str, Any]) -> Shape:
-    raise ShapeError("this opcode's shape is given by its called computation")
-
-
-_register("parameter", "other", _parameter_rule)
-_register("constant", "other", _constant_rule)
-_register("iota", "other", _iota_rule)
-_register("broadcast", "data-movement", _broadcast_rule)
-_register("reshape", "data-movement", _reshape_rule)
-_register("bitcast", "data-movement", _reshape_rule)
-_register("transpose", "data-movement", _transpose_rule)
-_register("slice", "data-movement", _slice_rule)
-_register("concatenate", "data-movement", _concatenate_rule)
-_register("reduce", "reduction", _reduce_rule)
-_register("dot", "dot", _dot_rule, expensive=True)
-_register("convolution", "convolution", _convolution_rule, expensive=True)
-_register("reverse", "data-movement", _reverse_rule)
-_register("pad", "data-movement", _pad_rule)
-_register("dynamic-slice", "data-movement", _dynamic_slice_rule)
-_register("dynamic-update-slice", "data-movement", _dynamic_update_slice_rule)
-_register("gather", "data-movement", _gather_rule)
-_register("reduce-window", "reduction", _reduce_window_rule)
-_register("scatter", "data-movement", _scatter_rule)
-_register("sort", "sort", _sorting_rule(sort_shape))
-_register("topk", "sort", _sorting_rule(topk_shape))
-_register("while", "control-flow", _while_rule)
-_OWN_ERRORS = (linalg.LinalgShapeError, bit_ops.BitOpShapeError, random_bits.RandomShapeError)
-for _name, _category, _rule in (
-        ("cholesky", "linalg", linalg.cholesky_shape),
-        ("triangular-solve", "linalg", linalg.triangular_solve_shape),
-        ("rng-bit-generator", "random", random_bits.rng_bit_generator_shape),
-        ("bitcast-convert", "data-movement", bit_ops.bitcast_convert_shape),
-        ("reduce-precision", "elementwise", bit_ops.reduce_precision_shape),
-        ("get-dimension-size", "other", bit_ops.get_dimension_size_shape),
-        ("set-dimension-size", "other", bit_ops.set_dimension_size_shape),
-        ("opt-barrier", "other", bit_ops.optimization_barrier_shape)):
-    _register(_name, _category, _sorting_rule(_rule, _OWN_ERRORS))
-_register("conditional", "control-flow", _given_rule)
-_register("tuple", "other", _tuple_rule)
-_register("get-tuple-element", "other", _get_tuple_element_rule)
-_register("fusion", "other", _given_rule)
-_register("call", "other", _given_rule)
+_register("parameter", "other", 0, None)
+_register("constant", "other", 0, _constant_rule)
+_register("iota", "other", 0, None)
+_register("broadcast", "data-movement", 1, None)
+_register("reshape", "data-movement", 1, None)
+_register("bitcast", "data-movement", 1, None)
+_register("transpose", "data-movement", 1, _transpose_rule)
+_register("slice", "data-movement", 1, _slice_rule)
+_register("concatenate", "data-movement", None, _concatenate_rule)
+_register("reduce", "reduction", None, _reduce_rule)
+_register("dot", "dot", 2, _dot_rule, expensive=True)
+_register("convolution", "convolution", 2, _convolution_rule, expensive=True)
+_register("reverse", "data-movement", 1, _reverse_rule)
+_register("pad", "data-movement", 2, _pad_rule)
+_register("dynamic-slice", "data-movement", None, _dynamic_slice_rule)
+_register("dynamic-update-slice", "data-movement", None, _dynamic_update_slice_rule)
+_register("gather", "data-movement", 2, _gather_rule)
+_register("reduce-window", "reduction", None, _reduce_window_rule)
+_register("scatter", "data-movement", 3, _scatter_rule)
+_register("sort", "sort", None, _sorting_rule(sort_shape))
+_register("topk", "sort", 1, _sorting_rule(topk_shape))
+_register("while", "control-flow", 1, _while_rule)
+_OWN_ERRORS = (linalg.LinalgShapeError, bit_ops.BitOpShapeError)
+for _name, _category, _arity, _rule in (
+        ("cholesky", "linalg", 1, linalg.cholesky_shape),
+        ("triangular-solve", "linalg", 2, linalg.triangular_solve_shape),
+        ("bitcast-convert", "data-movement", 1, bit_ops.bitcast_convert_shape),
+        ("reduce-precision", "elementwise", 1, bit_ops.reduce_precision_shape),
+        ("get-dimension-size", "other", 1, bit_ops.get_dimension_size_shape),
+        ("set-dimension-size", "other", 2, bit_ops.set_dimension_size_shape),
+        ("opt-barrier", "other", 1, bit_ops.optimization_barrier_shape)):
+    _register(_name, _category, _arity, _sorting_rule(_rule, _OWN_ERRORS))
+_register("rng-bit-generator", "random", 1, None)
+_register("conditional", "control-flow", None, None)
+_register("tuple", "other", None, _tuple_rule)
+_register("get-tuple-element", "other", 1, _get_tuple_element_rule)
+_register("fusion", "other", None, None)
+_register("call", "other", None, None)
 
 
 def is_elementwise(opcode: str) -> bool:
     info = OPCODES.get(opcode)
-    return info is not None and info.category == "elementwise"
+    return info is not None and info.category in ELEMENTWISE_CATEGORIES
 
 
 def is_transcendental(opcode: str) -> bool:

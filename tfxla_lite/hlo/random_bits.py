@@ -58,10 +58,6 @@ def algorithm_of(attributes: Mapping[str, Any]) -> str:
     return "rng_philox" if algorithm == "rng_default" else algorithm
 
 
-def rng_bit_generator_shape(shapes: list[Shape], attributes: Mapping[str, Any]) -> Shape:
-    raise RandomShapeError("rng-bit-generator's output shape is given, not inferred")
-
-
 def check_shapes(state: Shape, result: Shape, attributes: Mapping[str, Any]) -> None:
     """Whether `result` is a shape rng-bit-generator of `state` can give (verifier)."""
     algorithm = algorithm_of(attributes)

@@ -39,6 +39,7 @@ import numpy as np
 from tfxla_lite.hlo.bit_ops import reduce_precision_bits
 from tfxla_lite.hlo.convolution import group_counts
 from tfxla_lite.hlo.ir import Computation, HloModule, Instruction
+from tfxla_lite.hlo.opcodes import opcodes_in
 from tfxla_lite.hlo.random_bits import algorithm_of
 from tfxla_lite.hlo.shape import FLOAT_TYPES, SIGNED_TYPES, Shape
 
@@ -47,15 +48,12 @@ class StableHloError(ValueError):
     """An HLO module, or one of its opcodes, that the StableHLO export cannot write."""
 
 
-# HLO opcodes that are one StableHLO op of the same operands (element-wise, mostly).
+# HLO opcodes that are one StableHLO op of the same operands (element-wise, mostly); erf
+# is CHLO's (`_erf`) and copy forwards its operand.
 _SAME_OPERANDS = {
     **{name: name.replace("-", "_") for name in (
-        "abs", "negate", "exponential", "exponential-minus-one", "log", "log-plus-one", "tanh",
-        "logistic", "sqrt", "rsqrt", "cbrt", "sign", "floor", "ceil", "round-nearest-afz",
-        "round-nearest-even", "not", "sine", "cosine", "tan", "is-finite", "add", "subtract",
-        "multiply", "divide", "maximum", "minimum", "power", "remainder", "atan2", "and",
-        "or", "xor", "shift-left", "shift-right-arithmetic", "shift-right-logical",
-        "select", "clamp", "convert", "bitcast-convert")},
+        *opcodes_in("unary", "binary"), "select", "clamp", "convert", "bitcast-convert")
+       if name not in ("erf", "copy")},
     "reshape": "reshape", "bitcast": "reshape",
 }
 _RNG_ALGORITHMS = {"rng_default": "DEFAULT", "rng_philox": "PHILOX",

@@ -27,9 +27,6 @@ from tfxla_lite.hlo.printer import instruction_to_text
 from tfxla_lite.hlo.shape import Shape
 
 FUSION_KINDS = ("kLoop", "kInput", "kOutput", "kCustom")  # kCustom: row fusions
-# Opcodes whose shape rule cannot infer a result: checked by `_check_given_shape`.
-_GIVEN_SHAPES = frozenset({"parameter", "iota", "broadcast", "reshape", "bitcast", "fusion",
-                           "call", "conditional", "rng-bit-generator"})
 
 
 class VerificationError(Exception):
@@ -149,7 +146,7 @@ def _verify_shape(inst: Instruction) -> None:
         raise _fail(inst, f"not supported: {inst.opcode} (unknown opcode {inst.opcode!r}: "
                           f"no shape rule, evaluator rule or kernel for it)")
     operand_shapes = [o.shape for o in inst.operands]
-    if inst.opcode in _GIVEN_SHAPES:
+    if OPCODES[inst.opcode].shape_rule is None:  # carried by the instruction
         _check_given_shape(inst, operand_shapes)
         return
     attributes = dict(inst.attributes)
