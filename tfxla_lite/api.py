@@ -119,19 +119,17 @@ class Function(polymorphic_function.Function):
             # binding the arguments again (10-20 us a call: a latency-bound step is a
             # few hundred). Keyed as `_key` keys them.
             program = self._programs.get(tuple((tuple(a.shape), a.dtype) for a in args))
-            if program is not None and program.flat_call and not _taped_write(program):
+            if program is not None and program.flat_call:
                 run = program.concrete_run
                 return run._call_flat(list(args), run.captured_inputs)
         args, kwargs = self._canonical(args, kwargs)
         program = self._program(args, kwargs)
         run = program.concrete_run
-        if program.flat_call and not _taped_write(program):
+        if program.flat_call:
             return run._call_flat(list(args), run.captured_inputs)
-        if (program.custom_gradients and _gradient_may_be_taken()) or _taped_write(program):
+        if program.custom_gradients and _gradient_may_be_taken():
             # Its custom gradient needs the trace's own graph (compiler.Program); inside
             # another tf.function that is compiled, the trace is inlined and clustered there.
-            # A launch that writes variables has no gradient (tfxla_lite/gradients.py): under
-            # an eager tape the trace runs, its writes in TF.
             run = program.concrete_function
         return run(*args, **kwargs)
 
@@ -490,7 +488,7 @@ def _gradient_function(gradient: gradients.LaunchGradient) -> Function:
     return function
 
 
-@tf.RegisterGradient(VARIABLE_LAUNCH_OP_TYPE)  # raises: it writes variables
+@tf.RegisterGradient(VARIABLE_LAUNCH_OP_TYPE)
 @tf.RegisterGradient(LAUNCH_OP_TYPE)
 def _launch_op_gradient(op: tf.Operation, *output_gradients: Any) -> list[Any]:
     gradient, arguments = gradients.launch_gradient(op, output_gradients)
@@ -501,13 +499,6 @@ def _launch_op_gradient(op: tf.Operation, *output_gradients: Any) -> list[Any]:
 
 # Its boolean output only selects a branch of the StatelessIf it feeds.
 tf.no_gradient(COMPILE_OP_TYPE)
-
-
-def _taped_write(program: Program) -> bool:
-    """Whether an eager tape records a call of `program`, one of whose launches writes
-    variables (and so has no gradient)."""
-    return (program.writes_variables and tf.executing_eagerly()
-            and record.could_possibly_record())
 
 
 def _gradient_may_be_taken() -> bool:

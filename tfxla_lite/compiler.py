@@ -145,11 +145,6 @@ class Program:
     dropped: frozenset[str] = frozenset()
 
     @property
-    def writes_variables(self) -> bool:
-        """Whether a launch of its own writes variables (`TfxlaLiteVariableLaunch`)."""
-        return any(c.variable_writes for c in self.compiled)
-
-    @property
     def has_launches(self) -> bool:
         """Whether the rewrite changes anything: a launch op here or in a body."""
         return bool(self.compiled) or bool(self.renames)
@@ -919,6 +914,10 @@ def _rewritten_function(concrete_function: Any, program: Program,
             raise AssertionError(f"tfxla-lite: traced {len(arguments)} arguments, the original "
                                  f"function has {num_arguments}")
         captures = [func_graph.capture(c) for c in captured]
+        # The trace's variables: a call under a tape marks them read (TF's `_call_flat`),
+        # so that the tape watches the trainable ones the launches read.
+        for variable in concrete_function.graph.variables:
+            func_graph.watch_variable(variable)
         add_branch_functions(func_graph, clusters)
         for function in program.functions:  # the rewritten loop bodies and branches
             function.add_to_graph(func_graph)
