@@ -40,6 +40,7 @@ from llvmlite import ir
 
 from tfxla_lite.codegen.cpu import engine, parallel
 from tfxla_lite.codegen.cpu.convolution_depthwise import emit_depthwise_kernel
+from tfxla_lite.codegen.cpu.convolution_direct import direct_plan, emit_direct_kernel
 from tfxla_lite.codegen.cpu.convolution_filter import accumulating_gemm, emit_filter_gradient_kernel
 from tfxla_lite.codegen.cpu.dot import NewKernel, library_gemm
 from tfxla_lite.codegen.cpu.emitter import (
@@ -164,6 +165,10 @@ def emit_convolution_kernel(module: ir.Module, pool: object, inst: Instruction, 
                                            new_kernel) or emit_depthwise_kernel(
             module, pool, inst, name, noalias_output, threads, new_kernel)
     threads = 1 if conv.flops < PARALLEL_MIN_FLOPS else threads
+    direct = direct_plan(conv)
+    if direct is not None:
+        return emit_direct_kernel(module, pool, inst, name, noalias_output, threads,
+                                  new_kernel, direct)
     return parallel.emit_unit_kernel(
         module, pool, inst, name, noalias_output, new_kernel, conv.units, threads,
         lambda ctx, output, unit: _emit_unit(ctx, inst, conv, output, unit))

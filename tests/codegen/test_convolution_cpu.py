@@ -1,6 +1,7 @@
 """CPU code for `convolution` against the NumPy evaluator: TF's XLA golden modules and
 random convolutions over every attribute, compiled unfused (the element generator) and
-through the pipeline, and the GEMM path (patches and library GEMM calls) where it applies."""
+through the pipeline, the GEMM path (patches and library GEMM calls) and the direct
+register blocks where they apply."""
 
 from __future__ import annotations
 
@@ -14,7 +15,12 @@ from codegen_helpers import check
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "hlo"))
 from convolution_cases import convolution_module, random_case  # noqa: E402
 
-from tfxla_lite.codegen.cpu import convolution_gemm, engine  # noqa: E402
+from tfxla_lite.codegen.cpu import (  # noqa: E402
+    convolution_direct,
+    convolution_gemm,
+    engine,
+    gemm_packed,
+)
 from tfxla_lite.hlo.attributes import parse_window  # noqa: E402
 from tfxla_lite.hlo.convolution import ConvolutionDimensions  # noqa: E402
 from tfxla_lite.hlo.parser import parse_module  # noqa: E402
@@ -137,3 +143,74 @@ def test_gemm_path_plan_is_fixed_by_the_shape() -> None:
                                    ConvolutionDimensions.channels_last(2), 6)
     (conv,) = [i for i in depthwise.entry.instructions if i.opcode == "convolution"]
     assert convolution_gemm.plan(conv) is None  # one-column groups: the element generator
+
+
+# -- the direct path (convolution_direct.py) --------------------------------------------------
+
+DIRECT_CASES = [
+    # (input NHWC, filter HWIO, window text, feature groups): V = 4, 3, 2, 1 vectors
+    ((2, 9, 8, 16), (3, 3, 16, 64), "{size=3x3 pad=1_1x1_1}", 1),
+    ((2, 9, 8, 8), (3, 3, 8, 48), "{size=3x3 stride=2x3 pad=0_1x2_0}", 1),
+    ((3, 7, 5, 64), (1, 1, 64, 80), "{size=1x1}", 1),  # 5 one-vector strips
+    ((2, 7, 7, 64), (1, 1, 64, 96), "{size=1x1 stride=2x2}", 1),
+    ((2, 6, 6, 32), (3, 3, 16, 32), "{size=3x3 pad=1_1x1_1}", 2),  # 2 groups
+    ((4, 20, 17, 8), (3, 3, 8, 16), "{size=3x3 pad=1_1x1_1 rhs_dilate=2x2}", 1),
+    ((1, 11, 10, 12), (3, 2, 12, 32), "{size=3x2 pad=-1_2x1_-1 rhs_dilate=2x3}", 1),
+    ((2, 2, 2, 128), (3, 3, 128, 512), "{size=3x3 pad=1_1x1_1}", 1),  # features split
+    ((2, 13, 16), (5, 16, 128), "{size=5 stride=3 pad=2_1}", 1),  # 1-D
+    ((1, 4, 5, 6, 8), (2, 3, 2, 8, 32), "{size=2x3x2 pad=1_0x1_1x0_1}", 1),  # 3-D
+]
+
+
+def _direct_module(case: int) -> tuple[object, object, list[Shape]]:
+    x_dims, w_dims, window, groups = DIRECT_CASES[case]
+    shapes = [Shape("f32", x_dims), Shape("f32", w_dims)]
+    module = convolution_module(*shapes, parse_window(window),
+                                ConvolutionDimensions.channels_last(len(x_dims) - 2), groups)
+    (conv,) = [i for i in module.entry.instructions if i.opcode == "convolution"]
+    return module, conv, shapes
+
+
+@pytest.mark.skipif(not gemm_packed.available(), reason="the direct path needs AVX-512")
+@pytest.mark.parametrize("case", range(len(DIRECT_CASES)))
+def test_direct_path_matches_the_evaluator(case: int) -> None:
+    module, conv, shapes = _direct_module(case)
+    assert convolution_direct.direct_plan(convolution_gemm.plan(conv)) is not None
+    rng = np.random.default_rng(case)
+    # Integers: every sum exact, whatever the order; then NaN, ±inf and -0.0 among the
+    # input's (the padding's zeros meet finite weights only).
+    args = [rng.integers(-3, 4, s.dims).astype(np.float32) for s in shapes]
+    executable = check(module, args, "convolution")
+    assert "conv_direct.kernel" in executable.llvm_ir
+    x = args[0].copy().reshape(-1)
+    spots = rng.choice(x.size, size=min(x.size, 8), replace=False)
+    x[spots] = np.resize(np.float32([np.nan, np.inf, -np.inf, -0.0]), spots.size)
+    check(module, [x.reshape(args[0].shape), args[1]], "convolution")
+
+
+def test_direct_plan_is_fixed_by_the_shape() -> None:
+    for case in range(len(DIRECT_CASES)):
+        _, conv, _ = _direct_module(case)
+        plan = convolution_direct.direct_plan(convolution_gemm.plan(conv))
+        if plan is None:
+            continue
+        assert plan.block_pixels % plan.rows == 0 and plan.width * plan.strips == (
+            conv.shape.dims[-1] // plan.conv.groups)
+        assert plan.block_pixels * plan.taps * 8 <= convolution_direct.POINTER_BYTES
+        assert plan.pixel_blocks * plan.block_pixels >= plan.conv.rows
+        assert (plan.pixel_blocks - 1) * plan.block_pixels < plan.conv.rows
+        assert plan.chunks * plan.chunk >= plan.strips
+        most = plan.conv.groups * plan.strips * -(-plan.conv.rows // plan.rows)
+        assert plan.units >= min(2, most)
+    # Small images, wide layers: the features are split, each unit taking every pixel.
+    _, conv, _ = _direct_module(7)
+    plan = convolution_direct.direct_plan(convolution_gemm.plan(conv))
+    assert plan.pixel_blocks == 1 and plan.chunks == plan.units >= 4
+    # Short patches and few input features keep the GEMM path.
+    for x_dims, w_dims in [((2, 8, 8, 16), (1, 1, 16, 64)), ((2, 8, 8, 3), (7, 7, 3, 64)),
+                           ((2, 8, 8, 16), (3, 3, 16, 24))]:
+        module = convolution_module(Shape("f32", x_dims), Shape("f32", w_dims),
+                                    parse_window(f"{{size={w_dims[0]}x{w_dims[1]}}}"),
+                                    ConvolutionDimensions.channels_last(2))
+        (conv,) = [i for i in module.entry.instructions if i.opcode == "convolution"]
+        assert convolution_direct.direct_plan(convolution_gemm.plan(conv)) is None
