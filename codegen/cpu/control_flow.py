@@ -22,9 +22,10 @@ from llvmlite import ir
 
 from tfxla_lite.codegen.cpu.emitter import I8, I32, I64, PTR
 from tfxla_lite.hlo.ir import Computation, Instruction
+from tfxla_lite.hlo.opcodes import opcodes_in
 from tfxla_lite.passes.buffer_assignment import ControlFlowPlan, leaves
 
-OPCODES = frozenset({"while", "conditional"})
+OPCODES = frozenset(opcodes_in("control-flow"))
 
 # The smallest work per iteration at which a kernel in a loop uses the thread team: a
 # dot's flops, other kernels' elements (`compiler.plan_partition`'s work). A loop of

@@ -154,6 +154,9 @@ def test_categories_and_arities() -> None:
         assert OPCODES[name].arity == 2, name
     assert [OPCODES[n].arity for n in ("select", "clamp", "compare", "convert", "tuple")] == \
         [3, 3, 2, 1, None]
+    assert {n for n, info in OPCODES.items() if info.commutative} == {
+        "add", "multiply", "maximum", "minimum", "and", "or", "xor"}
+    assert control_flow.OPCODES == {"while", "conditional"}
 
 
 @pytest.mark.parametrize("opcode", opcodes_in("unary", "binary"))

@@ -73,15 +73,19 @@ class OpcodeInfo:
     # Not duplicated into several fusions (XLA's IsExpensive): the transcendentals, and
     # divide and remainder, which take many cycles a vector.
     expensive: bool = False
+    # Operand order does not change the result bits (NaN payloads aside): CSE matches
+    # op(a, b) with op(b, a).
+    commutative: bool = False
 
 
 OPCODES: dict[str, OpcodeInfo] = {}
 
 
 def _register(name: str, category: str, arity: int | None, rule: ShapeRule | None,
-              transcendental: bool = False, expensive: bool = False) -> None:
+              transcendental: bool = False, expensive: bool = False,
+              commutative: bool = False) -> None:
     OPCODES[name] = OpcodeInfo(name, category, rule, arity, transcendental,
-                               expensive or transcendental)
+                               expensive or transcendental, commutative)
 
 
 def opcodes_in(*categories: str) -> tuple[str, ...]:
@@ -148,7 +152,8 @@ for _name in ("add", "subtract", "multiply", "divide", "maximum", "minimum", "po
               "remainder", "atan2", "and", "or", "xor", "shift-left", "shift-right-arithmetic",
               "shift-right-logical"):
     _register(_name, "binary", 2, _binary_rule(), _name in _TRANSCENDENTAL,
-              _name in ("divide", "remainder"))
+              _name in ("divide", "remainder"),
+              _name in ("add", "multiply", "maximum", "minimum", "and", "or", "xor"))
 
 
 def _compare_rule(shapes: list[Shape], attributes: Mapping[str, Any]) -> Shape:
@@ -486,3 +491,8 @@ def is_transcendental(opcode: str) -> bool:
 def is_expensive(opcode: str) -> bool:
     info = OPCODES.get(opcode)
     return info is not None and info.expensive
+
+
+def is_commutative(opcode: str) -> bool:
+    info = OPCODES.get(opcode)
+    return info is not None and info.commutative

@@ -16,10 +16,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from tfxla_lite.hlo.ir import Computation, HloModule, Instruction
+from tfxla_lite.hlo.opcodes import is_commutative
 from tfxla_lite.passes.base import Pass
-
-# Operand order does not change the result bits (NaN payloads aside).
-COMMUTATIVE = frozenset({"add", "multiply", "maximum", "minimum", "and", "or", "xor"})
 
 
 def _frozen(value: Any) -> Any:
@@ -40,7 +38,7 @@ def value_key(inst: Instruction, operands: list[int] | None = None) -> tuple:
     """What makes two instructions compute the same value; `operands`: numbers standing
     for the operands' values (default: the operand instructions' identities)."""
     operands = [id(o) for o in inst.operands] if operands is None else list(operands)
-    commutative = inst.opcode in COMMUTATIVE or (
+    commutative = is_commutative(inst.opcode) or (
         inst.opcode == "compare" and inst.attributes.get("direction") in ("EQ", "NE"))
     if commutative:
         operands.sort()
