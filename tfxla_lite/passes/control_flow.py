@@ -21,11 +21,12 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from tfxla_lite.hlo.ir import Computation, HloModule, Instruction, user_edges
+from tfxla_lite.hlo.opcodes import opcodes_in
 from tfxla_lite.hlo.shape import Shape
 from tfxla_lite.passes.base import Pass
 from tfxla_lite.passes.buffer_assignment import EntryValues, leaves, updated_operand
 
-CONTROL_FLOW = frozenset({"while", "conditional"})
+CONTROL_FLOW = frozenset(opcodes_in("control-flow"))
 
 # Never moved out of a loop: control flow, calls, and ops with effects or state.
 _NOT_HOISTED = frozenset({
