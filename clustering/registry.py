@@ -2,14 +2,10 @@
 
 The first stop of clustering's data flow: `mark.py` asks `compilability(op)` which
 ops may join a cluster, and `lower.py` calls each op's `lower(ctx, op, operands)`
-to build the cluster's `HloModule`. One op, one registration (docs/conventions.md, habit 2): the
-rules themselves live beside each other in `rules_elementwise.py` (element-wise,
-comparisons, casts, activations) and `rules_tensor.py` (reductions, dots, shapes,
-softmax), `rules_slicing.py` (strided slices, pads, splits, tiles), `rules_nn.py`
-(losses, arg-max, one-hot, einsum), `rules_indexing.py` (gathers, scatters, segment
-sums, reverses, cumulative sums), `rules_gradients.py` (the gradient ops
-`tf.GradientTape` emits) and `rules_random.py` (the stateless random ops, as TF's own
-Philox); this file holds the machinery they share.
+to build the cluster's `HloModule`. One op, one registration (docs/conventions.md,
+habit 2): the rules live in the `rules_*.py` files, one per family of ops (element-wise,
+tensor, slicing, nn, indexing, gradients, random, control flow, ...), each registering
+into `OP_RULES` on import; this file holds the machinery they share.
 
 Compile-time constants: a static input (an axis, a shape) may be a Const or any
 small integer computation of Consts that the registry's own rules can lower (the

@@ -6,7 +6,7 @@ the functions they call lowers too: the rule's check turns each FunctionDef into
 (`tfxla_lite.control_flow.function_graph`, with the op's own input shapes) and lowers it
 op by op through the same registry (`lower_function`), recursively for nested loops;
 any op that does not lower keeps the control-flow op in TF, where
-`tfxla_lite/control_flow.py` compiles its bodies one by one as before. A loop's state is
+`tfxla_lite/control_flow.py` compiles its bodies one by one. A loop's state is
 a tuple of fixed shapes: a body that changes a loop variable's shape is refused.
 `maximum_iterations` needs nothing here: while_v2 builds it into the condition.
 
@@ -19,8 +19,8 @@ accumulators for a gradient loop use the forward loop's trip count), the tensor 
 list (`TensorListStack`, `GetItem`). A variant value never crosses a cluster's boundary
 (`clustering/cluster.py` keeps such producers out of their consumers' clusters).
 
-The CPU backend must compile HLO `while` and `conditional` for the rules to accept a
-control-flow op (`backend_refusal`); until it does they stay in TF as before.
+A backend that lists `while` or `conditional` among its unsupported opcodes keeps every
+control-flow op in TF (`backend_refusal`).
 """
 
 from __future__ import annotations
