@@ -38,25 +38,18 @@ if TYPE_CHECKING:
 # serves 64 rows), its packing is a large share of the work; these blocks read B's rows
 # where they lie (a block's columns of B, K × 32 floats, stay in L2 for the tile's other
 # row blocks), A's elements broadcast one at a time. 8 rows × 2 vectors keep 16 sums
-# (16 of AVX-512's 32 registers) and issue 16 multiply-adds per 10 loads. One thread,
-# best of 30 bursts (2026-11-21, load 1): 64×784×512 113 GFLOP/s against OpenBLAS's 92,
-# 128×784×512 113 against 99, 256×512×1024 108 against 95, 512³ 111 against 105; at
-# 1024³ they are level and at 2048³ well behind (74 against 102: A's rows come from L3
-# and nothing is blocked for the caches), hence MAX_MACS. 4 rows × 4 vectors measured
-# the same. Splitting such a dot costs no packing, so `dot.schedule` cuts its units
-# down to MIN_UNIT_FLOPS.
+# (16 of AVX-512's 32 registers) and issue 16 multiply-adds per 10 loads. From about
+# 1024³ the library is level and then ahead (A's rows come from L3 and nothing is
+# blocked for the caches), hence MAX_MACS. Splitting such a dot costs no packing, so
+# `dot.schedule` cuts its units down to MIN_UNIT_FLOPS.
 BLOCK_ROWS = 8
 BLOCK_VECTORS = 2
 MAX_MACS = 1 << 27
-# Rows of A (M) at most: where each packed element of B would serve few rows, the
-# library's packing is the largest share and blocks gain most (64 rows: 1.23x); at
-# 128-512 rows they gained 1.06-1.14x but each block function costs about 10 ms of
-# LLVM on the first call at O3, which blocks take even in the quick tier
-# (`tiers.O3_EVEN_WHEN_QUICK`): library dots compile at the quick tier, whose speed is
-# the library's, so the MLP's first call was 30-40 ms cheaper without blocks
-# (docs/benchmarks.md, "Register blocks only for few rows"; measured when a module with
-# blocks compiled wholly at O3 on the calling thread, before blocks got a part of their
-# own on a second thread: worth measuring again).
+# Rows of A (M) at most: where each packed element of B serves few rows, the library's
+# packing is the largest share and blocks gain most; with more rows the gain is smaller
+# than the LLVM time a block function costs on the first call, at O3 even in the quick
+# tier (`tiers.O3_EVEN_WHEN_QUICK`; docs/benchmarks.md, "Register blocks only for few
+# rows", measured before blocks compiled on a thread of their own).
 MAX_ROWS = 64
 MAX_K = 2048  # B's block of columns (K × 32 floats) stays within 256 KiB
 # K at most, for any number of rows (up to MAX_MACS) of a row-major A: B's block of
