@@ -60,6 +60,9 @@ MIN_DEPTH = 64
 # Pixels of one unit at most: their pointers (taps × pixels) stay on the stack, and the
 # pixels' input rows in L2 while each NR-wide slice of the filter streams past them.
 MAX_BLOCK_PIXELS = 192
+# A backprop-input's filter (`01oi`) is transposed one window position and NR output
+# features at a time into a stack buffer of at most this many bytes.
+TRANSPOSED_BYTES = 256 << 10
 # The unit's pixel pointers (pixels × window positions) on the stack at most.
 POINTER_BYTES = 64 << 10
 # At least this many units when the shape allows, so that a team of two has work to
@@ -101,14 +104,16 @@ class DirectPlan:
 
 def direct_plan(conv: ConvolutionPlan) -> DirectPlan | None:
     """The register-block plan of `conv`, or None where the GEMM path keeps it: not f32,
-    no AVX-512, a transposed (backprop-input) filter, fewer than MIN_INPUTS input
-    features or a patch shorter than MIN_DEPTH, output features not a multiple of 16 per
-    group."""
-    if (conv.element_type != "f32" or not gemm_packed.available() or conv.transposed_filter
+    no AVX-512, fewer than MIN_INPUTS input features or a patch shorter than MIN_DEPTH,
+    output features not a multiple of 16 per group, a transposed filter slice too large
+    for the stack."""
+    if (conv.element_type != "f32" or not gemm_packed.available()
             or conv.group_inputs < MIN_INPUTS or conv.k < MIN_DEPTH
             or conv.group_outputs % LANES):
         return None
     vectors = next(v for v in (4, 3, 2, 1) if conv.group_outputs % (v * LANES) == 0)
+    if conv.transposed_filter and conv.group_inputs * vectors * LANES * 4 > TRANSPOSED_BYTES:
+        return None
     rows = ROWS_FOR_VECTORS[vectors]
     strips = conv.group_outputs // (vectors * LANES)
     taps = math.prod(d.size for d in conv.window)
@@ -167,17 +172,61 @@ def _emit_unit(ctx: KernelContext, inst: Instruction, plan: DirectPlan, output: 
     strip1 = minimum(b, b.add(strip0, i64(plan.chunk)), i64(plan.strips))
     with ctx.loop(strip1, name="strip", start=strip0) as strip:
         column = b.add(b.mul(group, i64(conv.group_outputs)), b.mul(strip, i64(plan.width)))
-        filter_slice = b.gep(rhs, [column], source_etype=F32)
+        if conv.transposed_filter:
+            _emit_transposed_taps(ctx, plan, rhs, output, pointers, column, pixel0, pixel1,
+                                  slivers, kernel)
+        else:
+            filter_slice = b.gep(rhs, [column], source_etype=F32)
+            with ctx.loop(slivers, name="sliver") as sliver:
+                rows = b.gep(pointers, [b.mul(sliver, i64(plan.rows * plan.taps))],
+                             source_etype=PTR)
+                present, target = _sliver(b, plan, output, column, pixel0, pixel1, sliver)
+                b.call(kernel, [rows, i64(plan.taps), i64(conv.group_inputs), filter_slice,
+                                i64(conv.group_inputs * outputs), i64(outputs), target,
+                                i64(outputs), present, ir.Constant(I1, 0)])
+
+
+def _sliver(b: ir.IRBuilder, plan: DirectPlan, output: ir.Value, column: ir.Value,
+            pixel0: ir.Value, pixel1: ir.Value, sliver: ir.Value
+            ) -> tuple[ir.Value, ir.Value]:
+    """(pixels present, C's block) of `sliver` in the unit's pixels."""
+    outputs = plan.conv.output_dims[-1]
+    first = b.add(pixel0, b.mul(sliver, i64(plan.rows)))
+    present = minimum(b, i64(plan.rows), b.sub(pixel1, first))
+    target = b.gep(output, [b.add(b.mul(first, i64(outputs)), column)], source_etype=F32)
+    return present, target
+
+
+def _emit_transposed_taps(ctx: KernelContext, plan: DirectPlan, rhs: ir.Value,
+                          output: ir.Value, pointers: ir.Value, column: ir.Value,
+                          pixel0: ir.Value, pixel1: ir.Value, slivers: ir.Value,
+                          kernel: ir.Function) -> None:
+    """A strip of a `01oi` filter's convolution: per window position t, W[t'][column:
+    column + NR, :] (t' = t, or its mirror when reversed) transposed into a stack buffer
+    (depth × NR), then every sliver's block adds that position's products (C stored
+    between positions: the same fma chain, t then k ascending)."""
+    b = ctx.builder
+    conv = plan.conv
+    depth, width = conv.group_inputs, plan.width
+    outputs = conv.output_dims[-1]
+    buffer = ctx.alloca(F32, name="conv.filter", count=depth * width)
+    buffer.align = 64
+    with ctx.loop(plan.taps, name="tap") as tap:
+        source = b.sub(i64(plan.taps - 1), tap) if conv.reversed else tap
+        base = b.add(b.mul(source, i64(outputs * depth)), b.mul(column, i64(depth)))
+        with ctx.loop(width, name="feature") as j:
+            row = b.add(base, b.mul(j, i64(depth)))
+            with ctx.loop(depth, name="k") as k:
+                value = b.load(b.gep(rhs, [b.add(row, k)], source_etype=F32), typ=F32)
+                b.store(value, b.gep(buffer, [b.add(b.mul(k, i64(width)), j)],
+                                     source_etype=F32))
+        accumulate = b.icmp_unsigned("!=", tap, i64(0))
         with ctx.loop(slivers, name="sliver") as sliver:
-            first = b.add(pixel0, b.mul(sliver, i64(plan.rows)))
-            present = minimum(b, i64(plan.rows), b.sub(pixel1, first))
-            rows = b.gep(pointers, [b.mul(sliver, i64(plan.rows * plan.taps))],
-                         source_etype=PTR)
-            target = b.gep(output, [b.add(b.mul(first, i64(outputs)), column)],
-                           source_etype=F32)
-            b.call(kernel, [rows, i64(plan.taps), i64(conv.group_inputs), filter_slice,
-                            i64(conv.group_inputs * outputs), i64(outputs), target,
-                            i64(outputs), present])
+            rows = b.gep(pointers, [b.add(b.mul(sliver, i64(plan.rows * plan.taps)),
+                                          b.mul(tap, i64(plan.rows)))], source_etype=PTR)
+            present, target = _sliver(b, plan, output, column, pixel0, pixel1, sliver)
+            b.call(kernel, [rows, i64(1), i64(depth), buffer, i64(0), i64(width), target,
+                            i64(outputs), present, accumulate])
 
 
 def _emit_pointers(ctx: KernelContext, plan: DirectPlan, lhs: ir.Value, zeros: ir.Value,
@@ -218,39 +267,48 @@ def _emit_pointers(ctx: KernelContext, plan: DirectPlan, lhs: ir.Value, zeros: i
 
 
 def micro_kernel(module: ir.Module, rows: int, vectors: int) -> ir.Function:
-    """`void kernel(a, taps, depth, w, tap_step, ldw, c, ldc, present)`: C[0:present,
-    0:NR] (row stride ldc) = Σ_{t < taps} Σ_{k < depth} a[t·MR + r][k] · w[t·tap_step +
-    k·ldw + j], where a holds MR row pointers per window position; each sum one fma
-    chain, t then k ascending, in a vector register."""
+    """`void kernel(a, taps, depth, w, tap_step, ldw, c, ldc, present, accumulate)`:
+    C[0:present, 0:NR] (row stride ldc) = (accumulate ? C : 0) + Σ_{t < taps} Σ_{k <
+    depth} a[t·MR + r][k] · w[t·tap_step + k·ldw + j], where a holds MR row pointers per
+    window position; each sum one fma chain, t then k ascending, in a vector register."""
     name = f"conv_direct.kernel.f32.{rows}x{vectors}"
     existing = module.globals.get(name)
     if isinstance(existing, ir.Function):
         return existing
     vector = ir.VectorType(F32, LANES)
     function = ir.Function(module, ir.FunctionType(
-        VOID, [PTR, I64, I64, PTR, I64, I64, PTR, I64, I64]), name=name)
+        VOID, [PTR, I64, I64, PTR, I64, I64, PTR, I64, I64, I1]), name=name)
     function.linkage = "internal"
     function.attributes.add("nounwind")
     function.attributes.add("noinline")
-    a, taps, depth, w, tap_step, ldw, c, ldc, present = function.args
+    a, taps, depth, w, tap_step, ldw, c, ldc, present, accumulate = function.args
     for argument, text in zip(function.args, ["a", "taps", "depth", "w", "tap_step", "ldw",
-                                              "c", "ldc", "present"]):
+                                              "c", "ldc", "present", "accumulate"]):
         argument.name = text
     fma = declare(module, "llvm.fma.v16f32", ir.FunctionType(vector, [vector] * 3))
     entry = function.append_basic_block("entry")
+    load_block = function.append_basic_block("load_c")
     header = function.append_basic_block("tap.header")
     body = function.append_basic_block("tap.body")
     done = function.append_basic_block("tap.exit")
     b = ir.IRBuilder(entry)
+    b.cbranch(accumulate, load_block, header)
+    b.position_at_end(load_block)
+    # Rows past `present` load the last present row (in bounds) and are not stored.
+    loaded = [[b.load(b.gep(c, [b.add(b.mul(minimum(b, i64(r), b.sub(present, i64(1))), ldc),
+                                      i64(v * LANES))], source_etype=F32), typ=vector, align=4)
+               for v in range(vectors)] for r in range(rows)]
     b.branch(header)
     b.position_at_end(header)
     tap = b.phi(I64, name="tap")
     tap.add_incoming(i64(0), entry)
+    tap.add_incoming(i64(0), load_block)
     sums = [[b.phi(vector, name=f"tap.sum.{r}.{v}") for v in range(vectors)]
             for r in range(rows)]
-    for line in sums:
-        for phi in line:
+    for r, line in enumerate(sums):
+        for v, phi in enumerate(line):
             phi.add_incoming(ir.Constant(vector, None), entry)
+            phi.add_incoming(loaded[r][v], load_block)
     b.cbranch(b.icmp_signed("<", tap, taps), body, done)
     b.position_at_end(body)
     pointers = [b.load(b.gep(a, [b.add(b.mul(tap, i64(rows)), i64(r))], source_etype=PTR),

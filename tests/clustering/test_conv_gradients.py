@@ -175,6 +175,31 @@ def test_conv2d_gradient_tape(case: int) -> None:
     _check(fn, args, "Conv2DBackpropInput")
 
 
+# Wide enough for the CPU backend's direct register blocks (codegen/cpu/
+# convolution_direct.py): the forward, and backprop-input as a `01oi` convolution or as
+# stride-1 phases.
+DIRECT_CASES = [
+    ((2, 9, 8, 16), (3, 3, 16, 32), (1, 1), "SAME", (1, 1)),
+    ((2, 9, 8, 16), (3, 3, 16, 48), (2, 2), "SAME", (1, 1)),
+    ((2, 7, 6, 32), (1, 1, 32, 64), (1, 1), "VALID", (1, 1)),
+    ((1, 10, 9, 16), (3, 3, 16, 32), (1, 1), "SAME", (2, 2)),
+]
+
+
+@pytest.mark.parametrize("case", range(len(DIRECT_CASES)))
+def test_conv2d_gradient_tape_wide(case: int) -> None:
+    x_shape, w_shape, strides, padding, dilations = DIRECT_CASES[case]
+    out = _forward_output_dims(x_shape, w_shape[:2], w_shape[3], strides, padding, dilations)
+    rng = np.random.default_rng(case)
+    # Integers: every sum exact in any order, so the comparison is bit for bit.
+    args = [rng.integers(-3, 4, shape).astype(F32) for shape in (x_shape, w_shape, out)]
+
+    def forward(x: tf.Tensor, w: tf.Tensor) -> tf.Tensor:
+        return tf.nn.conv2d(x, w, [1, *strides, 1], padding, dilations=[1, *dilations, 1])
+
+    _check(_tape(forward), args, "Conv2DBackpropInput")
+
+
 @pytest.mark.parametrize("case", [0, 1, 4, 11])
 def test_conv2d_gradient_nchw(case: int) -> None:
     attrs, (x, w, grad), _ = _conv2d_case(case)

@@ -162,17 +162,32 @@ DIRECT_CASES = [
 ]
 
 
+# Backprop-input's form (`01oi` filters, reversed): (gradient NHWC, filter HWIO, window)
+DIRECT_TRANSPOSED_CASES = [
+    ((2, 9, 8, 64), (3, 3, 32, 64), "{size=3x3 pad=1_1x1_1 rhs_reversal=1x1}"),
+    ((2, 9, 8, 16), (3, 3, 48, 16), "{size=3x3 pad=2_2x2_2}"),  # not reversed
+    ((1, 11, 10, 12), (3, 2, 32, 12), "{size=3x2 pad=2_1x1_2 rhs_dilate=2x3 rhs_reversal=1x1}"),
+    ((3, 6, 7, 64), (1, 1, 80, 64), "{size=1x1 rhs_reversal=1x1}"),
+    ((2, 2, 2, 128), (3, 3, 256, 128), "{size=3x3 pad=1_1x1_1 rhs_reversal=1x1}"),
+    ((2, 13, 16), (5, 32, 16), "{size=5 pad=4_4 rhs_reversal=1}"),  # 1-D
+]
+
+
 def _direct_module(case: int) -> tuple[object, object, list[Shape]]:
-    x_dims, w_dims, window, groups = DIRECT_CASES[case]
+    if case >= len(DIRECT_CASES):
+        x_dims, w_dims, window = DIRECT_TRANSPOSED_CASES[case - len(DIRECT_CASES)]
+        groups, dnums = 1, convolution_gemm.transposed_filter_dimensions(len(x_dims) - 2)
+    else:
+        x_dims, w_dims, window, groups = DIRECT_CASES[case]
+        dnums = ConvolutionDimensions.channels_last(len(x_dims) - 2)
     shapes = [Shape("f32", x_dims), Shape("f32", w_dims)]
-    module = convolution_module(*shapes, parse_window(window),
-                                ConvolutionDimensions.channels_last(len(x_dims) - 2), groups)
+    module = convolution_module(*shapes, parse_window(window), dnums, groups)
     (conv,) = [i for i in module.entry.instructions if i.opcode == "convolution"]
     return module, conv, shapes
 
 
 @pytest.mark.skipif(not gemm_packed.available(), reason="the direct path needs AVX-512")
-@pytest.mark.parametrize("case", range(len(DIRECT_CASES)))
+@pytest.mark.parametrize("case", range(len(DIRECT_CASES) + len(DIRECT_TRANSPOSED_CASES)))
 def test_direct_path_matches_the_evaluator(case: int) -> None:
     module, conv, shapes = _direct_module(case)
     assert convolution_direct.direct_plan(convolution_gemm.plan(conv)) is not None
@@ -189,7 +204,7 @@ def test_direct_path_matches_the_evaluator(case: int) -> None:
 
 
 def test_direct_plan_is_fixed_by_the_shape() -> None:
-    for case in range(len(DIRECT_CASES)):
+    for case in range(len(DIRECT_CASES) + len(DIRECT_TRANSPOSED_CASES)):
         _, conv, _ = _direct_module(case)
         plan = convolution_direct.direct_plan(convolution_gemm.plan(conv))
         if plan is None:
