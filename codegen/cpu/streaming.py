@@ -12,23 +12,17 @@ the caches with data the kernel will not read again.
 The cost rule (`should_stream`): stream when the bytes a kernel moves (every operand
 read once, the output written once) reach the host's last-level cache size, except in
 loop kernels bound by their arithmetic (`COMPUTE_BOUND_OPCODES`) and in kernels whose
-rows are shorter than `MIN_RUN_BYTES`. Below that size,
-inputs and outputs of repeated calls stay in the cache, which a streaming store would
-bypass and empty, and a small output read by the next kernel should stay in cache.
+rows are shorter than `MIN_RUN_BYTES`. Below that size, inputs and outputs of repeated
+calls stay in the cache, which a streaming store would bypass and empty, and a small
+output read by the next kernel should stay in cache.
 
-The store path never looks at what it stores: the range is computed block by block,
-each block of `BLOCK_BYTES` by a plain loop into an aligned stack buffer (the loop
-LLVM vectorizes whole, whatever math produces the values; it stays in L1), then the
-block's whole 64-byte lines are copied to the output with aligned vector stores
-marked `!nontemporal` (`vmovntps zmm` on AVX-512), the partial lines at either end
-of the range (a thread's part or a row need not start on a line boundary) with one
-masked ordinary vector store each (a range of known length in whole lines, a row of
-1024 floats, streams its lines from a runtime offset in the buffer instead and copies
-the partial lines with `memcpy`: `emit_lines`). The fill loop is emitted once per
-range, and no other loop LLVM would vectorize and unroll sits beside it: this keeps the streamed
-kernel's code, and its compile time, near the ordinary kernel's. Streaming stores
-are weakly ordered: the range function ends with a fence, so every store is visible before the
-parallel team joins or the kernel returns.
+The store path never looks at what it stores: the range is computed block by block
+(`BLOCK_BYTES`) into an aligned stack buffer by the plain loop LLVM vectorizes, then its
+whole lines go out by vector stores marked `!nontemporal` and the partial lines at either
+end by one masked ordinary store each (a row of whole lines: `emit_lines`, by `memcpy`).
+The fill loop is emitted once per range, which keeps the streamed kernel's code and
+compile time near the ordinary kernel's; streaming stores are weakly ordered, so a fence
+ends the range function. docs/architecture.md ("Streaming stores") walks through it.
 """
 
 from __future__ import annotations

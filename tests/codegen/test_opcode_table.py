@@ -136,7 +136,8 @@ def test_a_stray_or_incomplete_entry_is_found() -> None:
 def test_emitter_mappings_name_opcodes_of_their_category() -> None:
     unary, binary = set(opcodes_in("unary")), set(opcodes_in("binary"))
     for mapping in (elementwise._FLOAT_INTRINSICS, elementwise._FLOAT_LIBM,
-                    math.F32_FUNCTIONS, elemental._FLOAT_UNARY, evaluator._FLOAT_UNARY):
+                    math.F32_FUNCTIONS, elemental._FLOAT_UNARY, evaluator._FLOAT_UNARY,
+                    evaluator._ANY_TYPE_UNARY):
         assert set(mapping) <= unary, set(mapping) - unary
     for mapping in (elemental._FLOAT_OPERATORS, elemental._INTEGER_WRAPPING,
                     evaluator._FLOAT_BINARY):

@@ -131,41 +131,27 @@ def _is_float(dtype: np.dtype) -> bool:
     return dtype.kind == "f" or dtype.name == "bfloat16"
 
 
+# Unary opcodes of every type, computed on the operand as floats compute.
+_ANY_TYPE_UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "abs": np.abs, "negate": np.negative, "sign": np.sign, "is-finite": np.isfinite}
+
+
 @_reference(*opcodes_in("unary"))
 def _unary(inst: Instruction, operands: Sequence[Any]) -> np.ndarray:
-    if inst.opcode in _FLOAT_UNARY:
-        return _float_unary(inst, operands)
-    return _plain_unary(inst, operands)
-
-
-def _float_unary(inst: Instruction, operands: Sequence[Any]) -> np.ndarray:
     (x,) = operands
-    if not _is_float(x.dtype):
-        if inst.opcode in ("floor", "ceil", "round-nearest-afz", "round-nearest-even"):
-            return _result(x, inst.shape)  # integers are already whole
-        raise TypeError(f"{inst.opcode} takes floats, got {x.dtype}")
-    fn = _FLOAT_UNARY[inst.opcode]
-    return _result(fn(x.astype(_compute_dtype(x.dtype))), inst.shape)
-
-
-def _plain_unary(inst: Instruction, operands: Sequence[Any]) -> np.ndarray:
-    (x,) = operands
+    opcode = inst.opcode
+    if opcode == "copy":
+        return _result(np.array(x, copy=True), inst.shape)
+    if opcode == "not":
+        return _result(np.logical_not(x) if x.dtype == np.bool_ else np.invert(x), inst.shape)
     wide = x.astype(_compute_dtype(x.dtype))
-    if inst.opcode == "abs":
-        value = np.abs(wide)
-    elif inst.opcode == "negate":
-        value = np.negative(wide)
-    elif inst.opcode == "sign":
-        value = np.sign(wide)
-    elif inst.opcode == "not":
-        value = np.logical_not(x) if x.dtype == np.bool_ else np.invert(x)
-    elif inst.opcode == "is-finite":
-        value = np.isfinite(wide)
-    elif inst.opcode == "copy":
-        value = np.array(x, copy=True)
-    else:
-        raise NotImplementedError(f"no NumPy reference for {inst.opcode}")
-    return _result(value, inst.shape)
+    if opcode in _ANY_TYPE_UNARY:
+        return _result(_ANY_TYPE_UNARY[opcode](wide), inst.shape)
+    if not _is_float(x.dtype):
+        if opcode in ("floor", "ceil", "round-nearest-afz", "round-nearest-even"):
+            return _result(x, inst.shape)  # integers are already whole
+        raise TypeError(f"{opcode} takes floats, got {x.dtype}")
+    return _result(_FLOAT_UNARY[opcode](wide), inst.shape)
 
 
 def _integer_divide(a: np.ndarray, b: np.ndarray) -> np.ndarray:
