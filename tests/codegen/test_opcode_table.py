@@ -2,11 +2,11 @@
 
 The pieces of an opcode (docs/architecture.md, "Adding an HLO opcode"): its `OpcodeInfo`
 (category, arity, shape rule or none for a shape the instruction carries) in
-`hlo/opcodes.py`, its NumPy reference in
-`hlo/evaluator.py`, its CPU emitter and its GPU element generator, or for a backend an
-entry with a reason in that backend's list of opcodes it does not generate. The
-emitters' own mappings (opcode -> libm symbol, CUDA function, NumPy function) are
-checked against the table's categories. Core test: imports no TensorFlow.
+`hlo/opcodes.py`, its NumPy reference in `hlo/evaluator.py`, its CPU emitter and its GPU
+element generator, or for a backend an entry with a reason in that backend's list of
+opcodes it does not generate. The emitters' own mappings (opcode -> libm symbol, CUDA
+function, NumPy function) are checked against the table's categories. Core test:
+imports no TensorFlow.
 """
 
 from __future__ import annotations
