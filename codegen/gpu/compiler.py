@@ -13,12 +13,16 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
+from tfxla_lite.codegen.gpu.columns import emit_column_reduction
 from tfxla_lite.codegen.gpu.cuda_source import prelude
 from tfxla_lite.codegen.gpu.elemental import ModuleTables
 from tfxla_lite.codegen.gpu.kernels import KernelPlan, describe, plan_kernels, split_scratch
+from tfxla_lite.codegen.gpu.multi_output import emit_multi_output
 from tfxla_lite.codegen.gpu.row_groups import merge_row_groups
 from tfxla_lite.codegen.gpu.sort import sort_scratch_bytes
-from tfxla_lite.codegen.gpu.templates import emit_plan
+from tfxla_lite.codegen.gpu.sort_template import emit_sort
+from tfxla_lite.codegen.gpu.templates import TEMPLATES, KernelSource
+from tfxla_lite.codegen.gpu.transpose import emit_transpose
 from tfxla_lite.hlo.ir import HloModule
 
 SCRATCH_ALIGNMENT = 256  # where the scratch area starts after the temp arena
@@ -58,6 +62,17 @@ class GpuProgram:
 
     def fingerprint(self) -> str:
         return hashlib.sha256(self.source.encode()).hexdigest()
+
+
+# The template of each plan kind (a `dot` has none: it is a library call).
+KERNEL_TEMPLATES = {**TEMPLATES, "transpose": emit_transpose,
+                    "column-reduction": emit_column_reduction,
+                    "multi-output": emit_multi_output, "sort": emit_sort, "topk": emit_sort}
+
+
+def emit_plan(plan: KernelPlan, assignment: Any, tables: ModuleTables) -> KernelSource:
+    """The CUDA text of one kernel plan (not a `dot`)."""
+    return KERNEL_TEMPLATES[plan.kind](plan, assignment, tables)
 
 
 def _element_types(module: HloModule) -> set[str]:

@@ -96,24 +96,6 @@ def _header(name: str, params: list[str], threads: int) -> str:
             + ",\n    ".join(params) + ")")
 
 
-def emit_plan(plan: KernelPlan, assignment: Any, tables: ModuleTables) -> KernelSource:
-    """The CUDA text of one kernel plan (not a `dot`, which is a library call)."""
-    # Imported here: the transpose, column and multi-output templates build on this
-    # module's helpers.
-    from tfxla_lite.codegen.gpu.columns import emit_column_reduction
-    from tfxla_lite.codegen.gpu.multi_output import emit_multi_output
-    from tfxla_lite.codegen.gpu.sort import emit_sort
-    from tfxla_lite.codegen.gpu.transpose import emit_transpose
-
-    emitters: dict[str, Callable[[KernelPlan, Any, ModuleTables], KernelSource]] = {
-        "loop": _emit_loop, "transpose": emit_transpose, "row-reduction": _emit_row_reduction,
-        "split-reduction": _emit_split_reduction, "column-reduction": emit_column_reduction,
-        "row-group": _emit_row_group, "row-fusion": _emit_row_fusion,
-        "dot-epilogue": _emit_dot_epilogue, "multi-output": emit_multi_output,
-        "sort": emit_sort, "topk": emit_sort}
-    return emitters[plan.kind](plan, assignment, tables)
-
-
 # -- loop ----------------------------------------------------------------------------------
 
 def _emit_loop(plan: KernelPlan, assignment: Any, tables: ModuleTables) -> KernelSource:
@@ -612,7 +594,7 @@ def _emit_row_group(plan: KernelPlan, assignment: Any, tables: ModuleTables) -> 
     return KernelSource(plan, [plan.name], w.text())
 
 
-__all__ = ["KernelSource", "emit_plan", "store_groups", "store_values"]
+__all__ = ["TEMPLATES", "KernelSource", "store_groups", "store_values"]
 
 
 def _emit_row_fusion(plan: KernelPlan, assignment: Any, tables: ModuleTables) -> KernelSource:
@@ -694,3 +676,10 @@ def _emit_row_fusion(plan: KernelPlan, assignment: Any, tables: ModuleTables) ->
     w.close()
     w.close()
     return KernelSource(plan, [plan.name], w.text())
+
+
+# The plan kinds whose template is here; compiler.py adds the ones in modules of their own.
+TEMPLATES: dict[str, Callable[[KernelPlan, Any, ModuleTables], KernelSource]] = {
+    "loop": _emit_loop, "row-reduction": _emit_row_reduction,
+    "split-reduction": _emit_split_reduction, "row-group": _emit_row_group,
+    "row-fusion": _emit_row_fusion, "dot-epilogue": _emit_dot_epilogue}

@@ -77,9 +77,6 @@ ALLOWED_CYCLE_EDGES: dict[tuple[str, str], str] = {
         "unowned",
     ("tfxla_lite.clustering.rules_tensor", "tfxla_lite.clustering.rules_control_flow"):
         "unowned",
-    # codegen
-    ("tfxla_lite.codegen.gpu.templates", "tfxla_lite.codegen.gpu.*"): "LAYERS",
-    ("tfxla_lite.codegen.gpu.kernels", "tfxla_lite.codegen.gpu.sort"): "LAYERS",
 }
 
 
