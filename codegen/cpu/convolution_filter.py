@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from llvmlite import ir
 
-from tfxla_lite.codegen.cpu import engine, parallel
+from tfxla_lite.codegen.cpu import convolution_filter_direct, engine, parallel
 from tfxla_lite.codegen.cpu.dot import NewKernel, library_gemm
 from tfxla_lite.codegen.cpu.emitter import (
     I1,
@@ -184,6 +184,10 @@ def emit_filter_gradient_kernel(module: ir.Module, pool: object, inst: Instructi
     if conv is None:
         return None
     threads = 1 if conv.flops < PARALLEL_MIN_FLOPS else threads
+    direct = convolution_filter_direct.direct_plan(conv)
+    if direct is not None:
+        return convolution_filter_direct.emit_direct_kernel(
+            module, pool, inst, name, noalias_output, threads, new_kernel, direct)
     return parallel.emit_unit_kernel(
         module, pool, inst, name, noalias_output, new_kernel, conv.units, threads,
         lambda ctx, output, unit: _emit_unit(ctx, inst, conv, output, unit))

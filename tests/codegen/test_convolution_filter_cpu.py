@@ -1,7 +1,8 @@
 """The CPU filter-gradient path (`codegen/cpu/convolution_filter.py`: the forward's
 patches transposed times the output gradient, accumulated GEMMs per pixel block)
 against the NumPy evaluator, over strides, dilations, paddings, 1×1 filters read in
-place, split input features, groups, 1-D/3-D and edge values; and its plan."""
+place, split input features, groups, 1-D/3-D and edge values; and its plan; and the
+direct register blocks (`convolution_filter_direct.py`) over the same attributes."""
 
 from __future__ import annotations
 
@@ -15,7 +16,12 @@ from codegen_helpers import check, random_array
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "hlo"))
 from convolution_cases import convolution_module  # noqa: E402
 
-from tfxla_lite.codegen.cpu import convolution_filter, engine  # noqa: E402
+from tfxla_lite.codegen.cpu import (  # noqa: E402
+    convolution_filter,
+    convolution_filter_direct,
+    engine,
+    gemm_packed,
+)
 from tfxla_lite.hlo.attributes import Window, WindowDimension  # noqa: E402
 from tfxla_lite.hlo.convolution import ConvolutionDimensions  # noqa: E402
 from tfxla_lite.hlo.ir import HloModule  # noqa: E402
@@ -70,12 +76,51 @@ def test_filter_gradient_path_matches_the_evaluator(case: int) -> None:
     x_dims, taps, outputs, strides, dilations, pads, groups, element_type = CASES[case]
     module, lhs, rhs = filter_gradient_module(x_dims, taps, outputs, strides, dilations, pads,
                                               groups, element_type)
-    assert convolution_filter.plan(module.entry.root) is not None
+    conv = convolution_filter.plan(module.entry.root)
+    assert conv is not None
+    direct = convolution_filter_direct.direct_plan(conv)
     rng = np.random.default_rng(case)
     # Small integers: sums over thousands of pixels stay exact in any order.
     args = [rng.integers(-3, 4, s.dims).astype(s.numpy_dtype) for s in (lhs, rhs)]
     executable = check(module, args, "convolution")
-    assert engine.gemm(element_type).symbol in executable.llvm_ir
+    assert ("conv_filter_direct.kernel" in executable.llvm_ir) == (direct is not None)
+    assert (engine.gemm(element_type).symbol in executable.llvm_ir) == (direct is None)
+
+
+# The direct register blocks (convolution_filter_direct.py): output features a multiple
+# of 16 per group, V = 4, 3, 2, 1 vectors, input features padded to the block's rows.
+DIRECT_CASES = [
+    ((2, 9, 8, 16), (3, 3), 32, (1, 1), (1, 1), ((1, 1), (1, 1)), 1),
+    ((2, 9, 8, 12), (3, 3), 48, (2, 3), (1, 1), ((0, 1), (2, 0)), 1),  # strides
+    ((1, 11, 10, 10), (3, 2), 64, (1, 1), (2, 3), ((0, 0), (1, 1)), 1),  # dilations
+    ((2, 9, 9, 20), (3, 3), 16, (2, 2), (1, 1), ((0, 0), (0, 0)), 1),  # unread end
+    ((2, 5, 4, 300), (1, 1), 16, (1, 1), (1, 1), ((0, 0), (0, 0)), 1),  # Cin split
+    ((2, 6, 6, 32), (3, 3), 64, (1, 1), (1, 1), ((1, 1), (1, 1)), 2),  # 2 groups
+    ((4, 40, 33, 8), (3, 3), 80, (1, 1), (1, 1), ((1, 1), (1, 1)), 1),  # many blocks
+    ((2, 13, 16), (4,), 32, (3,), (1,), ((2, 1),), 1),  # 1-D
+    ((1, 4, 5, 6, 8), (2, 3, 2), 16, (1, 1, 2), (1, 1, 1), ((1, 0), (1, 1), (0, 1)), 1),
+    ((2, 7, 7, 1), (7, 7), 16, (2, 2), (1, 1), ((3, 3), (3, 3)), 1),  # one channel
+]
+
+
+@pytest.mark.skipif(not gemm_packed.available(), reason="the direct path needs AVX-512")
+@pytest.mark.parametrize("case", range(len(DIRECT_CASES)))
+def test_filter_gradient_direct_path(case: int) -> None:
+    module, lhs, rhs = filter_gradient_module(*DIRECT_CASES[case])
+    plan = convolution_filter_direct.direct_plan(convolution_filter.plan(module.entry.root))
+    assert plan is not None and plan.input_block % plan.rows == 0
+    assert plan.units >= min(convolution_filter_direct.MIN_UNITS, plan.conv.groups
+                             * plan.conv.taps * -(-plan.conv.group_inputs // plan.rows)
+                             * plan.strips)
+    rng = np.random.default_rng(case)
+    args = [rng.integers(-3, 4, s.dims).astype(np.float32) for s in (lhs, rhs)]
+    executable = check(module, args, "convolution")
+    assert "conv_filter_direct.kernel" in executable.llvm_ir
+    # NaN, ±inf and -0.0 among the input's values, the gradient finite.
+    x = args[0].copy().reshape(-1)
+    spots = rng.choice(x.size, size=min(x.size, 8), replace=False)
+    x[spots] = np.resize(np.float32([np.nan, np.inf, -np.inf, -0.0]), spots.size)
+    check(module, [x.reshape(lhs.dims), args[1]], "convolution")
 
 
 def test_filter_gradient_path_edge_values() -> None:
