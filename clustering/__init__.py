@@ -7,6 +7,26 @@ compilability rule and one HLO lowering per TF op type.
 
 from __future__ import annotations
 
+# The rule modules register into OP_RULES on import; importing any module of this package
+# runs this file first, so every rule is registered before a rule is looked up.
+from tfxla_lite.clustering import (  # noqa: F401
+    rules_batch_norm,
+    rules_control_flow,
+    rules_conv,
+    rules_conv_grad,
+    rules_elementwise,
+    rules_gradients,
+    rules_indexing,
+    rules_linalg,
+    rules_nn,
+    rules_pool,
+    rules_random,
+    rules_resize,
+    rules_slicing,
+    rules_space,
+    rules_tensor,
+    rules_variables,
+)
 from tfxla_lite.clustering.cluster import (
     TRIVIAL_OPS,
     Cluster,

@@ -5,7 +5,8 @@ ops may join a cluster, and `lower.py` calls each op's `lower(ctx, op, operands)
 to build the cluster's `HloModule`. One op, one registration (docs/conventions.md,
 habit 2): the rules live in the `rules_*.py` files, one per family of ops (element-wise,
 tensor, slicing, nn, indexing, gradients, random, control flow, ...), each registering
-into `OP_RULES` on import; this file holds the machinery they share.
+into `OP_RULES` on import (the package's `__init__` imports them all); this file holds the
+machinery they share.
 
 Compile-time constants: a static input (an axis, a shape) may be a Const or any
 small integer computation of Consts that the registry's own rules can lower (the
@@ -533,27 +534,3 @@ class LoweringContext:
             raise LoweringError(f"input {index} of {self.op.name} must be a constant")
         return value
 
-
-def _load_rules() -> None:
-    # The rule modules register themselves on import; they import this module first.
-    from tfxla_lite.clustering import (  # noqa: F401
-        rules_batch_norm,
-        rules_control_flow,
-        rules_conv,
-        rules_conv_grad,
-        rules_elementwise,
-        rules_gradients,
-        rules_indexing,
-        rules_linalg,
-        rules_nn,
-        rules_pool,
-        rules_random,
-        rules_resize,
-        rules_slicing,
-        rules_space,
-        rules_tensor,
-        rules_variables,
-    )
-
-
-_load_rules()
