@@ -63,6 +63,9 @@ MAX_BLOCK_PIXELS = 192
 # A backprop-input's filter (`01oi`) is transposed one window position and NR output
 # features at a time into a stack buffer of at most this many bytes.
 TRANSPOSED_BYTES = 256 << 10
+# The cost of a transposed filter element against one read in place (scalar loads and
+# stores, once per unit), in the choice of units.
+TRANSPOSE_COST = 4
 # The unit's pixel pointers (pixels × window positions) on the stack at most.
 POINTER_BYTES = 64 << 10
 # At least this many units when the shape allows, so that a team of two has work to
@@ -105,14 +108,16 @@ class DirectPlan:
 def direct_plan(conv: ConvolutionPlan) -> DirectPlan | None:
     """The register-block plan of `conv`, or None where the GEMM path keeps it: not f32,
     no AVX-512, fewer than MIN_INPUTS input features or a patch shorter than MIN_DEPTH,
-    output features not a multiple of 16 per group, a transposed filter slice too large
-    for the stack."""
+    output features not a multiple of 16 per group; a transposed filter slice too large
+    for the stack, or of a 1×1 window (one library GEMM with the filter transposed in
+    place, no patches, beat the transposing units on ResNet50's and MobileNetV2's)."""
     if (conv.element_type != "f32" or not gemm_packed.available()
             or conv.group_inputs < MIN_INPUTS or conv.k < MIN_DEPTH
             or conv.group_outputs % LANES):
         return None
     vectors = next(v for v in (4, 3, 2, 1) if conv.group_outputs % (v * LANES) == 0)
-    if conv.transposed_filter and conv.group_inputs * vectors * LANES * 4 > TRANSPOSED_BYTES:
+    if conv.transposed_filter and (conv.direct or
+                                   conv.group_inputs * vectors * LANES * 4 > TRANSPOSED_BYTES):
         return None
     rows = ROWS_FOR_VECTORS[vectors]
     strips = conv.group_outputs // (vectors * LANES)
@@ -121,14 +126,16 @@ def direct_plan(conv: ConvolutionPlan) -> DirectPlan | None:
     slivers = -(-conv.rows // rows)
     # Each unit reads its pixels' windows and its slice of the filter once per strip
     # pass: split pixels and features so that the units read the least (pixel blocks ×
-    # output features + feature chunks × pixels, both times K), at least MIN_UNITS.
+    # output features + feature chunks × pixels, both times K; a filter each unit
+    # transposes counts TRANSPOSE_COST times), at least MIN_UNITS.
+    filter_cost = TRANSPOSE_COST if conv.transposed_filter else 1
     best: tuple[int, int, int] | None = None
     for split in range(1, strips + 1):
         wanted = -(-MIN_UNITS // (split * conv.groups))
         per_block = -(-slivers // min(slivers, max(-(-conv.rows // most), wanted)))
         chunk = -(-strips // split)
         blocks, chunks = -(-slivers // per_block), -(-strips // chunk)
-        cost = blocks * conv.group_outputs + chunks * conv.rows
+        cost = blocks * conv.group_outputs * filter_cost + chunks * conv.rows
         if blocks * chunks * conv.groups < min(MIN_UNITS, slivers * strips * conv.groups):
             cost += 1 << 62  # too few units for the team, whatever they read
         if best is None or cost < best[0]:

@@ -167,7 +167,7 @@ DIRECT_TRANSPOSED_CASES = [
     ((2, 9, 8, 64), (3, 3, 32, 64), "{size=3x3 pad=1_1x1_1 rhs_reversal=1x1}"),
     ((2, 9, 8, 16), (3, 3, 48, 16), "{size=3x3 pad=2_2x2_2}"),  # not reversed
     ((1, 11, 10, 12), (3, 2, 32, 12), "{size=3x2 pad=2_1x1_2 rhs_dilate=2x3 rhs_reversal=1x1}"),
-    ((3, 6, 7, 64), (1, 1, 80, 64), "{size=1x1 rhs_reversal=1x1}"),
+    ((3, 6, 7, 64), (1, 1, 80, 64), "{size=1x1 stride=2x2 rhs_reversal=1x1}"),
     ((2, 2, 2, 128), (3, 3, 256, 128), "{size=3x3 pad=1_1x1_1 rhs_reversal=1x1}"),
     ((2, 13, 16), (5, 32, 16), "{size=5 pad=4_4 rhs_reversal=1}"),  # 1-D
 ]
@@ -229,3 +229,10 @@ def test_direct_plan_is_fixed_by_the_shape() -> None:
                                     ConvolutionDimensions.channels_last(2))
         (conv,) = [i for i in module.entry.instructions if i.opcode == "convolution"]
         assert convolution_direct.direct_plan(convolution_gemm.plan(conv)) is None
+    # A 1×1 backprop-input: one library GEMM reads its filter transposed in place.
+    module = convolution_module(Shape("f32", (2, 4, 4, 256)), Shape("f32", (1, 1, 64, 256)),
+                                parse_window("{size=1x1 rhs_reversal=1x1}"),
+                                convolution_gemm.transposed_filter_dimensions(2))
+    (conv,) = [i for i in module.entry.instructions if i.opcode == "convolution"]
+    assert convolution_gemm.plan(conv).direct
+    assert convolution_direct.direct_plan(convolution_gemm.plan(conv)) is None
