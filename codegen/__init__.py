@@ -23,8 +23,8 @@ def compile_module(module: HloModule, pipeline: str | None = None,
     pipeline); `verify` runs the HLO verifier on the input and after every pass;
     `threads` is how many threads big kernels use (None: every CPU; 1: serial);
     `cache` chooses the compile caches: True or "on" both, "memory" the process's only,
-    False or "off" none (None: as `TFXLA_LITE_CACHE` says, both by default;
-    `codegen/cache.py`, `codegen/config.py`). A module whose lowered text was
+    False or "off" none (None: the process's `cache` option, both by default;
+    `codegen/cache.py`). A module whose lowered text was
     compiled before with the same options, in this process or an earlier one, runs no
     pass and no LLVM (its optimized form and machine code are reused; `module` is then
     left as it was); one whose optimized HLO, buffer assignment and thread count were,

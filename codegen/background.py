@@ -1,6 +1,6 @@
 """Background compiles: the process's one compile thread, and the one wait for its jobs.
 
-Where it sits: below `cpu/` (it imports nothing of tfxla-lite but `config`). Every
+Where it sits: below `cpu/` (it imports nothing of tfxla-lite but `flags`). Every
 background job goes through `submit`: a tiered compile's O3 tier (`cpu/tiers.py`), a
 background compile's machine code (`cpu.compile(..., background=True)`), and the rewrite
 cache's write that waits for both (`tfxla_lite/cached_programs.py`). A job may carry a
@@ -8,7 +8,8 @@ key, so that a later compile of the same thing finds it (`pending`) and waits in
 compiling again. `wait_for_compiles` is the one wait: for given jobs, or for every job of
 the process (`tfxla_lite.wait_for_compiles`, before timing steady state).
 
-One thread per process, at a lower priority (`BACKGROUND_NICE`): with the thread that
+One thread per process, at a lower priority (the `background_nice` option, read when
+the thread starts): with the thread that
 emits the next module (or runs the launches) it keeps two cores busy. Jobs, keys and the
 thread belong to the process that made them: a forked child never waits for its
 parent's thread, which it does not have. At interpreter exit, droppable jobs (the O3
@@ -27,12 +28,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from tfxla_lite.codegen import config
+from tfxla_lite import flags
 
-# How much nicer than the process the compile thread runs: at 0 the O3 compile took a
-# core from the first call, at 19 it starved behind a loop of calls right after
-# (docs/benchmarks.md, "A tiered LLVM compile").
-BACKGROUND_NICE = 10
 # At interpreter exit, droppable jobs queued to start within this many seconds still run.
 EXIT_WAIT_SECONDS = 10.0
 
@@ -130,9 +127,11 @@ def _pool_of_process(pid: int) -> concurrent.futures.ThreadPoolExecutor:
 
 
 def _lower_priority() -> None:
-    """Run the compile thread at `BACKGROUND_NICE` above the process's nice value (Linux
-    sets it per thread), so that a first call's own work and its launches come first."""
-    nice = config.background_nice(BACKGROUND_NICE)
+    """Run the compile thread `background_nice` above the process's nice value (Linux sets
+    it per thread), so that a first call's own work and its launches come first: at 0 the
+    O3 compile took a core from the first call, at 19 it starved behind a loop of calls
+    right after (docs/benchmarks.md, "A tiered LLVM compile")."""
+    nice = flags.switch("background_nice")
     if nice <= 0 or not hasattr(os, "setpriority"):
         return
     try:

@@ -1,12 +1,12 @@
 """The stage cache: one mechanism for every compile stage a warm process may skip.
 
-Where it sits: at the bottom of `codegen/` (it imports only `tfxla_lite.cache_dir` and
-`config`), so that every cached stage uses it: the kernel cache (`cpu/kernel_cache.py`,
-machine code), the optimized-module cache (`module_cache.py`, passes and buffer
-assignment), the rewrite cache (`tfxla_lite/rewrite_cache.py`, a whole trace's
-clustering) and the AutoGraph cache (`tfxla_lite/autograph_cache.py`). Each is a
-`Stage`: a name, a key, the environment its entries depend on, and the
-(de)serialisation of its payload.
+Where it sits: at the bottom of `codegen/` (it imports only `background` and the
+settings layer, `tfxla_lite.cache_dir` and `flags`), so that every cached stage uses it:
+the kernel cache (`cpu/kernel_cache.py`, machine code), the optimized-module cache
+(`module_cache.py`, passes and buffer assignment), the rewrite cache
+(`tfxla_lite/rewrite_cache.py`, a whole trace's clustering) and the AutoGraph cache
+(`tfxla_lite/autograph_cache.py`). Each is a `Stage`: a name, a key, the environment its
+entries depend on, and the (de)serialisation of its payload.
 
 One entry format: `<root>/<stage>/<digest><suffix>` (root: `tfxla_lite.cache_dir`),
 the digest hashing the key with the stage's environment. The file is one line of JSON,
@@ -43,13 +43,14 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import tfxla_lite
+from tfxla_lite import flags
 from tfxla_lite.cache_dir import cache_root
-from tfxla_lite.codegen import background, config
+from tfxla_lite.codegen import background
+from tfxla_lite.options import CACHE_SETTINGS
 
 logger = logging.getLogger("tfxla_lite")
 
 DISK_ENTRIES = 4096  # per stage; beyond it the least recently used go, down to 3/4
-CACHE_SETTINGS = config.CACHE_SETTINGS
 T = TypeVar("T")
 
 # -- counters ------------------------------------------------------------------------------
@@ -121,10 +122,10 @@ class CachePolicy:
 
 def policy(cache: bool | str | None = None) -> CachePolicy:
     """The caches one compile uses: True or "on" both, "memory" the process's only, False
-    or "off" none (None: `TFXLA_LITE_CACHE`, `config.cache_setting`)."""
+    or "off" none (None: the process's `cache` option, `tfxla_lite.flags.switch`)."""
     if isinstance(cache, bool):
         return CachePolicy(cache, cache, cache_root() if cache else None)
-    setting = config.cache_setting() if cache is None else cache
+    setting = flags.switch("cache") if cache is None else cache
     if setting not in CACHE_SETTINGS:
         raise ValueError(f"cache must be a bool, None or one of {', '.join(CACHE_SETTINGS)}, "
                          f"got {cache!r}")

@@ -33,7 +33,7 @@ failure of the cache's own steps hands the conversion back to TF's path unchange
 Trust: a hit executes the stored Python source, as the machine-code cache executes the
 stored objects: the cache folder must be the user's own (`TFXLA_LITE_CACHE_DIR`).
 `TFXLA_LITE_CACHE=0` or `memory` turns this cache off with the other disk caches,
-`TFXLA_LITE_AUTOGRAPH_CACHE=0` alone.
+the `autograph_cache` option (`TFXLA_LITE_AUTOGRAPH_CACHE=0`) alone.
 """
 
 from __future__ import annotations
@@ -51,8 +51,8 @@ from typing import Any
 
 import tensorflow as tf
 
+from tfxla_lite import flags
 from tfxla_lite.codegen import cache as stage_cache
-from tfxla_lite.codegen import config
 
 try:  # TF's private AutoGraph modules: another TF may lay them out otherwise
     from tensorflow.python.autograph.impl import api as ag_api
@@ -78,10 +78,10 @@ _original: Any = None  # the transpiler's own transform_function, once installed
 def conversions_cached(enabled: bool = True, cache: str | None = None) -> Iterator[None]:
     """AutoGraph conversions in this block (this thread) read and write the disk cache;
     nothing when `enabled` is False, the disk caches are off (`cache`, the `cache`
-    option; None: `TFXLA_LITE_CACHE`), or this TF's AutoGraph
-    does not have the internals the cache relies on (`AVAILABLE`)."""
+    option; None: the process's), the `autograph_cache` option is off, or this TF's
+    AutoGraph does not have the internals the cache relies on (`AVAILABLE`)."""
     if (not enabled or not AVAILABLE or not stage_cache.policy(cache).disk
-            or config.switched_off(config.AUTOGRAPH_CACHE)):
+            or not flags.switch("autograph_cache")):
         yield
         return
     _install()

@@ -33,7 +33,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tfxla_lite import assertions, control_flow, dump, rewrite_cache
+from tfxla_lite import assertions, control_flow, dump, flags, rewrite_cache
 from tfxla_lite import dynamic as dynamic_clusters
 from tfxla_lite.autojit import original_tf_function
 from tfxla_lite.clustering.cluster import form_clusters
@@ -48,7 +48,6 @@ from tfxla_lite.clustering.rules_variables import VARIABLE_OPS, written_variable
 from tfxla_lite.codegen import background as background_jobs
 from tfxla_lite.codegen import cache as code_caches
 from tfxla_lite.codegen import compile_module
-from tfxla_lite.codegen import config as code_config
 from tfxla_lite.codegen.cpu.parallel import effective_threads
 from tfxla_lite.codegen.module_cache import CachedExecutable, executable_from_cache
 from tfxla_lite.hlo import HloModule
@@ -626,7 +625,7 @@ def overlap_llvm(options: Options) -> bool:
     default: no gain was measured (docs/benchmarks.md, "Session 5's end")."""
     if options.overlap_llvm is not None:
         return options.overlap_llvm
-    return code_config.overlap_llvm()
+    return flags.switch("overlap_llvm")
 
 
 def tiered_llvm(options: Options) -> bool:
@@ -637,7 +636,7 @@ def tiered_llvm(options: Options) -> bool:
     docs/benchmarks.md, "A tiered LLVM compile")."""
     if options.tiered_llvm is not None:
         return options.tiered_llvm
-    return code_config.tiered_llvm()
+    return flags.switch("tiered_llvm")
 
 
 def _tiered(options: Options) -> bool:

@@ -4,8 +4,10 @@ The flags mirror TensorFlow's `TF_XLA_FLAGS` and XLA's `XLA_FLAGS` without their
 prefixes (`--tf_xla_auto_jit=2` is `--auto_jit=2`, `--xla_dump_to=DIR` is
 `--dump_to=DIR`). `PROCESS_OPTIONS` is the one place the process's options live:
 the defaults, then the environment (read at first use), then
-`tfxla_lite.set_options(...)`. `tfxla_lite.function` reads it when a function is
-made and passes the result down; nothing else keeps option state.
+`tfxla_lite.set_options(...)`; a compile switch left unset there falls back to its own
+variable (`TFXLA_LITE_CACHE`, ...), read at each `switch` call. `tfxla_lite.function`
+reads it when a function is made and passes the result down; nothing else keeps option
+state.
 This module imports no TensorFlow: the start-up hook (`tfxla_lite._startup`) uses it.
 """
 
@@ -120,7 +122,66 @@ FLAGS: dict[str, Flag] = {flag.name: flag for flag in (
     Flag("overlap_llvm", "", _boolean,
          "compile a trace's clusters' LLVM on a background thread "
          "(default: TFXLA_LITE_OVERLAP_LLVM=1, else false)"),
+    Flag("autograph_cache", "", _boolean,
+         "keep AutoGraph's conversions on disk (default: TFXLA_LITE_AUTOGRAPH_CACHE, else true)"),
+    Flag("background_nice", "N", _integer,
+         "nice increment of the background compile thread (default: "
+         "TFXLA_LITE_BACKGROUND_NICE, else 10)"),
+    Flag("cublaslt_epilogues", "", _boolean,
+         "fuse dot epilogues into cuBLASLt on the GPU (default: TFXLA_LITE_CUBLASLT, else true)"),
 )}
+
+
+_OFF = frozenset({"0", "off", "false", "no", "none"})
+
+
+def _on_unless_off(text: str) -> bool:
+    return text.strip().lower() not in _OFF
+
+
+def _cache_setting(text: str) -> str:
+    value = text.strip().lower()
+    return "off" if value in _OFF else "memory" if value == "memory" else "on"
+
+
+def _nice(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"{SWITCH_VARIABLES['background_nice']} must be an integer, "
+                         f"got {text!r}") from None
+
+
+# The compile switches' own environment variables: Options field -> (variable, reading).
+# Below `TFXLA_LITE_FLAGS` and `set_options`, read at each `switch` call.
+_SWITCH_READINGS: dict[str, tuple[str, Callable[[str], Any]]] = {
+    "cache": ("TFXLA_LITE_CACHE", _cache_setting),
+    "tiered_llvm": ("TFXLA_LITE_TIERED", _on_unless_off),
+    "overlap_llvm": ("TFXLA_LITE_OVERLAP_LLVM", lambda text: text == "1"),
+    "autograph_cache": ("TFXLA_LITE_AUTOGRAPH_CACHE", _on_unless_off),
+    "background_nice": ("TFXLA_LITE_BACKGROUND_NICE", _nice),
+    "cublaslt_epilogues": ("TFXLA_LITE_CUBLASLT", _on_unless_off),
+}
+SWITCH_VARIABLES = {name: variable for name, (variable, _) in _SWITCH_READINGS.items()}
+
+
+def environment_switches() -> dict[str, Any]:
+    """The values the switches' environment variables ask for, read now."""
+    return {name: read(os.environ[variable])
+            for name, (variable, read) in _SWITCH_READINGS.items() if variable in os.environ}
+
+
+def switch(name: str, options: Options | None = None) -> Any:
+    """Compile switch `name` (a key of `options.SWITCH_DEFAULTS`): `options`' own value
+    when set, else the process's (`TFXLA_LITE_FLAGS`, `set_options`), else its variable's
+    (read now, so that a benchmark may switch it between two compiles), else the default."""
+    for source in (options, get_options()):
+        value = getattr(source, name, None)
+        if value is not None:
+            return value
+    variable, read = _SWITCH_READINGS[name]
+    text = os.environ.get(variable)
+    return options_module.SWITCH_DEFAULTS[name] if text is None else read(text)
 
 
 def flags_help() -> str:

@@ -16,9 +16,12 @@ from dataclasses import dataclass, fields, replace
 LOG_LEVELS = ("debug", "info", "warning", "error")
 # What the parallel parts of kernels launched by TF run on (`parallel_runtime`).
 PARALLEL_RUNTIMES = ("tf", "openmp", "serial")
-# What `cache` may be (as `tfxla_lite.codegen.config.CACHE_SETTINGS`; this module imports
-# no codegen: the start-up hook reads it).
+# What `cache` may be (`tfxla_lite.codegen.cache.policy`).
 CACHE_SETTINGS = ("on", "memory", "off")
+# The compile switches' defaults: where neither the options, the process's options nor
+# the switch's variable set one (`flags.switch`).
+SWITCH_DEFAULTS = {"cache": "on", "tiered_llvm": True, "overlap_llvm": False,
+                   "autograph_cache": True, "background_nice": 10, "cublaslt_epilogues": True}
 
 
 class OptionsError(ValueError):
@@ -83,14 +86,19 @@ class Options:
     (the oldest blocks go first), process-wide. 0 turns the pool off (every output from
     TF's allocator). Why and what it buys: docs/buffers.md, "Output memory".
 
-    Three compile switches default to None, where an environment variable read at each
-    compile decides (`tfxla_lite/codegen/config.py`; a variable changed between two
-    compiles of one process counts): `cache`, the compile caches, "on" (in the process
-    and on disk), "memory" (the process only) or "off" (None: `TFXLA_LITE_CACHE`, on by
-    default); `tiered_llvm`, a cache miss first runs quickly compiled code while the O3
-    code compiles in the background (None: `TFXLA_LITE_TIERED`, on by default);
-    `overlap_llvm`, a trace's clusters compile LLVM on a background thread (None:
-    `TFXLA_LITE_OVERLAP_LLVM=1`, off by default). docs/architecture.md, "Switches".
+    The compile switches default to None: the process's value then decides
+    (`tfxla_lite.flags.switch`: `TFXLA_LITE_FLAGS`, `set_options`, else the switch's own
+    environment variable, read at each compile), else `SWITCH_DEFAULTS`. `cache`: the
+    compile caches, "on" (in the process and on disk), "memory" (the process only) or
+    "off" (`TFXLA_LITE_CACHE`); `tiered_llvm`: a cache miss first runs quickly compiled
+    code while the O3 code compiles in the background (`TFXLA_LITE_TIERED`);
+    `overlap_llvm`: a trace's clusters compile LLVM on a background thread
+    (`TFXLA_LITE_OVERLAP_LLVM=1`); `autograph_cache`: AutoGraph's conversions kept on
+    disk (`TFXLA_LITE_AUTOGRAPH_CACHE`). Two are read from the process's options only:
+    `background_nice`, the nice increment of the background compile thread
+    (`TFXLA_LITE_BACKGROUND_NICE`, when the thread starts), and `cublaslt_epilogues`,
+    cuBLASLt's fused dot epilogues on the GPU (`TFXLA_LITE_CUBLASLT`, per plan).
+    docs/architecture.md, "Switches".
     """
 
     min_cluster_size: int = 4
@@ -114,6 +122,9 @@ class Options:
     cache: str | None = None
     tiered_llvm: bool | None = None
     overlap_llvm: bool | None = None
+    autograph_cache: bool | None = None
+    background_nice: int | None = None
+    cublaslt_epilogues: bool | None = None
 
     def __post_init__(self) -> None:
         _check_int("min_cluster_size", self.min_cluster_size, minimum=1)
@@ -145,9 +156,11 @@ class Options:
         if self.log_level is not None and self.log_level not in LOG_LEVELS:
             raise OptionsError(f"log_level must be one of {', '.join(LOG_LEVELS)}, "
                                f"got {self.log_level!r}")
-        for name in ("tiered_llvm", "overlap_llvm"):
+        for name in ("tiered_llvm", "overlap_llvm", "autograph_cache", "cublaslt_epilogues"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), bool):
                 raise OptionsError(f"{name} must be a bool or None, got {getattr(self, name)!r}")
+        if self.background_nice is not None:
+            _check_int("background_nice", self.background_nice, minimum=-20)
         if self.cache is not None and self.cache not in CACHE_SETTINGS:
             raise OptionsError(f"cache must be one of {', '.join(CACHE_SETTINGS)} or None, "
                                f"got {self.cache!r}")

@@ -167,7 +167,8 @@ def _canonical(value: Any) -> Any:
 # produces: a change of them must not miss the cache (the compile switches decide how
 # and whether code is compiled and cached, not what the rewrite is).
 _RUNTIME_ONLY_OPTIONS = frozenset({"parallel_runtime", "pause_collector", "log_level",
-                                   "cache", "tiered_llvm", "overlap_llvm"})
+                                   "cache", "tiered_llvm", "overlap_llvm", "autograph_cache",
+                                   "background_nice", "cublaslt_epilogues"})
 
 
 def rewrite_key(graph_def: tf.compat.v1.GraphDef, jit_compile: bool | None, options: Any,

@@ -40,7 +40,6 @@ from typing import Any
 import llvmlite.binding as llvm
 from llvmlite import ir
 
-from tfxla_lite.codegen import config
 from tfxla_lite.codegen.cpu.emitter import I32, I64, PTR, VOID, KernelContext, i64
 
 # Elements of work (the largest array a kernel reads or writes) below which a kernel
@@ -51,6 +50,12 @@ _LIBGOMP = ("libgomp.so.1", "/usr/lib/x86_64-linux-gnu/libgomp.so.1", "libgomp.d
 _SYMBOLS = ("GOMP_parallel", "omp_get_thread_num", "omp_get_num_threads")
 # The symbol emitted code calls for a parallel region (GOMP_parallel's signature).
 RUNTIME_SYMBOL = "tfxla_lite_parallel"
+# libgomp's idle threads spin this many iterations (tens of microseconds), then sleep: an
+# executable's kernels run back to back, and a team idle between launches leaves the
+# cores to TF's threads soon (docs/architecture.md, "Switches").
+GOMP_SPIN_COUNT = b"20000"
+# The user's choice of libgomp's wait policy, which `_load_libgomp` leaves alone.
+_WAIT_POLICY_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 # The address `RUNTIME_SYMBOL` is bound to when not libgomp's (`use_parallel_runtime`).
 _runtime_address: int | None = None
 
@@ -65,16 +70,11 @@ def default_threads() -> int:
 
 @functools.cache
 def openmp_available() -> bool:
-    """Load libgomp into the process and bind its entry points into the JIT.
-
-    Unless the user chose otherwise (`OMP_WAIT_POLICY`, `GOMP_SPINCOUNT`), libgomp's
-    idle threads spin briefly, then sleep (`config.default_gomp_spin_count`, which sets
-    the variable libgomp reads when it loads: there is no other way to set it).
-    """
-    config.default_gomp_spin_count()
+    """Load libgomp into the process (once) and bind its entry points into the JIT;
+    whether that worked. Its idle threads spin `GOMP_SPIN_COUNT` (`_load_libgomp`)."""
     for name in _LIBGOMP:
         try:
-            library = ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)
+            library = _load_libgomp(name)
         except OSError:
             continue
         try:
@@ -88,6 +88,23 @@ def openmp_available() -> bool:
             llvm.add_symbol(RUNTIME_SYMBOL, addresses[0])
         return True
     return False
+
+
+def _load_libgomp(name: str) -> ctypes.CDLL:
+    """libgomp loaded RTLD_GLOBAL, its idle threads spinning `GOMP_SPIN_COUNT` unless the
+    user chose a wait policy. libgomp reads the policy only from the C environment, in
+    its load-time constructor, and has no call to set it later: the variable is put in
+    the C environment for the load and taken out again, so that neither `os.environ`
+    nor a process started later sees it."""
+    chosen = any(variable in os.environ for variable in _WAIT_POLICY_VARIABLES)
+    libc = ctypes.CDLL(None)
+    if not chosen:
+        libc.setenv(b"GOMP_SPINCOUNT", GOMP_SPIN_COUNT, 0)
+    try:
+        return ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)
+    finally:
+        if not chosen:
+            libc.unsetenv(b"GOMP_SPINCOUNT")
 
 
 def use_parallel_runtime(address: int) -> None:

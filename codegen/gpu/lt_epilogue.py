@@ -24,7 +24,7 @@ recognized either. Nor scales, updates (`w - lr * dot`) or anything else: those 
 the cuBLAS product plus a loop kernel. f64 dots keep it too (the epilogues are used
 here for f16, bf16 and f32 with f32 compute only).
 
-`TFXLA_LITE_CUBLASLT=0` (also off, false, no, none) turns the fusion off, so that a GPU
+The `cublaslt_epilogues` option (`TFXLA_LITE_CUBLASLT=0`) turns the fusion off, so that a GPU
 run can time both paths (`benchmarks/gpu.py --cublaslt-ab`).
 """
 
@@ -34,10 +34,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tfxla_lite.codegen import config
+from tfxla_lite.flags import SWITCH_VARIABLES, switch
 from tfxla_lite.hlo.ir import Instruction
 
-SWITCH = config.CUBLASLT
+SWITCH = SWITCH_VARIABLES["cublaslt_epilogues"]
 LT_TYPES = frozenset({"f16", "bf16", "f32"})
 # cublasLtEpilogue_t (cublasLt.h).
 EPILOGUES = {"BIAS": 4, "RELU": 2, "RELU_BIAS": 6}
@@ -57,9 +57,9 @@ class LtEpilogue:
 
 
 def enabled() -> bool:
-    """Whether `TFXLA_LITE_CUBLASLT` leaves cuBLASLt epilogues on (unset: on). Read per
-    plan, not cached, so that a benchmark can time both paths in one process."""
-    return config.cublaslt_epilogues()
+    """The process's `cublaslt_epilogues` option (`TFXLA_LITE_CUBLASLT`; unset: on). Read
+    per plan, not cached, so that a benchmark can time both paths in one process."""
+    return switch("cublaslt_epilogues")
 
 
 def lt_epilogue(fusion: Instruction, dot: Instruction) -> LtEpilogue | str:

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tfxla_lite.codegen import config
+from tfxla_lite.codegen import cache
 
-CODEGEN = Path(config.__file__).resolve().parent
+CODEGEN = Path(cache.__file__).resolve().parent
 MODULES = sorted(
     ["tfxla_lite.codegen." + p.stem for p in CODEGEN.glob("*.py") if p.stem != "__init__"]
     + ["tfxla_lite.codegen.cpu." + p.stem for p in (CODEGEN / "cpu").glob("*.py")

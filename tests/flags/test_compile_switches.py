@@ -1,5 +1,5 @@
 """The compile switches as options (`cache`, `tiered_llvm`, `overlap_llvm`): flags, checks,
-and each one reaching codegen over its environment variable (codegen/config.py)."""
+and each one reaching codegen over its environment variable (`flags.SWITCH_VARIABLES`)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import tensorflow as tf
 
 import tfxla_lite as tl
 from tfxla_lite import compiler
-from tfxla_lite.codegen import cache, config
-from tfxla_lite.flags import FlagError, parse_flags
+from tfxla_lite.codegen import cache
+from tfxla_lite.flags import SWITCH_VARIABLES, FlagError, parse_flags
 from tfxla_lite.options import Options, OptionsError
 
 
@@ -47,14 +47,14 @@ def test_options_check_the_switches() -> None:
 
 
 def test_an_option_decides_over_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(config.TIERED, "0")
-    monkeypatch.setenv(config.OVERLAP_LLVM, "1")
+    monkeypatch.setenv(SWITCH_VARIABLES["tiered_llvm"], "0")
+    monkeypatch.setenv(SWITCH_VARIABLES["overlap_llvm"], "1")
     assert not compiler.tiered_llvm(Options())
     assert compiler.overlap_llvm(Options())
     assert compiler.tiered_llvm(Options(tiered_llvm=True))
     assert not compiler.overlap_llvm(Options(overlap_llvm=False))
-    monkeypatch.delenv(config.TIERED)
-    monkeypatch.delenv(config.OVERLAP_LLVM)
+    monkeypatch.delenv(SWITCH_VARIABLES["tiered_llvm"])
+    monkeypatch.delenv(SWITCH_VARIABLES["overlap_llvm"])
     assert compiler.tiered_llvm(Options()) and not compiler.overlap_llvm(Options())
 
 
@@ -76,7 +76,7 @@ def test_the_cache_option_reaches_every_cache(cache_root: Path,
                                               monkeypatch: pytest.MonkeyPatch,
                                               environment: str, option: str | None,
                                               writes: bool) -> None:
-    monkeypatch.setenv(config.CACHE, environment)
+    monkeypatch.setenv(SWITCH_VARIABLES["cache"], environment)
     lite = tl.function(_step, options=Options(min_cluster_size=1, cache=option))
     np.testing.assert_allclose(lite(tf.constant(X)).numpy(), _step(tf.constant(X)).numpy(),
                                rtol=1e-5, atol=1e-6)
@@ -91,8 +91,8 @@ def test_the_cache_option_reaches_every_cache(cache_root: Path,
 def test_the_llvm_options_reach_compile_module(cache_root: Path,
                                                monkeypatch: pytest.MonkeyPatch,
                                                tiered: bool) -> None:
-    monkeypatch.setenv(config.TIERED, "0" if tiered else "1")
-    monkeypatch.setenv(config.OVERLAP_LLVM, "1")
+    monkeypatch.setenv(SWITCH_VARIABLES["tiered_llvm"], "0" if tiered else "1")
+    monkeypatch.setenv(SWITCH_VARIABLES["overlap_llvm"], "1")
     calls: list[dict[str, Any]] = []
     original = compiler.compile_module
 
