@@ -3,13 +3,14 @@ backprop-input and backprop-filter, on the convolution shapes of the model zoo's
 interleaved in one process (`tfxla_lite.timing.compare`).
 
 Run: .venv/bin/python benchmarks/convolution.py [--models small_cnn,resnet50,mobilenetv2]
-     [--directions forward,input,filter] [--limit N] [--match TEXT] [--xla]
+     [--directions forward,input,filter] [--limit N] [--match TEXT] [--xla] [--gemm-path]
      .venv/bin/python benchmarks/convolution.py --zoo small_cnn,resnet50 [--steps infer]
 The shapes are those of the zoo's models (`benchmarks/zoo.py`: small_cnn at batch 64,
 ResNet50 64×64 and MobileNetV2 96×96 at batch 16, depthwise layers included), read off
 the Keras layers, each distinct shape once with how often it occurs. Per shape and
 direction it prints tfxla-lite's speed as a share of TF's (`lite/tf`: TF's time over
-tfxla-lite's, above 1 is faster) and, with `--xla`, TF's XLA's; then the total per
+tfxla-lite's, above 1 is faster) and, with `--xla`, TF's XLA's, with `--gemm-path`
+tfxla-lite's with the direct register blocks switched off; then the total per
 model and direction (each shape weighted by its count). Each
 tfxla-lite variant is compiled with `compile_convolutions` (every convolution on our
 kernels) and checked against TF's result. Ratios hold on a busy machine; absolute
@@ -112,19 +113,41 @@ def _functions(shape: ConvShape, direction: str) -> tuple[Callable[..., tf.Tenso
                              strides=strides, padding=shape.padding)), [x, dy]
 
 
-def measure(shape: ConvShape, direction: str, xla: bool) -> dict[str, float]:
-    """Seconds per call of TF's kernel, tfxla-lite's (and TF's XLA's), interleaved."""
+def _lite(fn: Callable[..., tf.Tensor], args: list[tf.Tensor], gemm_path: bool
+          ) -> Callable[..., tf.Tensor]:
+    """tfxla-lite's function of `fn`, compiled (and its tiers done) now; with `gemm_path`
+    the direct register blocks are switched off while it compiles."""
+    from tfxla_lite.codegen.cpu import convolution_filter_direct, convolution_gemm
+
+    plans = convolution_gemm.direct_plan, convolution_filter_direct.direct_plan
+    if gemm_path:
+        convolution_gemm.direct_plan = convolution_filter_direct.direct_plan = \
+            lambda conv: None
+    try:
+        function = tl.function(fn, jit_compile=True,
+                               options=measured_options(compile_convolutions=True))
+        function(*args)
+        tl.wait_for_compiles()  # steady state is the O3 code's (tiered compiles)
+    finally:
+        convolution_gemm.direct_plan, convolution_filter_direct.direct_plan = plans
+    return function
+
+
+def measure(shape: ConvShape, direction: str, xla: bool, gemm_path: bool = False
+            ) -> dict[str, float]:
+    """Seconds per call of TF's kernel, tfxla-lite's (with `gemm_path` also its GEMM
+    path's, the direct register blocks off; with `xla` TF's XLA's), interleaved."""
     fn, args = _functions(shape, direction)
-    variants = {"tf": tf.function(fn),
-                "lite": tl.function(fn, jit_compile=True,
-                                    options=measured_options(compile_convolutions=True))}
+    variants = {"tf": tf.function(fn), "lite": _lite(fn, args, False)}
+    if gemm_path:
+        variants["gemm"] = _lite(fn, args, True)
     if xla:
         variants["xla"] = tf.function(fn, jit_compile=True)
     expected = variants["tf"](*args).numpy()
-    got = variants["lite"](*args).numpy()
-    tl.wait_for_compiles()  # steady state is the O3 code's (tiered compiles)
     scale = max(1.0, float(np.abs(expected).max(initial=0.0)))
-    np.testing.assert_allclose(got, expected, rtol=1e-3, atol=1e-4 * scale)
+    for name in ("lite", "gemm")[:1 + gemm_path]:
+        np.testing.assert_allclose(variants[name](*args).numpy(), expected, rtol=1e-3,
+                                   atol=1e-4 * scale)
     return compare({k: (lambda f=f: f(*args).numpy()) for k, f in variants.items()},
                    repeats=7)
 
@@ -176,6 +199,8 @@ def main() -> None:
     parser.add_argument("--match", default="",
                         help="only shapes whose name contains this (e.g. 'dw', '1x1')")
     parser.add_argument("--xla", action="store_true", help="time TF's XLA too")
+    parser.add_argument("--gemm-path", action="store_true", help="time tfxla-lite with "
+                        "the direct register blocks off too (patches and library GEMMs)")
     parser.add_argument("--zoo", default="", help="instead: these zoo models' steps with "
                         "convolutions placed by the rule, all on TF, all compiled")
     parser.add_argument("--steps", default="train,infer", help="with --zoo")
@@ -193,16 +218,19 @@ def main() -> None:
         for direction in args.directions.split(","):
             totals: Counter[str] = Counter()
             for shape in chosen:
-                seconds = measure(shape, direction, args.xla)
+                seconds = measure(shape, direction, args.xla, args.gemm_path)
                 for k, s in seconds.items():
                     totals[k] += s * shapes[shape]
-                extra = f", xla/tf {seconds['tf'] / seconds['xla']:.2f}" if args.xla else ""
+                extra = "".join(f", {k}/tf {seconds['tf'] / seconds[k]:.2f}"
+                                for k in ("gemm", "xla") if k in seconds)
                 print(f"{model} {direction:7} {shape} x{shapes[shape]}: "
                       f"{shape.flops / seconds['tf'] / 1e9:.1f} GFLOP/s tf, "
                       f"lite/tf {seconds['tf'] / seconds['lite']:.2f}{extra}", flush=True)
+            extra = "".join(f", {k}/tf {totals['tf'] / totals[k]:.2f}"
+                            for k in ("gemm", "xla") if k in totals)
             print(f"{model} {direction} total ({len(chosen)} shapes): lite/tf "
-                  f"{totals['tf'] / totals['lite']:.2f}; load {os.getloadavg()[0]:.1f}",
-                  flush=True)
+                  f"{totals['tf'] / totals['lite']:.2f}{extra}; load "
+                  f"{os.getloadavg()[0]:.1f}", flush=True)
 
 
 if __name__ == "__main__":

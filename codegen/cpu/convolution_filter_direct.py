@@ -48,6 +48,9 @@ LANES = 16
 # Candidate rows (input features) of the register block for V vectors of output
 # features, widest first: each keeps at most 24 sums in the 32 zmm registers.
 ROWS_FOR_VECTORS = {4: (6, 5, 4), 3: (8, 7, 6), 2: (12, 10, 8), 1: (12, 10, 8)}
+# Fewer input features fill too little of a register block (the first layer's colours:
+# 1 of 8 rows, 0.5x the GEMM path on small_cnn's 28×28×1 filter gradient).
+MIN_INPUTS = 8
 # A row count is taken when padding the input features to its multiple wastes at most
 # this share of the products.
 MAX_WASTE = 1 / 8
@@ -91,9 +94,11 @@ class FilterDirectPlan:
 
 def direct_plan(conv: FilterGradientPlan) -> FilterDirectPlan | None:
     """The register-block plan of `conv`, or None where the GEMM path keeps it: not f32,
-    no AVX-512, output features not a multiple of 16 per group."""
+    no AVX-512, fewer than MIN_INPUTS input features, output features not a multiple of
+    16 per group."""
     if conv.element_type != "f32" or not gemm_packed.available() \
-            or conv.group_outputs % LANES or conv.pixels == 0:
+            or conv.group_outputs % LANES or conv.pixels == 0 \
+            or conv.group_inputs < MIN_INPUTS:
         return None
     vectors = next(v for v in (4, 3, 2, 1) if conv.group_outputs % (v * LANES) == 0)
     inputs = conv.group_inputs
