@@ -3,19 +3,23 @@
 `clustering/mark.py` leaves an op of `rules_conv.CONVOLUTION_OPS` to TF's kernel when
 `tf_kernel_faster(op)` says TF's is expected faster than tfxla-lite's for its shapes
 (unless `Options.compile_convolutions` asks for every convolution compiled). The rule
-follows from how the CPU kernels work (`codegen/cpu/convolution_gemm.py`,
-`convolution_filter.py`): each is a library GEMM over patches, whose packing is paid
-per block of the GEMM's narrow side, while oneDNN's direct kernels pay none; so ours
-are at least as fast only where the GEMM is wide in its feature dimensions:
+follows from which CPU kernel runs the op:
 
-- forward: the output features (the GEMM's columns) at least FORWARD_FEATURES for a
-  1×1 window (the input is the patch matrix, or one copy per pixel), at least
-  WINDOW_FEATURES for larger windows (K·Cin copied per output pixel);
-- backprop-input: the narrower of input and output features at least WINDOW_FEATURES
-  (its GEMM is a forward convolution of the gradient, the filter transposed per tap);
-- backprop-filter: the narrower of input and output features at least
-  FILTER_FEATURES (the GEMM's rows are taps × input features, its columns the output
-  features, the pixels its long K).
+- The direct register blocks (`codegen/cpu/convolution_direct.py`,
+  `convolution_filter_direct.py`; AVX-512 hosts, f32 or a 2-byte float convolved in
+  f32) take a forward convolution with at least DIRECT_INPUTS input features per group,
+  a patch (window positions × input features) of at least DIRECT_DEPTH and output
+  features a multiple of 16, and a filter gradient with at least DIRECT_INPUTS input
+  features and output features a multiple of 16. Such a forward is compiled; such a
+  filter gradient when the narrower of its features is at least DIRECT_FILTER_FEATURES
+  (a window larger than 1×1) or FILTER_FEATURES (1×1).
+- Everything else runs as library GEMMs over patches (`convolution_gemm.py`,
+  `convolution_filter.py`), whose packing is paid per block of the GEMM's narrow side,
+  so they are compiled only where the GEMM is wide: a forward's output features at
+  least FORWARD_FEATURES for a 1×1 window, WINDOW_FEATURES for larger ones; a
+  backprop-input's narrower features at least WINDOW_FEATURES (whichever kernel runs
+  it: the direct blocks' 3×3 backprop-inputs of 64-256 features measured 0.68-0.93 of
+  oneDNN); a filter gradient's narrower features at least FILTER_FEATURES.
 
 Depthwise convolutions (multiplier 1) and their gradients run direct loops over the
 channels (`convolution_depthwise.py`), ahead of oneDNN on small images only: compiled
@@ -33,6 +37,7 @@ import math
 from typing import TYPE_CHECKING
 
 from tfxla_lite.clustering.registry import attribute
+from tfxla_lite.codegen.cpu import gemm_packed
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -41,6 +46,11 @@ FORWARD_FEATURES = 144
 WINDOW_FEATURES = 512
 FILTER_FEATURES = 128
 DEPTHWISE_PIXELS = 256
+DIRECT_INPUTS = 8
+DIRECT_DEPTH = 64
+DIRECT_FILTER_FEATURES = 64
+_DIRECT_LANES = 16
+_DIRECT_TYPES = ("float32", "float16", "bfloat16")
 
 _FORWARD = ("Conv2D", "Conv3D")
 _BACKPROP_INPUT = ("Conv2DBackpropInput", "Conv3DBackpropInputV2")
@@ -76,11 +86,17 @@ def tf_kernel_faster(op: tf.Operation) -> bool:
     if group_inputs and depth != group_inputs:
         return False  # grouped: no TF CPU kernel
     one_by_one = all(k == 1 for k in window)
+    direct = (op.outputs[0].dtype.name in _DIRECT_TYPES and gemm_packed.available()
+              and group_inputs >= DIRECT_INPUTS and outputs % _DIRECT_LANES == 0)
     if op.type in _FORWARD:
+        if direct and math.prod(window) * group_inputs >= DIRECT_DEPTH:
+            return False
         return outputs < (FORWARD_FEATURES if one_by_one else WINDOW_FEATURES)
     narrower = min(group_inputs, outputs)
     if op.type in _BACKPROP_INPUT:
         return narrower < WINDOW_FEATURES
+    if direct and not one_by_one:
+        return narrower < DIRECT_FILTER_FEATURES
     return narrower < FILTER_FEATURES
 
 

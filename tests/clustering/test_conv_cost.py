@@ -1,6 +1,7 @@
 """The default per-op choice between TF's convolution kernels (oneDNN) and tfxla-lite's
-(`clustering/rules_conv_cost.py`, applied by mark.py's `tf_kernels` gate): by shape,
-grouped convolutions always compiled, depthwise ones by their output's pixels, unknown
+(`clustering/rules_conv_cost.py`, applied by mark.py's `tf_kernels` gate): by shape and
+the CPU kernel that would run it (direct register blocks or GEMMs), grouped
+convolutions always compiled, depthwise ones by their output's pixels, unknown
 shapes left to TF."""
 
 from __future__ import annotations
@@ -17,11 +18,13 @@ from tfxla_lite.clustering.mark import TF_KERNEL_REASON, MarkOptions, mark
 from tfxla_lite.clustering.rules_conv import CONVOLUTION_OPS
 from tfxla_lite.clustering.rules_conv_cost import (
     DEPTHWISE_PIXELS,
+    DIRECT_FILTER_FEATURES,
     FILTER_FEATURES,
     FORWARD_FEATURES,
     WINDOW_FEATURES,
     tf_kernel_faster,
 )
+from tfxla_lite.codegen.cpu import gemm_packed
 
 GATED = MarkOptions(tf_kernels=CONVOLUTION_OPS)
 
@@ -53,6 +56,28 @@ def _backprop(op_type: str, x: tuple[int, ...], w: tuple[int, ...]) -> tf.Operat
 ])
 def test_forward_by_output_features(window: int, outputs: int, faster: bool) -> None:
     assert tf_kernel_faster(_forward((2, 4, 4, 8), (window, window, 8, outputs))) is faster
+
+
+@pytest.mark.skipif(not gemm_packed.available(), reason="direct register blocks: AVX-512")
+def test_direct_register_blocks_compile() -> None:
+    # A forward the direct blocks take: compiled whatever its width.
+    assert not tf_kernel_faster(_forward((2, 4, 4, 16), (3, 3, 16, 64)))
+    assert not tf_kernel_faster(_forward((2, 4, 4, 64), (1, 1, 64, 16)))
+    # Too few input features, too short a patch, outputs not a multiple of 16: the GEMM
+    # path's thresholds.
+    assert tf_kernel_faster(_forward((2, 4, 4, 4), (3, 3, 4, 64)))
+    assert tf_kernel_faster(_forward((2, 4, 4, 32), (1, 1, 32, 64)))
+    assert tf_kernel_faster(_forward((2, 4, 4, 16), (3, 3, 16, 72)))
+    # Filter gradients with a window: from DIRECT_FILTER_FEATURES; 1×1 from FILTER_FEATURES.
+    features = DIRECT_FILTER_FEATURES
+    assert not tf_kernel_faster(_backprop("Conv2DBackpropFilter", (1, 3, 3, features),
+                                          (3, 3, features, features)))
+    assert tf_kernel_faster(_backprop("Conv2DBackpropFilter", (1, 3, 3, features - 8),
+                                      (3, 3, features - 8, features)))
+    assert tf_kernel_faster(_backprop("Conv2DBackpropFilter", (1, 3, 3, features),
+                                      (1, 1, features, features)))
+    # Backprop-input keeps its threshold.
+    assert tf_kernel_faster(_backprop("Conv2DBackpropInput", (1, 3, 3, 64), (3, 3, 64, 64)))
 
 
 @pytest.mark.parametrize("op_type, threshold", [
@@ -117,6 +142,6 @@ def test_the_gate_follows_the_rule_and_compile_convolutions_lifts_it() -> None:
                       [(2, 4, 4, 8), (1, 1, 8, 256)], "Conv2D")
     assert mark(graph, GATED)[wide.name].compilable
     narrow, graph = _op(lambda x, w: tf.nn.conv2d(x, w, 1, "SAME"),
-                        [(2, 4, 4, 8), (3, 3, 8, 16)], "Conv2D")
+                        [(2, 4, 4, 4), (3, 3, 4, 16)], "Conv2D")
     assert not mark(graph, GATED)[narrow.name].compilable
     assert mark(graph, MarkOptions())[narrow.name].compilable  # compile_convolutions
