@@ -16,6 +16,9 @@
 - `tfxla-lite export-stablehlo FILE [-p PASSES] [-o OUT]`: parse HLO text (after the
   passes asked, none by default), print its entry as StableHLO MLIR text
   (`tfxla_lite/hlo/stablehlo.py`); exit status 2 naming an opcode it cannot write.
+- `tfxla-lite aot FILE.py:FUNCTION --signature 'f32[8,784]' ... -o PREFIX` (or an HLO
+  text file): PREFIX.o and PREFIX.h, a library that runs without Python or TF
+  (`tfxla_lite/aot.py`, docs/aot.md).
 """
 
 from __future__ import annotations
@@ -68,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
                         add_help=False)
     commands.add_parser("coverage", help="run a script with tfxla-lite; report the share of "
                         "ops and FLOPs compiled, beside TF's auto-clustering", add_help=False)
+    commands.add_parser("aot", help="compile a TF function or HLO file to an object file and "
+                        "a C header that run without Python or TF", add_help=False)
     _add_opt_parser(commands)
     _add_run_hlo_parser(commands)
     _add_export_parser(commands)
@@ -84,6 +89,10 @@ def main(argv: list[str] | None = None) -> int:
         from tfxla_lite.coverage import main as coverage_main
 
         return coverage_main(rest)
+    if args.command == "aot":
+        from tfxla_lite.aot import main as aot_main
+
+        return aot_main(rest)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     options = HloFileOptions(path=args.file, pipeline=args.pipeline, verify=args.verify,

@@ -270,7 +270,7 @@ def header_text(library: AotLibrary) -> str:
     threads = ("one thread (serial)" if library.parallel == "serial" else
                f"{library.threads} threads through libgomp's GOMP_parallel")
     lines = [
-        f"/* {name}.h: an ahead-of-time library made by tfxla-lite from HLO module "
+        f"/* {name}: an ahead-of-time library made by tfxla-lite from HLO module "
         f"{library.module_name}.",
         " *",
         f" *   int {name}_run(const void** inputs, void** outputs, void* temp);",
@@ -288,8 +288,8 @@ def header_text(library: AotLibrary) -> str:
         " *",
         f" * Runs on {threads}. Compiled for this machine's CPU and its features:",
         f" * {host['cpu']}, {host['triple']}.",
-        f" * Link: cc main.c {name}.o {links}".rstrip(),
-        f" * Undefined symbols of {name}.o: {needs}.",
+        f" * Link: cc main.c THIS_OBJECT.o {links}".rstrip(),
+        f" * Undefined symbols of the object: {needs}.",
         " */",
         f"#ifndef {guard}",
         f"#define {guard}",
