@@ -15,7 +15,9 @@ the end:
   (a region that still appears runs its task once on the caller, which claims every
   part); with `parallel="openmp"` it calls libgomp's `GOMP_parallel`, the entry point of
   GCC's `#pragma omp parallel` (link with `-fopenmp`). libgomp is the runtime the JIT's
-  kernels use outside TF, and its signature is the one the kernels already call.
+  kernels use outside TF, and its signature is the one the kernels already call. The
+  team is libgomp's default (`OMP_NUM_THREADS`, `omp_set_num_threads`): kernels are cut
+  into parts for `threads` threads, which any team claims with the same results.
 - The code is emitted for the host's CPU and features (AVX-512 where the compiling
   machine has it), position-independent, in the default code model, so the object
   links into an executable or a shared library.
@@ -112,7 +114,8 @@ def compile_library(module: HloModule, name: str, parallel_mode: str = "serial",
     """Optimize `module` in place and compile it to an object exporting `<name>_run`.
 
     `parallel_mode`: "serial" (one thread, no runtime needed) or "openmp" (big kernels on
-    `threads` threads through libgomp; None: this machine's CPUs). `pipeline` as
+    libgomp's team, cut into parts for `threads` threads; None: this machine's CPUs).
+    `pipeline` as
     `tfxla_lite.passes.optimize` takes it (None: the default); `verify` runs the HLO
     verifier before and after every pass.
     """
@@ -128,7 +131,8 @@ def compile_library(module: HloModule, name: str, parallel_mode: str = "serial",
         if param.shape.is_tuple:
             raise AotError(f"parameter %{param.name} has the tuple shape {param.shape}: a "
                            "library takes arrays only")
-    team = 1 if parallel_mode == "serial" else (threads or parallel.default_threads())
+    team = 1 if parallel_mode == "serial" else (
+        parallel.default_threads() if threads is None else threads)
     if team < 1:
         raise AotError(f"thread count must be at least 1, got {threads}")
     optimize(module, DEFAULT_PIPELINE if pipeline is None else pipeline, verify=verify)
@@ -157,12 +161,13 @@ def _define_parallel_runtime(module: ir.Module, mode: str) -> None:
     if not isinstance(function, ir.Function):
         return  # no kernel asked for a team
     function.linkage = "internal"
-    task, data, threads, flags = function.args
+    task, data, _, flags = function.args
     builder = ir.IRBuilder(function.append_basic_block("entry"))
     if mode == "openmp":
         gomp = ir.Function(module, ir.FunctionType(VOID, [PTR, PTR, I32, I32]),
                            name="GOMP_parallel")
-        builder.call(gomp, [task, data, threads, flags])
+        # 0 threads: libgomp's default team, which the library's user sets.
+        builder.call(gomp, [task, data, ir.Constant(I32, 0), flags])
     else:  # a typed pointer only so that llvmlite knows the callee's signature
         builder.call(builder.bitcast(task, ir.FunctionType(VOID, [PTR]).as_pointer()), [data])
     builder.ret_void()
@@ -268,7 +273,8 @@ def header_text(library: AotLibrary) -> str:
     needs = ", ".join(f"{symbol} ({lib})" for symbol, lib in library.symbols) or "nothing"
     host = engine.host_description()
     threads = ("one thread (serial)" if library.parallel == "serial" else
-               f"{library.threads} threads through libgomp's GOMP_parallel")
+               "libgomp's team (OMP_NUM_THREADS), big kernels cut for "
+               f"{library.threads} threads")
     lines = [
         f"/* {name}: an ahead-of-time library made by tfxla-lite from HLO module "
         f"{library.module_name}.",

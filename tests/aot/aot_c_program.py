@@ -98,15 +98,17 @@ def build(library: AotLibrary, directory: Path) -> Path:
     return program
 
 
-def run(program: Path, library: AotLibrary, inputs: list[np.ndarray]) -> list[np.ndarray]:
-    """Run the program on `inputs`; the library's results as arrays."""
+def run(program: Path, library: AotLibrary, inputs: list[np.ndarray], threads: int = 2
+        ) -> list[np.ndarray]:
+    """Run the program on `inputs` (`OMP_NUM_THREADS=threads`); the library's results."""
     directory = program.parent
     (directory / "inputs.bin").write_bytes(
         b"".join(np.ascontiguousarray(a, dtype=s.numpy_dtype).tobytes()
                  for a, s in zip(inputs, library.parameter_shapes)))
     done = subprocess.run([str(program), str(directory / "inputs.bin"),
                            str(directory / "outputs.bin")], capture_output=True, text=True,
-                          env={"PATH": os.environ.get("PATH", ""), "OMP_NUM_THREADS": "2"})
+                          env={"PATH": os.environ.get("PATH", ""),
+                               "OMP_NUM_THREADS": str(threads)})
     assert done.returncode == 0, f"status {done.returncode}: {done.stderr}"
     data = (directory / "outputs.bin").read_bytes()
     results, at = [], 0
@@ -128,10 +130,11 @@ def shared_libraries(program: Path) -> list[str]:
     return re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", listing)
 
 
-def undefined_in_object(path: Path) -> list[str]:
-    """The object's undefined symbols as `nm -u` lists them."""
+def object_symbols(path: Path, *flags: str) -> list[str]:
+    """The object's symbols as `nm` lists them with `flags` (`-u`: undefined ones;
+    `-g --defined-only`: those it exports)."""
     if shutil.which("nm") is None:
         pytest.skip("no nm on this machine")
-    listing = subprocess.run(["nm", "-u", str(path)], capture_output=True, text=True,
+    listing = subprocess.run(["nm", *flags, str(path)], capture_output=True, text=True,
                              check=True).stdout
     return sorted(line.split()[-1] for line in listing.splitlines() if line.strip())
