@@ -51,6 +51,22 @@ def test_two_byte_floats_in_c_match_tf(tmp_path, dtype, signature):
     assert_close(got, scaled_tanh(tf.constant(x), tf.constant(y)).numpy(), "Tanh", signature)
 
 
+def test_passthrough_empty_and_scalar_results(tmp_path):
+    """An argument returned as it is (copied into its result), a 0-sized argument and
+    result, and a scalar result."""
+    def edges(x, y):
+        return x, tf.reduce_sum(y), y * 2.0
+
+    library = aot.compile_library(edges, ["f32[3,2]", "f32[0,4]"])
+    program = build(library, tmp_path)
+    x = np.array([[np.nan, -0.0], [np.inf, 1.5], [-np.inf, 3.0]], np.float32)
+    y = np.zeros((0, 4), np.float32)
+    got = run(program, library, [x, y])
+    want = [t.numpy() for t in edges(tf.constant(x), tf.constant(y))]
+    for g, w in zip(got, want, strict=True):
+        assert_close(g, w, "Identity", "edges")
+
+
 def test_cli_writes_object_and_header(tmp_path, capsys):
     source = tmp_path / "model.py"
     source.write_text("import tensorflow as tf\n\n"
