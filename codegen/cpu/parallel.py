@@ -1,32 +1,21 @@
 """Parallel kernels: a kernel's outermost range split into parts run on several threads.
 
 Where it sits: `compiler.py` emits each kernel as a *range function*,
-`void range(ptr output, ptr input..., i64 begin, i64 end)`, that computes the part
-of the kernel's outermost loop in [begin, end) (a flat range of elements, rows of
-the first dimension, or chunks of a split reduction), and asks `emit_launch` to
-call it over the whole range. Kernels whose work is below `PARALLEL_MIN_WORK`
-elements, and every kernel when the thread count is 1 or libgomp cannot be loaded,
-call it once, serially. Big ones pack their pointers into a stack array and call
-`tfxla_lite_parallel(task, data, threads, 0)`, which has the signature of libgomp's
-`GOMP_parallel` (the entry point GCC's `#pragma omp parallel` compiles to): `task`
-claims parts of the range from a shared counter until none is left, so it computes
-the whole range on however many threads run it, the caller's alone included, and the
-call returns when all parts are done.
+`void range(ptr output, ptr input..., i64 begin, i64 end)`, over part of its outermost
+loop, and asks `emit_launch` to call it over the whole range. Kernels whose work is
+below `PARALLEL_MIN_WORK` elements, and every kernel when the thread count is 1 or
+libgomp cannot be loaded, call it once. Big ones call `tfxla_lite_parallel(task, data,
+threads, 0)`, which has the signature of libgomp's `GOMP_parallel`: `task` claims parts
+of the range from a shared counter until none is left, on however many threads run it.
+The symbol is bound when a kernel is linked (`llvm.add_symbol`): to libgomp's
+`GOMP_parallel` until the op library loads, then to the op library's runtime, which
+runs the parts on the launching op's TF intra-op pool, on libgomp or on the caller
+alone (the `parallel_runtime` option; docs/architecture.md, "Parallel kernels").
 
-Which function the symbol names is decided when a kernel is linked, through
-`llvm.add_symbol`: libgomp's `GOMP_parallel` itself by default (processes without
-TensorFlow, and any kernel linked before the op library loads), the op library's
-`tfxla_lite_parallel` once `tfxla_lite.runtime.loader` has loaded it
-(`use_parallel_runtime`). That one runs the parts on the launching op's TF intra-op
-thread pool, on libgomp or on the caller alone, as `tfxla_lite_set_parallel_runtime`
-chose (the `parallel_runtime` option; docs/architecture.md, "Parallel kernels").
-
-Reentrancy holds: the pointer array lives on the calling thread's stack, and libgomp
-gives every thread that starts a parallel region a team of its own (the op library's
-runtime a region of its own), so several TF threads may run `entry` at once. Which
-thread computes an element never changes its value: every element (and every row of
-a row reduction) is computed whole by one thread with the same code, so results do
-not depend on the thread count or on the runtime.
+The pointer array lives on the calling thread's stack and every parallel region gets a
+team of its own, so several TF threads may run `entry` at once. Every element (and
+every row of a row reduction) is computed whole by one thread with the same code, so
+results do not depend on the thread count or on the runtime.
 """
 
 from __future__ import annotations
