@@ -31,9 +31,9 @@ from typing import TYPE_CHECKING
 
 import networkx as nx
 
+from tfxla_lite.clustering.control_flow_ops import FUNCTIONAL_OPS
 from tfxla_lite.clustering.mark import Decision, MarkOptions, mark
 from tfxla_lite.clustering.registry import OP_RULES, known_dims
-from tfxla_lite.clustering.rules_control_flow import FUNCTIONAL_OPS
 
 if TYPE_CHECKING:
     import tensorflow as tf

@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from tfxla_lite.clustering.control_flow_ops import HANDLE_OPS, VARIANT_OPS
 from tfxla_lite.clustering.registry import (
     OP_RULES,
     OpRule,
@@ -27,7 +28,6 @@ from tfxla_lite.clustering.registry import (
     known_dims,
     source_frames,
 )
-from tfxla_lite.clustering.rules_control_flow import HANDLE_OPS, VARIANT_OPS
 from tfxla_lite.clustering.rules_conv_cost import tf_kernel_faster
 from tfxla_lite.clustering.rules_linalg import LINALG_OPS, tf_linalg_faster
 from tfxla_lite.clustering.rules_resize import RESIZE_TF_KERNEL_OPS, tf_resize_faster

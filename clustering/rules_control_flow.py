@@ -30,6 +30,7 @@ import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+from tfxla_lite.clustering.control_flow_ops import CASE_OPS, FUNCTIONAL_OPS, IF_OPS, WHILE_OPS
 from tfxla_lite.clustering.registry import (
     ALL,
     OP_RULES,
@@ -46,20 +47,6 @@ from tfxla_lite.hlo import Computation, HloModule, Instruction, Shape
 if TYPE_CHECKING:
     import tensorflow as tf
 
-WHILE_OPS = ("While", "StatelessWhile")
-IF_OPS = ("If", "StatelessIf")
-CASE_OPS = ("Case", "StatelessCase")
-# Op types whose inputs or outputs may be TensorLists here.
-LIST_OPS = frozenset({
-    "TensorListReserve", "EmptyTensorList", "TensorListFromTensor", "TensorListSetItem",
-    "TensorListGetItem", "TensorListPushBack", "TensorListPopBack", "TensorListStack",
-    "TensorListElementShape", "TensorListLength",
-})
-FUNCTIONAL_OPS = frozenset(WHILE_OPS + IF_OPS + CASE_OPS)
-# Ops that may take a resource handle here (and, though TF calls them stateful, have
-# none of their own): loops and branches (`_check_variables`), VariableShape.
-HANDLE_OPS = FUNCTIONAL_OPS | {"VariableShape"}
-VARIANT_OPS = LIST_OPS | FUNCTIONAL_OPS | {"Identity", "ZerosLike", "AddN"}
 _DTYPES = ALL | {"variant"}
 # A loop's or branch's arguments may be variable handles too (`_check_variables`).
 _FUNCTIONAL_DTYPES = _DTYPES | {"resource"}

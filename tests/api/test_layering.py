@@ -68,8 +68,7 @@ ALLOWED_CYCLE_EDGES: dict[tuple[str, str], str] = {
     ("tfxla_lite.clustering.cluster", "tfxla_lite.inline"): "PIPELINE",
     ("tfxla_lite.clustering.rules_control_flow", "tfxla_lite.control_flow"): "PIPELINE",
     ("tfxla_lite.clustering.rules_control_flow", "tfxla_lite.inline"): "PIPELINE",
-    # clustering: the control-flow rules call back into mark and lower
-    ("tfxla_lite.clustering.rules_control_flow", "tfxla_lite.clustering.mark"): "unowned",
+    # clustering: the control-flow rules call back into lower
     ("tfxla_lite.clustering.rules_control_flow", "tfxla_lite.clustering.lower"): "unowned",
     ("tfxla_lite.clustering.rules_elementwise", "tfxla_lite.clustering.rules_control_flow"):
         "unowned",
