@@ -22,6 +22,7 @@ import os
 import re
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from tfxla_lite.codegen.cpu import aot as core
 from tfxla_lite.codegen.cpu.aot import PARALLEL_MODES, AotError, AotLibrary
@@ -81,6 +82,7 @@ def lower_function(function: Callable, signature: Sequence[Shape | str],
     """
     import tensorflow as tf  # here: an HLO file compiles without importing TF
 
+    from tfxla_lite.assertions import dropped_nodes
     from tfxla_lite.clustering.cluster import Cluster
     from tfxla_lite.clustering.lower import lower_cluster
     from tfxla_lite.clustering.mark import MarkOptions, mark
@@ -102,11 +104,13 @@ def lower_function(function: Callable, signature: Sequence[Shape | str],
                        "variable(s); a library takes only its arguments: create the values "
                        "inside the function (constants) or pass them as arguments")
     graph = inline_function_calls(concrete.graph) or concrete.graph
+    # Assertions and what only they read are left out, as must-compile leaves them.
+    dropped = dropped_nodes(graph, _assertion_ifs(graph))
     # Convolutions, linear algebra and resizes compile even where TF's kernels would be
     # faster: a library has no TF to fall back to.
     decisions = mark(graph, MarkOptions())
     refused = [d for d in decisions.values() if not d.compilable
-               and d.op_type not in _ARGUMENT_OPS]
+               and d.op_type not in _ARGUMENT_OPS and d.op_name not in dropped]
     if refused:
         lines = "\n".join(f"  {d.op_type} {d.op_name}: {d.reason}"
                           + (f" ({d.source})" if d.source else "") for d in refused)
@@ -114,7 +118,8 @@ def lower_function(function: Callable, signature: Sequence[Shape | str],
                        f"compile:\n{lines}")
     cluster = Cluster(
         name=title,
-        op_names=[op.name for op in graph.get_operations() if op.type not in _ARGUMENT_OPS],
+        op_names=[op.name for op in graph.get_operations()
+                  if op.type not in _ARGUMENT_OPS and op.name not in dropped],
         inputs=[t.name for t in concrete.inputs],
         outputs=[t.name for t in concrete.outputs])
     try:
@@ -122,6 +127,27 @@ def lower_function(function: Callable, signature: Sequence[Shape | str],
     except Exception as error:  # a lowering rule's refusal, said as such
         raise AotError(f"{title} cannot be lowered to HLO: {type(error).__name__}: "
                        f"{error}") from None
+
+
+def _assertion_ifs(graph: Any) -> set[str]:
+    """The If ops of `graph` that only guard assertions (`tf.debugging.assert_*`): both
+    branches hold nothing but assertions and plumbing, one of them an assertion, as
+    `driver.compile_bodies` finds them for must-compile."""
+    from tfxla_lite.assertions import IF_OPS, assertion_only, dropped_nodes
+    from tfxla_lite.control_flow import body_calls, function_graph
+
+    if not any(op.type in IF_OPS for op in graph.get_operations()):
+        return set()
+    library = {f.signature.name: f for f in graph.as_graph_def(add_shapes=True).library.function}
+    branches: dict[str, list[tuple[bool, bool]]] = {}
+    for call in body_calls(graph, library):
+        if call.op_type in IF_OPS:
+            branch = function_graph(library, call)
+            dropped = dropped_nodes(branch)
+            branches.setdefault(call.node, []).append(
+                (bool(dropped), assertion_only(branch, dropped)))
+    return {node for node, pair in branches.items()
+            if len(pair) == 2 and any(d for d, _ in pair) and all(a for _, a in pair)}
 
 
 def compile_library(function: Callable, signature: Sequence[Shape | str],
