@@ -212,7 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parallel", choices=PARALLEL_MODES, default="serial",
                         help="serial (no runtime), or openmp (libgomp; link with -fopenmp)")
     parser.add_argument("--threads", type=int, default=None,
-                        help="team size with --parallel=openmp (default: this machine's CPUs)")
+                        help="with --parallel=openmp, how many threads kernels are cut into "
+                             "parts for (default: this machine's CPUs; the team itself is "
+                             "libgomp's, OMP_NUM_THREADS)")
     args = parser.parse_args(argv)
     try:
         if re.search(r"\.py:[^:/]+$", args.target):
