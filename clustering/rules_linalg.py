@@ -18,20 +18,11 @@ Registered into `registry.OP_RULES` on import; the HLO opcodes they lower to are
 TF has CPU kernels of Cholesky and MatrixTriangularSolve for float32 and float64 only
 (and complex types, which HLO here lacks).
 
-Which stay on TF's kernels in auto-clustering (`tf_linalg_faster`, applied by
-`clustering/mark.py`'s `tf_kernels` gate; `jit_compile=True` compiles them all), from how
-the CPU kernels (`codegen/cpu/linalg.py`) work against TF's (Eigen's LLT and blocked
-triangular solve), each matrix whole on one thread in both:
-
-- Cholesky: ours is blocked from 64 rows (a library GEMM per block of pivot rows), as
-  Eigen's is, and skips TF's per-op cost; it stays on TF only from n = CHOLESKY_TF_SIZE.
-- MatrixTriangularSolve: ours substitutes row by row (vectorized over the right-hand
-  sides), blocked with a GEMM per block of unknowns from 128 of them and 32 right-hand
-  sides, and was ahead of TF's at every shape measured (up to 1024 rows, 512 right-hand
-  sides): it always compiles. (Unblocked, it fell behind from 256 rows with 96 or more
-  right-hand sides.)
-
-Shapes not known statically stay on TF. docs/benchmarks.md has the measurements
+In auto-clustering a Cholesky of at least CHOLESKY_TF_SIZE rows stays on TF's kernel
+(`tf_linalg_faster`, applied by `clustering/mark.py`'s `tf_kernels` gate), where Eigen's
+blocked LLT catches up with ours (`codegen/cpu/linalg.py`); MatrixTriangularSolve always
+compiles, ahead of TF's at every shape measured; `jit_compile=True` compiles both. Shapes
+not known statically stay on TF. docs/benchmarks.md has the measurements
 (`benchmarks/linalg.py`).
 """
 
