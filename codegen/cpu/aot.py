@@ -115,9 +115,8 @@ def compile_library(module: HloModule, name: str, parallel_mode: str = "serial",
 
     `parallel_mode`: "serial" (one thread, no runtime needed) or "openmp" (big kernels on
     libgomp's team, cut into parts for `threads` threads; None: this machine's CPUs).
-    `pipeline` as
-    `tfxla_lite.passes.optimize` takes it (None: the default); `verify` runs the HLO
-    verifier before and after every pass.
+    `pipeline` as `tfxla_lite.passes.optimize` takes it (None: the default); `verify`
+    runs the HLO verifier before and after every pass.
     """
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
         raise AotError(f"library name {name!r} is not a C identifier")

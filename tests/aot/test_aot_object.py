@@ -129,13 +129,14 @@ def test_header_states_shapes_and_sizes():
     assert "#define MLP_TEMP_ALIGNMENT 64" in header
 
 
-@pytest.mark.parametrize("name,mode,message", [
-    ("2fast", "serial", "not a C identifier"),
-    ("ok", "threads", "parallel must be one of serial, openmp"),
+@pytest.mark.parametrize("name,mode,threads,message", [
+    ("2fast", "serial", None, "not a C identifier"),
+    ("ok", "threads", None, "parallel must be one of serial, openmp"),
+    ("ok", "openmp", 0, "thread count must be at least 1, got 0"),
 ])
-def test_bad_arguments_are_refused(name, mode, message):
+def test_bad_arguments_are_refused(name, mode, threads, message):
     with pytest.raises(AotError, match=message):
-        compile_library(parse_module(MLP_SOFTMAX), name, parallel_mode=mode)
+        compile_library(parse_module(MLP_SOFTMAX), name, parallel_mode=mode, threads=threads)
 
 
 def test_tuple_parameter_is_refused():
