@@ -40,7 +40,10 @@ Whether a producer joins its consumer's fusion is the cost model's call
   earlier that reads it), a copy saves only this fusion's read of it. Otherwise every
   consumer would take a copy, and the copies must cost less than one kernel of its own
   that writes the buffer and is read by each of them. A gather that several consumers
-  read is materialized. One-element producers are loop-invariant and always join.
+  read is materialized. A concatenate reads what it writes, so its copy costs the
+  compares that pick each element's operand over reading its buffer: one whose buffer
+  is written anyway is read, not duplicated. One-element producers are loop-invariant
+  and always join.
 
 Every fused producer is cloned and the original stays until no user needs it,
 so fusion cannot create a cycle: a fusion reads only values its members read,
@@ -117,6 +120,11 @@ def element_reuse(consumer: Instruction, operand_number: int) -> float:
 def _flops_per_element(inst: Instruction) -> float:
     if is_expensive(inst.opcode):
         return EXPENSIVE_FLOPS
+    if inst.opcode == "concatenate":
+        # Each element picks its operand by a compare per piece before it, a branch in
+        # the loop that keeps it from vectorizing; a copy of it reads as many bytes as
+        # its buffer holds, so only this cost tells a duplicate from reading the buffer.
+        return float(len(inst.operands) - 1)
     return 1.0 if is_elementwise(inst.opcode) else 0.0  # data movement: index arithmetic
 
 
