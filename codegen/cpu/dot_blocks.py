@@ -67,7 +67,10 @@ def fits(plan: GemmPlan) -> bool:
     few rows (MAX_ROWS) or a short K with A's rows contiguous (SHORT_K), a product small
     enough (MAX_MACS) and at least one full block wide (a narrower one, such as a
     10-class output layer, would compile a block function of its own, about 10 ms of
-    LLVM, to save a microsecond a call)."""
+    LLVM, to save a microsecond a call). With B transposed, dot-product blocks
+    (`fits_products`)."""
+    if plan.transpose_b:
+        return fits_products(plan)
     rows_fit = plan.m <= MAX_ROWS or (plan.k <= SHORT_K and not plan.transpose_a)
     return (not plan.transpose_b and 1 <= plan.k <= MAX_K and 1 < plan.m and rows_fit
             and plan.n >= BLOCK_VECTORS * _lanes(plan.element_bytes)
@@ -98,6 +101,9 @@ def emit_tile(ctx: KernelContext, tile: Tile, heights: Collection[int],
     `widths`: the tiles' possible row and column counts (the schedule knows them), so
     that only the blocks some tile needs are emitted (each costs LLVM time: a 64×784×512
     dense kernel with all six took 59 ms of compile against the library call's 31)."""
+    if tile.plan.transpose_b:
+        _emit_product_tile(ctx, tile, heights, widths)
+        return
     b = ctx.builder
     lanes = _lanes(tile.plan.element_bytes)
     width = BLOCK_VECTORS * lanes
@@ -218,6 +224,179 @@ def _block_function(module: ir.Module, element_type: str, element_bytes: int, ro
                 b.call(store, [sums[r][v], pointer, ir.Constant(I32, align), mask])
     b.ret_void()
     return function
+
+
+# -- dot-product blocks: B transposed ---------------------------------------------------
+
+# With B transposed (C = A·Bᵀ, B stored n × k: the backward pass of x·W, `dx = dy·Wᵀ`)
+# both operands are contiguous along K, so each sum C[i, j] is a dot product of two
+# rows: PRODUCT_ROWS rows of A × PRODUCT_COLUMNS rows of B accumulate lane-wise in
+# vector registers over K (lane l holds the terms k ≡ l mod lanes, k ascending, a
+# masked vector for K's last lanes), then each register's lanes are added pairwise,
+# halves first. 4 × 4 blocks keep 16 sums and issue 16 multiply-adds per 8 loads.
+PRODUCT_ROWS = 4
+PRODUCT_COLUMNS = 4
+# K at least: each sum ends in a reduction of its register's lanes, which a short K does
+# not pay for (attention's batches of 64×64 scores over K = 16-128 ran 1.3-4 times
+# slower than the library, the LSTM's 32×128 and 32×64 by K = 512 faster).
+PRODUCT_MIN_K = 256
+
+
+def fits_products(plan: GemmPlan) -> bool:
+    """Whether dot-product blocks should compute `plan` (B transposed): one product (no
+    batch), A's rows contiguous too, few rows of A (MAX_ROWS: the library packs both
+    operands, a large share of so small a product), a long K (PRODUCT_MIN_K) and at most
+    MAX_K and MAX_MACS, as for the other blocks."""
+    return (plan.transpose_b and not plan.transpose_a and not plan.batch_sizes
+            and 1 < plan.m <= MAX_ROWS and PRODUCT_MIN_K <= plan.k <= MAX_K
+            and plan.m * plan.n * plan.k <= MAX_MACS)
+
+
+def _product_rows() -> int:
+    """Rows per dot-product block: 4 with AVX-512's 32 registers (16 sums and 8
+    operands), 2 with AVX2's 16."""
+    return PRODUCT_ROWS if _vector_bits() == 512 else PRODUCT_ROWS // 2
+
+
+def _emit_product_tile(ctx: KernelContext, tile: Tile, heights: Collection[int],
+                       widths: Collection[int]) -> None:
+    """C[tile] = A[rows] · B[columns]ᵀ by dot-product blocks: strips of `_product_rows()`
+    rows (then single rows), each in blocks of PRODUCT_COLUMNS columns (then single
+    columns); only the block shapes some tile needs are emitted."""
+    b = ctx.builder
+    rows, columns = _product_rows(), PRODUCT_COLUMNS
+    single_rows = any(h % rows for h in heights)
+    single_columns = any(w % columns for w in widths)
+
+    def strip(row: ir.Value, height: int) -> None:
+        blocks = b.udiv(b.sub(tile.col1, tile.col0), i64(columns))
+        if any(w >= columns for w in widths):
+            with ctx.loop(blocks, name="product.j") as block:
+                _emit_product_block(ctx, tile, row, height,
+                                    b.add(tile.col0, b.mul(block, i64(columns))), columns)
+        if single_columns:
+            with ctx.loop(tile.col1, name="product.single.j",
+                          start=b.add(tile.col0, b.mul(blocks, i64(columns)))) as col:
+                _emit_product_block(ctx, tile, row, height, col, 1)
+
+    strips = b.udiv(b.sub(tile.row1, tile.row0), i64(rows))
+    if any(h >= rows for h in heights):
+        with ctx.loop(strips, name="product.i") as block:
+            strip(b.add(tile.row0, b.mul(block, i64(rows))), rows)
+    if single_rows:
+        with ctx.loop(tile.row1, name="product.single.i",
+                      start=b.add(tile.row0, b.mul(strips, i64(rows)))) as row:
+            strip(row, 1)
+
+
+def _emit_product_block(ctx: KernelContext, tile: Tile, row: ir.Value, rows: int,
+                        col: ir.Value, columns: int) -> None:
+    """C[row + r, col + c] for r < rows, c < columns, by a call of the module's
+    dot-product block function of that shape (`_product_function`)."""
+    plan, b = tile.plan, ctx.builder
+    scalar = value_type(tile.element_type)
+
+    def at(base: ir.Value, offset: ir.Value) -> ir.Value:
+        return b.gep(base, [offset], inbounds=True, source_etype=scalar)
+
+    arguments = [at(tile.lhs, b.add(tile.lhs_offset, b.mul(row, i64(plan.lda)))),
+                 i64(plan.lda),
+                 at(tile.rhs, b.add(tile.rhs_offset, b.mul(col, i64(plan.ldb)))),
+                 i64(plan.ldb), i64(plan.k),
+                 at(tile.out, b.add(tile.out_offset, b.add(b.mul(row, i64(plan.n)), col))),
+                 i64(plan.n)]
+    function = _product_function(ctx.module, tile.element_type, plan.element_bytes, rows,
+                                 columns)
+    b.call(function, arguments)
+
+
+def _product_function(module: ir.Module, element_type: str, element_bytes: int, rows: int,
+                      columns: int) -> ir.Function:
+    """`void block(a, lda, b, ldb, k, c, ldc)`: C[r, c] = Σ_k A[r, k]·B[c, k] for r < rows,
+    c < columns, A's and B's rows contiguous; one function per module and block shape
+    (named `dot_block.` for the tiers, `tiers.O3_EVEN_WHEN_QUICK`)."""
+    name = f"dot_block.{element_type}.product.{rows}x{columns}"
+    existing = module.globals.get(name)
+    if isinstance(existing, ir.Function):
+        return existing
+    scalar = value_type(element_type)
+    lanes = _lanes(element_bytes)
+    vector = ir.VectorType(scalar, lanes)
+    function = ir.Function(module, ir.FunctionType(VOID, [PTR, I64, PTR, I64, I64, PTR, I64]),
+                           name=name)
+    function.linkage = "internal"
+    function.attributes.add("nounwind")
+    function.attributes.add("noinline")
+    lhs, lda, rhs, ldb, count, out, ldc = function.args
+    for argument, text in zip(function.args, ("a", "lda", "b", "ldb", "k", "c", "ldc")):
+        argument.name = text
+    b = ir.IRBuilder(function.append_basic_block("entry"))
+
+    def at(base: ir.Value, offset: ir.Value) -> ir.Value:
+        return b.gep(base, [offset], inbounds=True, source_etype=scalar)
+
+    lhs_rows = [at(lhs, b.mul(i64(r), lda)) for r in range(rows)]
+    rhs_rows = [at(rhs, b.mul(i64(c), ldb)) for c in range(columns)]
+    fmuladd = declare(module, f"llvm.fmuladd.{_vector_name(vector)}",
+                      ir.FunctionType(vector, [vector] * 3))
+
+    def step(mask: ir.Value | None) -> Callable[[ir.Value], tuple[list[ir.Value],
+                                                                  Callable[[int], ir.Value]]]:
+        # register_sums' operands, with the roles turned: the "columns" are B's rows,
+        # each row of A a vector of its own.
+        def operands(k: ir.Value) -> tuple[list[ir.Value], Callable[[int], ir.Value]]:
+            offset = b.mul(k, i64(lanes))
+            loaded = [_vector_load(module, b, at(pointer, offset), vector, element_bytes, mask)
+                      for pointer in rhs_rows]
+            return loaded, lambda r: _vector_load(module, b, at(lhs_rows[r], offset), vector,
+                                                  element_bytes, mask)
+        return operands
+
+    zeros = [[ir.Constant(vector, None)] * columns for _ in range(rows)]
+    whole = b.udiv(count, i64(lanes))
+    sums = register_sums(b, whole, zeros, step(None), fmuladd, "product.k")
+    # K's last lanes (k mod lanes of them): one masked step from the vectors' end.
+    left = b.trunc(b.urem(count, i64(lanes)), I32)
+    before = b.block
+    tail = function.append_basic_block("product.tail")
+    done = function.append_basic_block("product.done")
+    b.cbranch(b.icmp_unsigned("!=", left, I32(0)), tail, done)
+    b.position_at_end(tail)
+    mask = b.icmp_unsigned("<", ir.Constant(ir.VectorType(I32, lanes), list(range(lanes))),
+                           splat(b, left, ir.VectorType(I32, lanes)))
+    loaded, row_of = step(mask)(whole)
+    tails = []
+    for r in range(rows):
+        row_vector = row_of(r)
+        tails.append([b.call(fmuladd, [row_vector, column, sums[r][c]])
+                      for c, column in enumerate(loaded)])
+    b.branch(done)
+    b.position_at_end(done)
+    totals = [[b.phi(vector, name=f"total.{r}.{c}") for c in range(columns)]
+              for r in range(rows)]
+    for r in range(rows):
+        for c in range(columns):
+            totals[r][c].add_incoming(sums[r][c], before)
+            totals[r][c].add_incoming(tails[r][c], tail)
+    for r in range(rows):
+        for c in range(columns):
+            b.store(_lanes_sum(b, totals[r][c]), at(out, b.add(b.mul(i64(r), ldc), i64(c))),
+                    align=element_bytes)
+    b.ret_void()
+    return function
+
+
+def _lanes_sum(b: ir.IRBuilder, value: ir.Value) -> ir.Value:
+    """The sum of a vector's lanes, halves added pairwise: a fixed order."""
+    width = value.type.count
+    while width > 1:
+        width //= 2
+        low = b.shuffle_vector(value, value, ir.Constant(ir.VectorType(I32, width),
+                                                         list(range(width))))
+        high = b.shuffle_vector(value, value, ir.Constant(ir.VectorType(I32, width),
+                                                          list(range(width, 2 * width))))
+        value = b.fadd(low, high)
+    return b.extract_element(value, I32(0))
 
 
 def register_sums(b: ir.IRBuilder, count: ir.Value, initial: list[list[ir.Value]],

@@ -9,11 +9,13 @@ import re
 
 import numpy as np
 import pytest
-from test_dot_fusion import BATCHED, LHS_T, MATMUL, _check, _dense, forced_strategy
+from test_dot_fusion import BATCHED, LHS_T, MATMUL, RHS_T, _check, _dense, forced_strategy
 from test_dot_fusion import gemm_plan as plan
 
+from tfxla_lite.codegen import compile_module
 from tfxla_lite.codegen.cpu import dot as dot_codegen
 from tfxla_lite.codegen.cpu import dot_blocks, gemm_packed
+from tfxla_lite.hlo.evaluator import evaluate
 from tfxla_lite.hlo.shape import Shape
 
 # (lhs, rhs, dimension numbers): 13 rows = a block of 8 and 5 single rows; 53 columns =
@@ -100,9 +102,17 @@ def test_which_plans_take_blocks() -> None:
         plan(784, 128, 512, transpose_a=True), plan(65, 784, 512), plan(512, 512, 512),
         plan(128, 784, 512), plan(256, 1024, 64, transpose_a=True),
         plan(1024, 64, 256, transpose_a=True), plan(4096, 256, 256),
-        plan(1024, 256, 64, transpose_b=True),
-        plan(64, 512, 784, transpose_b=True), plan(16, 4096, 64), plan(64, 512, 10))
+        plan(1024, 256, 64, transpose_b=True), plan(64, 128, 512, True, True),
+        plan(16, 4096, 64), plan(64, 512, 10))
     ] == ["library"] * 11
+    # B transposed, few rows of a row-major A and a long K: dot-product blocks (an
+    # LSTM's dh = dg·Wᵀ); a short K or a batch (attention's scores): the library
+    assert [dot_codegen.choose_strategy(p) for p in (
+        plan(32, 512, 128, transpose_b=True), plan(64, 512, 784, transpose_b=True))
+    ] == ["blocked"] * 2
+    assert [dot_codegen.choose_strategy(p) for p in (
+        plan(64, 64, 64, transpose_b=True), plan(32, 128, 128, transpose_b=True),
+        plan(64, 512, 64, transpose_b=True, batch=(16,)))] == ["library"] * 3
     large = "packed" if gemm_packed.available() else "library"
     assert dot_codegen.choose_strategy(plan(1024, 1024, 1024)) == "library"
     assert [dot_codegen.choose_strategy(p) for p in (
@@ -111,6 +121,60 @@ def test_which_plans_take_blocks() -> None:
     assert dot_codegen.choose_strategy(plan(8, 16, 8)) == "emitted"
     assert dot_blocks.MAX_MACS == 512 ** 3 and not dot_blocks.fits(plan(64, 2048, 1025))
     assert dot_blocks.MAX_ROWS == 64 and dot_blocks.SHORT_K == 256
+
+
+# B transposed: 13 rows = 3 strips of 4 and a single row; 7 columns = a block of 4 and
+# 3 single columns; K = 37: two whole vectors (f32, AVX-512) and a masked step of 5
+# lanes; K = 5: the masked step alone; K = 64: no masked step.
+PRODUCT_SHAPES = {
+    "remainders": ((13, 37), (7, 37)),
+    "short_k": ((6, 5), (9, 5)),
+    "whole_vectors": ((8, 64), (12, 64)),
+}
+
+
+@pytest.mark.parametrize("layout", list(PRODUCT_SHAPES))
+@pytest.mark.parametrize("element_type", ["f32", "f64"])
+@pytest.mark.parametrize("epilogue", [None, "bias_relu"])
+def test_product_blocks_match_the_evaluator(layout: str, element_type: str,
+                                            epilogue: str | None,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """C = A·Bᵀ by dot-product blocks (`dot_blocks.fits_products`), remainders of rows,
+    columns and K, against the evaluator; NaN and infinities propagate as in a sum."""
+    lhs, rhs = PRODUCT_SHAPES[layout]
+    monkeypatch.setattr(dot_codegen, "choose_strategy", forced_strategy("blocked"))
+    _, executable = _check(Shape(element_type, lhs), Shape(element_type, rhs), RHS_T,
+                           epilogue, threads=2, seed=6)
+    assert "gemm" not in executable.llvm_ir
+    assert f"dot_block.{element_type}.product." in executable.llvm_ir
+
+
+def test_product_blocks_of_avx2_width_match_the_evaluator(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(dot_blocks, "_vector_bits", lambda: 256)
+    monkeypatch.setattr(dot_codegen, "choose_strategy", forced_strategy("blocked"))
+    assert dot_blocks._product_rows() == 2
+    for element_type in ("f32", "f64"):
+        _, executable = _check(Shape(element_type, (13, 37)), Shape(element_type, (7, 37)),
+                               RHS_T, "bias_relu", threads=2, seed=7)
+        assert f"dot_block.{element_type}.product.2x4" in executable.llvm_ir
+
+
+def test_product_blocks_keep_their_edge_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NaN, ±inf and -0.0 operands give the evaluator's NaN, infinities and zeros."""
+    monkeypatch.setattr(dot_codegen, "choose_strategy", forced_strategy("blocked"))
+    lhs = np.zeros((5, 20), np.float32)
+    rhs = np.ones((6, 20), np.float32)
+    lhs[0, 3], lhs[1, 19], lhs[2, 0], lhs[3, :] = np.nan, np.inf, -np.inf, -0.0
+    rhs[4, 19] = -np.inf
+    _, module = _dense(Shape("f32", lhs.shape), Shape("f32", rhs.shape), RHS_T, None)
+    expected = evaluate(module, lhs, rhs)[0]
+    executable = compile_module(module, cache=False)
+    assert "dot_block.f32.product." in executable.llvm_ir
+    got = executable(lhs, rhs)[0]
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(expected))
+    finite = ~np.isnan(expected)
+    np.testing.assert_array_equal(got[finite], expected[finite])
 
 
 def test_blocked_units_are_cut_to_the_minimum_unit() -> None:

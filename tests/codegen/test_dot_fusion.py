@@ -149,10 +149,10 @@ LAYOUTS = {
 
 
 def forced_strategy(name: str) -> Callable[[dot_codegen.GemmPlan], str]:
-    """`name` for every plan, except that register blocks need B's rows contiguous:
-    "blocked" leaves a transposed B to the library."""
+    """`name` for every plan, except that register blocks need B's rows contiguous or,
+    with B transposed, A's: "blocked" leaves both transposed to the library."""
     if name == "blocked":
-        return lambda plan: "library" if plan.transpose_b else "blocked"
+        return lambda plan: "library" if plan.transpose_a and plan.transpose_b else "blocked"
     return lambda plan: name
 
 
@@ -169,9 +169,10 @@ def test_dot_strategies_and_layouts(strategy: str, layout: str, epilogue: str | 
     _, executable = _check(Shape("f32", lhs), Shape("f32", rhs), dims, epilogue)
     assert executable.kernel_count == 1  # the epilogue runs inside the dot's kernel
     assert ("kOutput" in executable.optimized_hlo_text) == (epilogue is not None)
-    library = strategy == "library" or (strategy == "blocked" and layout == "rhs_t")
-    assert ("gemm" in executable.llvm_ir) == library
-    assert ("llvm.fmuladd.v" in executable.llvm_ir) == (strategy == "blocked" and not library)
+    assert ("gemm" in executable.llvm_ir) == (strategy == "library")
+    assert ("llvm.fmuladd.v" in executable.llvm_ir) == (strategy == "blocked")
+    assert ("dot_block.f32.product" in executable.llvm_ir) == (
+        strategy == "blocked" and layout == "rhs_t")
 
 
 @pytest.mark.parametrize("epilogue", list(EPILOGUES))
