@@ -566,6 +566,71 @@ ENTRY main {
     assert "while" in ops and len(loop.shape.tuple_shapes) == 4
 
 
+ONE_ITEM_LIST = """
+HloModule one_item
+
+cond {
+  p = (s32[], s32[], f32[2,4], (f32[1,4,4], s32[])) parameter(0)
+  i = s32[] get-tuple-element(p), index=0
+  n = s32[] get-tuple-element(p), index=1
+  ROOT lt = pred[] compare(i, n), direction=LT
+}
+
+body {
+  p = (s32[], s32[], f32[2,4], (f32[1,4,4], s32[])) parameter(0)
+  i = s32[] get-tuple-element(p), index=0
+  n = s32[] get-tuple-element(p), index=1
+  h = f32[2,4] get-tuple-element(p), index=2
+  tl = (f32[1,4,4], s32[]) get-tuple-element(p), index=3
+  list = f32[1,4,4] get-tuple-element(tl), index=0
+  size = s32[] get-tuple-element(tl), index=1
+  zero = s32[] constant(0)
+  one = s32[] constant(1)
+  i1 = s32[] add(i, one)
+  back = s32[] subtract(size, one)
+  item = f32[1,4,4] dynamic-slice(list, back, zero, zero), dynamic_slice_sizes={1,4,4}
+  w = f32[4,4] reshape(item)
+  y = f32[2,4] dot(h, w), lhs_contracting_dims={1}, rhs_contracting_dims={1}
+  h1 = f32[2,4] tanh(y)
+  popped = (f32[1,4,4], s32[]) tuple(list, back)
+  ROOT t = (s32[], s32[], f32[2,4], (f32[1,4,4], s32[])) tuple(i1, n, h1, popped)
+}
+
+ENTRY main {
+  n = s32[] parameter(0)
+  h = f32[2,4] parameter(1)
+  list = f32[1,4,4] parameter(2)
+  zero = s32[] constant(0)
+  tl = (f32[1,4,4], s32[]) tuple(list, n)
+  init = (s32[], s32[], f32[2,4], (f32[1,4,4], s32[])) tuple(zero, n, h, tl)
+  ROOT loop = (s32[], s32[], f32[2,4], (f32[1,4,4], s32[])) while(init), condition=cond,
+    body=body
+}
+"""
+
+
+@pytest.mark.parametrize("trips", [0, 1, 3])
+def test_the_item_of_a_one_element_list_leaves_the_loop(trips: int) -> None:
+    """A gradient loop's pop of a one-element TensorList (a loop-invariant weight that
+    the forward loop pushed) reads the list itself (simplify: a dynamic-slice of all of
+    its operand), and its reshape, which the dot would read through a copy kernel every
+    iteration, is hoisted out of the body (while-licm: a dot reads it; the list's buffer
+    is invariant while its counter changes)."""
+    rng = np.random.default_rng(2)
+    h = rng.standard_normal((2, 4)).astype(np.float32)
+    items = rng.standard_normal((1, 4, 4)).astype(np.float32)
+    check(ONE_ITEM_LIST, np.int32(trips), h, items, op_type="Tanh")
+    module = parse_module(ONE_ITEM_LIST)
+    compile_module(module, cache=False)
+    loop = next(i for i in module.entry.instructions if i.opcode == "while")
+    body = loop.called_computations[1]
+    opcodes = {i.opcode for i in body.instructions} | {
+        i.opcode for inst in body.instructions if inst.opcode == "fusion"
+        for i in inst.fused_computation.instructions}
+    assert not opcodes & {"dynamic-slice", "reshape", "copy"}, opcodes
+    assert "dot" in opcodes and len(loop.shape.tuple_shapes) == 5
+
+
 def test_a_changed_body_does_not_hit_the_old_compile() -> None:
     """The compile caches key on the called computations too."""
     changed = COLLATZ.replace("three = s32[] constant(3)", "three = s32[] constant(5)")

@@ -116,6 +116,26 @@ def _concatenate_one(comp: Computation, x: Instruction) -> Instruction:
     return comp.create("concatenate", [x], dimensions=(0,))
 
 
+LIST = Shape("f32", (1, 4, 3))
+INDEX = Shape("s32", ())
+
+
+@build(LIST, INDEX)
+def _dynamic_slice_all(comp: Computation, x: Instruction, i: Instruction) -> Instruction:
+    return comp.create("dynamic-slice", [x, i, i, i], shape=LIST, dynamic_slice_sizes=(1, 4, 3))
+
+
+@build(Shape("f32", (2, 4, 3)), INDEX)
+def _dynamic_slice_part(comp: Computation, x: Instruction, i: Instruction) -> Instruction:
+    return comp.create("dynamic-slice", [x, i, i, i], shape=LIST, dynamic_slice_sizes=(1, 4, 3))
+
+
+@build(LIST, LIST, INDEX)
+def _dynamic_update_all(comp: Computation, x: Instruction, u: Instruction, i: Instruction
+                        ) -> Instruction:
+    return comp.create("dynamic-update-slice", [x, u, i, i, i], shape=LIST)
+
+
 @build(F32, F32)
 def _select_true(comp: Computation, x: Instruction, y: Instruction) -> Instruction:
     return comp.create("select", [splat(comp, True, PRED), x, y])
@@ -251,6 +271,8 @@ CASES: dict[str, list[tuple[Callable[[], HloModule], list[str]]]] = {
                               [r"ROOT %slice.* slice\(.* %param_0\), slice=\{\[0:3:2\], "
                                r"\[1:2\]\}"])],
     "concatenate-single": [(_concatenate_one, [ROOT_IS_PARAM])],
+    "dynamic-slice-whole": [(_dynamic_slice_all, [ROOT_IS_PARAM])],
+    "dynamic-update-slice-whole": [(_dynamic_update_all, [ROOT_IS_PARAM_1])],
     "select-constant-predicate": [(_select_true, [ROOT_IS_PARAM])],
     "select-same-branches": [(_select_same, [ROOT_IS_PARAM_1])],
     "dot-identity-integer": [(_dot_identity("s32"), [ROOT_IS_PARAM])],
@@ -279,6 +301,7 @@ UNCHANGED = {
     "max(x, -3)": _binary("maximum", F32, -3.0),
     "dot(x, I) (float: inf * 0, -0.0 + 0.0)": _dot_identity("f32"),
     "slice across concatenate operands": _slice_of_concatenate(((3, 6, 1), (0, 3, 1))),
+    "dynamic-slice of part of x": _dynamic_slice_part,
     "reduce over a dimension of 4": _reduce_of(Shape("f32", (4, 4)), (1,), "add", 0.0),
 }
 

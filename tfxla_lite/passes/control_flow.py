@@ -40,6 +40,8 @@ _NOT_HOISTED = frozenset({
 _NOT_WORTH_ALONE = frozenset({
     "constant", "broadcast", "iota", "reshape", "bitcast", "transpose", "slice", "reverse",
     "copy", "convert", "pad", "concatenate", "dynamic-slice"})
+# Readers that take their operands from buffers, never fusing a producer into themselves.
+_UNFUSED_READERS = frozenset({"dot", "convolution"})
 
 
 def control_flow_callees(computation: Computation) -> list[Computation]:
@@ -194,18 +196,38 @@ class WhileLoopInvariantCodeMotion(Pass):
         return changed
 
 
-def _invariant_elements(body: Computation) -> dict[int, int]:
-    """id(get-tuple-element of the body's parameter) -> its element, for the elements
-    the root returns unchanged."""
+def _invariant_elements(body: Computation) -> dict[int, tuple[int, ...]]:
+    """id(get-tuple-element of the body's parameter) -> its element's tuple index, for
+    the elements the root returns unchanged, and id(get-tuple-element of such a read)
+    -> (element, leaf) for the leaves of a tuple element the root rebuilds with that
+    leaf unchanged (a TensorList's buffer, whose counter the body changes)."""
     root = body.root
     (parameter,) = body.parameters
     if root is None or root.opcode != "tuple" or not parameter.shape.is_tuple:
         return {}
-    passed = {n for n, o in enumerate(root.operands)
-              if o.opcode == "get-tuple-element" and o.operand(0) is parameter
-              and int(o.attributes["index"]) == n}
-    return {id(user): int(user.attributes["index"]) for user in parameter.users
-            if user.opcode == "get-tuple-element" and int(user.attributes["index"]) in passed}
+
+    def read_of(value: Instruction, source: Instruction, n: int) -> bool:
+        return value.opcode == "get-tuple-element" and value.operand(0) is source \
+            and int(value.attributes["index"]) == n
+
+    found: dict[int, tuple[int, ...]] = {}
+    for user in parameter.users:
+        if user.opcode != "get-tuple-element":
+            continue
+        n = int(user.attributes["index"])
+        returned = root.operand(n)
+        if read_of(returned, parameter, n):
+            found[id(user)] = (n,)
+        elif returned.opcode == "tuple":
+            for leaf in user.users:
+                if leaf.opcode == "get-tuple-element":
+                    m = int(leaf.attributes["index"])
+                    inner = returned.operand(m)
+                    if inner.opcode == "get-tuple-element" and inner.operand(0).opcode == \
+                            "get-tuple-element" and read_of(inner.operand(0), parameter, n) \
+                            and int(inner.attributes["index"]) == m:
+                        found[id(leaf)] = (n, m)
+    return found
 
 
 def hoist_invariants(caller: Computation, loop: Instruction, callers: dict[int, int]) -> bool:
@@ -225,7 +247,7 @@ def hoist_invariants(caller: Computation, loop: Instruction, callers: dict[int, 
                 and inst.operands and all(id(o) in invariant for o in inst.operands)):
             invariant.add(id(inst))
     worth = [inst for inst in body.instructions if id(inst) in invariant
-             and id(inst) not in elements and inst.opcode not in _NOT_WORTH_ALONE
+             and id(inst) not in elements and _worth_hoisting(inst)
              and inst.shape.byte_size <= sum(o.shape.byte_size for o in inst.operands)
              and any(id(u) not in invariant or u is body.root for u in inst.users)]
     if not worth:
@@ -238,7 +260,9 @@ def hoist_invariants(caller: Computation, loop: Instruction, callers: dict[int, 
         if id(inst) in clones:
             return clones[id(inst)]
         if id(inst) in elements:
-            made = _element_of(caller, init, elements[id(inst)])
+            made = init
+            for n in elements[id(inst)]:
+                made = _element_of(caller, made, n)
         else:
             operands = [clone(o) for o in inst.operands]
             made = caller.add(Instruction(inst.opcode, inst.shape, operands, inst.attributes,
@@ -290,8 +314,18 @@ def hoist_invariants(caller: Computation, loop: Instruction, callers: dict[int, 
     return True
 
 
+def _worth_hoisting(inst: Instruction) -> bool:
+    """Whether invariant `inst` is worth a loop-state element of its own: not a cheap
+    shape op, unless a dot or convolution reads it (no fusion folds an operand into
+    those: it would be a copy kernel every iteration, such as the reshape of a
+    one-element TensorList that a gradient loop multiplies by)."""
+    return inst.opcode not in _NOT_WORTH_ALONE or any(
+        user.opcode in _UNFUSED_READERS for user in inst.users)
+
+
 def _element_of(caller: Computation, init: Instruction, n: int) -> Instruction:
-    """Element `n` of the loop's initial state as an instruction of the caller."""
+    """Element `n` of tuple `init` (the loop's initial state, or an element of it) as an
+    instruction of the caller."""
     if init.opcode == "tuple":
         return init.operand(n)
     assert init.shape.tuple_shapes is not None

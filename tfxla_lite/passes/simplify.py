@@ -383,6 +383,22 @@ def _slice_whole(inst: Instruction) -> Instruction | None:
     return operand if whole and operand.shape == inst.shape else None
 
 
+@_rewrite("dynamic-slice")
+def _dynamic_slice_whole(inst: Instruction) -> Instruction | None:
+    """dynamic-slice(x, i...) of all of x → x: every start clamps to 0 (the read of a
+    one-element TensorList, a loop-invariant accumulator's)."""
+    operand = inst.operand(0)
+    return operand if operand.shape == inst.shape else None
+
+
+@_rewrite("dynamic-update-slice")
+def _dynamic_update_slice_whole(inst: Instruction) -> Instruction | None:
+    """dynamic-update-slice(x, u, i...) with u as large as x → u: every start clamps to 0
+    (the write of a one-element TensorList)."""
+    update = inst.operand(1)
+    return update if update.shape == inst.shape else None
+
+
 @_rewrite("slice")
 def _slice_of_slice(inst: Instruction) -> Instruction | None:
     operand = inst.operand(0)
