@@ -35,7 +35,7 @@ from math import prod
 
 from llvmlite import ir
 
-from tfxla_lite.codegen.cpu import reduction, row_kernel
+from tfxla_lite.codegen.cpu import data_movement, reduction, row_kernel
 from tfxla_lite.codegen.cpu.emitter import Index, KernelContext, i64, value_type
 from tfxla_lite.hlo.ir import Instruction, widened_reduce_op
 from tfxla_lite.hlo.shape import Shape
@@ -186,11 +186,11 @@ def _min(ctx: KernelContext, a: ir.Value, b: ir.Value) -> ir.Value:
 
 
 @contextmanager
-def _column_loop(ctx: KernelContext, stop: int | ir.Value, name: str, scalar: bool
-                 ) -> Iterator[ir.Value]:
+def _column_loop(ctx: KernelContext, stop: int | ir.Value, name: str, scalar: bool,
+                 start: int | ir.Value = 0) -> Iterator[ir.Value]:
     """A loop over a block's columns; with `scalar` unrolled, not vectorized (its
     accumulators then live in registers across rows)."""
-    with ctx.loop(stop, name=name) as column:
+    with ctx.loop(stop, name=name, start=start) as column:
         yield column
     if scalar:
         row_kernel.loop_hint(ctx, column, ("llvm.loop.vectorize.enable", _FALSE),
@@ -217,6 +217,11 @@ def emit_units(ctx: KernelContext, column_plan: ColumnPlan, targets: list[Target
         [ctx.alloca(t, name="group", count=p.block) for t in types]
     width_size = p.width_size
     scalar = p.scalar_columns
+    # One block of all the columns: the column loop splits where a concatenate's
+    # operands meet (data_movement.last_dimension_pieces), each piece without its branch.
+    pieces = data_movement.last_dimension_pieces(
+        [t.reduce.operand(0) for t in targets] + [e.producer for e in extras]) \
+        if p.blocks == 1 and len(p.width) == 1 and not scalar else None
     with ctx.loop(end, name="unit", start=begin) as unit:
         chunk = _urem(ctx, unit, p.chunks)
         rest = _udiv(ctx, unit, p.chunks)
@@ -237,9 +242,15 @@ def emit_units(ctx: KernelContext, column_plan: ColumnPlan, targets: list[Target
                         b.store(value, b.gep(slot, [j], inbounds=True, source_etype=element))
 
         def fold_row(row: ir.Value, start: bool, into: list[ir.Value]) -> None:
+            for begin, stop in pieces or [(0, width)]:
+                with ctx.scope():
+                    fold_columns(row, start, into, begin, stop)
+
+        def fold_columns(row: ir.Value, start: bool, into: list[ir.Value],
+                         begin: int | ir.Value, stop: int | ir.Value) -> None:
             row_multi = Index(p.rows, linear=row).get_multi(b)
             base = b.mul(b.add(lead_rows, row, flags=nuw), i64(width_size), flags=nuw)
-            with _column_loop(ctx, width, "column", scalar) as j:
+            with _column_loop(ctx, stop, "column", scalar, begin) as j:
                 column = b.add(column0, j, flags=nuw)
                 width_multi = [column] if len(p.width) == 1 else \
                     Index(p.width, linear=column).get_multi(b)

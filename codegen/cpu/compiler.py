@@ -320,9 +320,7 @@ def _emit_range_function(module: ir.Module, pool: ConstantPool, inst: Instructio
     elif stream:
         _emit_streamed_rows(ctx, root, output, partition, begin, end)
     else:
-        with ctx.loop_nest(shape.dims, name="i", restrict=restrict) as multi:
-            index = Index(shape.dims, multi, Index(shape.dims, multi).get_linear(ctx.builder))
-            ctx.store(ctx.value(root, index), output, shape, index)
+        data_movement.emit_element_loops(ctx, root, output, restrict)
     if stream:
         streaming.emit_fence(ctx)
     ctx.builder.ret_void()

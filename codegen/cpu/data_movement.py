@@ -4,6 +4,11 @@ Each maps its result index to an operand index (XLA's index mapping): broadcast
 drops the new dimensions, reshape and bitcast keep the linear index, transpose
 permutes, slice scales and shifts, concatenate branches to the operand that holds
 the element. Sources (constant, iota) compute the element from the index alone.
+
+A branch per element keeps LLVM from vectorizing a loop, so kernels that loop over a
+concatenate's dimension split that loop where its operands meet
+(`last_dimension_pieces`: the kLoop nest, `emit_element_loops`, and column reductions,
+`column_reduction.py`): within each piece the branch folds away.
 """
 
 from __future__ import annotations
@@ -13,6 +18,10 @@ from llvmlite import ir
 from tfxla_lite.codegen.cpu.elementwise import convert
 from tfxla_lite.codegen.cpu.emitter import Index, KernelContext, constant, i64, register
 from tfxla_lite.hlo.ir import Instruction
+from tfxla_lite.hlo.opcodes import is_elementwise
+
+# The most loops a kernel's innermost loop is split into at concatenate boundaries.
+MAX_PIECES = 8
 
 
 @register("parameter")
@@ -113,3 +122,56 @@ def _concatenate_from(ctx: KernelContext, pieces: list[tuple[Instruction, int]],
     return ctx.branch_value(inside, element,
                             lambda: _concatenate_from(ctx, pieces[1:], axis, multi),
                             name="concatenate")
+
+
+def last_dimension_pieces(values: list[Instruction]) -> list[tuple[int, int]]:
+    """The ranges [begin, end) of the last dimension within which every concatenate
+    along it that `values` read at their own index (through elementwise ops of their
+    shape) takes one operand: a loop over that dimension split at these bounds runs a
+    concatenate without its branch (LLVM folds the compare of the loop's counter with a
+    constant bound), so the loop vectorizes. One range, the whole dimension, when no
+    such concatenate exists or it would take more than MAX_PIECES loops."""
+    dims = values[0].shape.dims if values else ()
+    if not dims:
+        return [(0, 0)]
+    last = len(dims) - 1
+    bounds: set[int] = set()
+    stack, seen = list(values), set()
+    while stack:
+        inst = stack.pop()
+        if id(inst) in seen or inst.shape.is_tuple or inst.shape.dims != dims:
+            continue
+        seen.add(id(inst))
+        if inst.opcode == "concatenate" and tuple(inst.dimensions) == (last,):
+            offset = 0
+            for operand in inst.operands:
+                offset += operand.shape.dims[last]
+                bounds.add(offset)
+            stack.extend(inst.operands)
+        elif is_elementwise(inst.opcode):
+            stack.extend(inst.operands)
+    cuts = sorted(b for b in bounds if 0 < b < dims[last])
+    if not cuts or len(cuts) >= MAX_PIECES:
+        return [(0, dims[last])]
+    return list(zip([0, *cuts], [*cuts, dims[last]], strict=True))
+
+
+def emit_element_loops(ctx: KernelContext, root: Instruction, output: ir.Value,
+                       restrict: tuple[int, ir.Value, ir.Value] | None) -> None:
+    """Store `root` at every index of its shape into `output`: a loop nest, the last
+    dimension innermost (`restrict`: one dimension over [begin, end) only), that
+    innermost loop split at `last_dimension_pieces` unless `restrict` cuts it."""
+    dims = root.shape.dims
+    b = ctx.builder
+    pieces = last_dimension_pieces([root])
+    if len(pieces) == 1 or (restrict is not None and restrict[0] == len(dims) - 1):
+        with ctx.loop_nest(dims, name="i", restrict=restrict) as multi:
+            index = Index(dims, multi, Index(dims, multi).get_linear(b))
+            ctx.store(ctx.value(root, index), output, root.shape, index)
+        return
+    with ctx.loop_nest(dims[:-1], name="i", restrict=restrict) as outer:
+        for begin, end in pieces:
+            with ctx.loop(end, name="piece", start=begin) as column:
+                multi = [*outer, column]
+                index = Index(dims, multi, Index(dims, multi).get_linear(b))
+                ctx.store(ctx.value(root, index), output, root.shape, index)
