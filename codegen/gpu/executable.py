@@ -3,30 +3,19 @@
 The device end of the GPU backend. CuPy is imported here only, when an executable is
 built: the rest of `tfxla_lite.codegen.gpu` runs without it.
 
-- Compile: `cupy.RawModule` (NVRTC) over the program's source; every kernel function is
-  looked up at build time, so a compile error surfaces here (and a caller can fall back).
-  Modules are cached in the process by the source's SHA-256 and the device (the source
-  holds every shape and attribute the code depends on); CuPy keeps its own disk cache
-  of compiled binaries (`~/.cupy/kernel_cache`).
-- Memory: the buffer plan maps onto one device arena per call, taken from CuPy's memory
-  pool: `temp_bytes` of temps at the offsets buffer assignment chose, then the scratch
-  area (split-reduction partials, cuBLAS products for epilogues, dot operands `gemm.py`
-  copies). Parameters and outputs are the caller's arrays; constants of the entry are
-  uploaded once, at build.
-- Run: the thunks in order on CuPy's current stream: kernel launches (grid-stride, so
-  the grid is capped at 32 blocks per multiprocessor; a `float4` variant when every
-  pointer is 16-byte aligned) and dots through cuBLAS's strided-batched GEMM (`gemm.py`:
-  operands read where they lie wherever strides describe them); a dot epilogue cuBLASLt
-  fuses (`lt_epilogue.py`) is one `cublasLtMatmul` (`cublaslt.py`, workspace at the end
-  of the arena), or, where cuBLASLt is missing or offers no algorithm, the cuBLAS product
-  and the loop kernel (`lt_status` says which). Where each thunk's
-  arrays live (buffer assignment's slices, each dot's GEMM plan) is worked out at
-  build (`_plan_calls`), so a call only turns those recipes into arrays.
+- Compile: `cupy.RawModule` (NVRTC) over the program's source, every kernel looked up at
+  build so a compile error surfaces here; modules are cached in the process by the
+  source's SHA-256 and the device, and CuPy keeps its own disk cache.
+- Memory: one device arena per call from CuPy's memory pool, temps at buffer
+  assignment's offsets, then scratch (split-reduction partials, epilogue products, dot
+  operands `gemm.py` copies); constants are uploaded once, at build.
+- Run: the thunks in order on CuPy's current stream: kernel launches, cuBLAS dots
+  (`gemm.py`) and cuBLASLt epilogues (`lt_epilogue.py`, `lt_status` says which path).
+  Where each thunk's arrays live is worked out at build (`_plan_calls`).
 
 The call convention follows `tfxla_lite.codegen.Executable`: `executable(*arrays)` checks
-dtypes and shapes and returns freshly allocated outputs (CuPy arrays; NumPy inputs are
-copied to the device first); `run_checked(cupy, arrays)` skips those conversions and
-checks for callers that made them already (the TF launch).
+dtypes and shapes and returns freshly allocated CuPy outputs; `run_checked(cupy, arrays)`
+skips those conversions for callers that made them already (the TF launch).
 """
 
 from __future__ import annotations
