@@ -1,4 +1,6 @@
-"""The flag tables of README.md and docs/flags.md list exactly the flags of `flags.FLAGS`."""
+"""README.md and docs/ as a reference: the flag tables of README.md and docs/flags.md list
+exactly the flags of `flags.FLAGS`, the README opens with the two commands, and every
+relative link of README.md and docs/*.md names a file that exists."""
 
 from __future__ import annotations
 
@@ -39,3 +41,25 @@ def test_row_parser_reads_a_shared_row() -> None:
     rows = ("| `--min_cluster_size=N`, `--max_cluster_size=N` | bounds |\n"
             "| `--cache=on\\|off` | `--verify` named in a description |\n")
     assert documented_flags(rows) == ["min_cluster_size", "max_cluster_size", "cache"]
+
+
+def test_readme_opens_with_the_two_commands() -> None:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    first_block = text.split("```bash\n", 1)[1].split("```", 1)[0]
+    commands = [line.split("#")[0].strip() for line in first_block.splitlines()]
+    assert commands == ["bash scripts/demo.sh", "bash scripts/test.sh"]
+    assert text.index("## The two commands") < text.index("## Using it")
+    for command in commands:
+        assert (ROOT / command.split()[1]).is_file()
+
+
+_LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+
+
+@pytest.mark.parametrize("page", ["README.md", *sorted(
+    str(path.relative_to(ROOT)) for path in (ROOT / "docs").glob("*.md"))])
+def test_relative_links_name_existing_files(page: str) -> None:
+    source = ROOT / page
+    missing = [target for target in _LINK.findall(source.read_text(encoding="utf-8"))
+               if "://" not in target and not (source.parent / target).exists()]
+    assert not missing, f"{page} links to files that do not exist: {missing}"
