@@ -479,7 +479,7 @@ def _compile_graph(graph: tf.Graph, function_name: str, settings: _Settings,
                              max_cluster_size=options.max_cluster_size,
                              merge_independent=options.merge_independent_clusters)
     clusters = _variables_in_static_clusters(graph, decisions, clusters, dynamic, min_size,
-                                             options)
+                                             options, bool(jit_compile))
 
     clustered = {name for c in clusters for name in c.op_names}
     for op in graph.get_operations():
@@ -530,8 +530,9 @@ def _compile_graph(graph: tf.Graph, function_name: str, settings: _Settings,
                 if gpu is None:
                     registrations.append(loader.Registration(key))
                 dynamic_cluster.on_compiled = _dump_specialization(options, function_name, gpu)
-                compiled.append(_dynamic_compiled_cluster(cluster, dynamic_cluster,
-                                                          fallback=not jit_compile))
+                compiled.append(_dynamic_compiled_cluster(
+                    cluster, dynamic_cluster, fallback=not jit_compile,
+                    written=written_variables(graph, cluster.op_names)))
                 planned.append(dynamic_cluster)
                 report.clusters.append(ClusterReport(
                     cluster.name, ops, len(dynamic_cluster.inputs), len(cluster.outputs), True))
@@ -797,20 +798,23 @@ def _forwardable(graph: tf.Graph, inputs: list[str] | tuple[str, ...],
 
 
 # Why a variable op stays out of the cluster it would join.
-_VARIABLE_IN_DYNAMIC_REASON = ("variable op in a cluster of unknown dimensions or for a GPU "
-                               "(variables compile in static CPU clusters)")
+_VARIABLE_IN_DYNAMIC_REASON = ("variable op in a cluster of unknown dimensions with a fallback "
+                               "(auto mode) or for a GPU (variables compile in CPU clusters "
+                               "without a fallback)")
 
 
 def _variables_in_static_clusters(graph: tf.Graph, decisions: dict[str, Any],
                                   clusters: list[Any], dynamic: bool, min_size: int,
-                                  options: Options) -> list[Any]:
-    """`clusters`, formed again without the variable ops of any cluster that compiles
-    per input shape at run time or for a GPU: the launch op binds variables only for
-    static CPU executables. `decisions` records why those ops stay in TF."""
+                                  options: Options, must_compile: bool) -> list[Any]:
+    """`clusters`, formed again without the variable ops of any cluster for a GPU, or
+    compiled per input shape at run time with a fallback (auto mode: the fallback's
+    StatelessIf cannot hold writes); the launch op binds CPU variables, per shape too.
+    `decisions` records why those ops stay in TF."""
     for _ in range(3):  # each round only removes ops; a third is rarely needed
         refused = [name for cluster in clusters
                    if gpu_launch.placed_gpu(cluster.device) is not None
-                   or (dynamic and not dynamic_clusters.is_static(graph, cluster))
+                   or (dynamic and not must_compile
+                       and not dynamic_clusters.is_static(graph, cluster))
                    for name in cluster.op_names if decisions[name].op_type in VARIABLE_OPS]
         if not refused:
             return clusters
@@ -859,7 +863,7 @@ def _dump_specialization(options: Options, function_name: str,
 
 
 def _dynamic_compiled_cluster(cluster: Any, planned: dynamic_clusters.DynamicCluster,
-                              fallback: bool) -> CompiledCluster:
+                              fallback: bool, written: list[str]) -> CompiledCluster:
     launch_on_gpu = None
     if planned.gpu is not None:  # its fallback runs inside the launch, not in an If
         launch_on_gpu = gpu_launch.GpuDynamicLaunch(
@@ -872,7 +876,8 @@ def _dynamic_compiled_cluster(cluster: Any, planned: dynamic_clusters.DynamicClu
         key=planned.key, output_dtypes=planned.output_dtypes,
         output_shapes=planned.output_shapes, input_dtypes=planned.input_dtypes,
         fallback=planned.branch_functions() if fallback and launch_on_gpu is None else None,
-        gpu_launch=launch_on_gpu)
+        gpu_launch=launch_on_gpu,
+        variable_writes=tuple(planned.inputs.index(h) for h in written))
 
 
 def _must_compile_message(function_name: str, offending: list[FallbackNode]) -> str:

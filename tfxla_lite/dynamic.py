@@ -39,11 +39,14 @@ from typing import Any
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.core.framework import cpp_shape_inference_pb2
+from tensorflow.python.ops import handle_data_util
 
 from tfxla_lite.clustering.cluster import Cluster
 from tfxla_lite.clustering.lower import lower_cluster
 from tfxla_lite.clustering.mark import shape_determined
-from tfxla_lite.clustering.registry import OP_RULES, constant_value, known_dims
+from tfxla_lite.clustering.registry import OP_RULES, constant_value, known_dims, variable_spec
+from tfxla_lite.clustering.rules_variables import written_variables
 from tfxla_lite.codegen import compile_module
 from tfxla_lite.collector import collector_paused
 from tfxla_lite.hlo import HloModule
@@ -114,6 +117,9 @@ class DynamicCluster:
     # signature with the GPU backend and its launch (runtime/gpu_launch.py:
     # `GpuDynamicLaunch`) calls this object, not the launch op.
     gpu: int | None = None
+    # Each resource input's handle data (the variable's dtype and static shape), which
+    # the template's placeholders lose: a must-compile CPU cluster binds its variables.
+    handle_data: dict[int, bytes] = field(default_factory=dict)
     specializations: list[SpecializationArtifacts] = field(default_factory=list)
     # Called with (SpecializationArtifacts, compile seconds) after each compile (dumps).
     on_compiled: Any = None
@@ -154,10 +160,22 @@ class DynamicCluster:
         """Lower and compile the cluster for the shapes (and values) of `request`."""
         started = time.perf_counter()
         graph = tf.Graph()
+        inputs = {j: f"{INPUT_PREFIX}{j}:0" for j in self.param_inputs}
         with graph.as_default():
-            tf.graph_util.import_graph_def(self.specialized_graph_def(request), name="")
+            # A variable's handle carries its dtype and shape before the ops that read it
+            # are imported, so that TF's shape inference gives their shapes.
+            handles = {}
+            for j, data in self.handle_data.items():
+                handle = tf.compat.v1.placeholder(tf.resource, (), name=f"tfxla_lite_handle_{j}")
+                handle_data_util.set_handle_data(
+                    handle,
+                    cpp_shape_inference_pb2.CppShapeInferenceResult.HandleData.FromString(data))
+                handles[inputs[j]] = inputs[j] = handle
+            tf.graph_util.import_graph_def(self.specialized_graph_def(request),
+                                           input_map=handles, name="")
         cluster = Cluster(self.cluster.name, list(self.cluster.op_names),
-                          [f"{INPUT_PREFIX}{j}:0" for j in self.param_inputs],
+                          [t if isinstance(t, str) else t.name
+                           for t in (inputs[j] for j in self.param_inputs)],
                           list(self.cluster.outputs))
         module = lower_cluster(graph, cluster)
         if self.gpu is None:
@@ -167,6 +185,9 @@ class DynamicCluster:
             executable = gpu_launch.compile_cluster(module, self.gpu, self.pipeline, self.verify)
         outputs = [graph.get_tensor_by_name(t) for t in self.cluster.outputs]
         output_specs = tuple((t.dtype, known_dims(t)) for t in outputs)
+        # The variables it writes are the executable's last outputs (clustering/lower.py).
+        output_specs += tuple(variable_spec(graph.get_tensor_by_name(h))
+                              for h in written_variables(graph, self.cluster.op_names))
         shapes = ", ".join(str(list(s)) for s in request.shapes)
         self.specializations.append(SpecializationArtifacts(
             f"{self.cluster.name} ({shapes})", module, executable.hlo_text, executable))
@@ -280,12 +301,15 @@ def plan_dynamic_cluster(graph: tf.Graph, cluster: Cluster, key: str, name: str
     template.versions.CopyFrom(graph.graph_def_versions)
 
     outputs = [graph.get_tensor_by_name(t) for t in cluster.outputs]
+    handle_data = {j: handle_data_util.get_resource_handle_data(t).SerializeToString()
+                   for j, t in enumerate(tensors) if t.dtype == tf.resource}
     return DynamicCluster(
         name=name, key=key, cluster=cluster, inputs=tuple(inputs),
         input_dtypes=tuple(t.dtype for t in tensors),
         input_shapes=tuple(t.shape for t in tensors), value_inputs=value_inputs,
         param_inputs=param_inputs, output_dtypes=tuple(t.dtype for t in outputs),
-        output_shapes=tuple(t.shape for t in outputs), template=template)
+        output_shapes=tuple(t.shape for t in outputs), template=template,
+        handle_data=handle_data)
 
 
 def _add_constant(template: tf.compat.v1.GraphDef, tensor: tf.Tensor,

@@ -287,9 +287,11 @@ def test_variable_of_unknown_shape_stays_in_tf() -> None:
 
 
 @pytest.mark.parametrize("jit_compile", MODES)
-def test_unknown_batch_keeps_variable_ops_in_tf_and_values_right(jit_compile) -> None:
-    """A cluster with unknown dimensions compiles per input shape at run time, which
-    binds no variables: its variable ops stay in TF (compiler._variables_in_static_clusters)."""
+def test_unknown_batch_binds_variables_when_must_compile(jit_compile) -> None:
+    """A cluster with unknown dimensions compiles per input shape at run time. Without a
+    fallback (must-compile) it binds its variables as a static one does: one launch a
+    call for every batch size. With one (auto), whose StatelessIf cannot hold the writes,
+    its variable ops stay in TF (compiler._variables_in_static_clusters)."""
     w = tf.Variable(np.linspace(-1, 1, 12, dtype=np.float32).reshape(4, 3))
     w_plain = tf.Variable(w.numpy())
 
@@ -305,11 +307,18 @@ def test_unknown_batch_keeps_variable_ops_in_tf_and_values_right(jit_compile) ->
     traced = tf.function(make(w), input_signature=spec).get_concrete_function()
     program = compiler.build_program(traced, jit_compile, Options(), dynamic=True)
     left = {n.op_type: n.reason for n in program.report.fallbacks}
-    assert "unknown dimensions" in left["AssignSubVariableOp"]
-    assert "unknown dimensions" in left["ReadVariableOp"]
-    for batch in (2, 5, 2):
+    if jit_compile:
+        assert "AssignSubVariableOp" not in left and "ReadVariableOp" not in left
+        assert program.compiled[0].variable_writes
+    else:
+        assert "unknown dimensions" in left["AssignSubVariableOp"]
+        assert "unknown dimensions" in left["ReadVariableOp"]
+    for batch in (2, 5, 0, 2):
         x = tf.constant(np.linspace(-2, 2, batch * 4, dtype=np.float32).reshape(batch, 4))
+        before = _launches()
         assert_close(program.run(x).numpy(), plain(x).numpy(), "model gradient", f"{batch}")
+        if jit_compile:
+            assert _launches() - before == 1, f"batch {batch}: one launch"
         assert_close(w.numpy(), w_plain.numpy(), "model gradient", f"w after batch {batch}")
 
 
@@ -383,3 +392,49 @@ def test_eager_tape_over_a_function_that_writes_runs_the_launch() -> None:
         results.append((loss.numpy(), tape.gradient(loss, v).numpy(), moving.numpy()))
     for ours, theirs in zip(results[1], results[0]):
         assert_close(ours, theirs, "model gradient")
+
+
+def test_must_compile_step_called_with_an_unknown_batch_is_one_launch() -> None:
+    """Keras's pattern: its iterator function calls the jit_compile step with the batch
+    dimension unknown (a last partial batch); the step compiles per batch size at run
+    time, its variables inside, and a tape in the caller differentiates through it."""
+    results = []
+    for compile_it in (False, True):
+        w = tf.Variable(np.linspace(-1, 1, 12, dtype=np.float32).reshape(4, 3))
+        moving = tf.Variable(tf.zeros((3,)))
+
+        inner, outer = _taped_caller(w, moving, compile_it)
+
+        runs = []
+        for batch in (8, 5, 8, 0):
+            x = tf.constant(np.linspace(-2, 2, batch * 4, dtype=np.float32).reshape(batch, 4))
+            before = _launches()
+            loss, gradient = outer(x)
+            if compile_it and batch:
+                assert _launches() - before >= 1, f"batch {batch}: the compiled step ran"
+            runs.append((loss.numpy(), gradient.numpy(), moving.numpy()))
+        if compile_it:
+            before = _launches()
+            inner(tf.ones((5, 4)))  # eager: the static program of that shape
+            assert _launches() - before == 1
+        results.append(runs)
+    for n, (ours, theirs) in enumerate(zip(results[1], results[0])):
+        for a, b in zip(ours, theirs):
+            assert_close(a, b, "model gradient", f"call {n}")
+
+
+def _taped_caller(w: tf.Variable, moving: tf.Variable, compile_it: bool) -> tuple[Any, Any]:
+    def step(x):
+        y = tf.tanh(x @ w)
+        moving.assign(moving * 0.9 + tf.reduce_mean(y, axis=0) * 0.1)
+        return tf.reduce_sum(y * y)
+
+    inner = tl.function(step, jit_compile=True) if compile_it else tf.function(step)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 4], tf.float32)])
+    def outer(x):
+        with tf.GradientTape() as tape:
+            loss = inner(x)
+        return loss, tape.gradient(loss, w)
+
+    return inner, outer

@@ -873,7 +873,9 @@ absl::Status Specialize(OpKernelContext* ctx, const std::string& key, DynamicClu
     dtypes[i] = input.dtype();
     ranks[i] = input.dims();
     for (int d = 0; d < input.dims(); ++d) dims.push_back(input.dim_size(d));
-    data[i] = input.tensor_data().data();
+    // A resource handle (a variable the cluster binds) has no flat bytes to pass.
+    data[i] = tensorflow::DataTypeCanUseMemcpy(input.dtype()) ? input.tensor_data().data()
+                                                               : nullptr;
   }
   dims.push_back(0);  // never empty
   CompileRequest request;
@@ -1017,8 +1019,6 @@ class LaunchOp : public OpKernel {
     if (executable != nullptr) {
       OP_REQUIRES_OK(ctx, CheckSignature(ctx, *executable, inputs));
     } else {
-      OP_REQUIRES(ctx, variable_writes_.empty(),
-                  Invalid("a cluster that writes variables has no dynamic executable"));
       std::shared_ptr<DynamicCluster> cluster = Registry::Get().FindDynamic(key_);
       OP_REQUIRES(ctx, cluster != nullptr,
                   absl::NotFoundError(absl::StrCat(
