@@ -20,6 +20,7 @@ _LAZY_NAMES = {
     "get_options": "flags", "set_options": "flags", "FlagError": "flags",
     "Options": "options", "OptionsError": "options",
     "wait_for_compiles": "codegen.background",
+    "numerics_report": "numerics_check", "reset_numerics_report": "numerics_check",
 }
 
 

@@ -33,7 +33,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tfxla_lite import assertions, control_flow, dump, flags, rewrite_cache
+from tfxla_lite import assertions, control_flow, dump, flags, numerics_check, rewrite_cache
 from tfxla_lite import dynamic as dynamic_clusters
 from tfxla_lite.autojit import original_tf_function
 from tfxla_lite.clustering.cluster import form_clusters
@@ -275,7 +275,8 @@ def build_program(concrete_function: Any, jit_compile: bool | None, options: Opt
             _store_in_cache(cache_key, graph, program)
     program.concrete_function = concrete_function
     program.custom_gradients = has_gradient_overrides(graph_def)
-    program.run = _rewritten_function(concrete_function, program, graph_def)
+    program.run = _rewritten_function(concrete_function, program, graph_def,
+                                      options.check_numerics)
     return program
 
 
@@ -890,7 +891,7 @@ def _must_compile_message(function_name: str, offending: list[FallbackNode]) -> 
 
 
 def _rewritten_function(concrete_function: Any, program: Program,
-                        graph_def: Any = None) -> Callable:
+                        graph_def: Any = None, check_numerics: str = "off") -> Callable:
     """A tf.function that runs the rewritten graph; called like the original function.
     Its dynamic clusters take any shape, so it retraces with unknown dims; `program.graph`
     is the graph the clusters are of (the trace's, or its copy with calls inlined)."""
@@ -901,6 +902,9 @@ def _rewritten_function(concrete_function: Any, program: Program,
     graph_def = rewrite_graph_def(graph_def, clusters)
     control_flow.rename_functions(graph_def, program.renames)
     assertions.without(graph_def, program.dropped)
+    if check_numerics != "off":  # each launch beside its TF ops (docs/numerics_check.md)
+        graph_def = numerics_check.instrument(graph_def, check_numerics,
+                                              concrete_function.name)
     placeholder_names = [t.op.name for t in concrete_function.inputs]
     captured = list(concrete_function.captured_inputs)
     num_arguments = len(concrete_function.inputs) - len(captured)

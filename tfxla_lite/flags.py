@@ -129,6 +129,9 @@ FLAGS: dict[str, Flag] = {flag.name: flag for flag in (
          "TFXLA_LITE_BACKGROUND_NICE, else 10)"),
     Flag("cublaslt_epilogues", "", _boolean,
          "fuse dot epilogues into cuBLASLt on the GPU (default: TFXLA_LITE_CUBLASLT, else true)"),
+    Flag("check_numerics", "off|compare|raise", lambda text: _text(text).lower(),
+         "compare every launch with its cluster's TF ops (numerics_report()); raise: fail "
+         "on NaN/Inf only compiled code makes (default off)"),
 )}
 
 

@@ -18,6 +18,8 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 PARALLEL_RUNTIMES = ("tf", "openmp", "serial")
 # What `cache` may be (`tfxla_lite.codegen.cache.policy`).
 CACHE_SETTINGS = ("on", "memory", "off")
+# What `check_numerics` may be (`tfxla_lite.numerics_check`).
+CHECK_NUMERICS_MODES = ("off", "compare", "raise")
 # The compile switches' defaults: where neither the options, the process's options nor
 # the switch's variable set one (`flags.switch`).
 SWITCH_DEFAULTS = {"cache": "on", "tiered_llvm": True, "overlap_llvm": False,
@@ -99,6 +101,11 @@ class Options:
     (`TFXLA_LITE_BACKGROUND_NICE`, when the thread starts), and `cublaslt_epilogues`,
     cuBLASLt's fused dot epilogues on the GPU (`TFXLA_LITE_CUBLASLT`, per plan).
     docs/architecture.md, "Switches".
+
+    `check_numerics`: "compare" runs each launch's cluster's TF ops beside it and reports
+    how far the compiled outputs stray (`tfxla_lite.numerics_report()`), warning past a
+    per-dtype tolerance; "raise" also fails a call whose compiled code makes NaN/Inf that
+    TF does not; "off" (the default) adds nothing (docs/numerics_check.md).
     """
 
     min_cluster_size: int = 4
@@ -125,6 +132,7 @@ class Options:
     autograph_cache: bool | None = None
     background_nice: int | None = None
     cublaslt_epilogues: bool | None = None
+    check_numerics: str = "off"
 
     def __post_init__(self) -> None:
         _check_int("min_cluster_size", self.min_cluster_size, minimum=1)
@@ -164,6 +172,9 @@ class Options:
         if self.cache is not None and self.cache not in CACHE_SETTINGS:
             raise OptionsError(f"cache must be one of {', '.join(CACHE_SETTINGS)} or None, "
                                f"got {self.cache!r}")
+        if self.check_numerics not in CHECK_NUMERICS_MODES:
+            raise OptionsError(f"check_numerics must be one of {', '.join(CHECK_NUMERICS_MODES)}"
+                               f", got {self.check_numerics!r}")
         if self.parallel_runtime not in PARALLEL_RUNTIMES:
             raise OptionsError(f"parallel_runtime must be one of {', '.join(PARALLEL_RUNTIMES)}, "
                                f"got {self.parallel_runtime!r}")
