@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from tfxla_lite.codegen import background
 from tfxla_lite.hlo.ir import HloModule
 from tfxla_lite.hlo.shape import Shape
 
@@ -119,6 +120,22 @@ class Executable:
         "quick" while a tiered compile's O3 code is not swapped in yet
         (`codegen/cpu/tiers.py`)."""
         return "o3"
+
+    @property
+    def job(self) -> Any:
+        """The background compile (`codegen/background.py`) this executable's code comes
+        from or is swapped in by, or None: its code was ready when it was made."""
+        return self.__dict__.get("_job")
+
+    @property
+    def ready(self) -> bool:
+        """Whether its code can run now (a tiered executable's quick code can)."""
+        return True
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for the background compile, if any (at most `timeout` seconds); whether it
+        is over."""
+        return self.job is None or background.wait_for_compiles(timeout, [self.job])
 
     def __call__(self, *arrays: Any) -> list[np.ndarray]:
         """Run on NumPy arrays (no TF involved); returns freshly allocated outputs."""

@@ -656,25 +656,24 @@ class PendingExecutable(Executable):
         pass  # `_entry` is made when the code is there
 
     @property
-    def job(self) -> concurrent.futures.Future:
-        """The background compile's future."""
-        return self.__dict__["_job"]
-
-    @property
     def ready(self) -> bool:
         """Whether LLVM has finished (successfully or not)."""
-        return self.__dict__["_job"].done()
+        return self.job.done()
 
-    def wait(self) -> None:
-        """Block until the machine code is loaded; raises the compile's error, if any."""
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until the machine code is loaded (at most `timeout` seconds; whether it
+        is); raises the compile's error, if any."""
         if self.__dict__.get("_done"):
-            return
-        code = self.__dict__["_job"].result()
+            return True
+        if not super().wait(timeout):
+            return False
+        code = self.job.result()
         self.__dict__["_entry_address"] = code.entry_address
         self.__dict__["_engine"] = code.engine
         self.__dict__["_llvm_ir_optimized"] = code.llvm_ir_optimized
         self.__dict__["__entry"] = ENTRY_SIGNATURE(code.entry_address)
         self.__dict__["_done"] = True
+        return True
 
 
 class KernelMerger:

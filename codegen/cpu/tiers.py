@@ -161,11 +161,11 @@ class TieredExecutable(Executable):
     "quick", then "o3". `entry_address` and `engine` are the quick tier's trampoline and
     engine throughout (the trampoline forwards to the O3 code); `llvm_ir_optimized`
     waits for the O3 compile and shows its module (the quick tier's, under a comment
-    saying so, when O3 failed). `wait()` waits for the O3 compile."""
+    saying so, when O3 failed). `wait()` waits for the O3 compile and never raises its
+    error (`tier_error`)."""
 
     def __init__(self, *args: Any, quick: QuickCode, **kwargs: Any) -> None:
-        self.__dict__.update(_quick=quick, _tier="quick", _o3=None, _tier_error=None,
-                             _job=None)
+        self.__dict__.update(_quick=quick, _tier="quick", _o3=None, _tier_error=None)
         super().__init__(*args, **kwargs)
 
     @property  # type: ignore[override]
@@ -196,16 +196,6 @@ class TieredExecutable(Executable):
         """Take the background O3 compile's future (`o3_job`)."""
         self.__dict__["_job"] = job
         job.add_done_callback(self._finished)
-
-    @property
-    def job(self) -> concurrent.futures.Future | None:
-        return self.__dict__["_job"]
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """Wait for the O3 compile (at most `timeout` seconds); whether it is over,
-        swapped in or failed. Never raises the compile's error (`tier_error`)."""
-        job = self.__dict__["_job"]
-        return job is None or background.wait_for_compiles(timeout, [job])
 
     def swap(self, code: kernel_cache.CompiledCode) -> None:
         """Run `code` (the O3 compile's) from now on."""
