@@ -32,7 +32,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tfxla_lite import assertions, control_flow, dump, flags, rewrite_cache
+from tfxla_lite import assertions, control_flow, dump, flags, numerics_check, rewrite_cache
 from tfxla_lite import dynamic as dynamic_clusters
 from tfxla_lite.autojit import original_tf_function
 from tfxla_lite.clustering.cluster import form_clusters
@@ -274,7 +274,8 @@ def build_program(concrete_function: Any, jit_compile: bool | None, options: Opt
             _store_in_cache(cache_key, graph, program)
     program.concrete_function = concrete_function
     program.custom_gradients = has_gradient_overrides(graph_def)
-    program.run = _rewritten_function(concrete_function, program, graph_def)
+    program.run = _rewritten_function(concrete_function, program, graph_def,
+                                      options.check_numerics)
     return program
 
 
@@ -478,7 +479,7 @@ def _compile_graph(graph: tf.Graph, function_name: str, settings: _Settings,
                              max_cluster_size=options.max_cluster_size,
                              merge_independent=options.merge_independent_clusters)
     clusters = _variables_in_static_clusters(graph, decisions, clusters, dynamic, min_size,
-                                             options)
+                                             options, bool(jit_compile))
 
     clustered = {name for c in clusters for name in c.op_names}
     for op in graph.get_operations():
@@ -529,8 +530,9 @@ def _compile_graph(graph: tf.Graph, function_name: str, settings: _Settings,
                 if gpu is None:
                     registrations.append(loader.Registration(key))
                 dynamic_cluster.on_compiled = _dump_specialization(options, function_name, gpu)
-                compiled.append(_dynamic_compiled_cluster(cluster, dynamic_cluster,
-                                                          fallback=not jit_compile))
+                compiled.append(_dynamic_compiled_cluster(
+                    cluster, dynamic_cluster, fallback=not jit_compile,
+                    written=written_variables(graph, cluster.op_names)))
                 planned.append(dynamic_cluster)
                 report.clusters.append(ClusterReport(
                     cluster.name, ops, len(dynamic_cluster.inputs), len(cluster.outputs), True))
@@ -796,20 +798,23 @@ def _forwardable(graph: tf.Graph, inputs: list[str] | tuple[str, ...],
 
 
 # Why a variable op stays out of the cluster it would join.
-_VARIABLE_IN_DYNAMIC_REASON = ("variable op in a cluster of unknown dimensions or for a GPU "
-                               "(variables compile in static CPU clusters)")
+_VARIABLE_IN_DYNAMIC_REASON = ("variable op in a cluster of unknown dimensions with a fallback "
+                               "(auto mode) or for a GPU (variables compile in CPU clusters "
+                               "without a fallback)")
 
 
 def _variables_in_static_clusters(graph: tf.Graph, decisions: dict[str, Any],
                                   clusters: list[Any], dynamic: bool, min_size: int,
-                                  options: Options) -> list[Any]:
-    """`clusters`, formed again without the variable ops of any cluster that compiles
-    per input shape at run time or for a GPU: the launch op binds variables only for
-    static CPU executables. `decisions` records why those ops stay in TF."""
+                                  options: Options, must_compile: bool) -> list[Any]:
+    """`clusters`, formed again without the variable ops of any cluster for a GPU, or
+    compiled per input shape at run time with a fallback (auto mode: the fallback's
+    StatelessIf cannot hold writes); the launch op binds CPU variables, per shape too.
+    `decisions` records why those ops stay in TF."""
     for _ in range(3):  # each round only removes ops; a third is rarely needed
         refused = [name for cluster in clusters
                    if gpu_launch.placed_gpu(cluster.device) is not None
-                   or (dynamic and not dynamic_clusters.is_static(graph, cluster))
+                   or (dynamic and not must_compile
+                       and not dynamic_clusters.is_static(graph, cluster))
                    for name in cluster.op_names if decisions[name].op_type in VARIABLE_OPS]
         if not refused:
             return clusters
@@ -858,7 +863,7 @@ def _dump_specialization(options: Options, function_name: str,
 
 
 def _dynamic_compiled_cluster(cluster: Any, planned: dynamic_clusters.DynamicCluster,
-                              fallback: bool) -> CompiledCluster:
+                              fallback: bool, written: list[str]) -> CompiledCluster:
     launch_on_gpu = None
     if planned.gpu is not None:  # its fallback runs inside the launch, not in an If
         launch_on_gpu = gpu_launch.GpuDynamicLaunch(
@@ -871,7 +876,8 @@ def _dynamic_compiled_cluster(cluster: Any, planned: dynamic_clusters.DynamicClu
         key=planned.key, output_dtypes=planned.output_dtypes,
         output_shapes=planned.output_shapes, input_dtypes=planned.input_dtypes,
         fallback=planned.branch_functions() if fallback and launch_on_gpu is None else None,
-        gpu_launch=launch_on_gpu)
+        gpu_launch=launch_on_gpu,
+        variable_writes=tuple(planned.inputs.index(h) for h in written))
 
 
 def _must_compile_message(function_name: str, offending: list[FallbackNode]) -> str:
@@ -884,7 +890,7 @@ def _must_compile_message(function_name: str, offending: list[FallbackNode]) -> 
 
 
 def _rewritten_function(concrete_function: Any, program: Program,
-                        graph_def: Any = None) -> Callable:
+                        graph_def: Any = None, check_numerics: str = "off") -> Callable:
     """A tf.function that runs the rewritten graph; called like the original function.
     Its dynamic clusters take any shape, so it retraces with unknown dims; `program.graph`
     is the graph the clusters are of (the trace's, or its copy with calls inlined)."""
@@ -895,6 +901,9 @@ def _rewritten_function(concrete_function: Any, program: Program,
     graph_def = rewrite_graph_def(graph_def, clusters)
     control_flow.rename_functions(graph_def, program.renames)
     assertions.without(graph_def, program.dropped)
+    if check_numerics != "off":  # each launch beside its TF ops (docs/numerics_check.md)
+        graph_def = numerics_check.instrument(graph_def, check_numerics,
+                                              concrete_function.name)
     placeholder_names = [t.op.name for t in concrete_function.inputs]
     captured = list(concrete_function.captured_inputs)
     num_arguments = len(concrete_function.inputs) - len(captured)
