@@ -23,6 +23,7 @@ dimensions (a fallback If) are not checked; `instrument` says so in the report.
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 from collections.abc import Sequence
@@ -31,6 +32,7 @@ from typing import Any
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.ops import gen_script_ops, script_ops
 
 from tfxla_lite.options import CHECK_NUMERICS_MODES as CHECK_MODES
 from tfxla_lite.rewrite import (
@@ -78,6 +80,14 @@ class OutputCheck:
     nonfinite_only_compiled: int = 0
     nonfinite_only_tf: int = 0
     nonfinite_mismatch: int = 0
+
+    def reset(self) -> None:
+        """Forget the calls seen so far."""
+        for name in ("calls", "elements", *STATISTICS[4:]):
+            setattr(self, name, 0)
+        self.max_abs = self.max_rel = 0.0
+        if self.max_ulp is not None:
+            self.max_ulp = 0.0
 
     @property
     def within_tolerance(self) -> bool:
@@ -151,14 +161,12 @@ class NumericsReport:
 _lock = threading.Lock()
 _clusters: dict[str, ClusterCheck] = {}
 _unchecked: dict[str, str] = {}
-# token -> EagerFunc: TF's py-function registry holds them only weakly.
-_live: dict[str, Any] = {}
+# token -> (EagerFunc, its collector): TF's py-function registry holds them only weakly.
+_live: dict[str, tuple[Any, _Collector]] = {}
 
 
 def numerics_report() -> NumericsReport:
     """A snapshot of the checks so far (copies: later calls do not change it)."""
-    import copy
-
     with _lock:
         return NumericsReport(copy.deepcopy(_clusters), dict(_unchecked))
 
@@ -170,10 +178,10 @@ def reset_numerics_report() -> None:
             cluster.calls = 0
             cluster.first_nonfinite_op = None
             cluster.tf_nonfinite = {t: 0 for t in cluster.intermediates}
-            for o in cluster.outputs:
-                fresh = OutputCheck(o.index, o.tensor, o.op, o.dtype)
-                fresh.max_ulp = None if o.max_ulp is None else 0.0
-                o.__dict__.update(fresh.__dict__)
+            for output in cluster.outputs:
+                output.reset()
+        for _, collector in _live.values():
+            collector.warned.clear()
         _unchecked.clear()
 
 
@@ -324,8 +332,6 @@ def _check_graph(template: tf.compat.v1.GraphDef, output_names: Sequence[str],
     """A GraphDef of: the cluster's TF ops under "reference/" (their placeholders still
     there), placeholders `compiled_i` for the launch's outputs, the comparison math and
     the collector node "collect"."""
-    from tensorflow.python.ops import gen_script_ops
-
     graph = tf.Graph()
     with graph.as_default():
         compiled = [tf.compat.v1.placeholder(d, name=f"compiled_{i}")
@@ -352,12 +358,10 @@ def _tensor(name: str) -> str:
 
 
 def _eager_function(collector: _Collector) -> str:
-    from tensorflow.python.ops import script_ops
-
     function = script_ops.EagerFunc(collector, [], False)
     token = script_ops._py_funcs.insert(function)  # noqa: SLF001 - as tf.py_function does
     with _lock:
-        _live[token] = function
+        _live[token] = (function, collector)
     return token
 
 

@@ -113,6 +113,16 @@ def test_planted_wrong_lowering_is_reported(wrong_tanh: None,
     assert any(name in w and "NaN/Inf in compiled code only" in w for w in warnings)
     assert tanh in str(report) and "OUT OF TOLERANCE" in str(report)
 
+    tl.reset_numerics_report()
+    (fresh,) = tl.numerics_report().clusters.values()
+    assert fresh.calls == 0 and fresh.first_nonfinite_op is None
+    assert all(o.within_tolerance and o.max_abs == 0 for o in fresh.outputs)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="tfxla_lite"):
+        f(x)
+    assert tl.numerics_report().clusters[name].first_nonfinite_op == tanh
+    assert any("NaN/Inf in compiled code only" in r.getMessage() for r in caplog.records)
+
 
 def test_one_op_clusters_name_the_wrong_op(wrong_tanh: None) -> None:
     """docs/numerics_check.md's way to narrow a bad cluster down: one op per cluster."""
