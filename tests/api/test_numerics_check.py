@@ -187,6 +187,20 @@ def test_auto_clustering_and_dtypes() -> None:
                 "float16", "bfloat16", "float32", "float64"))
 
 
+@pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16, tf.float64])
+def test_narrow_and_wide_floats_within_tolerance(dtype: tf.DType) -> None:
+    def program(x: tf.Tensor) -> tf.Tensor:
+        return tf.sigmoid(x) * tf.tanh(x) + tf.exp(x * 0.25) - 1.0
+
+    x = tf.cast(tf.constant(np.append(np.linspace(-6, 6, 61), [0.0, -0.0])), dtype)
+    f = tl.function(program, jit_compile=True, options=CHECK)
+    f(x)
+    report = tl.numerics_report()
+    assert not report.problems, str(report)
+    (cluster,) = report.clusters.values()
+    assert cluster.outputs[0].dtype == dtype.name and cluster.outputs[0].max_ulp is not None
+
+
 def test_zero_sized_output() -> None:
     f = tl.function(lambda x: tf.tanh(x) * 2.0 + 1.0, jit_compile=True, options=CHECK)
     f(tf.zeros([0, 3]))
