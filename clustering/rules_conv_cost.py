@@ -77,14 +77,17 @@ def tf_kernel_faster(op: tf.Operation) -> bool:
         activation, weights = op.inputs[0], op.outputs[0]
     else:
         return True
-    x, w = _dims(activation), _dims(weights)
-    if x is None or w is None or len(w) < 3:
+    w = _dims(weights)
+    if w is None or len(w) < 3 or activation.shape.rank is None:
         return True
     channels_last = str(attribute(op, "data_format", "NHWC")).endswith("C")
-    depth = x[-1] if channels_last else x[1]
+    depth = activation.shape[-1] if channels_last else activation.shape[1]
     *window, group_inputs, outputs = w
-    if group_inputs and depth != group_inputs:
-        return False  # grouped: no TF CPU kernel
+    # Grouped: no TF CPU kernel, so compiled even where the batch or image dims are unknown.
+    if depth is not None and group_inputs and depth != group_inputs:
+        return False
+    if _dims(activation) is None:
+        return True
     one_by_one = all(k == 1 for k in window)
     direct = (op.outputs[0].dtype.name in _DIRECT_TYPES and gemm_packed.available()
               and group_inputs >= DIRECT_INPUTS and outputs % _DIRECT_LANES == 0)

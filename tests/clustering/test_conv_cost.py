@@ -97,6 +97,20 @@ def test_grouped_convolutions_are_never_left_to_tf() -> None:
     assert mark(graph, GATED)[op.name].compilable
 
 
+@pytest.mark.parametrize("rank", [2, 3])
+def test_grouped_convolutions_with_unknown_dims_are_never_left_to_tf(rank: int) -> None:
+    # Keras's fit traces with an unknown batch: a grouped Conv3D left to TF failed there
+    # ("input and filter must have the same depth").
+    conv = tf.nn.conv2d if rank == 2 else tf.nn.conv3d
+    strides = [1] * (rank + 2)
+    concrete = tf.function(lambda x, w: conv(x, w, strides, "SAME")).get_concrete_function(
+        tf.TensorSpec([None, *[5] * rank, 4]), tf.TensorSpec([*[2] * rank, 2, 6]))
+    (op,) = [op for op in concrete.graph.get_operations() if op.type.startswith("Conv")]
+    assert not tf_kernel_faster(op)
+    dynamic = MarkOptions(tf_kernels=CONVOLUTION_OPS, dynamic_shapes=True)
+    assert mark(concrete.graph, dynamic)[op.name].compilable
+
+
 def _depthwise(side: int, strides: int = 1, multiplier: int = 1) -> tuple[tf.Operation, ...]:
     def fn(x: tf.Tensor, w: tf.Tensor) -> list[tf.Tensor]:
         with tf.GradientTape() as tape:
