@@ -15,6 +15,7 @@ from codegen_helpers import check
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "hlo"))
 from convolution_cases import convolution_module, random_case  # noqa: E402
 
+from tfxla_lite.codegen import compile_module  # noqa: E402
 from tfxla_lite.codegen.cpu import (  # noqa: E402
     convolution_direct,
     convolution_gemm,
@@ -236,3 +237,29 @@ def test_direct_plan_is_fixed_by_the_shape() -> None:
     (conv,) = [i for i in module.entry.instructions if i.opcode == "convolution"]
     assert convolution_gemm.plan(conv).direct
     assert convolution_direct.direct_plan(convolution_gemm.plan(conv)) is None
+
+
+@pytest.mark.skipif(not gemm_packed.available(), reason="the direct path needs AVX-512")
+@pytest.mark.parametrize("case", [0, 7, len(DIRECT_CASES)])
+def test_direct_path_bits_do_not_depend_on_units_or_threads(
+        case: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One fma chain per element inside one unit: the same bits on one thread or two,
+    for other unit counts and pixel blocks."""
+    _, conv, shapes = _direct_module(case)
+    rng = np.random.default_rng(3)
+    args = [rng.uniform(-1, 1, s.dims).astype(np.float32) for s in shapes]
+
+    def bits(threads: int) -> np.ndarray:
+        executable = compile_module(_direct_module(case)[0], threads=threads, cache=False)
+        assert "conv_direct.kernel" in executable.llvm_ir
+        return executable(*args)[0]
+
+    reference = bits(2)
+    units = convolution_direct.direct_plan(convolution_gemm.plan(conv)).units
+    for setting in ({"MIN_UNITS": 1}, {"MIN_UNITS": 16, "MAX_BLOCK_PIXELS": 24}):
+        with monkeypatch.context() as patch:
+            for name, value in setting.items():
+                patch.setattr(convolution_direct, name, value)
+            other = convolution_direct.direct_plan(convolution_gemm.plan(conv)).units
+            assert other != units or setting["MIN_UNITS"] == 1
+            np.testing.assert_array_equal(bits(1), reference, err_msg=str(setting))

@@ -16,6 +16,7 @@ from codegen_helpers import check, random_array
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "hlo"))
 from convolution_cases import convolution_module  # noqa: E402
 
+from tfxla_lite.codegen import compile_module  # noqa: E402
 from tfxla_lite.codegen.cpu import (  # noqa: E402
     convolution_filter,
     convolution_filter_direct,
@@ -161,3 +162,27 @@ def test_filter_gradient_plan_is_fixed_by_the_shape() -> None:
                                         ((0, 0), (0, 0)))
     conv = convolution_filter.plan(wide.entry.root)
     assert conv.direct and conv.tap_block == 1 and conv.input_block <= 256
+
+
+@pytest.mark.skipif(not gemm_packed.available(), reason="the direct path needs AVX-512")
+@pytest.mark.parametrize("case", [0, 4, 6])
+def test_filter_gradient_direct_bits_do_not_depend_on_units_or_threads(
+        case: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each sum continues from the value stored after the pixel block before: the same
+    bits on one thread or two, for other unit counts and pixel blocks."""
+    _, lhs, rhs = filter_gradient_module(*DIRECT_CASES[case])
+    rng = np.random.default_rng(5)
+    args = [rng.uniform(-1, 1, s.dims).astype(np.float32) for s in (lhs, rhs)]
+
+    def bits(threads: int) -> np.ndarray:
+        module, _, _ = filter_gradient_module(*DIRECT_CASES[case])
+        executable = compile_module(module, threads=threads, cache=False)
+        assert "conv_filter_direct.kernel" in executable.llvm_ir
+        return executable(*args)[0]
+
+    reference = bits(2)
+    for setting in ({"MIN_UNITS": 1, "BLOCK_PIXELS": 7}, {"MIN_UNITS": 64}):
+        with monkeypatch.context() as patch:
+            for name, value in setting.items():
+                patch.setattr(convolution_filter_direct, name, value)
+            np.testing.assert_array_equal(bits(1), reference, err_msg=str(setting))
