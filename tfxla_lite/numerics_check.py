@@ -17,8 +17,10 @@ Granularity (docs/numerics_check.md): the compiled side exposes only the cluster
 outputs, so differences are measured per cluster output, named by the op that produces
 it. Inside the cluster, TF's intermediates are checked for NaN/Inf, and the cluster ops
 on the path to a bad output are listed, but the compiled value of an interior op is not
-observable. Clusters that write variables, GPU clusters and clusters with unknown
-dimensions (a fallback If) are not checked; `instrument` says so in the report.
+observable. A cluster that assigns variables is checked too: TF's copy runs with its
+writes turned into values (`_without_writes`), and each variable's value after the launch
+is compared with TF's. Scatters and ResourceApply* updates, GPU clusters and clusters with
+unknown dimensions (a fallback If) are not checked; the report lists them with the reason.
 """
 
 from __future__ import annotations
@@ -36,7 +38,6 @@ from tensorflow.python.ops import gen_script_ops, script_ops
 
 from tfxla_lite.options import CHECK_NUMERICS_MODES as CHECK_MODES
 from tfxla_lite.rewrite import (
-    LAUNCH_OP_TYPE,
     LAUNCH_OP_TYPES,
     ORIGINAL_ATTR,
     ORIGINAL_INPUT_PREFIX,
@@ -209,13 +210,14 @@ def instrument(graph_def: tf.compat.v1.GraphDef, mode: str,
         elif node.op == "IdentityN" and node.name.startswith("tfxla_lite_launch_"):
             _note_unchecked(prefix + node.name, "a GPU cluster")
     for launch in launches:
-        if launch.op != LAUNCH_OP_TYPE:
-            _note_unchecked(prefix + launch.name, "it writes variables")
-        elif ORIGINAL_ATTR not in launch.attr:
+        if ORIGINAL_ATTR not in launch.attr:
             _note_unchecked(prefix + launch.name,
                             "its TF ops read a tensor that is not an input")
-        else:
+            continue
+        try:
             _instrument_launch(result, launch, mode, prefix + launch.name)
+        except _Unsupported as error:
+            _note_unchecked(prefix + launch.name, str(error))
     return result
 
 
@@ -232,16 +234,19 @@ def _instrument_launch(graph_def: tf.compat.v1.GraphDef, launch: Any, mode: str,
     output_dtypes = [tf.as_dtype(t) for t in launch.attr["Tout"].list.type]
     name = launch.name
     order = _topological(template)
+    reference, pre_reads, written = _without_writes(template, order)
+    outputs = [OutputCheck(i, t, _producer(template, t), d.name,
+                           max_ulp=0.0 if d in _ORDERED_INTS else None)
+               for i, (t, d) in enumerate(zip(output_names, output_dtypes))]
+    outputs += [OutputCheck(len(outputs) + k, f"variable of input {j}, as written", op,
+                            d.name, max_ulp=0.0 if d in _ORDERED_INTS else None)
+                for k, (j, _, op, d) in enumerate(written)]
     cluster = ClusterCheck(
-        launch=report_name, ops=tuple((n.name, n.op) for n in order),
-        outputs=[OutputCheck(i, t, _producer(template, t), d.name,
-                             max_ulp=0.0 if d in _ORDERED_INTS else None)
-                 for i, (t, d) in enumerate(zip(output_names, output_dtypes))],
-        paths={_producer(template, t): _path(template, order, _producer(template, t))
-               for t in output_names},
-        intermediates=())
+        launch=report_name, ops=tuple((n.name, n.op) for n in order), outputs=outputs,
+        paths={o.op: _path(template, order, o.op) for o in outputs}, intermediates=())
     collector = _Collector(cluster, mode)
-    check = _check_graph(template, output_names, output_dtypes, order, collector)
+    check = _check_graph(reference, [*output_names, *(value for _, value, _, _ in written)],
+                         [*output_dtypes, *(d for _, _, _, d in written)], order, collector)
     cluster.intermediates = collector.intermediates
     cluster.tf_nonfinite = {t: 0 for t in collector.intermediates}
     with _lock:
@@ -254,19 +259,114 @@ def _instrument_launch(graph_def: tf.compat.v1.GraphDef, launch: Any, mode: str,
     mapping = {f"reference/{ORIGINAL_INPUT_PREFIX}{j}": reference
                for j, reference in enumerate(data)}
     mapping.update({f"compiled_{i}": f"{compiled_name}:{i}" for i in range(len(output_dtypes))})
+    # A written variable's compiled value: read once the launch has stored it.
+    for k, (j, _, _, dtype) in enumerate(written):
+        read = graph_def.node.add()
+        read.name = f"{name}/check/written_{k}"
+        read.op = "ReadVariableOp"
+        read.device = launch.device
+        read.input.extend([data[j], f"^{compiled_name}"])
+        read.attr["dtype"].type = dtype.as_datatype_enum
+        mapping[f"compiled_{len(output_dtypes) + k}"] = read.name
     _splice(graph_def, check, f"{name}/check/", mapping, controls, launch.device)
+    # TF's reads of the values the variables hold before the launch writes them.
+    launch.input.extend(f"^{name}/check/reference/{read}" for read in pre_reads)
 
     identity = graph_def.node.add()
     identity.CopyFrom(launch)
     launch.name = compiled_name
-    identity.op = "IdentityN"
     identity.ClearField("attr")
     identity.ClearField("input")
     identity.input.extend(f"{compiled_name}:{i}" for i in range(len(output_dtypes)))
     identity.input.append(f"^{name}/check/collect")
+    if not output_dtypes:  # a launch that only writes variables: ordered, not read
+        identity.op = "NoOp"
+        identity.input.append(f"^{compiled_name}")
+        return
+    identity.op = "IdentityN"
     identity.attr["T"].list.type.extend(d.as_datatype_enum for d in output_dtypes)
     if "_output_shapes" in launch.attr:
         identity.attr["_output_shapes"].CopyFrom(launch.attr["_output_shapes"])
+
+
+class _Unsupported(ValueError):
+    """A cluster whose TF ops the check cannot run beside its launch."""
+
+
+# Variable writes the reference turns into values: op -> the arithmetic on the old value.
+_FUNCTIONAL_WRITES = {"AssignVariableOp": None, "AssignAddVariableOp": "AddV2",
+                      "AssignSubVariableOp": "Sub"}
+_RESOURCE_READS = ("ReadVariableOp", "ResourceGather")
+
+
+def _without_writes(template: tf.compat.v1.GraphDef, order: list[Any]
+                    ) -> tuple[tf.compat.v1.GraphDef, list[str], list[tuple[int, str, str, Any]]]:
+    """The cluster's TF ops with no variable writes, for running beside its launch.
+
+    Walking the ops in topological order (which keeps the control edges that order the
+    ops of one variable), a write becomes a NoOp and the value written becomes the
+    variable's value for the reads after it; reads before any write stay real reads.
+    Returns the GraphDef, the names of those real reads (the launch must wait for them)
+    and, per variable written, (input index, reference to TF's last value, the last
+    writing op, dtype). `_Unsupported` for other ops on variables (scatters, ResourceApply*).
+    """
+    resource = tf.resource.as_datatype_enum
+    handles = {n.name for n in template.node
+               if n.op == "Placeholder" and n.attr["dtype"].type == resource}
+    if not handles:
+        return template, [], []
+    result = tf.compat.v1.GraphDef()
+    result.versions.CopyFrom(template.versions)
+    result.library.CopyFrom(template.library)
+    ordered = {n.name for n in order}
+    result.node.extend(n for n in template.node if n.name not in ordered)
+    value: dict[str, str] = {}  # handle -> the tensor holding the variable's value now
+    last: dict[str, tuple[str, Any]] = {}  # handle -> (last writing op, dtype)
+    pre_reads: list[str] = []
+    for node in order:
+        handle = next((r.split(":")[0] for r in node.input
+                       if not r.startswith("^") and r.split(":")[0] in handles), None)
+        controls = [r for r in node.input if r.startswith("^")]
+        if handle is None:
+            result.node.add().CopyFrom(node)
+        elif node.op in _RESOURCE_READS and handle not in value:
+            result.node.add().CopyFrom(node)
+            pre_reads.append(node.name)
+        elif node.op == "ReadVariableOp":
+            _add_node(result, node.name, "Identity", [value[handle], *controls],
+                      T=node.attr["dtype"])
+        elif node.op in _FUNCTIONAL_WRITES:
+            written = node.input[1]
+            arithmetic = _FUNCTIONAL_WRITES[node.op]
+            if arithmetic is not None:
+                if handle not in value:
+                    read = _add_node(result, f"{node.name}/old", "ReadVariableOp",
+                                     [handle, *controls], dtype=node.attr["dtype"])
+                    pre_reads.append(read)
+                    value[handle] = read
+                written = _add_node(result, f"{node.name}/new", arithmetic,
+                                    [value[handle], written], T=node.attr["dtype"])
+            _add_node(result, node.name, "NoOp",
+                      [f"^{written.lstrip('^').split(':')[0]}", *controls])
+            value[handle] = written
+            last[handle] = (node.name, tf.as_dtype(node.attr["dtype"].type))
+        else:
+            raise _Unsupported(f"{node.op} on a variable: only reads and assigns are "
+                               "run beside the launch")
+    written_variables = [(int(h[len(ORIGINAL_INPUT_PREFIX):]), value[h], *last[h])
+                         for h in sorted(last)]
+    return result, pre_reads, written_variables
+
+
+def _add_node(graph_def: tf.compat.v1.GraphDef, name: str, op: str, inputs: list[str],
+              **attrs: Any) -> str:
+    node = graph_def.node.add()
+    node.name = name
+    node.op = op
+    node.input.extend(inputs)
+    for key, attr in attrs.items():
+        node.attr[key].CopyFrom(attr)
+    return name
 
 
 # Ops that hand their input on unchanged: an output is named by the op that made it.
@@ -466,8 +566,8 @@ def _splice(graph_def: tf.compat.v1.GraphDef, part: tf.compat.v1.GraphDef, prefi
                 copy.input.append(f"^{target.split(':')[0]}" if control else target)
             else:
                 copy.input.append(("^" if control else "") + prefix + reference.lstrip("^"))
-        if not node.input:
-            copy.input.extend(controls)
+        if all(r.lstrip("^").split(":")[0] in mapping for r in node.input):
+            copy.input.extend(controls)  # no other node of `part` orders it
         if "_class" in copy.attr:
             del copy.attr["_class"]
 

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -139,6 +140,88 @@ def test_one_op_clusters_name_the_wrong_op(wrong_tanh: None) -> None:
                if c.first_nonfinite_op]
     assert flagged == ["Tanh"], str(report)
     assert len(report.problems) == 1, str(report)
+
+
+def test_variable_writes_are_compared_once_written() -> None:
+    v = tf.Variable(tf.ones([3]))
+
+    def step(x: tf.Tensor) -> tf.Tensor:
+        a = tf.tanh(v.read_value() * x)
+        v.assign_add(a)
+        v.assign_sub(a * 0.5)
+        return v.read_value() * 3.0
+
+    f = tl.function(step, jit_compile=True, options=CHECK)
+    x = tf.constant([0.5, -1.0, 2.0])
+    got = f(x).numpy()
+    expected = 1.0 + 0.5 * np.tanh(x.numpy())
+    assert_close(v.numpy(), expected.astype(np.float32), op_type="Tanh")  # written once
+    assert_close(got, 3.0 * v.numpy(), op_type="Mul")
+    report = tl.numerics_report()
+    assert not report.unchecked and not report.problems, str(report)
+    (cluster,) = report.clusters.values()
+    written = [o for o in cluster.outputs if "as written" in o.tensor]
+    assert [dict(cluster.ops)[o.op] for o in written] == ["AssignSubVariableOp"]
+
+
+def test_keras_adam_step_is_checked_whole() -> None:
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.layers.Input((6,)), keras.layers.Dense(8, "tanh"),
+                              keras.layers.Dense(2)])
+    optimizer = keras.optimizers.Adam(1e-2)
+    optimizer.build(model.trainable_variables)
+
+    def step(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(x, training=True) - y))
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    f = tl.function(step, jit_compile=True, options=CHECK)
+    rng = np.random.default_rng(2)
+    x = tf.constant(rng.standard_normal((8, 6)), tf.float32)
+    y = tf.constant(rng.standard_normal((8, 2)), tf.float32)
+    losses = [float(f(x, y)) for _ in range(3)]
+    assert losses[2] < losses[0]
+    report = tl.numerics_report()
+    assert not report.unchecked and not report.problems, str(report)
+    written = [o for c in report.clusters.values() for o in c.outputs
+               if "as written" in o.tensor]
+    # The 4 weights, Adam's 2 moments of each, and its iteration counter.
+    assert len(written) >= 4 * 3 + 1 and all(o.calls == 3 for o in written), str(report)
+
+
+def test_wrong_variable_update_is_reported(wrong_tanh: None) -> None:
+    v = tf.Variable(tf.zeros([4]))
+
+    def step(x: tf.Tensor) -> tf.Tensor:
+        v.assign_add(tf.tanh(x))
+        return tf.reduce_sum(x)
+
+    tl.function(step, jit_compile=True, options=CHECK)(tf.constant([-2.0, -0.5, 0.5, 2.0]))
+    report = tl.numerics_report()
+    ((cluster, written),) = [(c, o) for c in report.clusters.values() for o in c.outputs
+                             if "as written" in o.tensor]
+    assert report.problems == [(cluster, written)], str(report)
+    # log1p against tanh at -2 (NaN), -0.5, 0.5 and 2; the worst at -0.5.
+    assert written.nonfinite_only_compiled == 1 and written.out_of_tolerance == 3
+    assert written.max_abs == pytest.approx(np.tanh(-0.5) - np.log1p(-0.5), rel=1e-5)
+    assert cluster.first_nonfinite_op == written.op
+
+
+def test_scatter_into_a_variable_is_listed_as_unchecked() -> None:
+    v = tf.Variable(tf.zeros([5]))
+
+    def step(x: tf.Tensor) -> tf.Tensor:
+        v.scatter_add(tf.IndexedSlices(x * 2.0, tf.constant([0, 3])))
+        return tf.reduce_sum(x * 3.0)
+
+    tl.function(step, jit_compile=True, options=CHECK)(tf.constant([1.0, 2.0]))
+    assert v.numpy().tolist() == [2.0, 0.0, 0.0, 4.0, 0.0]
+    report = tl.numerics_report()
+    assert any("ResourceScatterAdd" in why for why in report.unchecked.values()), str(report)
+    assert "not checked" in str(report)
 
 
 def test_raise_mode_fails_the_call(wrong_tanh: None) -> None:
