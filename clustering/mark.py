@@ -184,10 +184,10 @@ def _why_not_dynamic(op: tf.Operation, rule: OpRule) -> str | None:
     """The shape checks of dynamic mode: known ranks, and the values that decide an
     output's shape (Reshape's shape) known once the input shapes are."""
     for i, t in enumerate(op.outputs):
-        if known_dims(t) is None and t.shape.rank is None:
+        if known_dims(t) is None and not rank_determined(t):
             return f"rank of output {i} unknown"
     for i, t in enumerate(op.inputs):
-        if known_dims(t) is None and t.shape.rank is None:
+        if known_dims(t) is None and not rank_determined(t):
             return f"rank of input {i} unknown"
     if any(known_dims(t) is None for t in op.outputs):
         for i in rule.value_free_indices(op):
@@ -214,6 +214,26 @@ SHAPE_DETERMINED_ATTR = "_tfxla_lite_shape_determined"
 # the body pops from it is a shape, value-keyed like one.
 SHAPE_LIST_ATTR = "_tfxla_lite_shape_list"
 _LIST_READS = frozenset({"TensorListPopBack", "TensorListGetItem"})
+
+
+def rank_determined(tensor: tf.Tensor, _seen: dict[str, bool] | None = None) -> bool:
+    """Whether `tensor`'s rank is known once the shapes of the graph's inputs are: a
+    known rank, or an output of a stateless, lowerable op whose inputs' ranks are so
+    determined and whose values that decide shapes (a Sum's axes from
+    BroadcastGradientArgs) are shape-determined; compiled per shape, it is static."""
+    if tensor.shape.rank is not None:
+        return True
+    seen = {} if _seen is None else _seen
+    if tensor.name not in seen:
+        seen[tensor.name] = False
+        op = tensor.op
+        rule = OP_RULES.get(op.type)
+        seen[tensor.name] = (
+            rule is not None and not _is_stateful(op)
+            and all(rank_determined(t, seen) for t in op.inputs)
+            and all(shape_determined(op.inputs[i]) for i in rule.value_free_indices(op)
+                    if op.inputs[i].dtype.base_dtype.name in _SHAPE_DTYPES))
+    return seen[tensor.name]
 
 
 def shape_determined(tensor: tf.Tensor, _seen: dict[str, bool] | None = None) -> bool:
