@@ -2,7 +2,7 @@
 
 The first step of the data flow: a call is keyed by its input signature
 (shapes, dtypes, Python values); a new signature is traced with `tf.function`
-and handed to `tfxla_lite.compiler.build_program`; the program is cached and
+and handed to `tfxla_lite.driver.build_program`; the program is cached and
 called. `jit_compile=True` must compile every computational op,
 `jit_compile=None` (the default) compiles what it can and leaves the rest to
 TensorFlow, `jit_compile=False` is plain `tf.function`. A function takes the
@@ -29,12 +29,14 @@ from tensorflow.python.eager.polymorphic_function import (
 )
 from tensorflow.python.saved_model import save_context
 
-from tfxla_lite import autojit, distributed, dump, gradients, xla_fallback
+from tfxla_lite import distributed, dump, gradients, xla_fallback
 from tfxla_lite.autograph_cache import conversions_cached
 from tfxla_lite.collector import collector_paused
-from tfxla_lite.compiler import CompilationError, Program, build_program
+from tfxla_lite.driver import build_program
 from tfxla_lite.flags import get_options
 from tfxla_lite.options import Options
+from tfxla_lite.original_function import original_tf_function
+from tfxla_lite.program import CompilationError, Program
 from tfxla_lite.report import ClusteringReport, JitCompileFallback
 from tfxla_lite.rewrite import COMPILE_OP_TYPE, LAUNCH_OP_TYPE, VARIABLE_LAUNCH_OP_TYPE
 from tfxla_lite.stats import PROCESS_STATS, compute_op_count
@@ -128,7 +130,7 @@ class Function(polymorphic_function.Function):
         if program.flat_call:
             return run._call_flat(list(args), run.captured_inputs)
         if program.custom_gradients and _gradient_may_be_taken():
-            # Its custom gradient needs the trace's own graph (compiler.Program); inside
+            # Its custom gradient needs the trace's own graph (program.Program); inside
             # another tf.function that is compiled, the trace is inlined and clustered there.
             run = program.concrete_function
         return run(*args, **kwargs)
@@ -234,7 +236,7 @@ class Function(polymorphic_function.Function):
             where = "TF's XLA, whole"
             xla = self.__dict__.get("_xla_fallback_function")
             if xla is None:  # TF's own tf.function: the patched one would come back here
-                xla = autojit.original_tf_function()(
+                xla = original_tf_function()(
                     self.python_function, jit_compile=True,
                     autograph=getattr(self, "_autograph", True))
                 self.__dict__["_xla_fallback_function"] = xla
@@ -406,8 +408,6 @@ def _flat_call(concrete: Any, args: tuple, kwargs: dict) -> bool:
     if kwargs or not args or not all(isinstance(a, tf.Tensor) for a in args):
         return False
     try:
-        from tensorflow.python.eager.polymorphic_function import function_type_utils
-
         function_type = concrete.function_type
         bound = function_type_utils.canonicalize_function_inputs(args, {}, function_type)
         flat = function_type.unpack_inputs(bound)
@@ -508,7 +508,7 @@ def _gradient_may_be_taken() -> bool:
 
 
 def _overrides_reach_outputs(graph: tf.Graph) -> bool:
-    """Whether an op whose gradient is overridden (`compiler.has_gradient_overrides`), or
+    """Whether an op whose gradient is overridden (`driver.has_gradient_overrides`), or
     a call of a function holding one, is upstream of an output of `graph` by data edges.
     Only then can differentiating the trace reach its custom gradient, which needs the
     trace's own graph; else the compiled program serves every call (launch ops have their

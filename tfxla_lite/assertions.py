@@ -1,6 +1,6 @@
 """Assertions under must-compile (`jit_compile=True`): the nodes TF's XLA compiles away.
 
-Where it sits: `compiler._compile_graph` asks `dropped_nodes` which nodes of a graph it
+Where it sits: `driver.cluster_graph` asks `dropped_nodes` which nodes of a graph it
 compiles with `jit_compile=True` go, before it clusters; the rewrite leaves them out
 (`without`). tf2xla registers `Assert` as a kernel that emits nothing (it only logs
 'Ignoring Assert operator'), so TF's XLA never checks an assertion, and its message's
@@ -38,7 +38,7 @@ _PLUMBING = frozenset({"Placeholder", "Identity", "IdentityN", "NoOp"})
 
 def assertion_only(graph: tf.Graph, dropped: Collection[str]) -> bool:
     """Whether every op of a branch's `graph` is `dropped` or plumbing (an If is left out
-    only when one of its branches also dropped something: `compiler._compile_bodies`)."""
+    only when one of its branches also dropped something: `driver.compile_bodies`)."""
     return all(op.name in dropped or op.type in _PLUMBING for op in graph.get_operations())
 
 

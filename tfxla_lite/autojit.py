@@ -35,6 +35,7 @@ from typing import Any
 
 from tfxla_lite.flags import configure_logging, get_options
 from tfxla_lite.options import Options
+from tfxla_lite.original_function import replaced_tf_function, set_replaced_tf_function
 from tfxla_lite.stats import PROCESS_STATS
 
 logger = logging.getLogger("tfxla_lite")
@@ -46,9 +47,9 @@ _UNSUPPORTED_KEYWORDS = ("experimental_implements", "experimental_attributes")
 
 @dataclass
 class _PatchState:
-    """What `enable()` changed, so that `disable()` can put it back."""
+    """What `enable()` changed, so that `disable()` can put it back (TF's own
+    `tf.function` is kept in `tfxla_lite.original_function`)."""
 
-    original: Callable | None = None
     patched_modules: list[Any] = field(default_factory=list)
     options: Options | None = None  # None: the process's options at each tf.function call
     summary_registered: bool = False
@@ -58,14 +59,7 @@ _STATE = _PatchState()
 
 
 def is_enabled() -> bool:
-    return _STATE.original is not None
-
-
-def original_tf_function() -> Callable:
-    """TensorFlow's own `tf.function`, whether or not tfxla-lite is enabled."""
-    import tensorflow as tf
-
-    return _STATE.original if _STATE.original is not None else tf.function
+    return replaced_tf_function() is not None
 
 
 def enable(options: Options | None = None) -> None:
@@ -81,9 +75,9 @@ def enable(options: Options | None = None) -> None:
     if not _STATE.summary_registered:
         _STATE.summary_registered = True
         atexit.register(_log_summary)
-    if _STATE.original is not None:
+    if is_enabled():
         return
-    import tensorflow as tf
+    import tensorflow as tf  # here, not at the top: see the module docstring
 
     original = tf.function
     wrapper = _make_wrapper(original)
@@ -91,17 +85,20 @@ def enable(options: Options | None = None) -> None:
                if module.__dict__.get("function") is original]
     for module in modules:
         module.function = wrapper
-    _STATE.original, _STATE.patched_modules = original, modules
+    set_replaced_tf_function(original)
+    _STATE.patched_modules = modules
     logger.debug("tfxla-lite: tf.function patched in %s", ", ".join(m.__name__ for m in modules))
 
 
 def disable() -> None:
     """Put TensorFlow's `tf.function` back; functions already made stay as they are."""
-    if _STATE.original is None:
+    original = replaced_tf_function()
+    if original is None:
         return
     for module in _STATE.patched_modules:
-        module.function = _STATE.original
-    _STATE.original, _STATE.patched_modules, _STATE.options = None, [], None
+        module.function = original
+    set_replaced_tf_function(None)
+    _STATE.patched_modules, _STATE.options = [], None
 
 
 def enable_from_environment() -> bool:
@@ -141,14 +138,15 @@ def _make_wrapper(original: Callable) -> Callable:
             return original(*args, **kwargs)
         return choice
 
-    function.__doc__ = (f"tfxla-lite's tf.function (tfxla_lite.enable()); TensorFlow's is "
-                        f"tfxla_lite.autojit.original_tf_function().\n\n{original.__doc__}")
+    function.__doc__ = ("tfxla-lite's tf.function (tfxla_lite.enable()); TensorFlow's is "
+                        "tfxla_lite.original_function.original_tf_function().\n\n"
+                        f"{original.__doc__}")
     return function
 
 
 def _choose(func: Callable, arguments: dict[str, Any], options: Options) -> Any:
     """The tfxla-lite Function for this tf.function call, or None for the original."""
-    from tfxla_lite.api import Function
+    from tfxla_lite.api import Function  # imports TensorFlow: see the module docstring
 
     jit_compile = arguments.get("jit_compile")
     if jit_compile is None:

@@ -5,17 +5,17 @@ A While, If or Case op whose functions lower entirely joins a cluster whole as a
 graphs with `function_graph` and `op_calls`); this module's body-by-body path is for the
 others (and for every loop with `Options(hlo_control_flow=False)`).
 
-Where it sits: `compiler.build_program` asks `body_calls(graph)` for the function
+Where it sits: `driver.compile_bodies` asks `body_calls(graph)` for the function
 attributes of every While/StatelessWhile (`cond`, `body`) and If/StatelessIf
 (`then_branch`, `else_branch`) op of a traced graph. Each such function is a
 FunctionDef of the graph's library, not a call, so inlining (`inline.py`) leaves it
-alone. The compiler turns each into a graph of its own (`function_graph`), marks,
-clusters and compiles it like a traced function (recursively: a loop inside a loop
-body is handled the same way), and `rewritten_body` traces the rewritten body, launch
-ops included, into a new function with the same signature. The control-flow op
-stays in TensorFlow and calls the new function (`rename_functions`): TF lowers it to
-Switch/Merge or Enter/Exit frames when it runs the graph, and the launch ops run in
-those frames like any kernel.
+alone. The driver turns each into a graph of its own (`function_graph`), marks,
+clusters and compiles it like a traced function (`driver.compile_graph`, recursively:
+a loop inside a loop body is handled the same way), and `rewritten_body` traces the
+rewritten body, launch ops included, into a new function with the same signature. The
+control-flow op stays in TensorFlow and calls the new function (`rename_functions`): TF
+lowers it to Switch/Merge or Enter/Exit frames when it runs the graph, and the launch ops
+run in those frames like any kernel.
 
 The body's argument shapes are the loop variables' shape invariants (a While's
 `output_shapes`) or the If's input shapes, so loop-carried dimensions may be
@@ -49,7 +49,8 @@ from tfxla_lite.clustering.mark import (
     shape_determined,
 )
 from tfxla_lite.clustering.registry import constant_value
-from tfxla_lite.rewrite import without_colocation_outside
+from tfxla_lite.original_function import original_tf_function
+from tfxla_lite.rewrite import import_rewritten, used_functions, without_colocation_outside
 
 WHILE_OPS = frozenset({"While", "StatelessWhile"})
 IF_OPS = frozenset({"If", "StatelessIf"})
@@ -253,23 +254,6 @@ def _graph_with_functions(nodes: Iterable[Any],
     return graph
 
 
-def used_functions(nodes: Iterable[Any], library: Mapping[str, function_pb2.FunctionDef]
-                   ) -> set[str]:
-    """The names of the library functions `nodes` call, directly or through others."""
-    found: set[str] = set()
-    pending = list(nodes)
-    while pending:
-        node = pending.pop()
-        for value in node.attr.values():
-            names = [value.func.name] if value.HasField("func") else [
-                f.name for f in value.list.func]
-            for name in names:
-                if name in library and name not in found:
-                    found.add(name)
-                    pending.extend(library[name].node_def)
-    return found
-
-
 def rewritten_body(graph: FuncGraph, graph_def: tf.compat.v1.GraphDef, output_names: Sequence[str],
                    control_names: Sequence[str], functions: Sequence[Any],
                    library: Mapping[str, function_pb2.FunctionDef]) -> Any:
@@ -279,9 +263,6 @@ def rewritten_body(graph: FuncGraph, graph_def: tf.compat.v1.GraphDef, output_na
     nested bodies) are added to it first. The library functions it calls are taken from
     `library` (the trace's own), so that they are the very definitions the trace's graph
     has: TF refuses two different functions of one name in a graph."""
-    from tfxla_lite.autojit import original_tf_function
-    from tfxla_lite.rewrite import import_rewritten
-
     placeholders = list(graph.inputs)
     specs = [tf.TensorSpec(t.shape, t.dtype) for t in placeholders]
     placeholder_names = [t.op.name for t in placeholders]

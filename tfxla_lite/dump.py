@@ -1,8 +1,8 @@
 """Dumps under `--dump_to=DIR`: XLA-style files per compiled cluster, the clustering
 decisions per traced function, and report.html.
 
-Where it sits: `compiler.build_program` calls `dump_cluster` as each cluster compiles
-and `dump_trace` once a trace is clustered; a dynamic cluster (`tfxla_lite/dynamic.py`)
+Where it sits: the driver (`tfxla_lite/driver.py`) calls `dump_cluster` as each cluster
+compiles and `dump_trace` once a trace is clustered; a dynamic cluster (`tfxla_lite/dynamic.py`)
 calls `dump_cluster` when each new input shape compiles. Both do nothing unless the
 options ask for dumps, and neither ever raises: a dump that cannot be written is a
 warning, never a failure of the user's program.

@@ -1,6 +1,6 @@
 """Clusters with unknown dimensions: compiled at run time, once per concrete input shape.
 
-Where it sits: `compiler.build_program(..., dynamic=True)` marks with known ranks
+Where it sits: `driver.build_program(..., dynamic=True)` marks with known ranks
 instead of static shapes (`MarkOptions(dynamic_shapes=True)`). A cluster whose shapes
 are all static still takes the ahead-of-time path; any other becomes a
 `DynamicCluster`, which the launch op calls back (`runtime.register_dynamic`) with
@@ -34,6 +34,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -104,18 +105,15 @@ class DynamicCluster:
     output_dtypes: tuple[tf.DType, ...]
     output_shapes: tuple[tf.TensorShape, ...]
     template: tf.compat.v1.GraphDef
-    pipeline: str | None = None
-    verify: bool = False
+    # Optimize → assign → emit → link for one shape's HLO: the driver's `compile_code`
+    # with the build's options and device (tfxla_lite/driver.py); a tiered compile's
+    # quick code is swapped for O3 behind the address the launch op keeps.
+    compile_code: Callable[[HloModule], Any] = compile_module
     pause_collector: bool = True  # the option of that name: GC off while a shape compiles
     max_specializations: int | None = 10  # None: no limit (must-compile mode)
     must_compile: bool = False
-    # Quick-tier code first, O3 swapped in when compiled (codegen/cpu/tiers.py): the
-    # launch op's per-shape cache keeps the address it got, the trampoline's.
-    tiered: bool = False
-    cache: str | None = None  # Options.cache: the compile caches (None: the environment)
-    # The GPU TF runs the cluster on, None for the CPU: a GPU cluster compiles each
-    # signature with the GPU backend and its launch (runtime/gpu_launch.py:
-    # `GpuDynamicLaunch`) calls this object, not the launch op.
+    # The GPU TF runs the cluster on, None for the CPU: a GPU cluster's launch
+    # (runtime/gpu_launch.py: `GpuDynamicLaunch`) calls this object, not the launch op.
     gpu: int | None = None
     # Each resource input's handle data (the variable's dtype and static shape), which
     # the template's placeholders lose: a must-compile CPU cluster binds its variables.
@@ -178,11 +176,7 @@ class DynamicCluster:
                            for t in (inputs[j] for j in self.param_inputs)],
                           list(self.cluster.outputs))
         module = lower_cluster(graph, cluster)
-        if self.gpu is None:
-            executable = compile_module(module, pipeline=self.pipeline, verify=self.verify,
-                                        tiered=self.tiered, cache=self.cache)
-        else:
-            executable = gpu_launch.compile_cluster(module, self.gpu, self.pipeline, self.verify)
+        executable = self.compile_code(module)
         outputs = [graph.get_tensor_by_name(t) for t in self.cluster.outputs]
         output_specs = tuple((t.dtype, known_dims(t)) for t in outputs)
         # The variables it writes are the executable's last outputs (clustering/lower.py).

@@ -37,7 +37,11 @@ from typing import Any
 
 import tensorflow as tf
 from tensorflow.core.framework import function_pb2
+from tensorflow.python.framework.func_graph import FuncGraph
 from tensorflow.python.framework.function_def_to_graph import function_def_to_graph_def
+from tensorflow.python.ops import handle_data_util
+
+from tfxla_lite.rewrite import without_colocation_outside
 
 CALL_OP_TYPES = frozenset({"PartitionedCall", "StatefulPartitionedCall"})
 # The ops tfxla-lite's rewrite puts in a graph (tfxla_lite/rewrite.py).
@@ -239,9 +243,6 @@ def _import(graph_def: tf.compat.v1.GraphDef, original: tf.Graph,
     by name, with their handle data (import alone would lose it, and with it the shapes
     of variable reads), and whose inputs, outputs and control outputs are the same by
     name."""
-    from tensorflow.python.framework.func_graph import FuncGraph
-    from tensorflow.python.ops import handle_data_util
-
     placeholders = {op.name: op.outputs[0] for op in original.get_operations()
                     if op.type == "Placeholder"}
     kept = tf.compat.v1.GraphDef()
@@ -252,8 +253,6 @@ def _import(graph_def: tf.compat.v1.GraphDef, original: tf.Graph,
         # A colocation with a placeholder (IteratorGetNext with its iterator argument, in
         # Keras' multi_step_on_iterator) names a node this import does not create, which
         # import_graph_def rejects; the placeholder is an argument, placed with the call.
-        from tfxla_lite.rewrite import without_colocation_outside
-
         kept = without_colocation_outside(kept, {n.name for n in kept.node})
     inlined = FuncGraph(f"{getattr(original, 'name', 'graph')}_inlined")
     if _scopes_of(placeholders) & {n.name for n in kept.node}:
@@ -311,8 +310,6 @@ def _import_whole(inlined: tf.Graph, graph_def: tf.compat.v1.GraphDef,
     import_graph_def renames a node whose name a scope of the graph already takes, so
     placeholders made first would rename it. Their handle data is set afterwards, passed
     on through Identity and IdentityN, and the traced shapes (`_output_shapes`) set."""
-    from tensorflow.python.ops import handle_data_util
-
     whole = tf.compat.v1.GraphDef()
     whole.CopyFrom(kept)
     whole.node.extend(n for n in graph_def.node if n.name in placeholders)

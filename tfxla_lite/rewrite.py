@@ -20,7 +20,7 @@ the launch node's name (tfxla_lite/runtime/gpu_launch.py, docs/gpu.md).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -251,8 +251,6 @@ def cluster_template(nodes_by_name: dict[str, Any], cluster: CompiledCluster,
         body.append(node)
     template.node.extend(body)
     if library:
-        from tfxla_lite.control_flow import used_functions
-
         for function in sorted(used_functions(body, library)):
             copy = template.library.function.add()
             copy.CopyFrom(library[function])
@@ -264,6 +262,23 @@ def cluster_template(nodes_by_name: dict[str, Any], cluster: CompiledCluster,
                 if "_output_shapes" in node.attr:
                     del node.attr["_output_shapes"]
     return template
+
+
+def used_functions(nodes: Iterable[Any], library: Mapping[str, Any]
+                   ) -> set[str]:
+    """The names of the library functions `nodes` call, directly or through others."""
+    found: set[str] = set()
+    pending = list(nodes)
+    while pending:
+        node = pending.pop()
+        for value in node.attr.values():
+            names = [value.func.name] if value.HasField("func") else [
+                f.name for f in value.list.func]
+            for name in names:
+                if name in library and name not in found:
+                    found.add(name)
+                    pending.extend(library[name].node_def)
+    return found
 
 
 def set_original(launch: Any, template: tf.compat.v1.GraphDef,

@@ -2,7 +2,7 @@
 
 Where it sits: after `compiler.emit_program` (the CUDA text and thunk list) and
 `GpuExecutable.build`; read by `tfxla_lite/dump.py` (the `.cu` and `.kernel-plan.txt`
-files of a GPU cluster), by `tfxla_lite/compiler.py` (`Program.compiler_ir`: stages
+files of a GPU cluster), by `tfxla_lite/program.py` (`Program.compiler_ir`: stages
 'cuda' and 'kernel_plan') and by the report. Pure Python: no CuPy, no GPU.
 
 The kernel plan says, per thunk in launch order, what `kernels.describe` says (name,

@@ -1,4 +1,4 @@
-"""A trace's clusters compile LLVM in the background (`tfxla_lite.compiler`,
+"""A trace's clusters compile LLVM in the background (`tfxla_lite.driver`,
 `cpu.compile(..., background=True)`), while TF traces the rewritten graph: the launch
 op gets a cluster's code only once LLVM is done, results are TF's, and LLVM's failure
 is a must-compile error or, in auto mode, TF running the function."""
@@ -14,8 +14,9 @@ import tensorflow as tf
 from tolerances import assert_close
 
 import tfxla_lite as tl
-import tfxla_lite.compiler as tl_compiler
+from tfxla_lite import driver
 from tfxla_lite.codegen.cpu import compiler as cpu_compiler
+from tfxla_lite.program import Program
 from tfxla_lite.runtime import registry_size
 
 
@@ -51,9 +52,9 @@ def test_the_launch_op_gets_the_code_only_once_llvm_is_done(monkeypatch) -> None
         assert release.wait(60)
         return machine_code(emitted)
 
-    finish_pending = tl_compiler._finish_pending
+    finish_pending = driver.finish_pending
 
-    def finishing(program: tl_compiler.Program) -> None:
+    def finishing(program: Program) -> None:
         # Called in the rewritten graph's trace: LLVM still holds every cluster's code,
         # and none is registered yet.
         before = registry_size()
@@ -64,7 +65,7 @@ def test_the_launch_op_gets_the_code_only_once_llvm_is_done(monkeypatch) -> None
         assert registry_size() == before + seen[-1][0] and not program.pending
 
     monkeypatch.setattr(cpu_compiler, "_machine_code", gated)
-    monkeypatch.setattr(tl_compiler, "_finish_pending", finishing)
+    monkeypatch.setattr(driver, "finish_pending", finishing)
     x = _input()
     f = tl.function(softmax_and_sum, jit_compile=True)
     _assert_like_tf(f(x), x)

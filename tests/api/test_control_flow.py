@@ -19,9 +19,10 @@ import tensorflow as tf
 
 import tfxla_lite as tl
 from tfxla_lite import coverage
-from tfxla_lite.compiler import Program, build_program
 from tfxla_lite.control_flow import CONTROL_FLOW_OPS
+from tfxla_lite.driver import build_program
 from tfxla_lite.options import Options
+from tfxla_lite.program import Program
 from tfxla_lite.rewrite import LAUNCH_OP_TYPE
 from tfxla_lite.runtime import loader
 

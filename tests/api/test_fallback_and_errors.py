@@ -80,12 +80,12 @@ def test_variables_read_and_assigned_call_after_call() -> None:
 
 
 def test_failure_inside_tfxla_lite_falls_back_in_auto_mode(monkeypatch) -> None:
-    import tfxla_lite.compiler as compiler
+    from tfxla_lite import driver
 
     def broken(*args, **kwargs):
         raise RuntimeError("injected rewrite failure")
 
-    monkeypatch.setattr(compiler, "rewrite_graph_def", broken)
+    monkeypatch.setattr(driver, "rewrite_graph_def", broken)
 
     def fn(x):
         return tf.exp(tf.nn.relu(x * 2.0 + 1.0)) - 1.0

@@ -58,23 +58,7 @@ ALLOWED_UPWARD: dict[tuple[str, str], str] = {
 
 # (importer, imported) -> owner: without these edges the import graph has no cycle.
 # Patterns as in fnmatch.
-ALLOWED_CYCLE_EDGES: dict[tuple[str, str], str] = {
-    # front end: api <-> autojit <-> compiler <-> control_flow <-> rewrite, and clustering
-    # reaching up into control_flow and inline
-    ("tfxla_lite.autojit", "tfxla_lite.api"): "PIPELINE",
-    ("tfxla_lite.control_flow", "tfxla_lite.autojit"): "PIPELINE",
-    ("tfxla_lite.rewrite", "tfxla_lite.control_flow"): "PIPELINE",
-    ("tfxla_lite.inline", "tfxla_lite.rewrite"): "PIPELINE",
-    ("tfxla_lite.clustering.cluster", "tfxla_lite.inline"): "PIPELINE",
-    ("tfxla_lite.clustering.rules_control_flow", "tfxla_lite.control_flow"): "PIPELINE",
-    ("tfxla_lite.clustering.rules_control_flow", "tfxla_lite.inline"): "PIPELINE",
-    # clustering: the control-flow rules call back into lower
-    ("tfxla_lite.clustering.rules_control_flow", "tfxla_lite.clustering.lower"): "unowned",
-    ("tfxla_lite.clustering.rules_elementwise", "tfxla_lite.clustering.rules_control_flow"):
-        "unowned",
-    ("tfxla_lite.clustering.rules_tensor", "tfxla_lite.clustering.rules_control_flow"):
-        "unowned",
-}
+ALLOWED_CYCLE_EDGES: dict[tuple[str, str], str] = {}
 
 
 def _packages() -> dict[str, pathlib.Path]:

@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 import tfxla_lite as tl
-from tfxla_lite.compiler import CompilationError
+from tfxla_lite.program import CompilationError
 
 
 def _sum_of_huge_broadcast(x: tf.Tensor) -> tf.Tensor:

@@ -177,7 +177,7 @@ def test_an_o3_failure_is_reported_and_the_quick_code_keeps_running(
 
 
 def test_dynamic_specializations_swap_too(monkeypatch) -> None:
-    from tfxla_lite.compiler import build_program
+    from tfxla_lite.driver import build_program
     from tfxla_lite.runtime import loader
 
     release = _gate_o3(monkeypatch)

@@ -14,7 +14,8 @@ import pytest
 import tensorflow as tf
 
 import tfxla_lite as tl
-from tfxla_lite import autojit, xla_fallback
+from tfxla_lite import xla_fallback
+from tfxla_lite.original_function import original_tf_function
 from tfxla_lite.report import FallbackNode
 from tfxla_lite.stats import PROCESS_STATS
 
@@ -151,7 +152,7 @@ def test_what_tf_xla_refuses_too_raises_as_plain_tf_does() -> None:
     tl.enable()
     x = np.ones(3, np.float32)
     with pytest.raises(Exception, match="AsString"):
-        autojit.original_tf_function()(as_text, jit_compile=True)(x)
+        original_tf_function()(as_text, jit_compile=True)(x)
     with pytest.raises(tl.CompilationError, match="TF's XLA cannot compile it either") as info:
         tf.function(as_text, jit_compile=True)(x)
     assert "AsString" in str(info.value.message)

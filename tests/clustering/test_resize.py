@@ -26,7 +26,7 @@ from tfxla_lite.clustering.rules_resize import (
     periodic_progressions,
     tf_resize_faster,
 )
-from tfxla_lite.compiler import build_program
+from tfxla_lite.driver import build_program
 from tfxla_lite.runtime import loader
 
 F16, BF16, F32, F64 = np.float16, tf.bfloat16.as_numpy_dtype, np.float32, np.float64

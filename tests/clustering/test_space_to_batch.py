@@ -17,7 +17,7 @@ from tolerances import assert_close
 
 import tfxla_lite as tl
 from tfxla_lite.clustering.mark import mark
-from tfxla_lite.compiler import build_program
+from tfxla_lite.driver import build_program
 from tfxla_lite.runtime import loader
 
 F16, BF16, F32, F64 = np.float16, tf.bfloat16.as_numpy_dtype, np.float32, np.float64

@@ -18,7 +18,7 @@ from google.protobuf import text_format
 
 import tfxla_lite as tl
 from tfxla_lite import dump
-from tfxla_lite.compiler import build_program
+from tfxla_lite.driver import build_program
 from tfxla_lite.hlo import parse_module
 from tfxla_lite.runtime import loader
 

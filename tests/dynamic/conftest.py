@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from tfxla_lite.compiler import Program, build_program
+from tfxla_lite.driver import build_program
 from tfxla_lite.options import Options
+from tfxla_lite.program import Program
 from tfxla_lite.runtime import loader
 
 

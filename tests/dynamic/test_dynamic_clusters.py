@@ -15,7 +15,7 @@ import tensorflow as tf
 from tfxla_lite import dynamic
 from tfxla_lite.clustering.cluster import form_clusters
 from tfxla_lite.clustering.mark import MarkOptions, mark
-from tfxla_lite.compiler import CompilationError
+from tfxla_lite.program import CompilationError
 from tfxla_lite.runtime import loader
 
 SPEC = [tf.TensorSpec([None, 4], tf.float32)]

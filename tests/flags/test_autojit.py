@@ -10,8 +10,8 @@ import pytest
 import tensorflow as tf
 
 import tfxla_lite as tl
-from tfxla_lite import autojit
 from tfxla_lite.api import Function
+from tfxla_lite.original_function import original_tf_function
 
 ORIGINAL = tf.function
 
@@ -36,7 +36,7 @@ def test_enable_patches_every_alias_and_disable_restores_them() -> None:
     tl.disable()
     assert not tl.is_enabled()
     assert all(module.function is ORIGINAL for module in _aliases())
-    assert autojit.original_tf_function() is ORIGINAL
+    assert original_tf_function() is ORIGINAL
 
 
 def double(x):
@@ -174,5 +174,5 @@ def test_tfxla_lite_own_functions_are_not_wrapped() -> None:
     def inner(x):
         return x + 1.0
 
-    inner.__module__ = "tfxla_lite.compiler"  # as the compiler's rewritten function is
+    inner.__module__ = "tfxla_lite.driver"  # as the compiler's rewritten function is
     assert not isinstance(tf.function(inner), Function)

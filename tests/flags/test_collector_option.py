@@ -13,7 +13,7 @@ import tensorflow as tf
 import tfxla_lite as tl
 from tfxla_lite import dynamic
 from tfxla_lite.collector import collector_paused
-from tfxla_lite.compiler import build_program
+from tfxla_lite.driver import build_program
 from tfxla_lite.flags import FlagError, get_options, parse_flags, set_options
 from tfxla_lite.options import Options, OptionsError
 from tfxla_lite.runtime import loader

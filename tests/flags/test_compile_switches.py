@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 import tfxla_lite as tl
-from tfxla_lite import compiler
+from tfxla_lite import driver
 from tfxla_lite.codegen import cache
 from tfxla_lite.flags import SWITCH_VARIABLES, FlagError, parse_flags
 from tfxla_lite.options import Options, OptionsError
@@ -49,13 +49,13 @@ def test_options_check_the_switches() -> None:
 def test_an_option_decides_over_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(SWITCH_VARIABLES["tiered_llvm"], "0")
     monkeypatch.setenv(SWITCH_VARIABLES["overlap_llvm"], "1")
-    assert not compiler.tiered_llvm(Options())
-    assert compiler.overlap_llvm(Options())
-    assert compiler.tiered_llvm(Options(tiered_llvm=True))
-    assert not compiler.overlap_llvm(Options(overlap_llvm=False))
+    assert not driver.tiered_llvm(Options())
+    assert driver.overlap_llvm(Options())
+    assert driver.tiered_llvm(Options(tiered_llvm=True))
+    assert not driver.overlap_llvm(Options(overlap_llvm=False))
     monkeypatch.delenv(SWITCH_VARIABLES["tiered_llvm"])
     monkeypatch.delenv(SWITCH_VARIABLES["overlap_llvm"])
-    assert compiler.tiered_llvm(Options()) and not compiler.overlap_llvm(Options())
+    assert driver.tiered_llvm(Options()) and not driver.overlap_llvm(Options())
 
 
 def _step(x: tf.Tensor) -> tf.Tensor:
@@ -94,13 +94,13 @@ def test_the_llvm_options_reach_compile_module(cache_root: Path,
     monkeypatch.setenv(SWITCH_VARIABLES["tiered_llvm"], "0" if tiered else "1")
     monkeypatch.setenv(SWITCH_VARIABLES["overlap_llvm"], "1")
     calls: list[dict[str, Any]] = []
-    original = compiler.compile_module
+    original = driver.compile_module
 
     def recording(module: Any, **kwargs: Any) -> Any:
         calls.append(kwargs)
         return original(module, **kwargs)
 
-    monkeypatch.setattr(compiler, "compile_module", recording)
+    monkeypatch.setattr(driver, "compile_module", recording)
     options = Options(min_cluster_size=1, cache="off", tiered_llvm=tiered, overlap_llvm=False)
     tl.function(_step, options=options)(tf.constant(X))
     tl.wait_for_compiles()

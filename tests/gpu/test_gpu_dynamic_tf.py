@@ -22,9 +22,10 @@ from tolerances import assert_close
 tf = pytest.importorskip("tensorflow", reason="no TensorFlow: the TF entry is not tested")
 
 import tfxla_lite as tl  # noqa: E402
-from tfxla_lite.autojit import original_tf_function  # noqa: E402
-from tfxla_lite.compiler import Program, build_program  # noqa: E402
+from tfxla_lite.driver import build_program  # noqa: E402
 from tfxla_lite.options import Options  # noqa: E402
+from tfxla_lite.original_function import original_tf_function  # noqa: E402
+from tfxla_lite.program import Program  # noqa: E402
 from tfxla_lite.runtime import gpu_launch, loader  # noqa: E402
 
 pytestmark = pytest.mark.skipif(cuda_emulator.find_compiler() is None, reason="no g++")

@@ -14,7 +14,7 @@ import tensorflow as tf
 from tolerances import assert_close
 
 import tfxla_lite as tl
-from tfxla_lite import compiler
+from tfxla_lite import driver
 from tfxla_lite.options import Options
 from tfxla_lite.rewrite import LAUNCH_OP_TYPES
 from tfxla_lite.runtime import loader
@@ -291,7 +291,7 @@ def test_unknown_batch_binds_variables_when_must_compile(jit_compile) -> None:
     """A cluster with unknown dimensions compiles per input shape at run time. Without a
     fallback (must-compile) it binds its variables as a static one does: one launch a
     call for every batch size. With one (auto), whose StatelessIf cannot hold the writes,
-    its variable ops stay in TF (compiler._variables_in_static_clusters)."""
+    its variable ops stay in TF (driver._variables_in_static_clusters)."""
     w = tf.Variable(np.linspace(-1, 1, 12, dtype=np.float32).reshape(4, 3))
     w_plain = tf.Variable(w.numpy())
 
@@ -305,7 +305,7 @@ def test_unknown_batch_binds_variables_when_must_compile(jit_compile) -> None:
     spec = [tf.TensorSpec([None, 4], tf.float32)]
     plain = tf.function(make(w_plain), input_signature=spec)
     traced = tf.function(make(w), input_signature=spec).get_concrete_function()
-    program = compiler.build_program(traced, jit_compile, Options(), dynamic=True)
+    program = driver.build_program(traced, jit_compile, Options(), dynamic=True)
     left = {n.op_type: n.reason for n in program.report.fallbacks}
     if jit_compile:
         assert "AssignSubVariableOp" not in left and "ReadVariableOp" not in left
