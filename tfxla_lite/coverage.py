@@ -191,7 +191,7 @@ def _einsum_size(op: Any, assumed_dim: int) -> int:
 # -- recording tfxla-lite's programs --------------------------------------------------------
 def function_coverage(program: Any, assumed_dim: int = DEFAULT_ASSUMED_DIM
                       ) -> FunctionCoverage:
-    """The coverage of one built program (`tfxla_lite.compiler.Program`), the functions of
+    """The coverage of one built program (`tfxla_lite.program.Program`), the functions of
     its While and If ops included (see `body_weight`)."""
     report = program.report
     result = FunctionCoverage(report.function_name)

@@ -1,6 +1,6 @@
 """The rewrite cache: a warm process reuses a whole trace's clustering and compile.
 
-Where it sits: `compiler.build_program` asks here once the trace is made (and its
+Where it sits: `driver.build_program` asks here once the trace is made (and its
 function calls inlined), before marking. The key is a *fingerprint* of the traced
 GraphDef (with the shapes TF inferred, `add_shapes=True`, serialized
 deterministically) and of everything else the result depends on: jit_compile, the

@@ -1,7 +1,7 @@
 """GPU clusters in a rewritten graph: placement, compile, launch node, DLPack both ways.
 
 The TF side of the GPU backend (`tfxla_lite.codegen.gpu`), outside the compiler core
-because it imports TensorFlow. The driver (`tfxla_lite/compiler.py`) asks
+because it imports TensorFlow. The driver (`tfxla_lite/driver.py`) asks
 `placed_gpu(cluster.device)` where TF will run a cluster; a cluster on a GPU compiles
 with `compile_cluster` and becomes a `GpuLaunch`, whose nodes the rewrite
 (`tfxla_lite/rewrite.py`) emits in place of `TfxlaLiteLaunch`:
