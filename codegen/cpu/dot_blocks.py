@@ -60,18 +60,25 @@ MAX_K = 2048  # B's block of columns (K × 32 floats) stays within 256 KiB
 # transposed (256×64×1024, a weight gradient) they lost (docs/benchmarks.md, "Register
 # blocks for short products").
 SHORT_K = 256
+# With A transposed (a weight gradient hᵀ·dy), blocks beat the library only over a K this
+# short (a recurrent step's batch) and at most this many rows; more rows or a longer K
+# lost to the library's packed panels (the commit that set them has the measurements).
+TRANSPOSED_K = 64
+TRANSPOSED_ROWS = 256
 
 
 def fits(plan: GemmPlan) -> bool:
     """Whether register blocks should compute `plan`: B's rows contiguous (vector loads),
-    few rows (MAX_ROWS) or a short K with A's rows contiguous (SHORT_K), a product small
+    few rows (MAX_ROWS), a short K with A's rows contiguous (SHORT_K) or a very short K
+    with A transposed (TRANSPOSED_K, TRANSPOSED_ROWS), a product small
     enough (MAX_MACS) and at least one full block wide (a narrower one, such as a
     10-class output layer, would compile a block function of its own, about 10 ms of
     LLVM, to save a microsecond a call). With B transposed, dot-product blocks
     (`fits_products`)."""
     if plan.transpose_b:
         return fits_products(plan)
-    rows_fit = plan.m <= MAX_ROWS or (plan.k <= SHORT_K and not plan.transpose_a)
+    rows_fit = plan.m <= MAX_ROWS or (plan.k <= SHORT_K and not plan.transpose_a) or (
+        plan.transpose_a and plan.m <= TRANSPOSED_ROWS and plan.k <= TRANSPOSED_K)
     return (not plan.transpose_b and 1 <= plan.k <= MAX_K and 1 < plan.m and rows_fit
             and plan.n >= BLOCK_VECTORS * _lanes(plan.element_bytes)
             and plan.m * plan.n * plan.k <= MAX_MACS)
@@ -237,8 +244,7 @@ def _block_function(module: ir.Module, element_type: str, element_bytes: int, ro
 PRODUCT_ROWS = 4
 PRODUCT_COLUMNS = 4
 # K at least: each sum ends in a reduction of its register's lanes, which a short K does
-# not pay for (attention's batches of 64×64 scores over K = 16-128 ran 1.3-4 times
-# slower than the library, the LSTM's 32×128 and 32×64 by K = 512 faster).
+# not pay for (attention's batched scores stay faster with the library).
 PRODUCT_MIN_K = 256
 
 

@@ -113,6 +113,15 @@ def test_which_plans_take_blocks() -> None:
     assert [dot_codegen.choose_strategy(p) for p in (
         plan(64, 64, 64, transpose_b=True), plan(32, 128, 128, transpose_b=True),
         plan(64, 512, 64, transpose_b=True, batch=(16,)))] == ["library"] * 3
+    # A transposed over a very short K (an LSTM step's weight gradient hᵀ·dg, K = batch
+    # 32) with up to TRANSPOSED_ROWS rows: blocks; more rows, or K = 128: the library
+    assert [dot_codegen.choose_strategy(p) for p in (
+        plan(128, 32, 512, transpose_a=True), plan(256, 64, 512, transpose_a=True))
+    ] == ["blocked"] * 2
+    assert [dot_codegen.choose_strategy(p) for p in (
+        plan(257, 32, 512, transpose_a=True), plan(128, 128, 512, transpose_a=True))
+    ] == ["library"] * 2
+    assert (dot_blocks.TRANSPOSED_K, dot_blocks.TRANSPOSED_ROWS) == (64, 256)
     large = "packed" if gemm_packed.available() else "library"
     assert dot_codegen.choose_strategy(plan(1024, 1024, 1024)) == "library"
     assert [dot_codegen.choose_strategy(p) for p in (
