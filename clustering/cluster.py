@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 import networkx as nx
 
 from tfxla_lite.clustering.control_flow_ops import FUNCTIONAL_OPS
+from tfxla_lite.clustering.inline import capture_devices
 from tfxla_lite.clustering.mark import Decision, MarkOptions, mark
 from tfxla_lite.clustering.registry import OP_RULES, known_dims
 
@@ -322,8 +323,6 @@ def _variable_devices(groups: list[list[str]], by_name: dict[str, tf.Operation]
                       ) -> list[set[str]]:
     """The devices of the captured variables each group reads, as far as the graph says
     (`inline.capture_devices`: a FuncGraph's captures, or those an inlined graph kept)."""
-    from tfxla_lite.inline import capture_devices
-
     if not groups:
         return []
     where = capture_devices(by_name[groups[0][0]].graph)

@@ -3,7 +3,7 @@
 Registered into `registry.OP_RULES` on import. `While`/`StatelessWhile` become one HLO
 `while`, `If`/`StatelessIf` and `Case`/`StatelessCase` one `conditional`, when every op of
 the functions they call lowers too: the rule's check turns each FunctionDef into a graph
-(`tfxla_lite.control_flow.function_graph`, with the op's own input shapes) and lowers it
+(`body_graphs.function_graph`, with the op's own input shapes) and lowers it
 op by op through the same registry (`lower_function`), recursively for nested loops;
 any op that does not lower keeps the control-flow op in TF, where
 `tfxla_lite/control_flow.py` compiles its bodies one by one. A loop's state is
@@ -332,9 +332,9 @@ def _full(tensor: tf.Tensor, _depth: int = 0) -> bool:
 
 
 def _loop_keeps(op: tf.Operation, index: int) -> bool:
-    from tfxla_lite import control_flow
+    from tfxla_lite.clustering import body_graphs
 
-    (call, *_) = control_flow.op_calls(op, _library(op.graph))
+    (call, *_) = body_graphs.op_calls(op, _library(op.graph))
     return bool(call.invariant) and call.invariant[index]
 
 
@@ -429,17 +429,17 @@ def _body_graphs(op: tf.Operation, arguments: Sequence[Shape]) -> list[tf.Graph]
 def _function_graphs(op: tf.Operation) -> list[tf.Graph]:
     """The graphs of `op`'s functions with placeholders of the op's input shapes, built
     once per op (the checks, list shapes and the lowering share them)."""
-    from tfxla_lite import control_flow
-    from tfxla_lite.inline import inline_function_calls
+    from tfxla_lite.clustering import body_graphs
+    from tfxla_lite.clustering.inline import inline_function_calls
 
     known = _BODY_GRAPHS.setdefault(op.graph, {})
     if op.name not in known:
         library = _library(op.graph)
         graphs = []
-        for call in control_flow.op_calls(op, library, exact_shapes=True):
+        for call in body_graphs.op_calls(op, library, exact_shapes=True):
             if call.function not in library:
                 raise LoweringError(f"function {call.function} of {op.name} not found")
-            graph = control_flow.function_graph(library, call)
+            graph = body_graphs.function_graph(library, call)
             graphs.append(inline_function_calls(graph) or graph)
         known[op.name] = graphs
     return known[op.name]
@@ -448,12 +448,12 @@ def _function_graphs(op: tf.Operation) -> list[tf.Graph]:
 def _invariant_arguments(op: tf.Operation) -> list[bool]:
     """Per argument of `op`'s functions: the same in every call (a loop variable its
     body returns unchanged; every branch argument)."""
-    from tfxla_lite import control_flow
+    from tfxla_lite.clustering import body_graphs
 
     start = 0 if op.type in WHILE_OPS else 1
     if op.type not in WHILE_OPS:
         return [True] * (len(op.inputs) - start)
-    (call, *_) = control_flow.op_calls(op, _library(op.graph))
+    (call, *_) = body_graphs.op_calls(op, _library(op.graph))
     return list(call.invariant)
 
 
@@ -635,7 +635,7 @@ def _check_variables(op: tf.Operation, graphs: Sequence[tf.Graph]) -> None:
     """A variable handle a loop or branch is given must reach its functions unchanged
     and only be read there: its value is the computation's parameter, fixed for the
     whole loop, and a write inside would be lost."""
-    from tfxla_lite import control_flow
+    from tfxla_lite.clustering import body_graphs
 
     start = 0 if op.type in WHILE_OPS else 1
     handles = [k for k, t in enumerate(op.inputs[start:]) if t.dtype.base_dtype.name
@@ -643,7 +643,7 @@ def _check_variables(op: tf.Operation, graphs: Sequence[tf.Graph]) -> None:
     if not handles:
         return
     if op.type in WHILE_OPS:
-        (call, *_) = control_flow.op_calls(op, _library(op.graph))
+        (call, *_) = body_graphs.op_calls(op, _library(op.graph))
         if not all(call.invariant[k] for k in handles):
             raise LoweringError(f"{op.name} changes a variable handle it loops over")
     for graph in graphs:

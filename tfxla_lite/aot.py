@@ -84,9 +84,9 @@ def lower_function(function: Callable, signature: Sequence[Shape | str],
 
     from tfxla_lite.assertions import dropped_nodes
     from tfxla_lite.clustering.cluster import Cluster
+    from tfxla_lite.clustering.inline import inline_function_calls
     from tfxla_lite.clustering.lower import lower_cluster
     from tfxla_lite.clustering.mark import MarkOptions, mark
-    from tfxla_lite.inline import inline_function_calls
 
     shapes = [parse_signature(s) if isinstance(s, str) else s for s in signature]
     python_function = getattr(function, "python_function", function)
@@ -134,7 +134,7 @@ def _assertion_ifs(graph: Any) -> set[str]:
     branches hold nothing but assertions and plumbing, one of them an assertion, as
     `driver.compile_bodies` finds them for must-compile."""
     from tfxla_lite.assertions import IF_OPS, assertion_only, dropped_nodes
-    from tfxla_lite.control_flow import body_calls, function_graph
+    from tfxla_lite.clustering.body_graphs import body_calls, function_graph
 
     if not any(op.type in IF_OPS for op in graph.get_operations()):
         return set()

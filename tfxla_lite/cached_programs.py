@@ -15,7 +15,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from tfxla_lite import control_flow, rewrite_cache
+from tfxla_lite import rewrite_cache
+from tfxla_lite.clustering.body_graphs import CONTROL_FLOW_OPS
 from tfxla_lite.clustering.rules_variables import written_variables
 from tfxla_lite.codegen import background as background_jobs
 from tfxla_lite.codegen import cache as code_caches
@@ -163,7 +164,7 @@ def _store_after(jobs: list[Any], cache_key: str, entry: rewrite_cache.RewriteEn
 def store_refusal(cache_key: str | None, graph: tf.Graph, error: CompilationError) -> None:
     """Store a must-compile refusal of the trace's own ops (not of a body's, not a failed
     lowering: those carry no `offending` or come from graphs the cache does not hold)."""
-    if cache_key is None or not error.offending or any(op.type in control_flow.CONTROL_FLOW_OPS
+    if cache_key is None or not error.offending or any(op.type in CONTROL_FLOW_OPS
                                   for op in graph.get_operations()):
         return
     offending = tuple((f.op_name, f.op_type, f.reason) for f in error.offending)

@@ -205,12 +205,12 @@ def function_coverage(program: Any, assumed_dim: int = DEFAULT_ASSUMED_DIM
 
 def body_weight(parent_op: Any, attr: str, assumed_trip_count: int) -> float:
     """How many times a function of a control-flow op runs per run of the op: a While
-    body its estimated trip count (`control_flow.trip_count`, `assumed_trip_count` when
+    body its estimated trip count (`body_graphs.trip_count`, `assumed_trip_count` when
     unknown) and its condition once more; each of an If's two branches one half."""
-    from tfxla_lite import control_flow
+    from tfxla_lite.clustering import body_graphs
 
-    if parent_op.type in control_flow.WHILE_OPS:
-        trips = control_flow.trip_count(parent_op, assumed_trip_count)
+    if parent_op.type in body_graphs.WHILE_OPS:
+        trips = body_graphs.trip_count(parent_op, assumed_trip_count)
         return float(trips + 1 if attr == "cond" else trips)
     return 0.5
 

@@ -36,7 +36,9 @@ import tensorflow as tf
 
 from tfxla_lite import assertions, cached_programs, control_flow, dump, flags, numerics_check
 from tfxla_lite import dynamic as dynamic_clusters
+from tfxla_lite.clustering import body_graphs
 from tfxla_lite.clustering.cluster import Cluster, form_clusters
+from tfxla_lite.clustering.inline import inline_function_calls, is_compiled_function
 from tfxla_lite.clustering.lower import lower_cluster
 from tfxla_lite.clustering.mark import PLUMBING_OPS, Decision, MarkOptions, format_source, mark
 from tfxla_lite.clustering.rules_control_flow import FUNCTIONAL_OPS
@@ -47,7 +49,6 @@ from tfxla_lite.clustering.rules_variables import VARIABLE_OPS, written_variable
 from tfxla_lite.codegen import compile_module
 from tfxla_lite.codegen.module_cache import CachedExecutable
 from tfxla_lite.hlo import HloModule
-from tfxla_lite.inline import inline_function_calls, is_compiled_function
 from tfxla_lite.options import Options
 from tfxla_lite.original_function import original_tf_function
 from tfxla_lite.program import (
@@ -85,7 +86,7 @@ def build_program(concrete_function: Any, jit_compile: bool | None, options: Opt
     DEFAULT_MAX_SPECIALIZATIONS), after which new ones run the cluster's TF ops.
     """
     # Nested function calls are spelled out first, so that their bodies can join the
-    # caller's clusters (tfxla_lite/inline.py); node names stay those of the trace.
+    # caller's clusters (clustering/inline.py); node names stay those of the trace.
     graph = inline_function_calls(concrete_function.graph) or concrete_function.graph
     function_name = concrete_function.name
     if isinstance(function_name, bytes):
@@ -186,13 +187,13 @@ def _clustered_control_flow(graph: tf.Graph, decisions: dict[str, Decision], min
                             options: Options) -> frozenset[str]:
     """The While and If ops that clusters take whole (clustering/rules_control_flow.py),
     as clustering `decisions` (a copy) forms them: they need no compiled bodies."""
-    if not any(d.compilable and d.op_type in control_flow.CONTROL_FLOW_OPS
+    if not any(d.compilable and d.op_type in body_graphs.CONTROL_FLOW_OPS
                for d in decisions.values()):
         return frozenset()
     clusters = _form_clusters(graph, dict(decisions), min_size, options)
     return frozenset(name for c in clusters for name in c.op_names
                      if graph.get_operation_by_name(name).type
-                     in control_flow.CONTROL_FLOW_OPS)
+                     in body_graphs.CONTROL_FLOW_OPS)
 
 
 def _form_clusters(graph: tf.Graph, decisions: dict[str, Decision], min_size: int,
@@ -232,7 +233,7 @@ def cluster_graph(graph: tf.Graph, marking: Marking, settings: Settings,
         if op.name in clustered:
             continue
         reason = decision.reason if not decision.compilable else "cluster too small"
-        if op.type in control_flow.CONTROL_FLOW_OPS:
+        if op.type in body_graphs.CONTROL_FLOW_OPS:
             reason = control_flow.CONTROL_FLOW_REASON + (
                 f" ({decision.reason})" if decision.reason else "")
         source = decision.source or format_source(op)
@@ -276,7 +277,7 @@ def check_must_compile(function_name: str, clustering: Clustering) -> None:
     offending = [f for f in clustering.fallbacks
                  if f.op_type not in PLUMBING_OPS
                  and not clustering.decisions[f.op_name].compilable
-                 and f.op_type not in control_flow.CONTROL_FLOW_OPS
+                 and f.op_type not in body_graphs.CONTROL_FLOW_OPS
                  and f.op_name not in clustering.dropped]
     if offending:
         raise must_compile_error(function_name, offending)
@@ -305,7 +306,7 @@ def compile_bodies(graph: tf.Graph, function_name: str, settings: Settings,
     through `compile_graph`, but for those in `whole` (compiled within a cluster as HLO
     control flow). In auto mode a body that fails to compile stays as it was."""
     found = Bodies()
-    if not any(op.type in control_flow.CONTROL_FLOW_OPS for op in graph.get_operations()):
+    if not any(op.type in body_graphs.CONTROL_FLOW_OPS for op in graph.get_operations()):
         return found
     if library is None:  # as the rewrite exports it (add_shapes also marks library nodes)
         library = {f.signature.name: f
@@ -313,10 +314,10 @@ def compile_bodies(graph: tf.Graph, function_name: str, settings: Settings,
     done: dict[tuple[Any, ...], BodyProgram] = {}
     branches: dict[str, list[BodyProgram]] = {}  # If node -> its branches' programs
     shape_lists: set[tuple[str, int]] = set()  # While outputs that accumulate shapes
-    for call in control_flow.body_calls(graph, library):
+    for call in body_graphs.body_calls(graph, library):
         if is_compiled_function(call.function, library) or call.node in whole:
             continue  # tfxla-lite's own output, in a graph that calls a compiled function
-        call = control_flow.with_shape_lists(call, shape_lists)  # noqa: PLW2901
+        call = body_graphs.with_shape_lists(call, shape_lists)  # noqa: PLW2901
         # Constants and shapes of the arguments shape the compiled body: share it only
         # between calls with the very same arguments (one function named twice).
         signature = (call.function, tuple(str(s) for s in call.shapes),
@@ -324,7 +325,7 @@ def compile_bodies(graph: tf.Graph, function_name: str, settings: Settings,
         body = done.get(signature)
         if body is None:
             try:
-                body_graph = control_flow.function_graph(library, call)
+                body_graph = body_graphs.function_graph(library, call)
                 body_graph = inline_function_calls(body_graph) or body_graph
                 program = compile_graph(body_graph, call.function, settings, library)
                 rewritten = (_rewritten_body(program, library)
@@ -344,7 +345,7 @@ def compile_bodies(graph: tf.Graph, function_name: str, settings: Settings,
             body = BodyProgram(call, program, rewritten)
             done[signature] = body
             found.programs.append(body)
-            shape_lists |= control_flow.shape_lists(call, program.graph)
+            shape_lists |= body_graphs.shape_lists(call, program.graph)
         if call.op_type in assertions.IF_OPS:
             branches.setdefault(call.node, []).append(body)
         if body.function is not None:

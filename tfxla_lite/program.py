@@ -16,8 +16,8 @@ from typing import Any
 import tensorflow as tf
 
 from tfxla_lite import dump
+from tfxla_lite.clustering.body_graphs import BodyCall
 from tfxla_lite.clustering.registry import variable_spec
-from tfxla_lite.control_flow import BodyCall
 from tfxla_lite.dynamic import DynamicCluster
 from tfxla_lite.hlo import HloModule
 from tfxla_lite.hlo.stablehlo import module_to_stablehlo

@@ -20,11 +20,14 @@ the launch node's name (tfxla_lite/runtime/gpu_launch.py, docs/gpu.md).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import tensorflow as tf
+
+from tfxla_lite.clustering.body_graphs import used_functions
+from tfxla_lite.clustering.inline import without_colocation_outside
 
 LAUNCH_OP_TYPE = "TfxlaLiteLaunch"
 # The launch of a cluster that writes variables: the same kernel, stateful (TF neither
@@ -264,23 +267,6 @@ def cluster_template(nodes_by_name: dict[str, Any], cluster: CompiledCluster,
     return template
 
 
-def used_functions(nodes: Iterable[Any], library: Mapping[str, Any]
-                   ) -> set[str]:
-    """The names of the library functions `nodes` call, directly or through others."""
-    found: set[str] = set()
-    pending = list(nodes)
-    while pending:
-        node = pending.pop()
-        for value in node.attr.values():
-            names = [value.func.name] if value.HasField("func") else [
-                f.name for f in value.list.func]
-            for name in names:
-                if name in library and name not in found:
-                    found.add(name)
-                    pending.extend(library[name].node_def)
-    return found
-
-
 def set_original(launch: Any, template: tf.compat.v1.GraphDef,
                  outputs: Sequence[str]) -> None:
     """Attach the cluster's own ops to `launch` (a NodeDef or an Operation)."""
@@ -328,24 +314,6 @@ def add_branch_functions(graph: tf.Graph, clusters: Sequence[CompiledCluster]) -
     for cluster in clusters:
         for function in cluster.fallback or ():
             function.add_to_graph(graph)
-
-
-def without_colocation_outside(graph_def: tf.compat.v1.GraphDef,
-                                present: set[str]) -> tf.compat.v1.GraphDef:
-    """A copy of `graph_def` whose `_class: loc:@op` colocation constraints name only
-    ops in `present` (import_graph_def rejects a constraint on an op it cannot find)."""
-    result = tf.compat.v1.GraphDef()
-    result.CopyFrom(graph_def)
-    for node in result.node:
-        if "_class" not in node.attr:
-            continue
-        kept = [c for c in node.attr["_class"].list.s
-                if not c.startswith(b"loc:@") or c[5:].decode() in present]
-        del node.attr["_class"].list.s[:]
-        node.attr["_class"].list.s.extend(kept)
-        if not kept:
-            del node.attr["_class"]
-    return result
 
 
 def import_rewritten(graph_def: tf.compat.v1.GraphDef, placeholder_names: Sequence[str],

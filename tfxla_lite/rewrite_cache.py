@@ -189,8 +189,7 @@ def rewrite_key(graph_def: tf.compat.v1.GraphDef, jit_compile: bool | None, opti
 
 # The TF-side modules whose code decides the clusters, their boundaries and the rewrite.
 _TF_SIDE_MODULES = ("api.py", "driver.py", "program.py", "cached_programs.py", "rewrite.py",
-                    "rewrite_cache.py", "inline.py", "dynamic.py", "control_flow.py",
-                    "options.py")
+                    "rewrite_cache.py", "dynamic.py", "control_flow.py", "options.py")
 
 
 @cache

@@ -19,7 +19,7 @@ import tensorflow as tf
 
 import tfxla_lite as tl
 from tfxla_lite import coverage
-from tfxla_lite.control_flow import CONTROL_FLOW_OPS
+from tfxla_lite.clustering.body_graphs import CONTROL_FLOW_OPS
 from tfxla_lite.driver import build_program
 from tfxla_lite.options import Options
 from tfxla_lite.program import Program

@@ -1,4 +1,4 @@
-"""Function-call inlining (tfxla_lite/inline.py): nested tf.function bodies join the
+"""Function-call inlining (clustering/inline.py): nested tf.function bodies join the
 caller's clusters, stateful body ops stay in TF with their effects, and a graph
 without calls is left as it is."""
 
@@ -8,7 +8,7 @@ import numpy as np
 import tensorflow as tf
 
 import tfxla_lite as tl
-from tfxla_lite.inline import CALL_OP_TYPES, inline_function_calls
+from tfxla_lite.clustering.inline import CALL_OP_TYPES, inline_function_calls
 
 
 def _x() -> np.ndarray:

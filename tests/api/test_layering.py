@@ -50,11 +50,7 @@ CORE_LAYERS = ("hlo", "passes", "settings", "codegen")
 TENSORFLOW = ("tensorflow", "keras", "tf_keras")
 
 # (importer, imported) -> owner: imports that go up a layer, being removed.
-ALLOWED_UPWARD: dict[tuple[str, str], str] = {
-    ("tfxla_lite.clustering.cluster", "tfxla_lite.inline"): "PIPELINE (front end)",
-    ("tfxla_lite.clustering.rules_control_flow", "tfxla_lite.control_flow"): "PIPELINE",
-    ("tfxla_lite.clustering.rules_control_flow", "tfxla_lite.inline"): "PIPELINE",
-}
+ALLOWED_UPWARD: dict[tuple[str, str], str] = {}
 
 # (importer, imported) -> owner: without these edges the import graph has no cycle.
 # Patterns as in fnmatch.
