@@ -13,6 +13,10 @@ follows from which CPU kernel runs the op:
   features and output features a multiple of 16. Such a forward is compiled; such a
   filter gradient when the narrower of its features is at least DIRECT_FILTER_FEATURES
   (a window larger than 1×1) or FILTER_FEATURES (1×1).
+- A forward convolution of fewer than DIRECT_INPUTS input features per group (a first
+  layer reading an image's channels) is compiled: its patches and one GEMM per block ran
+  at 0.96-2.85 of oneDNN (MobileNetV2's and ResNet50's stems, small_cnn's 28×28×1),
+  whose kernels are slow on so few channels; its filter gradient stays on TF (0.66-0.83).
 - Everything else runs as library GEMMs over patches (`convolution_gemm.py`,
   `convolution_filter.py`), whose packing is paid per block of the GEMM's narrow side,
   so they are compiled only where the GEMM is wide: a forward's output features at
@@ -92,6 +96,8 @@ def tf_kernel_faster(op: tf.Operation) -> bool:
     direct = (op.outputs[0].dtype.name in _DIRECT_TYPES and gemm_packed.available()
               and group_inputs >= DIRECT_INPUTS and outputs % _DIRECT_LANES == 0)
     if op.type in _FORWARD:
+        if group_inputs < DIRECT_INPUTS:
+            return False  # a first layer reading an image's channels
         if direct and math.prod(window) * group_inputs >= DIRECT_DEPTH:
             return False
         return outputs < (FORWARD_FEATURES if one_by_one else WINDOW_FEATURES)

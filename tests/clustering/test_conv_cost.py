@@ -63,9 +63,8 @@ def test_direct_register_blocks_compile() -> None:
     # A forward the direct blocks take: compiled whatever its width.
     assert not tf_kernel_faster(_forward((2, 4, 4, 16), (3, 3, 16, 64)))
     assert not tf_kernel_faster(_forward((2, 4, 4, 64), (1, 1, 64, 16)))
-    # Too few input features, too short a patch, outputs not a multiple of 16: the GEMM
-    # path's thresholds.
-    assert tf_kernel_faster(_forward((2, 4, 4, 4), (3, 3, 4, 64)))
+    # Too short a patch, outputs not a multiple of 16: the GEMM path's thresholds.
+    assert tf_kernel_faster(_forward((2, 4, 4, 8), (3, 3, 8, 60)))
     assert tf_kernel_faster(_forward((2, 4, 4, 32), (1, 1, 32, 64)))
     assert tf_kernel_faster(_forward((2, 4, 4, 16), (3, 3, 16, 72)))
     # Filter gradients with a window: from DIRECT_FILTER_FEATURES; 1×1 from FILTER_FEATURES.
@@ -88,6 +87,14 @@ def test_gradients_by_the_narrower_features(op_type: str, threshold: int) -> Non
                                                             threshold - 1))
     assert not tf_kernel_faster(wide)
     assert tf_kernel_faster(narrow)
+
+
+def test_first_layers_compile() -> None:
+    # Fewer than 8 input features (an image's channels): the forward is compiled, its
+    # filter gradient stays on TF.
+    assert not tf_kernel_faster(_forward((2, 8, 8, 3), (7, 7, 3, 64)))
+    assert not tf_kernel_faster(_forward((2, 8, 8, 1), (3, 3, 1, 30)))
+    assert tf_kernel_faster(_backprop("Conv2DBackpropFilter", (1, 8, 8, 3), (3, 3, 3, 32)))
 
 
 def test_grouped_convolutions_are_never_left_to_tf() -> None:
@@ -156,6 +163,6 @@ def test_the_gate_follows_the_rule_and_compile_convolutions_lifts_it() -> None:
                       [(2, 4, 4, 8), (1, 1, 8, 256)], "Conv2D")
     assert mark(graph, GATED)[wide.name].compilable
     narrow, graph = _op(lambda x, w: tf.nn.conv2d(x, w, 1, "SAME"),
-                        [(2, 4, 4, 4), (3, 3, 4, 16)], "Conv2D")
+                        [(2, 4, 4, 8), (3, 3, 8, 60)], "Conv2D")
     assert not mark(graph, GATED)[narrow.name].compilable
     assert mark(graph, MarkOptions())[narrow.name].compilable  # compile_convolutions

@@ -193,7 +193,8 @@ def test_conv_in_both_modes() -> None:
 def test_convolutions_stay_on_tf_kernels_by_default() -> None:
     """Without `compile_convolutions`, a conv runs on TF's (faster) kernel in both modes,
     the rest of the layer compiled; jit_compile=True does not send the trace to XLA."""
-    x, w = _operands((2, 8, 8, 3), (3, 3, 3, 4), F32)
+    # 8 input features: not a first layer; 4 outputs: no direct register blocks.
+    x, w = _operands((2, 8, 8, 8), (3, 3, 8, 4), F32)
     bias = sample((4,), F32, seed=6, edges=False)
 
     def fn(x: tf.Tensor, w: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
