@@ -16,6 +16,10 @@ result. No unit shares a sum with another, so the result does not depend on the
 thread count, and no partial sums are stored or added. A 1×1 stride-1 unpadded filter
 needs no patches: x is P, and one GEMM over all pixels makes the unit.
 
+Filter gradients with at least 8 input features and output features a multiple of 16
+run as direct register blocks instead on AVX-512 hosts (`convolution_filter_direct.py`:
+no patch columns copied, nothing packed).
+
 What it does not take (the element generator of `convolution.py` does): other layouts,
 base dilation or reversal (a filter gradient has neither), feature groups, types
 without a library GEMM, empty operands, and groups too narrow for a GEMM (depthwise

@@ -15,13 +15,12 @@ column slices of W and C (leading dimension O). A backprop-input's filter as it 
 C += P[:, position's features] · W[position]^T, so no transposed copy of the filter is
 made.
 
-Why im2col and not a direct loop nest: the GEMM (OpenBLAS here, oneDNN's own in TF) is
-the tuned inner kernel this backend already trusts for dots; a block of patches is
-small enough to stay in the core's L2 between its copy and the GEMM that reads it,
-and the copy costs K elements per output pixel against 2·K·O flops of product. A direct
-convolution with register blocks over channels (the issue's other option) would need
-its own tuned micro-kernel per shape; it is the next step where GEMM's packing of W per
-block shows (small pixel counts).
+Where the direct register blocks apply (`convolution_direct.py`: f32 on AVX-512, at
+least 8 input features, a patch of at least 64, output features a multiple of 16) they
+run instead: no patch copy and no packing, which the narrow GEMMs of 32-256 output
+features could not repay. This path keeps the rest: f64, hosts without AVX-512, first
+layers of a few channels (one GEMM over the whole window), odd feature counts and 1×1
+backprop-inputs (the filter read transposed in place by the library).
 
 What it does not take (the element generator in `convolution.py` does): other layouts,
 base dilation (transposed convolutions), kernels reversed in some dimensions only or
