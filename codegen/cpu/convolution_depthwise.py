@@ -35,6 +35,7 @@ from tfxla_lite.codegen.cpu.emitter import (
     KernelContext,
     i64,
     minimum,
+    row_major_index,
     row_major_strides,
     value_type,
 )
@@ -166,16 +167,6 @@ def emit_depthwise_kernel(module: ir.Module, pool: object, inst: Instruction, na
         lambda ctx, output, unit: emit_unit(ctx, inst, conv, output, unit))
 
 
-def _multi(b: ir.IRBuilder, flat: ir.Value, dims: tuple[int, ...]) -> list[ir.Value]:
-    """The row-major multi-index of `flat` in `dims`."""
-    strides = row_major_strides(dims)
-    parts = []
-    for d, stride in enumerate(strides):
-        part = flat if d == 0 else b.urem(flat, i64(strides[d - 1]))
-        parts.append(part if stride == 1 else b.udiv(part, i64(stride)))
-    return parts
-
-
 def _flat(b: ir.IRBuilder, multi: list[ir.Value], dims: tuple[int, ...]) -> ir.Value:
     """The row-major flat index of `multi` in `dims`."""
     flat = multi[0]
@@ -272,7 +263,7 @@ def _emit_forward_unit(ctx: KernelContext, inst: Instruction, conv: DepthwisePla
     first = b.mul(unit, i64(BLOCK_PIXELS))
     last = minimum(b, b.add(first, i64(BLOCK_PIXELS)), i64(conv.pixels))
     with ctx.loop(last, name="pixel", start=first) as row:
-        pixel = _multi(b, row, conv.pixel_dims)
+        pixel = row_major_index(b, row, conv.pixel_dims)
         target = b.gep(output, [b.mul(row, i64(outputs))], source_etype=etype)
 
         def taps_loop(add: Callable[[ir.Value, ir.Value], None]) -> None:
@@ -310,7 +301,7 @@ def _emit_filter_unit(ctx: KernelContext, inst: Instruction, conv: DepthwisePlan
     tap = b.udiv(unit, i64(conv.blocks))
     channel0 = b.mul(b.urem(unit, i64(conv.blocks)), i64(conv.lanes))
     target = b.gep(output, [b.add(b.mul(tap, i64(outputs)), channel0)], source_etype=etype)
-    taps = _multi(b, tap, conv.taps_dims)
+    taps = row_major_index(b, tap, conv.taps_dims)
     if conv.lanes:
         slot, vector = _vector_accumulator(ctx, conv)
     else:

@@ -30,17 +30,23 @@ from llvmlite import ir
 
 from tfxla_lite.codegen.cpu import gemm_packed, parallel
 from tfxla_lite.codegen.cpu.dot import NewKernel
-from tfxla_lite.codegen.cpu.dot_blocks import register_sums, splat
+from tfxla_lite.codegen.cpu.dot_blocks import (
+    internal_function,
+    register_sums,
+    splat,
+    store_present_rows,
+)
 from tfxla_lite.codegen.cpu.emitter import (
     I1,
     I64,
     PTR,
-    VOID,
     KernelContext,
     declare,
     i64,
     minimum,
+    row_major_index,
     row_major_strides,
+    zeroed_row,
 )
 from tfxla_lite.hlo.ir import Instruction
 
@@ -166,10 +172,7 @@ def _emit_unit(ctx: KernelContext, inst: Instruction, plan: DirectPlan, output: 
     pixel0 = b.mul(block, i64(plan.block_pixels))
     pixel1 = minimum(b, b.add(pixel0, i64(plan.block_pixels)), i64(conv.rows))
     slivers = b.udiv(b.add(b.sub(pixel1, pixel0), i64(plan.rows - 1)), i64(plan.rows))
-    zeros = ctx.alloca(F32, name="conv.zeros", count=conv.group_inputs)
-    memset = ctx.module.declare_intrinsic("llvm.memset", [PTR, I64])
-    b.call(memset, [zeros, ir.Constant(ir.IntType(8), 0), i64(4 * conv.group_inputs),
-                    ir.Constant(I1, 0)])
+    zeros = zeroed_row(ctx, conv.group_inputs)
     pointers = ctx.alloca(PTR, name="conv.rows", count=plan.block_pixels * plan.taps)
     _emit_pointers(ctx, plan, lhs, zeros, pointers, pixel0, pixel1,
                    b.mul(group, i64(conv.group_inputs)))
@@ -244,7 +247,6 @@ def _emit_pointers(ctx: KernelContext, plan: DirectPlan, lhs: ir.Value, zeros: i
     pixels past pixel1 repeat the last one, whose results are not stored)."""
     b = ctx.builder
     conv = plan.conv
-    pixel_strides = row_major_strides(conv.output_dims[:-1])
     input_strides = row_major_strides(conv.input_dims)
     sizes = tuple(d.size for d in conv.window)
     tap_strides = row_major_strides(sizes)
@@ -252,10 +254,7 @@ def _emit_pointers(ctx: KernelContext, plan: DirectPlan, lhs: ir.Value, zeros: i
                   i64(plan.rows))
     with ctx.loop(count, name="pixel") as slot:
         row = minimum(b, b.add(pixel0, slot), b.sub(pixel1, i64(1)))
-        pixel = []
-        for d, stride in enumerate(pixel_strides):
-            part = row if d == 0 else b.urem(row, i64(pixel_strides[d - 1]))
-            pixel.append(part if stride == 1 else b.udiv(part, i64(stride)))
+        pixel = row_major_index(b, row, conv.output_dims[:-1])
         base = b.add(b.mul(b.udiv(slot, i64(plan.rows)), i64(plan.rows * plan.taps)),
                      b.urem(slot, i64(plan.rows)))
         with ctx.loop_nest(sizes, name="tap") as taps:
@@ -279,19 +278,14 @@ def micro_kernel(module: ir.Module, rows: int, vectors: int) -> ir.Function:
     depth} a[t·MR + r][k] · w[t·tap_step + k·ldw + j], where a holds MR row pointers per
     window position; each sum one fma chain, t then k ascending, in a vector register."""
     name = f"conv_direct.kernel.f32.{rows}x{vectors}"
-    existing = module.globals.get(name)
-    if isinstance(existing, ir.Function):
+    function, existing = internal_function(
+        module, name, [PTR, I64, I64, PTR, I64, I64, PTR, I64, I64, I1],
+        ["a", "taps", "depth", "w", "tap_step", "ldw", "c", "ldc", "present", "accumulate"])
+    if function is None:
         return existing
-    vector = ir.VectorType(F32, LANES)
-    function = ir.Function(module, ir.FunctionType(
-        VOID, [PTR, I64, I64, PTR, I64, I64, PTR, I64, I64, I1]), name=name)
-    function.linkage = "internal"
-    function.attributes.add("nounwind")
     function.attributes.add("noinline")
+    vector = ir.VectorType(F32, LANES)
     a, taps, depth, w, tap_step, ldw, c, ldc, present, accumulate = function.args
-    for argument, text in zip(function.args, ["a", "taps", "depth", "w", "tap_step", "ldw",
-                                              "c", "ldc", "present", "accumulate"]):
-        argument.name = text
     fma = declare(module, "llvm.fma.v16f32", ir.FunctionType(vector, [vector] * 3))
     entry = function.append_basic_block("entry")
     load_block = function.append_basic_block("load_c")
@@ -336,10 +330,6 @@ def micro_kernel(module: ir.Module, rows: int, vectors: int) -> ir.Function:
     tap.add_incoming(b.add(tap, i64(1), flags=["nuw", "nsw"]), b.block)
     b.branch(header)
     b.position_at_end(done)
-    for r in range(rows):
-        with b.if_then(b.icmp_signed("<", i64(r), present)):
-            for v in range(vectors):
-                b.store(sums[r][v], b.gep(c, [b.add(b.mul(i64(r), ldc), i64(v * LANES))],
-                                          source_etype=F32), align=4)
+    store_present_rows(b, sums, c, ldc, present)
     b.ret_void()
     return function

@@ -42,6 +42,7 @@ from tfxla_lite.codegen.cpu.emitter import (
     KernelContext,
     i64,
     minimum,
+    row_major_index,
     row_major_strides,
     storage_type,
     value_type,
@@ -260,15 +261,11 @@ def _emit_patches(ctx: KernelContext, conv: FilterGradientPlan, x: ir.Value, buf
         if conv.group_inputs % conv.input_block == 0 else b.mul(inputs, i64(element_bytes))
     memcpy = ctx.module.declare_intrinsic("llvm.memcpy", [PTR, PTR, I64])
     memset = ctx.module.declare_intrinsic("llvm.memset", [PTR, I64])
-    pixel_strides = row_major_strides(conv.grad_dims[:-1])
     input_strides = row_major_strides(conv.input_dims)
     tap_strides = row_major_strides(conv.taps_dims)
     lda = conv.tap_block * conv.input_block
     with ctx.loop(pixel1, name="pixel", start=pixel0) as row:
-        pixel = []
-        for d, stride in enumerate(pixel_strides):
-            part = row if d == 0 else b.urem(row, i64(pixel_strides[d - 1]))
-            pixel.append(part if stride == 1 else b.udiv(part, i64(stride)))
+        pixel = row_major_index(b, row, conv.grad_dims[:-1])
         row_start = b.mul(b.sub(row, pixel0), i64(lda))
         with ctx.loop(tap1, name="tap", start=tap0) as tap:
             inside: ir.Value = ir.Constant(I1, 1)

@@ -26,17 +26,24 @@ from llvmlite import ir
 
 from tfxla_lite.codegen.cpu import gemm_packed, parallel
 from tfxla_lite.codegen.cpu.dot import NewKernel
-from tfxla_lite.codegen.cpu.dot_blocks import register_sums, splat
+from tfxla_lite.codegen.cpu.dot_blocks import (
+    initial_sums,
+    internal_function,
+    register_sums,
+    splat,
+    store_present_rows,
+)
 from tfxla_lite.codegen.cpu.emitter import (
     I1,
     I64,
     PTR,
-    VOID,
     KernelContext,
     declare,
     i64,
     minimum,
+    row_major_index,
     row_major_strides,
+    zeroed_row,
 )
 from tfxla_lite.hlo.ir import Instruction
 
@@ -149,10 +156,7 @@ def _emit_unit(ctx: KernelContext, inst: Instruction, plan: FilterDirectPlan,
     strip1 = minimum(b, b.add(strip0, i64(plan.chunk)), i64(plan.strips))
     outputs = conv.grad_dims[-1]
     channel0 = b.mul(group, i64(conv.group_inputs))
-    zeros = ctx.alloca(F32, name="conv.zeros", count=conv.group_inputs)
-    memset = ctx.module.declare_intrinsic("llvm.memset", [PTR, I64])
-    b.call(memset, [zeros, ir.Constant(ir.IntType(8), 0), i64(4 * conv.group_inputs),
-                    ir.Constant(I1, 0)])
+    zeros = zeroed_row(ctx, conv.group_inputs)
     pointers = ctx.alloca(PTR, name="conv.pixels", count=BLOCK_PIXELS)
     kernel = micro_kernel(ctx.module, plan.rows, plan.vectors)
     # dW[tap, input, column]: row (tap · Cg + input) of the result, row stride O.
@@ -186,18 +190,10 @@ def _emit_pointers(ctx: KernelContext, conv: FilterGradientPlan, x: ir.Value,
     """pointers[p - pixel0]: the group's input features that output pixel p reads at
     window position `tap` (the zeroed row in the padding)."""
     b = ctx.builder
-    pixel_strides = row_major_strides(conv.grad_dims[:-1])
     input_strides = row_major_strides(conv.input_dims)
-    tap_strides = row_major_strides(conv.taps_dims)
-    positions = []
-    for i in range(len(conv.window)):
-        part = tap if i == 0 else b.urem(tap, i64(tap_strides[i - 1]))
-        positions.append(part if tap_strides[i] == 1 else b.udiv(part, i64(tap_strides[i])))
+    positions = row_major_index(b, tap, conv.taps_dims)
     with ctx.loop(pixel1, name="pixel", start=pixel0) as row:
-        pixel = []
-        for d, stride in enumerate(pixel_strides):
-            part = row if d == 0 else b.urem(row, i64(pixel_strides[d - 1]))
-            pixel.append(part if stride == 1 else b.udiv(part, i64(stride)))
+        pixel = row_major_index(b, row, conv.grad_dims[:-1])
         inside: ir.Value = ir.Constant(I1, 1)
         source = b.add(b.mul(pixel[0], i64(input_strides[0])), channel0)
         for i, d in enumerate(conv.window):
@@ -217,43 +213,22 @@ def micro_kernel(module: ir.Module, rows: int, vectors: int) -> ir.Function:
     ascending in a vector register. Rows past `present` read row present - 1 and are
     not stored."""
     name = f"conv_filter_direct.kernel.f32.{rows}x{vectors}"
-    existing = module.globals.get(name)
-    if isinstance(existing, ir.Function):
+    function, existing = internal_function(
+        module, name, [PTR, I64, I64, PTR, I64, PTR, I64, I64, I1],
+        ["a", "count", "first", "g", "ldg", "c", "ldc", "present", "accumulate"])
+    if function is None:
         return existing
-    vector = ir.VectorType(F32, LANES)
-    function = ir.Function(module, ir.FunctionType(
-        VOID, [PTR, I64, I64, PTR, I64, PTR, I64, I64, I1]), name=name)
-    function.linkage = "internal"
-    function.attributes.add("nounwind")
     function.attributes.add("noinline")
+    vector = ir.VectorType(F32, LANES)
     a, count, first, g, ldg, c, ldc, present, accumulate = function.args
-    for argument, text in zip(function.args, ["a", "count", "first", "g", "ldg", "c", "ldc",
-                                              "present", "accumulate"]):
-        argument.name = text
     fma = declare(module, "llvm.fma.v16f32", ir.FunctionType(vector, [vector] * 3))
-    entry = function.append_basic_block("entry")
-    load_block = function.append_basic_block("load_c")
-    start = function.append_basic_block("start")
-    b = ir.IRBuilder(entry)
+    b = ir.IRBuilder(function.append_basic_block("entry"))
     last = b.sub(present, i64(1))
     lines = [minimum(b, i64(r), last) for r in range(rows)]
     offsets = [b.add(first, line) for line in lines]
-    b.cbranch(accumulate, load_block, start)
-    b.position_at_end(load_block)
-    loaded = [[b.load(b.gep(c, [b.add(b.mul(lines[r], ldc), i64(v * LANES))],
-                            source_etype=F32), typ=vector, align=4)
-               for v in range(vectors)] for r in range(rows)]
-    b.branch(start)
-    b.position_at_end(start)
-    sums = []
-    for r in range(rows):
-        line = []
-        for v in range(vectors):
-            phi = b.phi(vector, name=f"init.{r}.{v}")
-            phi.add_incoming(ir.Constant(vector, None), entry)
-            phi.add_incoming(loaded[r][v], load_block)
-            line.append(phi)
-        sums.append(line)
+    sums = initial_sums(b, accumulate, rows, vectors, lambda r, v: b.load(
+        b.gep(c, [b.add(b.mul(lines[r], ldc), i64(v * LANES))], source_etype=F32),
+        typ=vector, align=4))
 
     def operands(p: ir.Value):
         pointer = b.load(b.gep(a, [p], source_etype=PTR), typ=PTR)
@@ -264,10 +239,6 @@ def micro_kernel(module: ir.Module, rows: int, vectors: int) -> ir.Function:
             b.gep(pointer, [offsets[r]], source_etype=F32), typ=F32), vector)
 
     final = register_sums(b, count, sums, operands, fma, "p")
-    for r in range(rows):
-        with b.if_then(b.icmp_signed("<", i64(r), present)):
-            for v in range(vectors):
-                b.store(final[r][v], b.gep(c, [b.add(b.mul(i64(r), ldc), i64(v * LANES))],
-                                           source_etype=F32), align=4)
+    store_present_rows(b, final, c, ldc, present)
     b.ret_void()
     return function

@@ -49,6 +49,7 @@ from tfxla_lite.codegen.cpu.emitter import (
     KernelContext,
     i64,
     minimum,
+    row_major_index,
     row_major_strides,
     storage_type,
 )
@@ -234,15 +235,11 @@ def _emit_patches(ctx: KernelContext, conv: ConvolutionPlan, lhs: ir.Value, buff
     memcpy = ctx.module.declare_intrinsic("llvm.memcpy", [PTR, PTR, I64])
     memset = ctx.module.declare_intrinsic("llvm.memset", [PTR, I64])
     pixel_dims = conv.output_dims[:-1]  # N, spatial...
-    pixel_strides = row_major_strides(pixel_dims)
     input_strides = row_major_strides(conv.input_dims)
     sizes = tuple(d.size for d in conv.window)
     position_strides = row_major_strides(sizes)
     with ctx.loop(row1, name="pixel", start=row0) as row:
-        pixel = []
-        for d, stride in enumerate(pixel_strides):
-            part = row if d == 0 else b.urem(row, i64(pixel_strides[d - 1]))
-            pixel.append(part if stride == 1 else b.udiv(part, i64(stride)))
+        pixel = row_major_index(b, row, pixel_dims)
         row_start = b.mul(b.sub(row, row0), i64(conv.k))
         with ctx.loop_nest(sizes, name="tap") as taps:
             inside: ir.Value = ir.Constant(I1, 1)

@@ -180,21 +180,16 @@ def _block_function(module: ir.Module, element_type: str, element_bytes: int, ro
     LLVM's O3 pipeline spent about 10 ms on each copy of the 8 × 2 loop (16 vector
     phis and multiply-adds), and a module has one copy however many dots it holds."""
     name = f"dot_block.{element_type}.{rows}x{vectors}{'.masked' if masked else ''}"
-    existing = module.globals.get(name)
-    if isinstance(existing, ir.Function):
+    parameters = [PTR, I64, I64, PTR, I64, I64, PTR, I64] + ([I64] if masked else [])
+    function, existing = internal_function(module, name, parameters, (
+        "a", "a_row_stride", "a_k_stride", "b", "ldb", "k", "c", "ldc", "lanes"))
+    if function is None:
         return existing
+    function.attributes.add("noinline")
     scalar = value_type(element_type)
     lanes = _lanes(element_bytes)
     vector = ir.VectorType(scalar, lanes)
-    parameters = [PTR, I64, I64, PTR, I64, I64, PTR, I64] + ([I64] if masked else [])
-    function = ir.Function(module, ir.FunctionType(VOID, parameters), name=name)
-    function.linkage = "internal"
-    function.attributes.add("nounwind")
-    function.attributes.add("noinline")
     lhs, row_stride, k_stride, rhs, ldb, count, out, ldc = function.args[:8]
-    for argument, text in zip(function.args, ("a", "a_row_stride", "a_k_stride", "b", "ldb",
-                                              "k", "c", "ldc", "lanes")):
-        argument.name = text
     b = ir.IRBuilder(function.append_basic_block("entry"))
     align = element_bytes
     mask = None
@@ -322,20 +317,15 @@ def _product_function(module: ir.Module, element_type: str, element_bytes: int, 
     c < columns, A's and B's rows contiguous; one function per module and block shape
     (named `dot_block.` for the tiers, `tiers.O3_EVEN_WHEN_QUICK`)."""
     name = f"dot_block.{element_type}.product.{rows}x{columns}"
-    existing = module.globals.get(name)
-    if isinstance(existing, ir.Function):
+    function, existing = internal_function(module, name, [PTR, I64, PTR, I64, I64, PTR, I64],
+                                           ("a", "lda", "b", "ldb", "k", "c", "ldc"))
+    if function is None:
         return existing
+    function.attributes.add("noinline")
     scalar = value_type(element_type)
     lanes = _lanes(element_bytes)
     vector = ir.VectorType(scalar, lanes)
-    function = ir.Function(module, ir.FunctionType(VOID, [PTR, I64, PTR, I64, I64, PTR, I64]),
-                           name=name)
-    function.linkage = "internal"
-    function.attributes.add("nounwind")
-    function.attributes.add("noinline")
     lhs, lda, rhs, ldb, count, out, ldc = function.args
-    for argument, text in zip(function.args, ("a", "lda", "b", "ldb", "k", "c", "ldc")):
-        argument.name = text
     b = ir.IRBuilder(function.append_basic_block("entry"))
 
     def at(base: ir.Value, offset: ir.Value) -> ir.Value:
@@ -438,6 +428,57 @@ def register_sums(b: ir.IRBuilder, count: ir.Value, initial: list[list[ir.Value]
     b.branch(header)
     b.position_at_end(done)
     return sums
+
+
+def internal_function(module: ir.Module, name: str, parameters: list[ir.Type],
+                      names: Collection[str]) -> tuple[ir.Function | None, ir.Function]:
+    """(None, the module's function `name`) where it exists, else (the new internal,
+    nounwind `void name(parameters)` with its arguments named `names`, itself) to fill:
+    one function per module and name, called by every kernel that needs it."""
+    existing = module.globals.get(name)
+    if isinstance(existing, ir.Function):
+        return None, existing
+    function = ir.Function(module, ir.FunctionType(VOID, parameters), name=name)
+    function.linkage = "internal"
+    function.attributes.add("nounwind")
+    for argument, text in zip(function.args, names):
+        argument.name = text
+    return function, function
+
+
+def initial_sums(b: ir.IRBuilder, accumulate: ir.Value, rows: int, vectors: int,
+                 load: Callable[[int, int], ir.Value]) -> list[list[ir.Value]]:
+    """From a micro-kernel's entry block (b's): the rows × vectors phis init.r.v of a new
+    block "start", each zero or, where `accumulate`, load(r, v) (C's block, read in a
+    block "load_c"); b is left at the end of "start"."""
+    entry = b.block
+    load_block = b.function.append_basic_block("load_c")
+    start = b.function.append_basic_block("start")
+    b.cbranch(accumulate, load_block, start)
+    b.position_at_end(load_block)
+    loaded = [[load(r, v) for v in range(vectors)] for r in range(rows)]
+    b.branch(start)
+    b.position_at_end(start)
+    sums = []
+    for r in range(rows):
+        line = []
+        for v in range(vectors):
+            phi = b.phi(loaded[r][v].type, name=f"init.{r}.{v}")
+            phi.add_incoming(ir.Constant(loaded[r][v].type, None), entry)
+            phi.add_incoming(loaded[r][v], load_block)
+            line.append(phi)
+        sums.append(line)
+    return sums
+
+
+def store_present_rows(b: ir.IRBuilder, sums: list[list[ir.Value]], c: ir.Value,
+                       ldc: ir.Value, present: ir.Value) -> None:
+    """sums[r][v] into C[r, v·lanes + (0..lanes)] (row stride ldc) for r < present."""
+    for r, line in enumerate(sums):
+        with b.if_then(b.icmp_signed("<", i64(r), present)):
+            for v, value in enumerate(line):
+                b.store(value, b.gep(c, [b.add(b.mul(i64(r), ldc), i64(v * value.type.count))],
+                                     source_etype=value.type.element), align=4)
 
 
 def splat(b: ir.IRBuilder, value: ir.Value, vector: ir.VectorType) -> ir.Value:

@@ -137,6 +137,26 @@ def row_major_strides(dims: tuple[int, ...]) -> list[int]:
     return strides
 
 
+def row_major_index(builder: ir.IRBuilder, flat: ir.Value, dims: tuple[int, ...]
+                    ) -> list[ir.Value]:
+    """The row-major multi-index of `flat` in `dims` (every dimension, a size of 1 too)."""
+    strides = row_major_strides(dims)
+    parts = []
+    for d, stride in enumerate(strides):
+        part = flat if d == 0 else builder.urem(flat, i64(strides[d - 1]))
+        parts.append(part if stride == 1 else builder.udiv(part, i64(stride)))
+    return parts
+
+
+def zeroed_row(ctx: KernelContext, count: int) -> ir.Value:
+    """A stack row of `count` f32 zeros: what a pointer into the padding reads."""
+    zeros = ctx.alloca(ir.FloatType(), name="conv.zeros", count=count)
+    memset = ctx.module.declare_intrinsic("llvm.memset", [PTR, I64])
+    ctx.builder.call(memset, [zeros, ir.Constant(ir.IntType(8), 0), i64(4 * count),
+                              ir.Constant(I1, 0)])
+    return zeros
+
+
 class Index:
     """The index of one element of an array of `dims`: multi-dimensional, linear, or both.
 

@@ -37,13 +37,18 @@ from typing import TYPE_CHECKING
 import llvmlite.binding as llvm
 from llvmlite import ir
 
-from tfxla_lite.codegen.cpu.dot_blocks import masked_intrinsic, register_sums, splat
+from tfxla_lite.codegen.cpu.dot_blocks import (
+    initial_sums,
+    internal_function,
+    masked_intrinsic,
+    register_sums,
+    splat,
+)
 from tfxla_lite.codegen.cpu.emitter import (
     I1,
     I32,
     I64,
     PTR,
-    VOID,
     KernelContext,
     declare,
     i64,
@@ -164,20 +169,6 @@ def _at(b: ir.IRBuilder, base: ir.Value, offset: ir.Value) -> ir.Value:
     return b.gep(base, [offset], inbounds=True, source_etype=F32)
 
 
-def _internal(module: ir.Module, name: str, parameters: list[ir.Type], names: list[str]
-              ) -> tuple[ir.Function | None, ir.Function]:
-    """(None, the existing function) or (the new function, itself) to fill."""
-    existing = module.globals.get(name)
-    if isinstance(existing, ir.Function):
-        return None, existing
-    function = ir.Function(module, ir.FunctionType(VOID, parameters), name=name)
-    function.linkage = "internal"
-    function.attributes.add("nounwind")
-    for argument, text in zip(function.args, names):
-        argument.name = text
-    return function, function
-
-
 def _vector() -> ir.VectorType:
     return ir.VectorType(F32, LANES)
 
@@ -189,7 +180,7 @@ def micro_kernel(module: ir.Module) -> ir.Function:
     (accumulate ? C : 0) + Σ_{k < kc} pa[k·MR + r] · pb[k·NR + j], each sum one fma chain
     over k ascending in a vector register."""
     name = f"gemm_packed.kernel.f32.{MR}x{VECTORS}"
-    function, existing = _internal(module, name, [PTR, PTR, I64, PTR, I64, I1],
+    function, existing = internal_function(module, name, [PTR, PTR, I64, PTR, I64, I1],
                                    ["pa", "pb", "kc", "c", "ldc", "accumulate"])
     if function is None:
         return existing
@@ -198,24 +189,8 @@ def micro_kernel(module: ir.Module) -> ir.Function:
     vector = _vector()
     fma = declare(module, "llvm.fma.v16f32", ir.FunctionType(vector, [vector] * 3))
     b = ir.IRBuilder(function.append_basic_block("entry"))
-    load_block = function.append_basic_block("load_c")
-    start = function.append_basic_block("start")
-    entry = b.block
-    b.cbranch(accumulate, load_block, start)
-    b.position_at_end(load_block)
-    loaded = [[b.load(_at(b, c, b.add(b.mul(i64(r), ldc), i64(v * LANES))), typ=vector,
-                      align=4) for v in range(VECTORS)] for r in range(MR)]
-    b.branch(start)
-    b.position_at_end(start)
-    sums = []
-    for r in range(MR):
-        line = []
-        for v in range(VECTORS):
-            phi = b.phi(vector, name=f"init.{r}.{v}")
-            phi.add_incoming(ir.Constant(vector, None), entry)
-            phi.add_incoming(loaded[r][v], load_block)
-            line.append(phi)
-        sums.append(line)
+    sums = initial_sums(b, accumulate, MR, VECTORS, lambda r, v: b.load(
+        _at(b, c, b.add(b.mul(i64(r), ldc), i64(v * LANES))), typ=vector, align=4))
 
     def operands(k: ir.Value) -> tuple[list[ir.Value], Callable[[int], ir.Value]]:
         columns = [b.load(_at(b, pb, b.add(b.mul(k, i64(nr())), i64(v * LANES))),
@@ -257,7 +232,7 @@ def pack_b(module: ir.Module, transposed: bool) -> ir.Function:
     strip s at dest + s·kc·NR, row kk of it NR contiguous floats (past N: zeros, or the
     last column again when transposed; only edge tiles read them, which store none)."""
     name = f"gemm_packed.pack_b.f32.{nr()}{'.t' if transposed else ''}"
-    function, existing = _internal(module, name, [PTR, I64, I64, I64, PTR, I64, I64],
+    function, existing = internal_function(module, name, [PTR, I64, I64, I64, PTR, I64, I64],
                                    ["b", "ldb", "kc", "n", "dest", "s0", "s1"])
     if function is None:
         return existing
@@ -302,7 +277,7 @@ def pack_a(module: ir.Module, transposed: bool) -> ir.Function:
     at dest + t·kc·MR, its k-th MR floats contiguous (past `rows` the last row again:
     only edge tiles read them, which store none)."""
     name = f"gemm_packed.pack_a.f32.{MR}{'.t' if transposed else ''}"
-    function, existing = _internal(module, name, [PTR, I64, I64, I64, PTR],
+    function, existing = internal_function(module, name, [PTR, I64, I64, I64, PTR],
                                    ["a", "lda", "rows", "kc", "dest"])
     if function is None:
         return existing
@@ -340,7 +315,7 @@ def panel(module: ir.Module, transpose_a: bool, packed_rows: int) -> ir.Function
     tiles (fewer than MR rows or NR columns) run the kernel on a zeroed MR × NR copy and
     copy the present part back."""
     name = f"gemm_packed.panel.f32.{MR}x{VECTORS}.{packed_rows}{'.t' if transpose_a else ''}"
-    function, existing = _internal(module, name,
+    function, existing = internal_function(module, name,
                                    [PTR, I64, PTR, I64, I64, I64, PTR, I64, I64, PTR],
                                    ["a", "lda", "pb", "pc", "kc", "n", "c", "ldc", "rows", "pa"])
     if function is None:
