@@ -36,7 +36,6 @@ import ctypes
 import ctypes.util
 import functools
 import re
-import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -46,6 +45,7 @@ from llvmlite import ir
 from tfxla_lite.codegen.cpu import engine, parallel
 from tfxla_lite.codegen.cpu.compiler import KernelMerger, emit_function
 from tfxla_lite.codegen.cpu.emitter import ENTRY_NAME, I32, I64, PTR, VOID, ConstantPool
+from tfxla_lite.codegen.cpu.kernel_cache import object_symbols
 from tfxla_lite.codegen.executable import TEMP_ALIGNMENT
 from tfxla_lite.hlo.ir import HloModule
 from tfxla_lite.hlo.shape import Shape
@@ -220,21 +220,7 @@ def undefined_symbols(object_code: bytes) -> list[str]:
     if object_code[:4] != b"\x7fELF" or object_code[4] != 2 or object_code[5] != 1:
         raise AotError("the object is not a 64-bit little-endian ELF file: libraries are "
                        "built for Linux hosts only")
-    section_offset, = struct.unpack_from("<Q", object_code, 0x28)
-    entry_size, count = struct.unpack_from("<HH", object_code, 0x3A)
-    sections = [struct.unpack_from("<IIQQQQIIQQ", object_code, section_offset + i * entry_size)
-                for i in range(count)]
-    names: set[str] = set()
-    for _, kind, _, _, offset, size, link, _, _, symbol_size in sections:
-        if kind != 2:  # SHT_SYMTAB
-            continue
-        strings = sections[link][4]
-        for at in range(offset, offset + size, symbol_size):
-            name_offset, info, _, section_index = struct.unpack_from("<IBBH", object_code, at)
-            if section_index == 0 and info >> 4 in (1, 2) and name_offset:  # GLOBAL, WEAK
-                end = object_code.index(b"\0", strings + name_offset)
-                names.add(object_code[strings + name_offset:end].decode())
-    return sorted(names)
+    return object_symbols(object_code)[1]
 
 
 @functools.cache
