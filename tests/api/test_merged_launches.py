@@ -5,9 +5,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import keras
 import numpy as np
 import tensorflow as tf
+from api_helpers import keras_adam_step
 
 import tfxla_lite as tl
 from tfxla_lite.options import Options
@@ -17,29 +17,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tolerances import assert_close  # noqa: E402 - tests/tolerances.py, by path
 
 
-def _model_and_step() -> tuple[keras.Model, object]:
-    keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.layers.Input((12,)), keras.layers.Dense(16, "relu"),
-                              keras.layers.Dense(3)])
-    optimizer = keras.optimizers.Adam(1e-2)
-    optimizer.build(model.trainable_variables)
-
-    def step(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_mean(tf.square(model(x, training=True) - y))
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
-    return model, step
-
-
 def _launches(f: tl.Function, *args: tf.Tensor) -> int:
     graph = f.get_concrete_function(*args).graph
     return sum(op.type in LAUNCH_OP_TYPES for op in graph.get_operations())
 
 
 def _train(options: Options | None) -> tuple[int, list[np.ndarray], list[np.ndarray]]:
-    model, step = _model_and_step()
+    model, step = keras_adam_step(12, 16, "relu", 3)
     rng = np.random.default_rng(1)
     x = tf.constant(rng.standard_normal((8, 12)), tf.float32)
     y = tf.constant(rng.standard_normal((8, 3)), tf.float32)

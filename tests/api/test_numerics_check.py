@@ -13,10 +13,10 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from api_helpers import keras_adam_step
 
 import tfxla_lite as tl
 from tfxla_lite import numerics_check
@@ -165,19 +165,7 @@ def test_variable_writes_are_compared_once_written() -> None:
 
 
 def test_keras_adam_step_is_checked_whole() -> None:
-    keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.layers.Input((6,)), keras.layers.Dense(8, "tanh"),
-                              keras.layers.Dense(2)])
-    optimizer = keras.optimizers.Adam(1e-2)
-    optimizer.build(model.trainable_variables)
-
-    def step(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_mean(tf.square(model(x, training=True) - y))
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
-
+    _, step = keras_adam_step(6, 8, "tanh", 2)
     f = tl.function(step, jit_compile=True, options=CHECK)
     rng = np.random.default_rng(2)
     x = tf.constant(rng.standard_normal((8, 6)), tf.float32)

@@ -136,14 +136,7 @@ def _run_both(build: Callable[[Callable[..., Any], list[tf.Variable]], Callable[
 
 
 def _graph_tape(inner: Callable[..., Any], variables: list[tf.Variable]) -> Callable[..., Any]:
-    @tf.function
-    def outer(x):
-        with tf.GradientTape() as tape:
-            tape.watch(x)
-            loss = tf.nest.flatten(inner(x))[0]
-        return loss, tape.gradient(loss, [x, *variables])
-
-    return outer
+    return tf.function(_eager_tape(inner, variables))
 
 
 def _graph_gradients(inner: Callable[..., Any], variables: list[tf.Variable]
