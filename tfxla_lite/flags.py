@@ -62,6 +62,11 @@ def _text(text: str) -> str:
     return text
 
 
+def _lowered(text: str) -> str:
+    """A keyword value (a level, a runtime, a mode), matched case-insensitively."""
+    return _text(text).lower()
+
+
 @dataclass(frozen=True)
 class Flag:
     name: str
@@ -104,16 +109,16 @@ FLAGS: dict[str, Flag] = {flag.name: flag for flag in (
     Flag("compile_convolutions", "", _boolean,
          "compile every Conv2D/Conv3D/DepthwiseConv2dNative and their gradients (default "
          "false: those oneDNN runs faster for their shape stay in TF, rules_conv_cost.py)"),
-    Flag("log_level", "LEVEL", lambda text: _text(text).lower(),
+    Flag("log_level", "LEVEL", _lowered,
          "level of the 'tfxla_lite' logger: debug, info, warning or error"),
     Flag("pause_collector", "", _boolean,
          "pause Python's garbage collector while a signature compiles (default true)"),
-    Flag("parallel_runtime", "RUNTIME", lambda text: _text(text).lower(),
+    Flag("parallel_runtime", "RUNTIME", _lowered,
          "what big kernels' parallel parts run on: tf (TF's intra-op pool, the default), "
          "openmp (libgomp) or serial"),
     Flag("output_pool_mb", "MB", _integer,
          "cap on the idle output blocks the launch op keeps mapped (default 1024; 0: off)"),
-    Flag("cache", "on|memory|off", lambda text: _text(text).lower(),
+    Flag("cache", "on|memory|off", _lowered,
          "the compile caches: on (process and disk), memory (process only) or off "
          "(default: TFXLA_LITE_CACHE, else on)"),
     Flag("tiered_llvm", "", _boolean,
@@ -129,7 +134,7 @@ FLAGS: dict[str, Flag] = {flag.name: flag for flag in (
          "TFXLA_LITE_BACKGROUND_NICE, else 10)"),
     Flag("cublaslt_epilogues", "", _boolean,
          "fuse dot epilogues into cuBLASLt on the GPU (default: TFXLA_LITE_CUBLASLT, else true)"),
-    Flag("check_numerics", "off|compare|raise", lambda text: _text(text).lower(),
+    Flag("check_numerics", "off|compare|raise", _lowered,
          "compare every launch with its cluster's TF ops (numerics_report()); raise: fail "
          "on NaN/Inf only compiled code makes (default off)"),
 )}
