@@ -258,18 +258,29 @@ def _emit_pointers(ctx: KernelContext, plan: DirectPlan, lhs: ir.Value, zeros: i
         base = b.add(b.mul(b.udiv(slot, i64(plan.rows)), i64(plan.rows * plan.taps)),
                      b.urem(slot, i64(plan.rows)))
         with ctx.loop_nest(sizes, name="tap") as taps:
-            inside: ir.Value = ir.Constant(I1, 1)
-            source = b.add(b.mul(pixel[0], i64(input_strides[0])), input_offset)
-            tap = i64(0)
-            for i, d in enumerate(conv.window):
-                at = b.sub(b.add(b.mul(pixel[1 + i], i64(d.stride)),
-                                 b.mul(taps[i], i64(d.window_dilation))), i64(d.padding_low))
-                inside = b.and_(inside, b.icmp_unsigned("<", at, i64(conv.input_dims[1 + i])))
-                source = b.add(source, b.mul(at, i64(input_strides[1 + i])))
-                tap = b.add(tap, b.mul(taps[i], i64(tap_strides[i])))
+            inside, source, tap = window_read(b, conv, pixel, taps, input_strides, tap_strides,
+                                              input_offset)
             address = b.select(inside, b.gep(lhs, [source], source_etype=F32), zeros)
             b.store(address, b.gep(pointers, [b.add(base, b.mul(tap, i64(plan.rows)))],
                                    source_etype=PTR))
+
+
+def window_read(b: ir.IRBuilder, conv: ConvolutionPlan, pixel: list[ir.Value],
+                taps: list[ir.Value], input_strides: list[int], tap_strides: list[int],
+                input_offset: ir.Value) -> tuple[ir.Value, ir.Value, ir.Value]:
+    """(inside, source, tap) of output `pixel` (batch, spatial...) at window position
+    `taps`: whether it reads the input rather than the padding, the offset of the input
+    features it reads (plus `input_offset`), and the position's row-major number."""
+    inside: ir.Value = ir.Constant(I1, 1)
+    source = b.add(b.mul(pixel[0], i64(input_strides[0])), input_offset)
+    tap = i64(0)
+    for i, d in enumerate(conv.window):
+        at = b.sub(b.add(b.mul(pixel[1 + i], i64(d.stride)),
+                         b.mul(taps[i], i64(d.window_dilation))), i64(d.padding_low))
+        inside = b.and_(inside, b.icmp_unsigned("<", at, i64(conv.input_dims[1 + i])))
+        source = b.add(source, b.mul(at, i64(input_strides[1 + i])))
+        tap = b.add(tap, b.mul(taps[i], i64(tap_strides[i])))
+    return inside, source, tap
 
 
 def micro_kernel(module: ir.Module, rows: int, vectors: int) -> ir.Function:

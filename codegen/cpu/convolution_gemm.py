@@ -39,7 +39,7 @@ from llvmlite import ir
 
 from tfxla_lite.codegen.cpu import engine, parallel
 from tfxla_lite.codegen.cpu.convolution_depthwise import emit_depthwise_kernel
-from tfxla_lite.codegen.cpu.convolution_direct import direct_plan, emit_direct_kernel
+from tfxla_lite.codegen.cpu.convolution_direct import direct_plan, emit_direct_kernel, window_read
 from tfxla_lite.codegen.cpu.convolution_filter import accumulating_gemm, emit_filter_gradient_kernel
 from tfxla_lite.codegen.cpu.dot import NewKernel, library_gemm
 from tfxla_lite.codegen.cpu.emitter import (
@@ -242,15 +242,8 @@ def _emit_patches(ctx: KernelContext, conv: ConvolutionPlan, lhs: ir.Value, buff
         pixel = row_major_index(b, row, pixel_dims)
         row_start = b.mul(b.sub(row, row0), i64(conv.k))
         with ctx.loop_nest(sizes, name="tap") as taps:
-            inside: ir.Value = ir.Constant(I1, 1)
-            source = b.add(b.mul(pixel[0], i64(input_strides[0])), input_offset)
-            position = i64(0)
-            for i, d in enumerate(conv.window):
-                at = b.sub(b.add(b.mul(pixel[1 + i], i64(d.stride)),
-                                 b.mul(taps[i], i64(d.window_dilation))), i64(d.padding_low))
-                inside = b.and_(inside, b.icmp_unsigned("<", at, i64(conv.input_dims[1 + i])))
-                source = b.add(source, b.mul(at, i64(input_strides[1 + i])))
-                position = b.add(position, b.mul(taps[i], i64(position_strides[i])))
+            inside, source, position = window_read(b, conv, pixel, taps, input_strides,
+                                                   position_strides, input_offset)
             target = b.gep(buffer, [b.add(row_start, b.mul(position, i64(conv.group_inputs)))],
                            source_etype=etype)
             with b.if_else(inside) as (real, padding):
