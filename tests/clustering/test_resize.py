@@ -87,6 +87,14 @@ def _grads_for(image_shape: tuple[int, ...], sizes: list[tuple[int, int]], dtype
     return [sample((batch, *size, channels), dtype, seed=20 + i) for i, size in enumerate(sizes)]
 
 
+def _bicubic_once(kinds: list[str]) -> list[Any]:
+    """(rules, kind) pairs where bicubic keeps one rule set in the default run: each of its
+    compiles takes tens of seconds on 2 cores (the others run under `-m slow`)."""
+    return [pytest.param(rules, kind, marks=[pytest.mark.slow]
+                         if kind == "bicubic" and rules != PIXEL_RULES[1] else [])
+            for rules in PIXEL_RULES for kind in kinds]
+
+
 @pytest.mark.parametrize("kind", list(RESIZES))
 @pytest.mark.parametrize("rules", PIXEL_RULES)
 def test_resize(kind: str, rules: tuple[bool, bool]) -> None:
@@ -94,8 +102,7 @@ def test_resize(kind: str, rules: tuple[bool, bool]) -> None:
                      OP_TYPES[kind])
 
 
-@pytest.mark.parametrize("kind", list(RESIZES))
-@pytest.mark.parametrize("rules", PIXEL_RULES)
+@pytest.mark.parametrize("rules, kind", _bicubic_once(list(RESIZES)))
 def test_resize_gradient(kind: str, rules: tuple[bool, bool]) -> None:
     """Gradients with NaN and ±inf among them: TF's kernels multiply even zero weights."""
     image = sample(IMAGE, F32, edges=False)
@@ -110,8 +117,7 @@ FACTOR_IMAGE = (2, 12, 12, 3)
 FACTOR_SIZES = [(4, 3), (6, 4), (24, 36), (12, 6), (3, 24)]
 
 
-@pytest.mark.parametrize("kind", list(RESIZES))
-@pytest.mark.parametrize("rules", PIXEL_RULES)
+@pytest.mark.parametrize("rules, kind", _bicubic_once(list(RESIZES)))
 def test_integer_factors(kind: str, rules: tuple[bool, bool]) -> None:
     """Up and down by 2, 3 and 4 per axis, forward and gradient (NaN and ±inf in both)."""
     check_against_tf(_forward(kind, FACTOR_SIZES, *rules), [sample(FACTOR_IMAGE, F32)],
@@ -390,7 +396,9 @@ def test_unknown_batch_compiles_per_shape() -> None:
             loader.unregister(dynamic_cluster.key)
 
 
-@pytest.mark.parametrize("in_size", [1, 2, 3, 7, 13, 33])
+# 1, 3 and 7 take minutes each on 2 cores: they run under `-m slow`.
+@pytest.mark.parametrize("in_size", [pytest.param(n, marks=pytest.mark.slow) if n in (1, 3, 7)
+                                     else n for n in (1, 2, 3, 7, 13, 33)])
 def test_index_arithmetic_sweep(in_size: int) -> None:
     """Every pixel rule from `in_size` rows to many sizes, on distinct pixel values, so a
     row read from the wrong place shows (evaluator only: the indices are constants)."""
