@@ -438,9 +438,7 @@ def overlap_llvm(options: Options) -> bool:
     """Whether a trace's clusters compile LLVM in the background: the `overlap_llvm`
     option, else `TFXLA_LITE_OVERLAP_LLVM=1` (the code is the same either way). Off by
     default: no gain was measured (docs/benchmarks.md)."""
-    if options.overlap_llvm is not None:
-        return options.overlap_llvm
-    return flags.switch("overlap_llvm")
+    return flags.switch("overlap_llvm", options)
 
 
 def tiered_llvm(options: Options) -> bool:
@@ -449,9 +447,7 @@ def tiered_llvm(options: Options) -> bool:
     `tiered_llvm` option, else `TFXLA_LITE_TIERED` (on unless 0, off, false, no or none).
     Only O3 code is cached either way (codegen/cpu/tiers.py; measurements in
     docs/benchmarks.md, "A tiered LLVM compile")."""
-    if options.tiered_llvm is not None:
-        return options.tiered_llvm
-    return flags.switch("tiered_llvm")
+    return flags.switch("tiered_llvm", options)
 
 
 def leave_to_tf(program: Program, graph: tf.Graph, cluster: Cluster, settings: Settings,
