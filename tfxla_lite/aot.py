@@ -133,8 +133,9 @@ def _assertion_ifs(graph: Any) -> set[str]:
     """The If ops of `graph` that only guard assertions (`tf.debugging.assert_*`): both
     branches hold nothing but assertions and plumbing, one of them an assertion, as
     `driver.compile_bodies` finds them for must-compile."""
-    from tfxla_lite.assertions import IF_OPS, assertion_only, dropped_nodes
+    from tfxla_lite.assertions import assertion_only, dropped_nodes
     from tfxla_lite.clustering.body_graphs import body_calls, function_graph
+    from tfxla_lite.clustering.control_flow_ops import IF_OPS
 
     if not any(op.type in IF_OPS for op in graph.get_operations()):
         return set()

@@ -29,7 +29,6 @@ from typing import Any
 import tensorflow as tf
 
 ASSERT_OPS = frozenset({"Assert"})
-IF_OPS = frozenset({"If", "StatelessIf"})
 DROPPED_REASON = ("assertion: compiled away under jit_compile=True, as TF's XLA does "
                   "(not checked)")
 # What an assertion-only branch may hold besides dropped nodes.

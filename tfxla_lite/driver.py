@@ -38,6 +38,7 @@ from tfxla_lite import assertions, cached_programs, control_flow, dump, flags, n
 from tfxla_lite import dynamic as dynamic_clusters
 from tfxla_lite.clustering import body_graphs
 from tfxla_lite.clustering.cluster import Cluster, form_clusters
+from tfxla_lite.clustering.control_flow_ops import IF_OPS
 from tfxla_lite.clustering.inline import inline_function_calls, is_compiled_function
 from tfxla_lite.clustering.lower import lower_cluster
 from tfxla_lite.clustering.mark import PLUMBING_OPS, Decision, MarkOptions, format_source, mark
@@ -346,7 +347,7 @@ def compile_bodies(graph: tf.Graph, function_name: str, settings: Settings,
             done[signature] = body
             found.programs.append(body)
             shape_lists |= body_graphs.shape_lists(call, program.graph)
-        if call.op_type in assertions.IF_OPS:
+        if call.op_type in IF_OPS:
             branches.setdefault(call.node, []).append(body)
         if body.function is not None:
             found.renames[(call.node, call.attr)] = body.function.function_def.signature.name
