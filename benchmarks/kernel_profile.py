@@ -1,7 +1,8 @@
 """Per-kernel time of tfxla-lite's compiled executables: where a step's time goes.
 
 Run: .venv/bin/python -m benchmarks.kernel_profile WORKLOAD [--iterations N] [--top K]
-     (WORKLOAD: a name of `benchmarks/workloads.py`, e.g. mlp_train_b128)
+     (WORKLOAD: a name of `benchmarks/workloads.py`, e.g. mlp_train_b128, or a model-zoo
+     step MODEL:MODE of `benchmarks/zoo.py`, e.g. transformer:train, transformer:infer)
 
 Inside `profiling()`, every kernel call that `entry` makes is bracketed by the CPU's
 cycle counter (`llvm.readcyclecounter`, the TSC on x86: constant rate), and each
@@ -10,7 +11,9 @@ executable. The minimum is the kernel's cost when nothing else ran on the machin
 (useful on a busy machine); the mean includes waits for a preempted team thread.
 Kernels are labelled by their entry instruction, kind and shape, dots by their GEMM
 plan and schedule (`codegen/cpu/dot.py`), fusions by the opcodes they hold. The
-compile caches are bypassed (a cached executable would carry no counters). The CLI
+compile caches are bypassed (a cached executable would carry no counters), and so is
+the tiered compile: what is profiled is the O3 code, compiled before the first call,
+never the quick tier that runs until the swap (`codegen/cpu/tiers.py`). The CLI
 times the same step under TF's XLA, interleaved, for reference.
 
 Nothing of this changes the compiler: `profiling()` wraps the kernel emitters and the
@@ -147,7 +150,9 @@ def _timed(emit: Callable[..., ir.Function], labels: list[tuple[str, bool]]
 
 @contextlib.contextmanager
 def profiling() -> Iterator[Profile]:
-    """Executables compiled inside this block count their kernels' cycles."""
+    """Executables compiled inside this block count their kernels' cycles; they
+    are compiled at O3 on the calling thread (no quick tier, no background LLVM), so
+    the profile is of the code a warm process runs."""
     profile = Profile()
     labels: list[tuple[str, bool]] = []
     saved = (compiler.emit_kernel, multi_output.emit_kernel, cpu.compile,
@@ -157,6 +162,10 @@ def profiling() -> Iterator[Profile]:
     def compile_executable(*args: Any, **kwargs: Any) -> Any:
         labels.clear()
         kwargs["cache"] = False
+        # The O3 code, at once: a tiered executable's counters would be its quick tier's
+        # (the engine it holds), which stop counting at the swap, and a background compile
+        # may not even have swapped in by the time the steps are timed.
+        kwargs["tiered"] = kwargs["background"] = False
         executable = original_compile(*args, **kwargs)
         if labels:
             profile.executables.append((executable, [text for text, _ in labels],
@@ -385,38 +394,58 @@ def report(kernels: list[KernelTime], top: int) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.kernel_profile",
-                                     description=__doc__.split("\n\n")[0])
-    parser.add_argument("workload")
-    parser.add_argument("--iterations", type=int, default=200)
-    parser.add_argument("--top", type=int, default=30)
-    options = parser.parse_args(argv)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+def _steps(name: str) -> tuple[str, Profile, Callable[[], object], Callable[[], object]]:
+    """The workload's or zoo step's name, the profile of its tfxla-lite step, that step
+    (compiled inside `profiling()` by its first call) and its TF XLA step."""
     import tensorflow as tf
 
     import tfxla_lite as tl
     from benchmarks.workloads import by_name, measured_options
 
-    (workload,) = by_name([options.workload], quick=False)
+    if ":" in name:  # a model-zoo step, MODEL:MODE
+        from benchmarks.zoo import zoo
+
+        model, _, mode = name.partition(":")
+        chosen = [s for s in zoo([model], quick=False) if s.mode == mode]
+        if not chosen:
+            raise SystemExit(f"kernel_profile: no zoo step {name!r} (MODEL:train or :infer)")
+        variant = chosen[0].prepare()
+        with profiling() as profile:
+            lite = variant("lite")
+            lite.call()
+        return name, profile, lite.call, variant("xla").call
+    (workload,) = by_name([name], quick=False)
     fn, args = workload.make()
+    lite_function = tl.function(fn, jit_compile=True, options=measured_options())
     with profiling() as profile:
-        lite = tl.function(fn, jit_compile=True, options=measured_options())
-        lite(*args)
+        lite_function(*args)
     xla = tf.function(fn, jit_compile=True)
+    return workload.name, profile, lambda: lite_function(*args), lambda: xla(*args)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.kernel_profile",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("workload", help="a name of benchmarks/workloads.py, or a model-zoo "
+                        "step as MODEL:MODE (benchmarks/zoo.py), e.g. transformer:infer")
+    parser.add_argument("--iterations", type=int, default=200)
+    parser.add_argument("--top", type=int, default=30)
+    options = parser.parse_args(argv)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    name, profile, lite, xla = _steps(options.workload)
     for _ in range(3):
-        lite(*args), xla(*args)
+        lite(), xla()
     profile.reset()
     steps: dict[str, list[float]] = {"tfxla-lite": [], "TF XLA": []}
     for _ in range(options.iterations):
-        for name, step in (("tfxla-lite", lite), ("TF XLA", xla)):
+        for label, step in (("tfxla-lite", lite), ("TF XLA", xla)):
             start = time.perf_counter()
-            step(*args)
-            steps[name].append(time.perf_counter() - start)
+            step()
+            steps[label].append(time.perf_counter() - start)
     load = " ".join(open("/proc/loadavg").read().split()[:3])
-    print(f"{workload.name}, {options.iterations} steps each, interleaved; load {load}")
-    for name, seconds in steps.items():
-        print(f"  {name:>10}: step median {np.median(seconds) * 1e3:.3f} ms, "
+    print(f"{name}, {options.iterations} steps each, interleaved; load {load}")
+    for label, seconds in steps.items():
+        print(f"  {label:>10}: step median {np.median(seconds) * 1e3:.3f} ms, "
               f"min {min(seconds) * 1e3:.3f} ms")
     calls = options.iterations  # each executable runs once per step
     print(report(profile.kernels(calls), options.top))

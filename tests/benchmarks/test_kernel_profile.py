@@ -11,7 +11,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks import kernel_profile  # noqa: E402
-from tfxla_lite.codegen import compile_module, cpu  # noqa: E402
+from tfxla_lite.codegen import Executable, compile_module, cpu  # noqa: E402
 from tfxla_lite.hlo.ir import HloModule  # noqa: E402
 from tfxla_lite.hlo.shape import Shape  # noqa: E402
 
@@ -52,3 +52,23 @@ def test_profiled_kernels_are_counted_and_compute_the_same() -> None:
     assert len(dots) == 1 and "GEMM 256x96x128" in dots[0].label
     assert all(0 < k.min_seconds <= k.total_seconds * 1.000001 for k in kernels)
     assert "kernels: 2;" in kernel_profile.report(kernels, top=5)
+
+
+def test_a_tiered_compile_is_profiled_as_its_o3_code() -> None:
+    """The driver asks for a tiered compile by default; its executable's counters would be
+    the quick tier's, which stop at the swap to the O3 code. Inside `profiling()` the O3
+    code is compiled at once, and its counters are read."""
+    rng = np.random.default_rng(1)
+    args = [rng.standard_normal((256, 128)).astype(np.float32),
+            rng.standard_normal((128, 96)).astype(np.float32)]
+    for flags in ({"tiered": True}, {"background": True}):
+        with kernel_profile.profiling() as profile:
+            profiled = compile_module(_dense_then_sum(), **flags)
+        assert type(profiled) is Executable  # neither tiered nor pending
+        profiled(*args)
+        profile.reset()
+        for _ in range(2):
+            profiled(*args)
+        kernels = profile.kernels(calls=2)
+        assert len(kernels) == 2
+        assert all(k.total_seconds > 0 for k in kernels)
