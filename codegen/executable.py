@@ -31,7 +31,6 @@ from typing import Any
 
 import numpy as np
 
-from tfxla_lite.codegen import background
 from tfxla_lite.hlo.ir import HloModule
 from tfxla_lite.hlo.shape import Shape
 
@@ -116,26 +115,19 @@ class Executable:
 
     @property
     def tier(self) -> str:
-        """Which LLVM made the code that runs: "o3" (the optimizing compile, cached), or
-        "quick" while a tiered compile's O3 code is not swapped in yet
-        (`codegen/cpu/tiers.py`)."""
+        """Which LLVM made the code that runs: "o3", or "quick" until a tiered compile's
+        O3 code is swapped in (`codegen/cpu/tiers.py`)."""
         return "o3"
 
     @property
-    def job(self) -> Any:
-        """The background compile (`codegen/background.py`) this executable's code comes
-        from or is swapped in by, or None: its code was ready when it was made."""
-        return self.__dict__.get("_job")
-
-    @property
     def ready(self) -> bool:
-        """Whether its code can run now (a tiered executable's quick code can)."""
+        """Whether its code can run now (a background compile's may not yet)."""
         return True
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Wait for the background compile, if any (at most `timeout` seconds); whether it
-        is over."""
-        return self.job is None or background.wait_for_compiles(timeout, [self.job])
+        """Wait for a background compile of its code, if any (at most `timeout` seconds);
+        whether it is over."""
+        return True
 
     def __call__(self, *arrays: Any) -> list[np.ndarray]:
         """Run on NumPy arrays (no TF involved); returns freshly allocated outputs."""

@@ -11,7 +11,7 @@ keep no state: the generated code is reentrant.
 
 from __future__ import annotations
 
-import concurrent.futures
+import functools
 import itertools
 import re
 from collections.abc import Callable, Collection
@@ -20,7 +20,6 @@ from typing import Any
 
 from llvmlite import ir
 
-from tfxla_lite.codegen import background as background_jobs
 from tfxla_lite.codegen import cache as stage_cache
 
 # Importing the emitter modules fills the EMITTERS registry.
@@ -34,7 +33,6 @@ from tfxla_lite.codegen.cpu import (  # noqa: F401
     engine,
     kernel_cache,
     linalg,
-    machine_code,
     module_split,
     multi_output,
     parallel,
@@ -70,11 +68,10 @@ from tfxla_lite.codegen.cpu.partition import (
     SPLIT_CHUNK,
     SPLIT_MAX_CHUNKS,
     Partition,
-    is_flat,
 )
-from tfxla_lite.codegen.cpu.tiers import TieredExecutable
-from tfxla_lite.codegen.executable import ENTRY_SIGNATURE, Executable, Prepared
+from tfxla_lite.codegen.executable import Executable
 from tfxla_lite.hlo.ir import HloModule, Instruction
+from tfxla_lite.hlo.opcodes import is_flat
 from tfxla_lite.passes.buffer_assignment import entry_values, leaves, updated_operand
 
 # Opcodes of the entry computation that own a buffer but emit no kernel.
@@ -402,19 +399,10 @@ def compile(module: HloModule, assignment: Any, hlo_text: str = "",
     use; 1: all kernels serial). `cache` chooses the compile caches (`kernel_cache.py`;
     None: as `TFXLA_LITE_CACHE` says): a hit reuses machine code and emits nothing.
 
-    `background`: on a cache miss, the IR is emitted on this thread and LLVM's work
-    (parsing and verifying, optimization, machine code, loading, the kernel caches'
-    writes) goes on in a background thread; the result is a `PendingExecutable`, whose
-    machine code every reader waits for (`wait`, which raises LLVM's error). The caller
-    overlaps its own work (the next cluster's emission, TF's trace of the rewritten
-    graph) with LLVM's.
-
-    `tiered` (takes precedence over `background`): on a cache miss, the IR is emitted and
-    compiled at once by a cheap LLVM (the *quick tier*: the O1 pipeline, code generation
-    at level 0), and the O3 compile of the same IR goes on in the background; when it is
-    done the executable switches to the O3 code (`TieredExecutable`). Only the O3 code
-    goes into the caches; a cache hit has no quick tier. Register-blocked dots' block
-    functions are compiled at O3 in the quick tier too (`tiers.O3_EVEN_WHEN_QUICK`).
+    `background` and `tiered` (which takes precedence): on a cache miss, LLVM's O3 work
+    goes on in the background and the result is a `tiers.BackgroundExecutable`, whose
+    readers wait for the code (`background`) or which runs quick-tier code until the O3
+    code is swapped in (`tiered`). Only O3 code goes into the caches.
     """
     team = parallel.effective_threads(threads)
     entry = module.entry
@@ -438,29 +426,25 @@ def compile(module: HloModule, assignment: Any, hlo_text: str = "",
         hlo_text=hlo_text or module.to_text(), optimized_hlo_text=optimized_hlo_text,
         assignment_text=assignment_text, donations=donations)
     code = kernel_cache.lookup(key, signature, caches)
-    if code is None and tiered:
-        emitted = _emit_code(module, assignment, team, donations, tiered=True)
-        quick_split = emitted.quick_split or emitted.split
-        quick = tiers.quick_code(quick_split.parts, ENTRY_NAME, quick_split.exported,
-                                 o3_last=quick_split.apart)
-        executable = TieredExecutable(
+    if code is None and (tiered or background):
+        emitted = _emit_code(module, assignment, team, donations, tiered=tiered)
+        quick = None
+        if tiered:
+            quick_split = emitted.quick_split or emitted.split
+            quick = tiers.quick_code(quick_split.parts, ENTRY_NAME, quick_split.exported,
+                                     o3_last=quick_split.apart)
+        executable = tiers.BackgroundExecutable(
             **described, kernel_count=emitted.kernel_count, llvm_ir=emitted.split.text,
-            llvm_ir_optimized=None, entry_address=quick.entry_address, engine=quick.engine,
-            compiled_from="llvm", quick=quick)
+            llvm_ir_optimized=None, entry_address=quick and quick.entry_address,
+            engine=quick and quick.engine, compiled_from="llvm", quick=quick)
         stage_cache.count("llvm_compilations")  # its O3 compile, certain to be tried
-        # A second compile of the module in this process waits for this one.
-        executable.start(background_jobs.submit(
-            tiers.o3_tier, executable, emitted, key, signature, caches, droppable=True,
-            key=kernel_cache.MEMORY.job_key(key) if caches.memory else None))
+        # A tiered compile's O3 code takes one thread beside the launches running quick code.
+        executable.start(functools.partial(_finish_code, emitted, key, signature, caches,
+                                           1 if tiered else None),
+                         kernel_cache.MEMORY.job_key(key) if caches.memory else None)
         return executable
-    if code is None and background:
-        emitted = _emit_code(module, assignment, team, donations)
-        job = background_jobs.submit(_finish_code, emitted, key, signature, caches)
-        return PendingExecutable(
-            **described, kernel_count=emitted.kernel_count, llvm_ir=emitted.split.text,
-            llvm_ir_optimized=None, entry_address=None, engine=None, compiled_from="llvm",
-            job=job)
     if code is None:
+        stage_cache.count("llvm_compilations")
         code = _finish_code(_emit_code(module, assignment, team, donations), key, signature,
                             caches)
     return Executable(
@@ -481,17 +465,26 @@ class EmittedModule:
 
 
 def _finish_code(emitted: EmittedModule, key: str, signature: dict[str, Any],
-                 caches: stage_cache.CachePolicy) -> kernel_cache.CompiledCode:
-    """LLVM's part of a compile (`_machine_code`), then the kernel caches' writes."""
-    code = _machine_code(emitted)
+                 caches: stage_cache.CachePolicy, threads: int | None = None
+                 ) -> kernel_cache.CompiledCode:
+    """LLVM's part of a compile (`_machine_code`, on at most `threads` threads), then the
+    kernel caches' writes."""
+    code = _machine_code(emitted, threads)
     kernel_cache.store(key, signature, code, caches)
     return code
 
 
-def _machine_code(emitted: EmittedModule) -> kernel_cache.CompiledCode:
+def _machine_code(emitted: EmittedModule, threads: int | None = None
+                  ) -> kernel_cache.CompiledCode:
     """Optimize and compile the emitted parts (one object each) and load them."""
-    stage_cache.count("llvm_compilations")
-    return machine_code.o3_machine_code(emitted)
+    split = emitted.split
+    parts = engine.compile_parts(split.parts, threads=threads)
+    execution_engine = engine.load_objects(parts.objects)
+    return kernel_cache.CompiledCode(
+        execution_engine, execution_engine.get_function_address(ENTRY_NAME),
+        emitted.kernel_count, split.text,
+        kernel_cache.optimized_text(parts.bitcode, split.exported), parts.objects,
+        parts.bitcode, split.exported)
 
 
 def _emit_code(module: HloModule, assignment: Any, team: int,
@@ -622,58 +615,6 @@ def emit_function(llvm_module: ir.Module, pool: ConstantPool, kernels: KernelMer
                                maybe_same=out_slice.kind == "parameter")
     builder.ret_void()
     return function, kernel_count
-
-
-class PendingExecutable(Executable):
-    """An `Executable` whose machine code LLVM is still making on a background thread
-    (`compile(..., background=True)`). Everything but the code is there at once (the
-    module, its buffer assignment, the emitted IR, the kernel count); reading the entry
-    address, the engine or the optimized IR, or calling it, waits for LLVM, and raises
-    its error if it failed. `wait()` does only that, for callers that must know the code
-    is ready (the launch op's registration)."""
-
-    entry_address = Prepared("wait")
-    engine = Prepared("wait")
-    _entry = Prepared("wait")
-
-    @property  # type: ignore[override]
-    def llvm_ir_optimized(self) -> str:
-        self.wait()
-        text = self.__dict__["_llvm_ir_optimized"]
-        if not isinstance(text, str):  # linked from the parts' bitcode when first read
-            text = self.__dict__["_llvm_ir_optimized"] = text()
-        return text
-
-    @llvm_ir_optimized.setter
-    def llvm_ir_optimized(self, value: Any) -> None:
-        self.__dict__["_llvm_ir_optimized"] = value
-
-    def __init__(self, *args: Any, job: concurrent.futures.Future, **kwargs: Any) -> None:
-        self.__dict__["_job"] = job
-        super().__init__(*args, **kwargs)
-
-    def __post_init__(self) -> None:
-        pass  # `_entry` is made when the code is there
-
-    @property
-    def ready(self) -> bool:
-        """Whether LLVM has finished (successfully or not)."""
-        return self.job.done()
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """Wait until the machine code is loaded (at most `timeout` seconds; whether it
-        is); raises the compile's error, if any."""
-        if self.__dict__.get("_done"):
-            return True
-        if not super().wait(timeout):
-            return False
-        code = self.job.result()
-        self.__dict__["_entry_address"] = code.entry_address
-        self.__dict__["_engine"] = code.engine
-        self.__dict__["_llvm_ir_optimized"] = code.llvm_ir_optimized
-        self.__dict__["__entry"] = ENTRY_SIGNATURE(code.entry_address)
-        self.__dict__["_done"] = True
-        return True
 
 
 class KernelMerger:

@@ -1,41 +1,12 @@
-"""Background LLVM work of the CPU backend: the thread it runs on, the tiered compile, exit.
+"""Code that runs now, better code later: the CPU backend's background compiles.
 
-Where it sits: `cpu.compile` hands LLVM's work on a compile-cache miss to a background
-thread in two ways. `background=True` (`TFXLA_LITE_OVERLAP_LLVM`) gives a
-`PendingExecutable` that waits for the O3 code when read. `tiered=True`
-(`TFXLA_LITE_TIERED`) compiles the emitted IR at once with a cheap LLVM, the *quick
-tier* (the O1 pipeline and code generation at level 0, 20-35% less LLVM time for
-kernels 1.1-2.8x slower: docs/benchmarks.md, "What a cheaper LLVM level would give a
-cold first call"), and the O3 compile of the same IR in the background; once that is
-done the executable runs the O3 code. Only O3 code reaches the kernel caches, so a
-warm process never loads quick code. Register-blocked dots' block functions and the
-packed GEMM's are compiled at O3 even in the quick tier, in a part of their own
-(`O3_EVEN_WHEN_QUICK`). The O3 compile is a job of the background executor
-(`codegen/background.py`).
-
-The swap. The quick tier's object holds, beside the module, a trampoline that is the
-executable's entry (the address the launch op and `Executable.__call__` call) and a
-slot, a pointer that starts null::
-
-    entry_tiered(params, outputs, temp):
-        next = load atomic acquire slot
-        if next == null: entry(params, outputs, temp)   # the quick code
-        else:            next(params, outputs, temp)    # the O3 code
-
-Storing the O3 entry's address in the slot (an atomic release store, by a function of
-the same object) switches every later call, whoever made it and through whatever key
-or specialization it was registered (the launch op's per-shape cache of a dynamic
-cluster holds the address it was given, so re-registering would not reach it); a
-launch already running on the quick code finishes on it. The quick engine stays alive
-as long as the executable, since its trampoline is the entry (a few KB to a few tens
-of KB of code per cluster); the O3 engine likewise once swapped in. The cost after the
-swap is one load and one indirect call per launch.
-
-A failure of the O3 compile after a quick success keeps the quick code, which is the
-same IR compiled by the same LLVM with the same IEEE float semantics: it is logged as
-a warning, counted (`cache.stats().tier_failures`) and kept in `tier_error`, and
-nothing is cached. At interpreter exit, O3 compiles that have not started soon enough
-are dropped (`background.EXIT_WAIT_SECONDS`; no entry written).
+On a kernel-cache miss `cpu.compile` may hand LLVM's O3 work to the background thread
+(`codegen/background.py`) and return a `BackgroundExecutable` at once. A tiered compile
+(`tiered=True`) first compiles the IR with a cheap LLVM (the *quick tier*) and runs that
+code until the O3 code is swapped in through a trampoline in the quick object; an
+overlapped compile (`background=True`) has no quick code, and readers of its code wait.
+Only O3 code reaches the kernel caches. Design: docs/architecture.md, "Tiered compiles";
+measurements: docs/benchmarks.md, "A tiered LLVM compile".
 """
 
 from __future__ import annotations
@@ -43,14 +14,14 @@ from __future__ import annotations
 import concurrent.futures
 import ctypes
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from tfxla_lite.codegen import background
 from tfxla_lite.codegen import cache as stage_cache
-from tfxla_lite.codegen.cpu import engine, kernel_cache, machine_code
-from tfxla_lite.codegen.executable import Executable
+from tfxla_lite.codegen.cpu import engine, kernel_cache
+from tfxla_lite.codegen.executable import ENTRY_SIGNATURE, Executable, Prepared
 
 logger = logging.getLogger("tfxla_lite")
 
@@ -59,21 +30,9 @@ QUICK_SPEED_LEVEL = 1
 QUICK_CODEGEN_LEVEL = 0
 
 # Functions (by name prefix) that the quick tier compiles at O3 all the same, in a part
-# of their own (`module_split`'s `apart`), beside the rest at the quick levels: the
-# register blocks of dots (`dot_blocks.py`, one noinline function per block shape) ran
-# 3-7x slower at the quick tier's levels (mlp_infer_b64 1.63 against 0.42 ms; at code
-# generation level 1 as fast as O3 but as costly to compile), and a training loop
-# started at once paid more in slow steps until the swap than its first call saved.
-# The block's callers (the tile loops) and the rest of such a module take the quick
-# tier: self-attention's module costs 91 ms of LLVM at O3 and 66 at the quick levels,
-# its block alone 12 at O3 (docs/benchmarks.md, "Register blocks at O3 inside the quick
-# tier"). The packed GEMM's functions (`gemm_packed.py`: micro-kernel, panels, packing)
-# likewise: 21 GFLOP/s at the quick levels against 102 at O3 (2048³, one thread); the
-# first six 2048³ calls took 1228, 1122, 1073, 752, 317, 355 ms tiered without them
-# here, 717, 381, 336, 372, 420, 376 with them, 612, 293, 320, 312, 298, 310 with tiers
-# off (load 3.5). Dots by the library GEMM ran at O3's speed at the quick tier (MLP 2.33
-# against 2.44 ms, the MLP step 3.16 against 3.32) and emitted small dots and
-# vector-matrix products within 1.15x (batch-1 inference 0.060 against 0.054 ms).
+# of their own (`module_split`'s `apart`): dots' register blocks and the packed GEMM ran
+# several times slower at the quick levels, so a loop started at once lost more than the
+# quick first call saved (docs/benchmarks.md, "Register blocks at O3 inside the quick tier").
 O3_EVEN_WHEN_QUICK = ("dot_block.", "gemm_packed.")
 
 TIER_ENTRY = "tfxla_lite.tier.entry"
@@ -155,18 +114,27 @@ def quick_code(parts: list[str], entry_name: str, internal: frozenset[str],
     return QuickCode(llvm_engine, entry, setter, compiled.bitcode, internal)
 
 
-class TieredExecutable(Executable):
-    """An `Executable` that runs quick-tier code until its O3 code, compiled in the
-    background, is swapped in (see the module docstring). `tier` says which runs:
-    "quick", then "o3". `entry_address` and `engine` are the quick tier's trampoline and
-    engine throughout (the trampoline forwards to the O3 code); `llvm_ir_optimized`
-    waits for the O3 compile and shows its module (the quick tier's, under a comment
-    saying so, when O3 failed). `wait()` waits for the O3 compile and never raises its
-    error (`tier_error`)."""
+class BackgroundExecutable(Executable):
+    """An `Executable` whose O3 machine code a background job makes (`start`) and swaps in
+    when done (`adopt`). With `quick` code (a tiered compile) it runs that until then, and
+    keeps it if O3 fails (`tier_error`, logged). Without, reading its entry, engine or
+    optimized IR, or calling it, waits for the job and raises the job's error."""
 
-    def __init__(self, *args: Any, quick: QuickCode, **kwargs: Any) -> None:
-        self.__dict__.update(_quick=quick, _tier="quick", _o3=None, _tier_error=None)
+    entry_address = Prepared("_code")
+    engine = Prepared("_code")
+    _entry = Prepared("_code")
+
+    def __init__(self, *args: Any, quick: QuickCode | None = None, **kwargs: Any) -> None:
+        self.__dict__.update(_quick=quick, _o3=None, _job=None)
         super().__init__(*args, **kwargs)
+
+    def __post_init__(self) -> None:
+        if self.__dict__["_quick"] is not None:  # else `adopt` makes `_entry`
+            super().__post_init__()
+
+    def _code(self) -> None:
+        if self.__dict__["_quick"] is None:
+            self.wait()
 
     @property  # type: ignore[override]
     def llvm_ir_optimized(self) -> str:
@@ -185,49 +153,71 @@ class TieredExecutable(Executable):
 
     @property
     def tier(self) -> str:
-        return self.__dict__["_tier"]
+        quick = self.__dict__["_quick"] is not None
+        return "quick" if quick and self.__dict__["_o3"] is None else "o3"
+
+    @property
+    def ready(self) -> bool:
+        return self.__dict__["_quick"] is not None or self.job.done()
+
+    @property
+    def job(self) -> concurrent.futures.Future:
+        """The background compile (`start`)."""
+        return self.__dict__["_job"]
 
     @property
     def tier_error(self) -> BaseException | None:
-        """The O3 compile's error, when it failed (the quick code keeps running)."""
-        return self.__dict__["_tier_error"]
+        """The background compile's error, once it failed."""
+        job = self.job
+        if not job.done():
+            return None
+        return background.AbandonedCompile("cancelled") if job.cancelled() else job.exception()
 
-    def start(self, job: concurrent.futures.Future) -> None:
-        """Take the background O3 compile's future (`o3_job`)."""
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for the background compile (at most `timeout` seconds; whether it is over).
+        Without quick code, its error is raised here."""
+        if not background.wait_for_compiles(timeout, [self.job]):
+            return False
+        error = self.tier_error
+        if error is not None and self.__dict__["_quick"] is None:
+            raise error
+        return True
+
+    def start(self, make_code: Callable[[], kernel_cache.CompiledCode],
+              job_key: tuple[str, str] | None) -> None:
+        """Submit `make_code` (O3 code, stored in the kernel caches) as the background job
+        (keyed by `job_key`: a second compile of the module waits for it), then `adopt`
+        its code. A tiered compile's job is dropped if it would start at exit."""
+        tiered = self.__dict__["_quick"] is not None
+        job = background.submit(self._finish, make_code, key=job_key, droppable=tiered)
         self.__dict__["_job"] = job
-        job.add_done_callback(self._finished)
+        job.add_done_callback(self._report)
 
-    def swap(self, code: kernel_cache.CompiledCode) -> None:
-        """Run `code` (the O3 compile's) from now on."""
+    def _finish(self, make_code: Callable[[], kernel_cache.CompiledCode]
+                ) -> kernel_cache.CompiledCode:
+        code = make_code()
+        self.adopt(code)
+        return code
+
+    def adopt(self, code: kernel_cache.CompiledCode) -> None:
+        """Run `code` from now on (launches already running finish on the quick code)."""
         self.__dict__["_o3"] = code  # held as long as the executable: launches call it
-        _SETTER(self.__dict__["_quick"].setter_address)(code.entry_address)
-        self.__dict__["_tier"] = "o3"
+        quick = self.__dict__["_quick"]
+        if quick is None:
+            self.__dict__.update(_entry_address=code.entry_address, _engine=code.engine)
+            self.__dict__["__entry"] = ENTRY_SIGNATURE(code.entry_address)
+            return
+        _SETTER(quick.setter_address)(code.entry_address)
         stage_cache.count("tier_swaps")
 
-    def _finished(self, job: concurrent.futures.Future) -> None:
-        error = (job.exception() if not job.cancelled()
-                 else background.AbandonedCompile("cancelled"))
-        if error is None:
-            return
-        self.__dict__["_tier_error"] = error
+    def _report(self, job: concurrent.futures.Future) -> None:
+        error = self.tier_error
+        if error is None or self.__dict__["_quick"] is None:
+            return  # without quick code, every reader gets the error
         if isinstance(error, background.AbandonedCompile):
             stage_cache.count("tier_abandoned")
             return
         stage_cache.count("tier_failures")
+        name = getattr(self.__dict__.get("module"), "name", "a module")
         logger.warning("tfxla-lite: the O3 compile of %s failed, its quick-tier code keeps "
-                       "running: %s: %s", self.module_name, type(error).__name__, error)
-
-    @property
-    def module_name(self) -> str:
-        module = self.__dict__.get("module")
-        return getattr(module, "name", "a module")
-
-
-def o3_tier(executable: TieredExecutable, emitted: Any, key: str, signature: dict[str, Any],
-            caches: stage_cache.CachePolicy) -> kernel_cache.CompiledCode:
-    """The background half of a tiered compile: O3 machine code on one thread, the kernel
-    caches' writes, then the swap."""
-    code = machine_code.o3_machine_code(emitted, threads=1)
-    kernel_cache.store(key, signature, code, caches)
-    executable.swap(code)
-    return code
+                       "running: %s: %s", name, type(error).__name__, error)

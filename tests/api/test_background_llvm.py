@@ -16,6 +16,7 @@ from tolerances import assert_close
 import tfxla_lite as tl
 from tfxla_lite import driver
 from tfxla_lite.codegen.cpu import compiler as cpu_compiler
+from tfxla_lite.codegen.cpu import tiers
 from tfxla_lite.program import Program
 from tfxla_lite.runtime import registry_size
 
@@ -48,9 +49,9 @@ def test_the_launch_op_gets_the_code_only_once_llvm_is_done(monkeypatch) -> None
     machine_code = cpu_compiler._machine_code
     seen: list[tuple[int, int, bool]] = []
 
-    def gated(emitted: cpu_compiler.EmittedModule) -> Any:
+    def gated(emitted: cpu_compiler.EmittedModule, *rest: Any) -> Any:
         assert release.wait(60)
-        return machine_code(emitted)
+        return machine_code(emitted, *rest)
 
     finish_pending = driver.finish_pending
 
@@ -80,12 +81,12 @@ def test_without_overlap_clusters_are_registered_at_once(monkeypatch) -> None:
     _assert_like_tf(f(x), x)
     (program,) = f._programs.values()
     assert not program.pending
-    assert not any(isinstance(c.executable, cpu_compiler.PendingExecutable)
+    assert not any(isinstance(c.executable, tiers.BackgroundExecutable)
                    for c in program.clusters)
 
 
 def _failing_llvm(monkeypatch) -> None:
-    def failing(emitted: cpu_compiler.EmittedModule) -> Any:
+    def failing(emitted: cpu_compiler.EmittedModule, *rest: Any) -> Any:
         raise RuntimeError("injected LLVM failure")
 
     monkeypatch.setattr(cpu_compiler, "_machine_code", failing)

@@ -213,7 +213,7 @@ def test_switched_off_it_compiles_as_before(monkeypatch) -> None:
     f = tl.function(softmax_and_sum, jit_compile=True, options=NO_VERIFY)
     _assert_like_tf(f(x), x)
     executables = _executables(f)
-    assert all(e.tier == "o3" and not isinstance(e, tiers.TieredExecutable)
+    assert all(e.tier == "o3" and not isinstance(e, tiers.BackgroundExecutable)
                for e in executables)
     assert cache.stats().quick_compilations == before.quick_compilations
 

@@ -17,7 +17,7 @@ from codegen_helpers import PARTS_HLO
 from tolerances import assert_close
 
 from tfxla_lite.codegen import compile_module
-from tfxla_lite.codegen.cpu import compiler, engine
+from tfxla_lite.codegen.cpu import compiler, engine, tiers
 from tfxla_lite.hlo.evaluator import evaluate
 from tfxla_lite.hlo.parser import parse_module
 
@@ -43,8 +43,8 @@ def test_a_background_compile_makes_the_same_code_and_bits(monkeypatch) -> None:
     monkeypatch.setattr(engine, "compile_parts", keeping)
     here = compile_module(parse_module(PARTS_HLO), threads=2, cache=False)
     behind = compile_module(parse_module(PARTS_HLO), threads=2, cache=False, background=True)
-    assert isinstance(behind, compiler.PendingExecutable)
-    assert not isinstance(here, compiler.PendingExecutable)
+    assert isinstance(behind, tiers.BackgroundExecutable)
+    assert not isinstance(here, tiers.BackgroundExecutable)
     assert behind.llvm_ir == here.llvm_ir and behind.kernel_count == here.kernel_count
     behind.wait()
     assert behind.ready and len(objects) == 2
@@ -61,9 +61,9 @@ def test_readers_wait_until_llvm_is_done(monkeypatch) -> None:
     release = threading.Event()
     machine_code = compiler._machine_code
 
-    def gated(emitted: compiler.EmittedModule) -> Any:
+    def gated(emitted: compiler.EmittedModule, *rest: Any) -> Any:
         assert release.wait(60)
-        return machine_code(emitted)
+        return machine_code(emitted, *rest)
 
     monkeypatch.setattr(compiler, "_machine_code", gated)
     executable = compile_module(parse_module(PARTS_HLO), threads=2, cache=False,
