@@ -4,14 +4,16 @@ interleaved in one process (`tfxla_lite.timing.compare`).
 
 Run: .venv/bin/python benchmarks/convolution.py [--models small_cnn,resnet50,mobilenetv2]
      [--directions forward,input,filter] [--limit N] [--match TEXT] [--xla] [--gemm-path]
+     [--placed tf|lite]
      .venv/bin/python benchmarks/convolution.py --zoo small_cnn,resnet50 [--steps infer]
 The shapes are those of the zoo's models (`benchmarks/zoo.py`: small_cnn at batch 64,
 ResNet50 64×64 and MobileNetV2 96×96 at batch 16, depthwise layers included), read off
 the Keras layers, each distinct shape once with how often it occurs. Per shape and
 direction it prints tfxla-lite's speed as a share of TF's (`lite/tf`: TF's time over
 tfxla-lite's, above 1 is faster) and, with `--xla`, TF's XLA's, with `--gemm-path`
-tfxla-lite's with the direct register blocks switched off; then the total per
-model and direction (each shape weighted by its count). Each
+tfxla-lite's with the direct register blocks switched off (`--placed tf` keeps only the
+shapes and directions the default rule leaves on TF); then the total per model and
+direction (each shape weighted by its count). Each
 tfxla-lite variant is compiled with `compile_convolutions` (every convolution on our
 kernels) and checked against TF's result. Ratios hold on a busy machine; absolute
 figures do not (the load average is printed). `--zoo` times the zoo's steps with the
@@ -133,6 +135,18 @@ def _lite(fn: Callable[..., tf.Tensor], args: list[tf.Tensor], gemm_path: bool
     return function
 
 
+def on_tf(shape: ConvShape, direction: str) -> bool:
+    """Whether the default rule (`clustering/rules_conv_cost.py`) leaves `direction` of
+    `shape` on TF's kernel."""
+    from tfxla_lite.clustering.rules_conv import CONVOLUTION_OPS
+    from tfxla_lite.clustering.rules_conv_cost import tf_kernel_faster
+
+    fn, args = _functions(shape, direction)
+    graph = tf.function(fn).get_concrete_function(*args).graph
+    return any(tf_kernel_faster(op) for op in graph.get_operations()
+               if op.type in CONVOLUTION_OPS)
+
+
 def measure(shape: ConvShape, direction: str, xla: bool, gemm_path: bool = False
             ) -> dict[str, float]:
     """Seconds per call of TF's kernel, tfxla-lite's (with `gemm_path` also its GEMM
@@ -201,6 +215,9 @@ def main() -> None:
     parser.add_argument("--xla", action="store_true", help="time TF's XLA too")
     parser.add_argument("--gemm-path", action="store_true", help="time tfxla-lite with "
                         "the direct register blocks off too (patches and library GEMMs)")
+    parser.add_argument("--placed", choices=("tf", "lite"), default=None,
+                        help="only the shapes and directions the default rule leaves on "
+                             "TF's kernel (tf) or compiles (lite)")
     parser.add_argument("--zoo", default="", help="instead: these zoo models' steps with "
                         "convolutions placed by the rule, all on TF, all compiled")
     parser.add_argument("--steps", default="train,infer", help="with --zoo")
@@ -217,8 +234,12 @@ def main() -> None:
             chosen = chosen[:args.limit]
         for direction in args.directions.split(","):
             totals: Counter[str] = Counter()
+            measured = 0
             for shape in chosen:
+                if args.placed and on_tf(shape, direction) != (args.placed == "tf"):
+                    continue
                 seconds = measure(shape, direction, args.xla, args.gemm_path)
+                measured += 1
                 for k, s in seconds.items():
                     totals[k] += s * shapes[shape]
                 extra = "".join(f", {k}/tf {seconds['tf'] / seconds[k]:.2f}"
@@ -226,9 +247,11 @@ def main() -> None:
                 print(f"{model} {direction:7} {shape} x{shapes[shape]}: "
                       f"{shape.flops / seconds['tf'] / 1e9:.1f} GFLOP/s tf, "
                       f"lite/tf {seconds['tf'] / seconds['lite']:.2f}{extra}", flush=True)
+            if not measured:
+                continue
             extra = "".join(f", {k}/tf {totals['tf'] / totals[k]:.2f}"
                             for k in ("gemm", "xla") if k in totals)
-            print(f"{model} {direction} total ({len(chosen)} shapes): lite/tf "
+            print(f"{model} {direction} total ({measured} shapes): lite/tf "
                   f"{totals['tf'] / totals['lite']:.2f}{extra}; load "
                   f"{os.getloadavg()[0]:.1f}", flush=True)
 

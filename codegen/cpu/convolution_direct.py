@@ -66,12 +66,8 @@ MIN_DEPTH = 64
 # Pixels of one unit at most: their pointers (taps × pixels) stay on the stack, and the
 # pixels' input rows in L2 while each NR-wide slice of the filter streams past them.
 MAX_BLOCK_PIXELS = 192
-# A backprop-input's filter (`01oi`) is transposed one window position and NR output
-# features at a time into a stack buffer of at most this many bytes.
-TRANSPOSED_BYTES = 256 << 10
-# The cost of a transposed filter element against one read in place (scalar loads and
-# stores, once per unit), in the choice of units.
-TRANSPOSE_COST = 4
+# A backprop-input whose convolution has fewer FLOPs transposes its filter on one thread.
+TRANSPOSE_PARALLEL_FLOPS = 1 << 24
 # The unit's pixel pointers (pixels × window positions) on the stack at most.
 POINTER_BYTES = 64 << 10
 # At least this many units when the shape allows, so that a team of two has work to
@@ -114,16 +110,15 @@ class DirectPlan:
 def direct_plan(conv: ConvolutionPlan) -> DirectPlan | None:
     """The register-block plan of `conv`, or None where the GEMM path keeps it: not f32,
     no AVX-512, fewer than MIN_INPUTS input features or a patch shorter than MIN_DEPTH,
-    output features not a multiple of 16 per group; a transposed filter slice too large
-    for the stack, or of a 1×1 window (one library GEMM with the filter transposed in
-    place, no patches, beat the transposing units on ResNet50's and MobileNetV2's)."""
+    output features not a multiple of 16 per group; a transposed filter of a 1×1 window
+    (one library GEMM with the filter transposed in place, no patches, beat the
+    transposing units on ResNet50's and MobileNetV2's)."""
     if (conv.element_type != "f32" or not gemm_packed.available()
             or conv.group_inputs < MIN_INPUTS or conv.k < MIN_DEPTH
             or conv.group_outputs % LANES):
         return None
     vectors = next(v for v in (4, 3, 2, 1) if conv.group_outputs % (v * LANES) == 0)
-    if conv.transposed_filter and (conv.direct or
-                                   conv.group_inputs * vectors * LANES * 4 > TRANSPOSED_BYTES):
+    if conv.transposed_filter and conv.direct:
         return None
     rows = ROWS_FOR_VECTORS[vectors]
     strips = conv.group_outputs // (vectors * LANES)
@@ -132,16 +127,14 @@ def direct_plan(conv: ConvolutionPlan) -> DirectPlan | None:
     slivers = -(-conv.rows // rows)
     # Each unit reads its pixels' windows and its slice of the filter once per strip
     # pass: split pixels and features so that the units read the least (pixel blocks ×
-    # output features + feature chunks × pixels, both times K; a filter each unit
-    # transposes counts TRANSPOSE_COST times), at least MIN_UNITS.
-    filter_cost = TRANSPOSE_COST if conv.transposed_filter else 1
+    # output features + feature chunks × pixels, both times K), at least MIN_UNITS.
     best: tuple[int, int, int] | None = None
     for split in range(1, strips + 1):
         wanted = -(-MIN_UNITS // (split * conv.groups))
         per_block = -(-slivers // min(slivers, max(-(-conv.rows // most), wanted)))
         chunk = -(-strips // split)
         blocks, chunks = -(-slivers // per_block), -(-strips // chunk)
-        cost = blocks * conv.group_outputs * filter_cost + chunks * conv.rows
+        cost = blocks * conv.group_outputs + chunks * conv.rows
         if blocks * chunks * conv.groups < min(MIN_UNITS, slivers * strips * conv.groups):
             cost += 1 << 62  # too few units for the team, whatever they read
         if best is None or cost < best[0]:
@@ -154,17 +147,66 @@ def emit_direct_kernel(module: ir.Module, pool: object, inst: Instruction, name:
                        noalias_output: bool, threads: int, new_kernel: NewKernel,
                        plan: DirectPlan) -> ir.Function:
     """The kernel of `plan`: its units on `threads` threads."""
+    if plan.conv.transposed_filter:
+        return _emit_transposed_kernel(module, pool, inst, name, noalias_output, threads,
+                                       new_kernel, plan)
     return parallel.emit_unit_kernel(
         module, pool, inst, name, noalias_output, new_kernel, plan.units, threads,
-        lambda ctx, output, unit: _emit_unit(ctx, inst, plan, output, unit))
+        lambda ctx, output, unit: _emit_unit(ctx, inst, plan, output, unit,
+                                             ctx.buffers[id(inst.operand(1))]))
+
+
+def _emit_transposed_kernel(module: ir.Module, pool: object, inst: Instruction, name: str,
+                            noalias_output: bool, threads: int, new_kernel: NewKernel,
+                            plan: DirectPlan) -> ir.Function:
+    """A backprop-input's `01oi` filter: the launcher transposes it once into `01io`
+    (mirrored when reversed) in a heap buffer, one window position a unit; the units
+    then run the forward's blocks over that buffer, every position in one kernel call."""
+    conv = plan.conv
+    depth, outputs = conv.group_inputs, conv.group_outputs
+    extra = [PTR, I64, I64]
+    transpose, _, _ = new_kernel(module, pool, inst, name + ".transpose", noalias_output,
+                                 extra)
+    buffer, begin, end = transpose.function.args[-3:]
+    rhs = transpose.buffers[id(inst.operand(1))]
+    b = transpose.builder
+    with transpose.loop(end, name="tap", start=begin) as tap:
+        source = b.sub(i64(plan.taps - 1), tap) if conv.reversed else tap
+        with transpose.loop(depth, name="k") as k:
+            row = b.gep(buffer, [b.mul(b.add(b.mul(tap, i64(depth)), k), i64(outputs))],
+                        source_etype=F32)
+            column = b.gep(rhs, [b.add(b.mul(source, i64(outputs * depth)), k)],
+                           source_etype=F32)
+            with transpose.loop(outputs, name="j") as j:
+                value = b.load(b.gep(column, [b.mul(j, i64(depth))], source_etype=F32), typ=F32)
+                b.store(value, b.gep(row, [j], source_etype=F32))
+    b.ret_void()
+    units, result, _ = new_kernel(module, pool, inst, name, noalias_output, extra)
+    filter_, begin, end = units.function.args[-3:]
+    with units.loop(end, name="unit", start=begin) as unit:
+        _emit_unit(units, inst, plan, result, unit, filter_)
+    units.builder.ret_void()
+    launcher, output, inputs = new_kernel(module, pool, inst, name + ".launch", noalias_output)
+    b = launcher.builder
+    size = i64(plan.taps * depth * outputs * 4)
+    scratch = b.call(declare(module, "malloc", ir.FunctionType(PTR, [I64])), [size],
+                     name="conv.filter")
+    parallel.emit_launch(launcher, transpose.function, [output, *inputs, scratch], plan.taps,
+                         threads if conv.flops >= TRANSPOSE_PARALLEL_FLOPS else 1)
+    parallel.emit_launch(launcher, units.function, [output, *inputs, scratch], plan.units,
+                         threads)
+    b.call(declare(module, "free", ir.FunctionType(ir.VoidType(), [PTR])), [scratch])
+    b.ret_void()
+    return launcher.function
 
 
 def _emit_unit(ctx: KernelContext, inst: Instruction, plan: DirectPlan, output: ir.Value,
-               unit: ir.Value) -> None:
+               unit: ir.Value, rhs: ir.Value) -> None:
+    """One unit over a `01io` filter `rhs` (the operand, or a backprop-input's transposed
+    copy)."""
     b = ctx.builder
     conv = plan.conv
     lhs = ctx.buffers[id(inst.operand(0))]
-    rhs = ctx.buffers[id(inst.operand(1))]
     block = b.urem(unit, i64(plan.pixel_blocks))
     rest = b.udiv(unit, i64(plan.pixel_blocks))
     chunk = b.urem(rest, i64(plan.chunks))
@@ -182,61 +224,17 @@ def _emit_unit(ctx: KernelContext, inst: Instruction, plan: DirectPlan, output: 
     strip1 = minimum(b, b.add(strip0, i64(plan.chunk)), i64(plan.strips))
     with ctx.loop(strip1, name="strip", start=strip0) as strip:
         column = b.add(b.mul(group, i64(conv.group_outputs)), b.mul(strip, i64(plan.width)))
-        if conv.transposed_filter:
-            _emit_transposed_taps(ctx, plan, rhs, output, pointers, column, pixel0, pixel1,
-                                  slivers, kernel)
-        else:
-            filter_slice = b.gep(rhs, [column], source_etype=F32)
-            with ctx.loop(slivers, name="sliver") as sliver:
-                rows = b.gep(pointers, [b.mul(sliver, i64(plan.rows * plan.taps))],
-                             source_etype=PTR)
-                present, target = _sliver(b, plan, output, column, pixel0, pixel1, sliver)
-                b.call(kernel, [rows, i64(plan.taps), i64(conv.group_inputs), filter_slice,
-                                i64(conv.group_inputs * outputs), i64(outputs), target,
-                                i64(outputs), present, ir.Constant(I1, 0)])
-
-
-def _sliver(b: ir.IRBuilder, plan: DirectPlan, output: ir.Value, column: ir.Value,
-            pixel0: ir.Value, pixel1: ir.Value, sliver: ir.Value
-            ) -> tuple[ir.Value, ir.Value]:
-    """(pixels present, C's block) of `sliver` in the unit's pixels."""
-    outputs = plan.conv.output_dims[-1]
-    first = b.add(pixel0, b.mul(sliver, i64(plan.rows)))
-    present = minimum(b, i64(plan.rows), b.sub(pixel1, first))
-    target = b.gep(output, [b.add(b.mul(first, i64(outputs)), column)], source_etype=F32)
-    return present, target
-
-
-def _emit_transposed_taps(ctx: KernelContext, plan: DirectPlan, rhs: ir.Value,
-                          output: ir.Value, pointers: ir.Value, column: ir.Value,
-                          pixel0: ir.Value, pixel1: ir.Value, slivers: ir.Value,
-                          kernel: ir.Function) -> None:
-    """A strip of a `01oi` filter's convolution: per window position t, W[t'][column:
-    column + NR, :] (t' = t, or its mirror when reversed) transposed into a stack buffer
-    (depth × NR), then every sliver's block adds that position's products (C stored
-    between positions: the same fma chain, t then k ascending)."""
-    b = ctx.builder
-    conv = plan.conv
-    depth, width = conv.group_inputs, plan.width
-    outputs = conv.output_dims[-1]
-    buffer = ctx.alloca(F32, name="conv.filter", count=depth * width)
-    buffer.align = 64
-    with ctx.loop(plan.taps, name="tap") as tap:
-        source = b.sub(i64(plan.taps - 1), tap) if conv.reversed else tap
-        base = b.add(b.mul(source, i64(outputs * depth)), b.mul(column, i64(depth)))
-        with ctx.loop(width, name="feature") as j:
-            row = b.add(base, b.mul(j, i64(depth)))
-            with ctx.loop(depth, name="k") as k:
-                value = b.load(b.gep(rhs, [b.add(row, k)], source_etype=F32), typ=F32)
-                b.store(value, b.gep(buffer, [b.add(b.mul(k, i64(width)), j)],
-                                     source_etype=F32))
-        accumulate = b.icmp_unsigned("!=", tap, i64(0))
+        filter_slice = b.gep(rhs, [column], source_etype=F32)
         with ctx.loop(slivers, name="sliver") as sliver:
-            rows = b.gep(pointers, [b.add(b.mul(sliver, i64(plan.rows * plan.taps)),
-                                          b.mul(tap, i64(plan.rows)))], source_etype=PTR)
-            present, target = _sliver(b, plan, output, column, pixel0, pixel1, sliver)
-            b.call(kernel, [rows, i64(1), i64(depth), buffer, i64(0), i64(width), target,
-                            i64(outputs), present, accumulate])
+            rows = b.gep(pointers, [b.mul(sliver, i64(plan.rows * plan.taps))],
+                         source_etype=PTR)
+            first = b.add(pixel0, b.mul(sliver, i64(plan.rows)))
+            present = minimum(b, i64(plan.rows), b.sub(pixel1, first))
+            target = b.gep(output, [b.add(b.mul(first, i64(outputs)), column)],
+                           source_etype=F32)
+            b.call(kernel, [rows, i64(plan.taps), i64(conv.group_inputs), filter_slice,
+                            i64(conv.group_inputs * outputs), i64(outputs), target,
+                            i64(outputs), present, ir.Constant(I1, 0)])
 
 
 def _emit_pointers(ctx: KernelContext, plan: DirectPlan, lhs: ir.Value, zeros: ir.Value,

@@ -171,6 +171,8 @@ DIRECT_TRANSPOSED_CASES = [
     ((3, 6, 7, 64), (1, 1, 80, 64), "{size=1x1 stride=2x2 rhs_reversal=1x1}"),
     ((2, 2, 2, 128), (3, 3, 256, 128), "{size=3x3 pad=1_1x1_1 rhs_reversal=1x1}"),
     ((2, 13, 16), (5, 32, 16), "{size=5 pad=4_4 rhs_reversal=1}"),  # 1-D
+    # Enough FLOPs that the filter's transpose runs on the team too.
+    ((4, 8, 8, 128), (3, 3, 96, 128), "{size=3x3 pad=1_1x1_1 rhs_reversal=1x1}"),
 ]
 
 
@@ -240,7 +242,8 @@ def test_direct_plan_is_fixed_by_the_shape() -> None:
 
 
 @pytest.mark.skipif(not gemm_packed.available(), reason="the direct path needs AVX-512")
-@pytest.mark.parametrize("case", [0, 7, len(DIRECT_CASES)])
+@pytest.mark.parametrize("case", [0, 7, len(DIRECT_CASES),
+                                  len(DIRECT_CASES) + len(DIRECT_TRANSPOSED_CASES) - 1])
 def test_direct_path_bits_do_not_depend_on_units_or_threads(
         case: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """One fma chain per element inside one unit: the same bits on one thread or two,
