@@ -32,85 +32,18 @@ class OptionsError(ValueError):
 
 @dataclass(frozen=True)
 class Options:
-    """How `tfxla_lite.function` clusters and compiles.
-
-    `min_cluster_size` is the smallest cluster worth compiling in auto mode
-    (TF's default is 4); must-compile mode uses 1, so that every op compiles.
-    `max_cluster_size` bounds a cluster's op count (None: no bound).
-    `merge_independent_clusters` (default True): clusters of one graph that no path
-    joins merge into one launch op (`clustering/cluster.py`), as a training step's
-    per-variable optimizer updates; False keeps one launch per connected cluster.
-    `pipeline` is the pass pipeline in its text form (see
-    `tfxla_lite.passes.pipeline`); `None` means the default one, and
-    `disable_passes` names passes taken out of it (`effective_pipeline`).
-    `verify` runs the HLO verifier after every pass.
-
-    `auto_jit` (TF's `--tf_xla_auto_jit`): 1 or 2 auto-clusters every `tf.function`
-    of the process once `tfxla_lite.enable()` (or the start-up hook) is on; 0 and
-    -1 leave plain `tf.function`s alone. `ops_to_cluster`: when set, only these TF op
-    types may join a cluster. `clustering_debug` logs every clustering decision at
-    INFO. `strict_jit_compile`: a `jit_compile=True` function (through the patched
-    `tf.function` or `tfxla_lite.function`) raises `CompilationError` where tfxla-lite
-    cannot compile a trace, instead of falling back to TF's XLA (or auto-clustering)
-    with a warning (`tfxla_lite/xla_fallback.py`). `compile_convolutions`: every Conv2D,
-    Conv3D and DepthwiseConv2dNative and their gradients join clusters (off by default:
-    one stays on TF's oneDNN kernel where `clustering/rules_conv_cost.py` expects that
-    faster for its shape, docs/benchmarks.md; a grouped one always compiles).
-    `hlo_control_flow` (default True): a While, If or Case op whose functions compile
-    joins a cluster whole, as an HLO while or conditional
-    (clustering/rules_control_flow.py); False leaves it in TF calling its bodies'
-    clusters, a launch per iteration. `log_level`
-    sets the level of the "tfxla_lite" logger (None: leave it as it is).
-    `dump_to`: a directory for XLA-style dumps of every compiled cluster and every
-    clustering decision, and report.html (`tfxla_lite.dump`); "-" prints the HLO to
-    stdout. `dump_hlo_as_text`: HLO as text, the default and only format; alone, it
-    prints the HLO to stdout, as XLA's `--xla_dump_hlo_as_text` does.
-    `pause_collector` (default True): Python's cyclic garbage collector is off,
-    process-wide, while a signature or a dynamic cluster's shape compiles
-    (`tfxla_lite.collector`); False leaves it running, for programs whose other
-    threads must not see it paused, at the cost of slower first calls.
-    `parallel_runtime`: what a big kernel's parallel parts run on when TF launches it,
-    process-wide (the process's options decide it, from the next parallel region on;
-    `tfxla_lite.runtime.set_parallel_runtime` switches it at run time): "tf", the
-    launching op's intra-op thread pool, with the caller waiting only for the pool
-    threads that started on its parts; "openmp", a libgomp team of its own beside TF's
-    threads; "serial", the launching thread alone. The default is "tf": on 2 free
-    cores (`benchmarks/parallel_runtime.py`, runtimes interleaved in one process) it
-    matched libgomp (libgomp's median 0.97-1.12x its own over six workloads) and beat
-    one thread by 1.26-1.76x, without a thread beside TF's own; on a machine shared
-    with other jobs (load 2 to 16) its median was 0.48-1.43x libgomp's (median ratio
-    1.00; libgomp's join waits for a worker still asleep, the pool's caller never
-    does). There "serial" often did best (a worker preempted in the middle of a part
-    holds its caller up under either team): choose it when the cores are taken.
-    `output_pool_mb`: the launch op takes outputs of 256 KB and up from a pool of
-    blocks that stay mapped once TF releases their tensors, so that kernels write into
-    memory without a page fault per 4 KB page; this caps the bytes the pool keeps idle
-    (the oldest blocks go first), process-wide. 0 turns the pool off (every output from
-    TF's allocator). Why and what it buys: docs/buffers.md, "Output memory".
-
-    The compile switches default to None: the process's value then decides
-    (`tfxla_lite.flags.switch`: `TFXLA_LITE_FLAGS`, `set_options`, else the switch's own
-    environment variable, read at each compile), else `SWITCH_DEFAULTS`. `cache`: the
-    compile caches, "on" (in the process and on disk), "memory" (the process only) or
-    "off" (`TFXLA_LITE_CACHE`); `tiered_llvm`: a cache miss first runs quickly compiled
-    code while the O3 code compiles in the background (`TFXLA_LITE_TIERED`);
-    `overlap_llvm`: a trace's clusters compile LLVM on a background thread
-    (`TFXLA_LITE_OVERLAP_LLVM=1`); `autograph_cache`: AutoGraph's conversions kept on
-    disk (`TFXLA_LITE_AUTOGRAPH_CACHE`). Two are read from the process's options only:
-    `background_nice`, the nice increment of the background compile thread
-    (`TFXLA_LITE_BACKGROUND_NICE`, when the thread starts), and `cublaslt_epilogues`,
-    cuBLASLt's fused dot epilogues on the GPU (`TFXLA_LITE_CUBLASLT`, per plan).
-    docs/architecture.md, "Switches".
-
-    `check_numerics`: "compare" runs each launch's cluster's TF ops beside it and reports
-    how far the compiled outputs stray (`tfxla_lite.numerics_report()`), warning past a
-    per-dtype tolerance; "raise" also fails a call whose compiled code makes NaN/Inf that
-    TF does not; "off" (the default) adds nothing (docs/numerics_check.md).
+    """How `tfxla_lite.function` clusters and compiles: every switch of tfxla-lite. Each
+    field but the two commented below is a flag (`tfxla_lite/flags.py`); what it means,
+    its default and its environment variable: docs/flags.md's table
+    (tests/flags/test_flag_docs.py keeps a row per flag). The compile switches
+    (`SWITCH_DEFAULTS`) default to None: the process's value then decides
+    (`flags.switch`); docs/architecture.md, "Switches".
     """
 
-    min_cluster_size: int = 4
+    min_cluster_size: int = 4  # auto mode; must-compile uses 1
     max_cluster_size: int | None = None
     merge_independent_clusters: bool = True
+    # The pass pipeline as text (`passes/pipeline.py`); None: the default one.
     pipeline: str | None = None
     verify: bool = False
     auto_jit: int = 0
@@ -121,10 +54,11 @@ class Options:
     disable_passes: tuple[str, ...] = ()
     strict_jit_compile: bool = False
     compile_convolutions: bool = False
+    # While/If/Case ops join clusters whole as HLO control flow; False: their bodies compile.
     hlo_control_flow: bool = True
     log_level: str | None = None
     pause_collector: bool = True
-    parallel_runtime: str = "tf"
+    parallel_runtime: str = "tf"  # "tf", "openmp" or "serial", process-wide
     output_pool_mb: int = 1024
     cache: str | None = None
     tiered_llvm: bool | None = None
@@ -132,7 +66,7 @@ class Options:
     autograph_cache: bool | None = None
     background_nice: int | None = None
     cublaslt_epilogues: bool | None = None
-    check_numerics: str = "off"
+    check_numerics: str = "off"  # "compare" or "raise": docs/numerics_check.md
 
     def __post_init__(self) -> None:
         _check_int("min_cluster_size", self.min_cluster_size, minimum=1)
