@@ -4,46 +4,9 @@ One reference per opcode of `tfxla_lite.hlo.opcodes.OPCODES` (docs/conventions.m
 test fails when one is missing. Passes are checked by evaluating a module before
 and after them, and the backends by comparing their kernels with `evaluate`.
 
-Semantics follow XLA's CPU backend where NumPy differs:
-
-- Float ops compute in the operand's dtype (f32 stays f32); bf16, which NumPy has
-  no arithmetic for, computes in f32 and rounds back, as XLA's CPU backend does.
-- Integer `divide` truncates toward zero and `remainder` takes the dividend's sign.
-  Division by zero gives -1 (all ones for unsigned) and `x % 0 = x`; `INT_MIN / -1`
-  is `INT_MIN` and `INT_MIN % -1` is 0. Nothing traps.
-- `maximum` and `minimum` propagate NaN.
-- Integer `power` with a negative exponent gives 0, except bases 1 and -1.
-- Shifts by a negative amount or by the bit width or more give 0, or the sign fill
-  for `shift-right-arithmetic`.
-- `convert` float to integer truncates toward zero and saturates at the target's
-  bounds; NaN becomes 0. Float to pred is `x != 0`. Integer to integer wraps.
-- `round-nearest-afz` rounds halves away from zero, `round-nearest-even` to even.
-- `erf` evaluates `math.erf` in float64, then rounds to the operand's dtype.
-- `reduce` folds the init value in once (XLA's order differs for floats: compare
-  with a tolerance). add/multiply/maximum/minimum/and/or computations take a NumPy
-  fast path; any other `to_apply` computation is run element by element. Sums and
-  products of f16/bf16 accumulate in f32 and round once, as codegen does (the extra
-  precision XLA's `--xla_allow_excess_precision` allows; folded in the 2-byte type the
-  result would depend on the order: 4096 f16 ones sum to 2048 in row-major order).
-  `reduce-window` of f16/bf16 sums and products rounds after every step (TF's scans).
-- `pad`, `reverse`, `dynamic-slice`, `dynamic-update-slice` and `gather` follow XLA:
-  negative edge padding removes elements; dynamic start indices (and gather's)
-  are clamped so that the whole slice lies inside the operand.
-- `scatter` combines each update element into the operand element its index and
-  window offset name, in row-major order of the updates (repeated indices combine
-  repeatedly); an update whose window does not lie wholly inside the operand is
-  skipped, never clamped.
-- `reduce-window` folds each window's real elements (never padding or base-dilation
-  holes) in row-major order, starting from the init value; add/max/... take a
-  NumPy fast path that pads with the reducer's identity.
-- `while` runs its body while its condition holds; `conditional` with a pred
-  selects (true, false), with an integer selects branch i, the last when out of range.
-- `dot` contracts after transposing to `[batch, m, k] x [batch, k, n]` with
-  `np.matmul` in the operand dtype (f16/bf16 accumulate in f32).
-- `convolution` sums, per window position, the contraction over each group's input
-  features (`convolution.reference`), in the operand dtype; f16/bf16 accumulate in f32
-  and round once, as dots do.
-
+Semantics follow XLA's CPU backend where NumPy differs (integer division by zero,
+NaN-propagating max/min, saturating converts, clamped dynamic indices, f16/bf16
+accumulating in f32, ...): docs/architecture.md, "The reference evaluator's semantics".
 NumPy floating-point warnings are silenced: overflow to inf and NaN are results.
 """
 

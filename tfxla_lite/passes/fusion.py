@@ -1,53 +1,11 @@
-"""Instruction fusion: group producers with their consumers into one kernel each.
+"""Instruction fusion (the `fuse` pass): producers join their consumers' kernels.
 
-The step that decides how many kernels codegen emits and how many buffers the
-runtime allocates. It follows XLA's `instruction_fusion.cc` and
-`cpu_instruction_fusion.cc`, producer into consumer:
-
-- kLoop: a fusion rooted at an elementwise op, broadcast, reshape, bitcast,
-  transpose, reverse, pad, slice, concatenate, iota, dynamic-slice or gather, with
-  producers of those kinds and scalar constants fused in; it computes every output
-  element independently (a slice of a concatenate reads each element from the
-  operand that holds it, so neither is ever stored).
-- kInput: a fusion rooted at a reduce, with the same producers fused into its
-  inputs, so `reduce_sum(x + y*z)` reads x, y, z once and writes only the sum. A
-  variadic reduce (argmax's values and `iota` indices) is a root too: its indices
-  are computed where the reducer reads them, never stored; the fusion's result is
-  then the reduce's tuple.
-
-Dots, dynamic-update-slices and tuples stay top-level (dots may still take their
-epilogue: `output_fusion.py`), as do ops with nothing to fuse with (codegen treats
-each as a fusion of one). Reduce-windows stay top-level too: fused producers would
-be recomputed once per overlapping window (`element_reuse` prices that, should
-they become fusion roots).
-
-Whether a producer joins its consumer's fusion is the cost model's call
-(`should_fuse`), with XLA's rules first (`instruction_fusion.cc`):
-
-- Dots and reductions are never fused into a consumer, so never duplicated.
-- An expensive producer (`opcodes.is_expensive`: transcendentals, divide, power)
-  joins only when the fusion holds every user (it would otherwise be computed
-  twice) and when no member between it and the root reads each of its elements
-  several times (a broadcast that expands, a gather, a reduce-window whose windows
-  overlap: `element_reuse`).
-- Any other producer used only inside the fusion joins when the bytes fusion saves
-  (writing the producer's buffer, reading it back, and its kernel launch) outweigh
-  its arithmetic once more for every extra evaluation of each element.
-- A producer that other kernels read too is duplicated: each copy costs its arithmetic
-  and the reads it fans in (an elementwise op of two full-size operands reads twice
-  the bytes of its result; a broadcast operand reads only what it expands). When its
-  buffer is written anyway (an output, a user that is not fusible, a kernel formed
-  earlier that reads it), a copy saves only this fusion's read of it. Otherwise every
-  consumer would take a copy, and the copies must cost less than one kernel of its own
-  that writes the buffer and is read by each of them. A gather that several consumers
-  read is materialized. A concatenate reads what it writes, so its copy costs the
-  compares that pick each element's operand over reading its buffer: one whose buffer
-  is written anyway is read, not duplicated. One-element producers are loop-invariant
-  and always join.
-
-Every fused producer is cloned and the original stays until no user needs it,
-so fusion cannot create a cycle: a fusion reads only values its members read,
-which precede it.
+As XLA's `instruction_fusion.cc`: kLoop fusions rooted at an elementwise or
+data-movement op, kInput fusions rooted at a reduce (a variadic one too), producers
+fused in by the cost model `should_fuse` (XLA's rules against duplicating dots,
+reductions and expensive ops first, then bytes saved against arithmetic repeated).
+Dots, dynamic-update-slices, tuples and reduce-windows stay top-level. Producers are
+cloned, so fusion never makes a cycle. The rules in full: docs/architecture.md, `fuse`.
 """
 
 from __future__ import annotations
