@@ -31,7 +31,7 @@ from tfxla_lite.codegen.cpu.emitter import (
     value_type,
 )
 from tfxla_lite.hlo.ir import Instruction
-from tfxla_lite.hlo.opcodes import opcodes_in
+from tfxla_lite.hlo.opcodes import is_identity_on_integers, opcodes_in
 
 # Unary float ops that map to one `llvm.<name>` intrinsic.
 _FLOAT_INTRINSICS = {
@@ -105,8 +105,8 @@ def _integer_unary(ctx: KernelContext, inst: Instruction, x: ir.Value,
         raise _unsupported(inst, element_type)
     if element_type == "pred":
         raise _unsupported(inst, element_type)
-    if opcode in ("floor", "ceil", "round-nearest-afz", "round-nearest-even"):
-        return x  # integers are already whole
+    if is_identity_on_integers(opcode):
+        return x
     if opcode == "negate":
         return b.sub(zero, x)
     if opcode == "abs":

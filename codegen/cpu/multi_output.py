@@ -52,10 +52,9 @@ from tfxla_lite.codegen.cpu.partition import (
     SPLIT_CHUNK,
     SPLIT_MAX_CHUNKS,
     Partition,
-    is_flat,
 )
 from tfxla_lite.hlo.ir import Instruction, user_edges, widened_reduce_op
-from tfxla_lite.hlo.opcodes import is_elementwise
+from tfxla_lite.hlo.opcodes import is_elementwise, is_flat
 from tfxla_lite.hlo.shape import Shape
 
 

@@ -9,9 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tfxla_lite.hlo.ir import Instruction
-from tfxla_lite.hlo.opcodes import is_elementwise
-
 # Parts of a flat range start at multiples of 64 elements (whole cache lines, whole
 # vectors); a split full reduction uses chunks of this many elements, at most 64 of
 # them, fixed by the input size alone so that the result never depends on the
@@ -19,8 +16,6 @@ from tfxla_lite.hlo.opcodes import is_elementwise
 FLAT_ALIGN = 64
 SPLIT_CHUNK = 1 << 16
 SPLIT_MAX_CHUNKS = 64
-# Opcodes a loop kernel can run over a flat linear index (no multi-index needed).
-FLAT_OPCODES = frozenset({"parameter", "constant", "reshape", "bitcast"})
 
 
 @dataclass(frozen=True)
@@ -52,14 +47,3 @@ class Partition:
         return self.kind == "split" or (self.kind == "columns" and self.chunk > 1)
 
 
-def is_flat(instructions: list[Instruction]) -> bool:
-    """Whether every instruction maps the output's linear index to its operands' unchanged."""
-    for inst in instructions:
-        # Reshapes keep the linear index; clamp's scalar bounds and a broadcast scalar
-        # take the scalar index.
-        if inst.opcode in FLAT_OPCODES or is_elementwise(inst.opcode):
-            continue
-        if inst.opcode == "broadcast" and not inst.operand(0).shape.dims:
-            continue
-        return False
-    return True

@@ -11,7 +11,8 @@ from typing import Any
 
 from tfxla_lite.codegen.gpu.cuda_source import Writer, compute_type, to_storage
 from tfxla_lite.codegen.gpu.elemental import Index, KernelContext, ModuleTables
-from tfxla_lite.codegen.gpu.kernels import COLUMN_TILE, KernelPlan, kernel_body
+from tfxla_lite.codegen.gpu.kernel_plan import KernelPlan
+from tfxla_lite.codegen.gpu.kernels import COLUMN_TILE, kernel_body
 from tfxla_lite.codegen.gpu.row_vectors import (
     emit_group_loads,
     plan_row_vector,

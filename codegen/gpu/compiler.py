@@ -16,7 +16,8 @@ from typing import Any
 from tfxla_lite.codegen.gpu.columns import emit_column_reduction
 from tfxla_lite.codegen.gpu.cuda_source import prelude
 from tfxla_lite.codegen.gpu.elemental import ModuleTables
-from tfxla_lite.codegen.gpu.kernels import KernelPlan, describe, plan_kernels, split_scratch
+from tfxla_lite.codegen.gpu.kernel_plan import KernelPlan
+from tfxla_lite.codegen.gpu.kernels import describe, plan_kernels, split_scratch
 from tfxla_lite.codegen.gpu.multi_output import emit_multi_output
 from tfxla_lite.codegen.gpu.row_groups import merge_row_groups
 from tfxla_lite.codegen.gpu.sort import sort_scratch_bytes

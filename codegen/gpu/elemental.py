@@ -36,7 +36,7 @@ from tfxla_lite.codegen.gpu.cuda_source import (
     storage_type,
 )
 from tfxla_lite.hlo.ir import Computation, Instruction, widened_reduce_op
-from tfxla_lite.hlo.opcodes import opcodes_in
+from tfxla_lite.hlo.opcodes import is_identity_on_integers, opcodes_in
 
 
 class Index:
@@ -433,7 +433,7 @@ def _integer_unary(inst: Instruction, x: str, element_type: str) -> str:
         return f"!{x}" if element_type == "pred" else f"({ct})(~{x})"
     if element_type == "pred" or opcode == "is-finite":
         raise _unsupported(inst, element_type)
-    if opcode in ("floor", "ceil", "round-nearest-afz", "round-nearest-even"):
+    if is_identity_on_integers(opcode):
         return x
     signed = element_type in SIGNED_TYPES
     wide = _wide_unsigned(element_type)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tfxla_lite.codegen.gpu.kernel_plan import KernelPlan
 from tfxla_lite.codegen.gpu.kernels import (
     LOOP_ROW_MAX,
     SPLIT_MAX_ROWS,
@@ -27,7 +28,6 @@ from tfxla_lite.codegen.gpu.kernels import (
     TILED_MIN_SIDE_SMALL,
     WARP,
     WARP_ROW_MAX,
-    KernelPlan,
     describe,
     is_row_reduction,
     kernel_body,

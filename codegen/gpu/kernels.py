@@ -26,7 +26,7 @@ from tfxla_lite.codegen.gpu.lt_epilogue import lt_epilogue
 from tfxla_lite.codegen.gpu.row_vectors import VECTOR_BYTES, VECTOR_TYPES, read_at_own_index
 from tfxla_lite.codegen.gpu.sort import WHOLE_ROW_OPCODES, plan_sort
 from tfxla_lite.hlo.ir import Instruction
-from tfxla_lite.hlo.opcodes import is_elementwise
+from tfxla_lite.hlo.opcodes import is_elementwise, is_flat
 from tfxla_lite.passes.row_fusion import plan_row_fusion
 
 LIBRARY_DOT_TYPES = frozenset({"f16", "bf16", "f32", "f64"})  # dots cuBLAS computes
@@ -55,7 +55,6 @@ TILED_MIN_ELEMENTS = 64 * 128
 
 _NO_KERNEL = frozenset({"parameter", "constant"})
 DERIVED_SUFFIXES = ("", "_v4", "_partials", "_reduce", "_row_group")
-_FLAT = frozenset({"parameter", "constant", "reshape", "bitcast"})
 
 
 def multi_output_leaves(inst: Instruction) -> list[Instruction] | None:
@@ -93,15 +92,6 @@ def is_row_reduction(reduce: Instruction) -> bool:
     return not kept or not reduced or max(kept) < min(reduced)
 
 
-def is_flat(instructions: list[Instruction]) -> bool:
-    """Whether every instruction reads its operands at its own linear index (or scalars)."""
-    for inst in instructions:
-        if inst.opcode in _FLAT or is_elementwise(inst.opcode):
-            continue
-        if inst.opcode == "broadcast" and not inst.operand(0).shape.dims:
-            continue
-        return False
-    return True
 
 
 def column_group(inst: Instruction, reduces: list[Instruction]) -> int:

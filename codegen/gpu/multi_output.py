@@ -13,9 +13,9 @@ from typing import Any
 from tfxla_lite.codegen.gpu.columns import fold_columns
 from tfxla_lite.codegen.gpu.cuda_source import Writer, to_storage
 from tfxla_lite.codegen.gpu.elemental import Index, KernelContext, ModuleTables
+from tfxla_lite.codegen.gpu.kernel_plan import KernelPlan
 from tfxla_lite.codegen.gpu.kernels import (
     WARP,
-    KernelPlan,
     is_row_reduction,
     phase_groups,
     row_team,

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from tfxla_lite.codegen.gpu.kernel_plan import KernelPlan
 from tfxla_lite.codegen.gpu.kernels import (
-    KernelPlan,
     is_row_reduction,
     kernel_body,
     row_launch,

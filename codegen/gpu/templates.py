@@ -15,10 +15,10 @@ from typing import Any
 from tfxla_lite.codegen.gpu import convolution, data_movement  # noqa: F401  (generators)
 from tfxla_lite.codegen.gpu.cuda_source import Writer, compute_type, storage_type, to_storage
 from tfxla_lite.codegen.gpu.elemental import Index, KernelContext, ModuleTables
+from tfxla_lite.codegen.gpu.kernel_plan import KernelPlan
 from tfxla_lite.codegen.gpu.kernels import (
     ROWS_PER_WARP_BLOCK,
     WARP,
-    KernelPlan,
     kernel_body,
     split_scratch,
 )

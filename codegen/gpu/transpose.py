@@ -14,10 +14,10 @@ from typing import Any
 
 from tfxla_lite.codegen.gpu.cuda_source import Writer, compute_type, to_storage
 from tfxla_lite.codegen.gpu.elemental import Index, ModuleTables
+from tfxla_lite.codegen.gpu.kernel_plan import KernelPlan
 from tfxla_lite.codegen.gpu.kernels import (
     TRANSPOSE_BLOCK,
     TRANSPOSE_TILE,
-    KernelPlan,
     ceil_div,
     kernel_body,
 )

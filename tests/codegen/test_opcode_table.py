@@ -29,6 +29,7 @@ from tfxla_lite.hlo.opcodes import (
     ELEMENTWISE_CATEGORIES,
     OPCODES,
     OpcodeInfo,
+    is_identity_on_integers,
     is_transcendental,
     opcodes_in,
 )
@@ -158,6 +159,10 @@ def test_categories_and_arities() -> None:
     assert {n for n, info in OPCODES.items() if info.commutative} == {
         "add", "multiply", "maximum", "minimum", "and", "or", "xor"}
     assert control_flow.OPCODES == {"while", "conditional"}
+    assert {n for n, info in OPCODES.items() if info.flat} == {
+        "parameter", "constant", "reshape", "bitcast"}
+    assert {n for n in OPCODES if is_identity_on_integers(n)} == {
+        "floor", "ceil", "round-nearest-afz", "round-nearest-even"}
 
 
 @pytest.mark.parametrize("opcode", opcodes_in("unary", "binary"))

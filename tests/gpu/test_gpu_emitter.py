@@ -15,9 +15,9 @@ from hlo_builders import check_lines
 
 from tfxla_lite.codegen.gpu import emit_module
 from tfxla_lite.codegen.gpu.cuda_source import literal
+from tfxla_lite.codegen.gpu.kernel_plan import Launch
 from tfxla_lite.codegen.gpu.kernels import (
     SPLIT_MAX_CHUNKS,
-    Launch,
     row_launch,
     row_team,
     split_plan,

@@ -21,7 +21,7 @@ import numpy as np
 from tfxla_lite.hlo import bit_ops, convolution, linalg, random_bits, sort
 from tfxla_lite.hlo.attributes import ScatterDimensions
 from tfxla_lite.hlo.ir import Computation, HloModule, Instruction
-from tfxla_lite.hlo.opcodes import opcodes_in
+from tfxla_lite.hlo.opcodes import is_identity_on_integers, opcodes_in
 from tfxla_lite.hlo.shape import FLOAT_TYPES, SIGNED_TYPES, UNSIGNED_TYPES, Shape
 
 Value = np.ndarray | tuple
@@ -111,8 +111,8 @@ def _unary(inst: Instruction, operands: Sequence[Any]) -> np.ndarray:
     if opcode in _ANY_TYPE_UNARY:
         return _result(_ANY_TYPE_UNARY[opcode](wide), inst.shape)
     if not _is_float(x.dtype):
-        if opcode in ("floor", "ceil", "round-nearest-afz", "round-nearest-even"):
-            return _result(x, inst.shape)  # integers are already whole
+        if is_identity_on_integers(opcode):
+            return _result(x, inst.shape)
         raise TypeError(f"{opcode} takes floats, got {x.dtype}")
     return _result(_FLOAT_UNARY[opcode](wide), inst.shape)
 

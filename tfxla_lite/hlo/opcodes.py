@@ -30,15 +30,18 @@ index (true_computation, false_computation). `sort` takes `dimensions={d}`, `is_
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfxla_lite.hlo import bit_ops, linalg
 from tfxla_lite.hlo.attributes import PaddingConfig, Window
 from tfxla_lite.hlo.convolution import ConvolutionShapeError, convolution_shape
 from tfxla_lite.hlo.shape import INTEGER_TYPES, Shape
 from tfxla_lite.hlo.sort import SortShapeError, sort_shape, topk_shape
+
+if TYPE_CHECKING:  # ir imports this module
+    from tfxla_lite.hlo.ir import Instruction
 
 ShapeRule = Callable[[list[Shape], Mapping[str, Any]], Shape]
 
@@ -76,16 +79,23 @@ class OpcodeInfo:
     # Operand order does not change the result bits (NaN payloads aside): CSE matches
     # op(a, b) with op(b, a).
     commutative: bool = False
+    # Reads nothing, or its operand at its own linear index (reshape, bitcast): with the
+    # elementwise opcodes, what a kernel can run over a flat index (`is_flat`).
+    flat: bool = False
+    # Rounds a float to a whole number: on integers (already whole) the identity.
+    rounds_to_integer: bool = False
 
 
 OPCODES: dict[str, OpcodeInfo] = {}
+_ROUNDING = frozenset({"floor", "ceil", "round-nearest-afz", "round-nearest-even"})
 
 
 def _register(name: str, category: str, arity: int | None, rule: ShapeRule | None,
               transcendental: bool = False, expensive: bool = False,
-              commutative: bool = False) -> None:
+              commutative: bool = False, flat: bool = False) -> None:
     OPCODES[name] = OpcodeInfo(name, category, rule, arity, transcendental,
-                               expensive or transcendental, commutative)
+                               expensive or transcendental, commutative, flat,
+                               name in _ROUNDING)
 
 
 def opcodes_in(*categories: str) -> tuple[str, ...]:
@@ -437,12 +447,12 @@ def _get_tuple_element_rule(shapes: list[Shape], attributes: Mapping[str, Any]) 
     return s.tuple_shapes[attributes["index"]]  # type: ignore[index]
 
 
-_register("parameter", "other", 0, None)
-_register("constant", "other", 0, _constant_rule)
+_register("parameter", "other", 0, None, flat=True)
+_register("constant", "other", 0, _constant_rule, flat=True)
 _register("iota", "other", 0, None)
 _register("broadcast", "data-movement", 1, None)
-_register("reshape", "data-movement", 1, None)
-_register("bitcast", "data-movement", 1, None)
+_register("reshape", "data-movement", 1, None, flat=True)
+_register("bitcast", "data-movement", 1, None, flat=True)
 _register("transpose", "data-movement", 1, _transpose_rule)
 _register("slice", "data-movement", 1, _slice_rule)
 _register("concatenate", "data-movement", None, _concatenate_rule)
@@ -480,6 +490,27 @@ _register("call", "other", None, None)
 def is_elementwise(opcode: str) -> bool:
     info = OPCODES.get(opcode)
     return info is not None and info.category in ELEMENTWISE_CATEGORIES
+
+
+def is_flat(instructions: Iterable[Instruction]) -> bool:
+    """Whether every instruction reads its operands at its own linear index (elementwise
+    and flat opcodes) or reads a scalar (a broadcast scalar; clamp's scalar bounds are
+    elementwise): a kernel computing them runs over a flat index, no multi-index."""
+    for inst in instructions:
+        info = OPCODES.get(inst.opcode)
+        if info is not None and (info.flat or info.category in ELEMENTWISE_CATEGORIES):
+            continue
+        if inst.opcode == "broadcast" and not inst.operand(0).shape.dims:
+            continue
+        return False
+    return True
+
+
+def is_identity_on_integers(opcode: str) -> bool:
+    """Whether `opcode` rounds floats to whole numbers, and so returns integers as they
+    are (floor, ceil and the two round-nearest opcodes)."""
+    info = OPCODES.get(opcode)
+    return info is not None and info.rounds_to_integer
 
 
 def is_transcendental(opcode: str) -> bool:
