@@ -1,39 +1,12 @@
 """AutoGraph's conversions kept on disk, so that a warm process does not convert again.
 
-Before TF traces a Python function, AutoGraph converts its source: parse, a dozen AST
-passes, unparse, load the generated module, map its lines back to the user's. That is
-16-54 ms per function on this machine (the benchmark's workloads; the Keras training
-steps convert two functions), often half of a small function's first call and, once
-the compile caches hit, most of what a warm process spends besides TF's own trace and
-first run. TF keeps conversions only in the process (`PyToPy._cache`, by code object).
-
-While tfxla-lite traces (`conversions_cached`, around the trace in `api.Function`),
-AutoGraph's transpiler first looks here. An entry, `<cache root>/autograph/<key>.tla`,
-holds the generated source, the name of its factory and the source map (generated line
--> the user's file, line, column, function and source line); a hit loads the source as
-AutoGraph's loader does and builds the same factory object, which then sits in TF's
-own in-process cache as if TF had converted the function. The entry is a stage of the
-stage cache (`codegen/cache.py`); an entry that fails a check is a miss and is rewritten.
-
-The key is everything the conversion reads: the function's source text, file, first
-line, name, free variables and `__future__` imports, the *names* in its namespace
-(AutoGraph's namer avoids them when it picks the generated names), the conversion
-options, and the versions of TF and Python. AutoGraph reads one namespace *value*: a
-call of `set_loop_options` or `set_element_type` is recognised by the object its name
-is bound to (a global or a closure cell), so a function whose source mentions either,
-or a name bound to either, is never cached (an alias reached through another module's
-attribute, `utils.alias(...)`, is not seen: keep directives under their names). Lambdas and
-bound methods are not cached either (AutoGraph parses lambdas out of their enclosing
-line; methods are left to TF's own path).
-
-TF's private AutoGraph internals are used (`_TRANSPILER`, its `_cache`, the factory
-class): where this TF lacks one of them the cache stays off (`AVAILABLE`), and any
-failure of the cache's own steps hands the conversion back to TF's path unchanged.
-
-Trust: a hit executes the stored Python source, as the machine-code cache executes the
-stored objects: the cache folder must be the user's own (`TFXLA_LITE_CACHE_DIR`).
-`TFXLA_LITE_CACHE=0` or `memory` turns this cache off with the other disk caches,
-the `autograph_cache` option (`TFXLA_LITE_AUTOGRAPH_CACHE=0`) alone.
+AutoGraph's conversion costs tens of ms per function and TF keeps it only in the
+process. While tfxla-lite traces (`conversions_cached`), AutoGraph's transpiler looks
+here first; a hit loads the stored generated source as AutoGraph's loader does and puts
+its factory into TF's in-process cache. It uses TF's private AutoGraph internals: where
+this TF lacks one the cache stays off (`AVAILABLE`), and any failure of its own steps
+hands the conversion back to TF unchanged. Key, what is never cached and why, trust:
+docs/benchmarks.md, "The compile caches".
 """
 
 from __future__ import annotations

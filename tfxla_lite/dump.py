@@ -1,34 +1,12 @@
 """Dumps under `--dump_to=DIR`: XLA-style files per compiled cluster, the clustering
 decisions per traced function, and report.html.
 
-Where it sits: the driver (`tfxla_lite/driver.py`) calls `dump_cluster` as each cluster
-compiles and `dump_trace` once a trace is clustered; a dynamic cluster (`tfxla_lite/dynamic.py`)
-calls `dump_cluster` when each new input shape compiles. Both do nothing unless the
-options ask for dumps, and neither ever raises: a dump that cannot be written is a
-warning, never a failure of the user's program.
-
-Files, named as XLA names its own (`NNNN` a process-wide counter, zero-padded):
-
-    module_NNNN.<function>_<cluster>.before_optimizations.txt   HLO as lowered from TF
-    module_NNNN.<function>_<cluster>.after_optimizations.txt    after passes and fusion
-    module_NNNN.<function>_<cluster>.buffer-assignment.txt      BufferAssignment.to_text()
-    module_NNNN.<function>_<cluster>.ir-no-opt.ll               LLVM IR as emitted
-    module_NNNN.<function>_<cluster>.ir-with-opt.ll             after LLVM's O3
-    module_NNNN.<function>_<cluster>.cu                 a GPU cluster's CUDA C (instead of .ll)
-    module_NNNN.<function>_<cluster>.kernel-plan.txt    its kernels: template, launch, why
-    <function>.before_marking.pbtxt     the traced GraphDef
-    <function>.after_marking.pbtxt      the same, `_tfxla_lite_cluster` on clustered nodes
-    <function>.clustering.txt, .json    every node: its cluster, or why it stays in TF
-    report.html                         the visual report of the whole process
-
-`<function>` is the traced function's name (`__inference_step_12`: unique per trace).
-In a task of a tf.distribute cluster (`TF_CONFIG`, or the strategy's cluster resolver)
-every name starts with the task, `worker_1.module_0003...`, `worker_1.report.html`, so
-that the workers of one machine can share a dump folder (`distributed.task_tag`).
-As in XLA, text is the only format and the default one, so `--dump_hlo_as_text` adds
-nothing to `--dump_to`; given alone, it prints the HLO files to stdout between
-`*** Begin <file> ***` and `*** End <file> ***` lines (XLA's `--xla_dump_to=-`, also
-accepted here as `--dump_to=-`).
+The driver calls `dump_cluster` as each cluster compiles (a dynamic cluster, as each
+input shape compiles) and `dump_trace` once a trace is clustered. Both do nothing
+unless the options ask for dumps, and never raise: a dump that cannot be written is a
+warning, never a failure of the user's program. The files, named as XLA names its own
+(with the task first in a tf.distribute cluster), and `--dump_hlo_as_text`:
+docs/inspecting.md, "Dumps and the visual report".
 """
 
 from __future__ import annotations

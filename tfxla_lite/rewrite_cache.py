@@ -1,40 +1,12 @@
 """The rewrite cache: a warm process reuses a whole trace's clustering and compile.
 
-Where it sits: `driver.build_program` asks here once the trace is made (and its
-function calls inlined), before marking. The key is a *fingerprint* of the traced
-GraphDef (with the shapes TF inferred, `add_shapes=True`, serialized
-deterministically) and of everything else the result depends on: jit_compile, the
-dynamic-shape settings, the options, the thread count, tfxla-lite's and TF's versions,
-a hash of the sources that mark, cluster, lower and rewrite (`clustering/` and the
-TF-side modules of `tfxla_lite/`) and the environment of the compile caches below it
-(codegen and compiler sources, llvmlite, target, host CPU and features).
-
-An entry, `<cache root>/rewrites/<key>.tlr`, holds what the rewrite needs of each
-compiled cluster (its ops, its boundary, the dtypes and shapes of its outputs), the
-clustering report without source lines, and for each cluster the lowered HLO text and
-the key of its optimized module (`codegen/module_cache.py`). A hit therefore runs no marking,
-no clustering, no lowering, no pass and no LLVM: each executable comes from the
-optimized-module and machine-code caches, and the graph is rewritten as on a cold
-path. The entry is a stage of the stage cache (`codegen/cache.py`: one header line,
-then the zlib'd JSON payload; atomic writes, checksums, every header field checked).
-An entry that fails a check, names an op or tensor the graph does not have, or whose
-executables are no longer cached, is a miss: the caller takes the full path, which
-writes the entry anew.
-
-Source metadata is never taken from an entry: the GraphDef holds no Python source
-lines, so two traces with equal fingerprints can come from different lines. The
-report's source lines and the `source_file`/`source_line` of the HLO metadata are
-looked up in the current trace (`with_current_sources`).
-
-A jit_compile=True build that marking refuses (ops that cannot compile) is stored as
-such: a warm process raises the same `CompilationError`, its source lines current,
-without marking again (the benchmark's training steps then retry in auto mode).
-
-Only the plain case is stored: no While or If bodies, no cluster with unknown
-dimensions, no cluster that failed to compile, every executable a cached CPU one, no
-dumps and no verifier (both ask for the full path). `TFXLA_LITE_CACHE=0` or `memory`
-turns the rewrite cache off (it lives on disk only: in a process, `tfxla_lite.Function`
-already keeps its programs).
+`driver.build_program` asks here (through `cached_programs.py`) before marking. The key
+fingerprints the traced GraphDef with everything the result depends on; the entry holds
+each compiled cluster's boundary, lowered HLO and optimized-module key, so a hit runs no
+mark, lower, pass or LLVM. A refused must-compile build is stored too (the same
+`CompilationError`, without marking again). Source lines always come from the current
+trace. Only plain programs are stored; keys, checks and what is stored:
+docs/architecture.md, "Rewrite cache".
 """
 
 from __future__ import annotations

@@ -1,38 +1,9 @@
 """Cost analysis: flops, transcendentals and bytes accessed, as XLA counts them.
 
-Reads the IR only; used by reports, the CLI and benchmarks to say how much work
-and memory traffic a module (or each of its kernels) asks for. The definitions
-are those of XLA's `HloCostAnalysis` (`xla/service/hlo_cost_analysis.cc`):
-
-- Elementwise ops (unary, binary, compare, select, clamp, convert): one
-  operation per output element, a *transcendental* for the opcodes the table marks
-  so (`OpcodeInfo.transcendental`: exp, log, tanh, sqrt, power, ...), a *flop* for
-  every other one (divide included).
-- dot: 2 flops (one fused multiply-add) per output element per contracted
-  element: `2 * elements(output) * product(contracting dims)`.
-- convolution: 2 flops per multiply-add with a real input element: input features
-  per group × output features × batch per batch group × the window positions that
-  land on the input (not in padding or base-dilation holes), per spatial dimension
-  (`convolution.flops`).
-- reduce: the `to_apply` computation's cost once per combination, where a
-  reduce of N input elements to M output elements combines `N - M` times.
-- Data movement (broadcast, reshape, transpose, slice, concatenate, iota,
-  copy): no flops.
-- Bytes accessed: by default the bytes of every operand plus the output.
-  Exceptions: parameters, constants and get-tuple-element touch 0 bytes; a
-  bitcast 0; a slice reads only what it writes (2 × output); a tuple writes its
-  table of pointers (8 bytes per element) and reads nothing.
-- fusion: flops and transcendentals of the fused instructions summed; bytes
-  accessed only at the fusion's boundary, its operands plus its output (XLA
-  refines operand reads by their fused users; here every operand is read once).
-- call: its computation's totals.
-- cholesky: n³/3 multiply-adds and n square roots per n×n matrix; triangular-solve:
-  k/2 multiply-adds per element of the result, for a k×k `a` (each unknown sums over
-  half the triangle on average). reduce-precision is elementwise (a flop an element);
-  bitcast-convert, set-dimension-size and rng-bit-generator move data (no flops), and
-  opt-barrier and get-dimension-size touch nothing (static shapes).
-
-Optimal seconds, XLA's fourth property, needs per-device rates and is left out.
+Reads the IR only; reports, the CLI and benchmarks use it to say how much work and
+memory traffic a module (or each of its kernels) asks for. The definitions are those
+of XLA's `HloCostAnalysis` (`xla/service/hlo_cost_analysis.cc`), opcode by opcode in
+docs/inspecting.md, "What cost analysis counts". XLA's optimal seconds is left out.
 """
 
 from __future__ import annotations

@@ -1,32 +1,12 @@
-"""Row fusion: reductions over the rows of one array and their consumers, as one kernel.
+"""Row fusion (`fuse-rows`): reductions over the rows of one array and their consumers,
+as one kernel.
 
-Softmax (max → exp-sum → divide) and layer norm (mean → variance → normalize) are
-chains of row reductions whose results are broadcast back along the rows they
-reduced. The plain `fuse` pass cuts such a chain after every reduce (a reduce is a
-kernel's root), so each stage reads the whole array again from memory, and the
-expensive exponentials of softmax are written to a temp buffer and read back. This
-pass, which runs before `fuse`, puts the whole chain into one `fusion` of kind
-`kCustom` (a *row fusion*); the CPU backend (`codegen/cpu/row_kernel.py`) runs it
-one row at a time, every stage over the same row while it is in the cache, rows in
-parallel.
-
-A group is valid when its reduces all reduce the same trailing dimensions of
-operands of one shape S (the *rows*: the kept leading dimensions), and every member
-that depends on one of those reduces (a *dependent* member) keeps row r's values at
-row r:
-
-- *wide* dependent members have shape S and are elementwise ops or reduces' operands;
-- *row* dependent members have S's kept dimensions (size-1 dimensions aside): the
-  reduces themselves, elementwise ops, reshapes that only add or drop size-1
-  dimensions, and broadcasts that map them onto S's kept dimensions in order.
-
-Everything else in the group (independent members: broadcasts of parameters, scalar
-constants, elementwise work on inputs) is computed at whatever index a consumer asks
-for, as in a kLoop fusion. As in `fuse`, a cheap producer with users outside the
-group is cloned into it when `fusion.should_fuse` finds the copy cheaper than reading
-its buffer; an expensive one, and every reduce, joins only when the group holds all
-its users, so no work is done twice. Rows wider than `max_row_bytes` are
-left to `fuse`: the point is that a row stays in the cache between stages.
+Softmax and layer norm are chains of row reductions broadcast back along their rows;
+`fuse` would cut them after every reduce, reading the array again per stage. This pass,
+before `fuse`, puts the chain into one kCustom `fusion` (a *row fusion*) that
+`codegen/cpu/row_kernel.py` runs a row at a time, every stage while the row is in the
+cache. Which members may join (each keeps row r's values at row r), cloning and
+`max_row_bytes`: docs/architecture.md, `fuse-rows`.
 """
 
 from __future__ import annotations
