@@ -35,6 +35,7 @@ from tfxla_lite.clustering.control_flow_ops import FUNCTIONAL_OPS
 from tfxla_lite.clustering.inline import capture_devices
 from tfxla_lite.clustering.mark import Decision, MarkOptions, mark
 from tfxla_lite.clustering.registry import OP_RULES, known_dims
+from tfxla_lite.clustering.rules_variables import WRITES
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -406,9 +407,57 @@ def _describe(graph: tf.Graph, name: str, ops: list[tf.Operation], edges: _Cross
         for waiter in edges.waiters.get(op.name, []):
             if waiter not in inside and waiter not in control_outputs:
                 control_outputs.append(waiter)
+    outputs.extend(_reads_after_writes(ops, outputs))
     device = ops[0].device if ops else ""
     return Cluster(name, [op.name for op in ops], inputs, outputs, control_inputs,
                    control_outputs, device)
+
+
+_READS = ("ReadVariableOp", "ResourceGather")
+
+
+def _reads_after_writes(ops: list[tf.Operation], outputs: list[str]) -> list[str]:
+    """Reads of a variable after the cluster wrote it, whose floating value flows into
+    `outputs`: extra outputs, so that a gradient of the launch takes the value the
+    launch read from the launch (tfxla_lite/gradients.py), as TF's XLA keeps a
+    differentiated function's intermediates, since only the launch holds it."""
+    by_name = {op.name: op for op in ops}
+    written = {t.name for op in ops for t in op.inputs[:WRITES.get(op.type, 0)]}
+    if not written:
+        return []
+    # Backwards: data edges alone, and data and control edges (which hold TF's order of
+    # one variable's ops).
+    data: dict[str, list[str]] = {}
+    earlier: dict[str, list[str]] = {}
+    for op in ops:
+        sources = [t.op.name for t in op.inputs if t.op.name in by_name]
+        data[op.name] = sources
+        earlier[op.name] = sources + [c.name for c in op.control_inputs if c.name in by_name]
+    floating = [name.split(":")[0] for name in outputs
+                if ops[0].graph.get_tensor_by_name(name).dtype.is_floating]
+    feeding = set(floating) | {n for name in floating for n in _reached(name, data)}
+    found = []
+    for name in feeding:
+        op = by_name[name]
+        if (op.type in _READS and op.outputs[0].dtype.is_floating
+                and op.outputs[0].name not in outputs and op.inputs[0].name in written
+                and any(op.inputs[0].name in
+                        {t.name for t in by_name[n].inputs[:WRITES.get(by_name[n].type, 0)]}
+                        for n in _reached(name, earlier))):
+            found.append(op.outputs[0].name)
+    return sorted(found)
+
+
+def _reached(start: str, edges: dict[str, list[str]]) -> set[str]:
+    """The nodes reached from `start` along `edges`, `start` excluded."""
+    seen: set[str] = set()
+    pending = list(edges.get(start, []))
+    while pending:
+        name = pending.pop()
+        if name not in seen:
+            seen.add(name)
+            pending.extend(edges.get(name, []))
+    return seen
 
 
 def cluster_graph(graph: tf.Graph, options: MarkOptions | None = None,

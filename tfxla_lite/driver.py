@@ -643,7 +643,10 @@ def rewrite(concrete_function: Any, program: Program, graph_def: Any = None,
 
     def rewritten(*args: Any, **kwargs: Any) -> Any:
         func_graph = tf.compat.v1.get_default_graph()
-        arguments = list(func_graph.inputs)
+        # A variable argument's entry is its eager handle, which the trace captured as
+        # the argument's placeholder; capturing it again returns that placeholder.
+        arguments = [func_graph.capture(t) if hasattr(t, "numpy") else t
+                     for t in func_graph.inputs]
         if len(arguments) != num_arguments:
             raise AssertionError(f"tfxla-lite: traced {len(arguments)} arguments, the original "
                                  f"function has {num_arguments}")

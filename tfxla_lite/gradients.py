@@ -22,20 +22,22 @@ backward pass. A GPU cluster's nodes (EagerPyFunc) are not launch nodes and have
 such gradient.
 
 Variables. The backward takes only the ops the differentiated outputs depend on by data
-edges, so a launch's writes (which have no data outputs) never run again. A read in the
-cluster differentiates through the handle, as `ReadVariableOp` does, and the rerun reads
-the variable again, which gives the value the forward read unless the launch writes
-that variable after the read. For such a read (BatchNorm's
-moving statistics feed only their own update, but a training step's loss reads the
-weights its optimizer then writes), the gradient adds a `ReadVariableOp` of the variable
-to the forward graph, ordered before the launch (`value_before`), and the backward reads
-that value instead: TF makes it a forward output, as it does for the intermediates of
-any op it differentiates, and the launch, seeing another holder of the old buffer,
-writes a new one (copy-on-write). The read exists only in the forward TF derives when it
-differentiates: an undifferentiated call runs the launch alone, writing in place. A read
-after the launch's last write of its variable reads the written value again. A read
-between two writes of one variable, whose value the outputs need, has no value to
-differentiate from: LookupError, as for an op without a gradient.
+edges, so a launch's writes (which have no data outputs) never run again, and it never
+reads a variable again: by then the caller may have written it (a tape's gradient taken
+after an optimizer step). A read in the cluster differentiates through the handle, as
+`ReadVariableOp` does, and takes the value the launch read:
+- a read before any write of its variable in the cluster: the gradient adds a
+  `ReadVariableOp` of the variable to the forward graph, ordered before the launch
+  (`value_before`), and the backward reads that value instead: TF makes it a forward
+  output, as it does for the intermediates of any op it differentiates, and a launch
+  that writes the variable, seeing another holder of the old buffer, writes a new one
+  (copy-on-write). The read exists only in the forward TF derives when it
+  differentiates: an undifferentiated call runs the launch alone, writing in place;
+- a read after a write (between two writes, or after the last one): clustering makes
+  every such read that feeds a floating output a launch output (clustering/cluster.py),
+  as TF's XLA keeps a differentiated function's intermediates, and the backward takes
+  it from there. Its gradient goes to the variable; the write's operands get none, as
+  in TF, whose variable writes have no gradient.
 """
 
 from __future__ import annotations
@@ -53,8 +55,10 @@ from tfxla_lite.rewrite import ORIGINAL_ATTR, ORIGINAL_INPUT_PREFIX, ORIGINAL_OU
 
 __all__ = ["LaunchGradient", "launch_gradient"]
 
-# In a gradient's template, the placeholder of a written variable's value before the launch.
+# In a gradient's template, the placeholder of a read variable's value before the launch,
+# and that of a launch output (a read after a write, which the launch outputs for this).
 BEFORE_PREFIX = "tfxla_lite_before_"
+OUTPUT_PREFIX = "tfxla_lite_output_"
 # The name of the forward graph's read of that value (`value_before`), after the launch's.
 _BEFORE_SUFFIX = "_value_before_"
 _READS = ("ReadVariableOp", "ResourceGather")
@@ -67,9 +71,9 @@ def _differentiable(dtype: tf.DType) -> bool:
 @dataclass(frozen=True)
 class LaunchGradient:
     """The gradient of one launch node's cluster, as a Python function of the launch
-    inputs, the values before the launch of the variables in `before`, and the incoming
-    gradients of the outputs in `present`; returns the gradients of the inputs in
-    `differentiable` (None where unconnected).
+    inputs, the values before the launch of the variables in `before`, the launch
+    outputs in `launched` and the incoming gradients of the outputs in `present`;
+    returns the gradients of the inputs in `differentiable` (None where unconnected).
 
     Hashable: equal clusters with equal masks share one compiled gradient."""
 
@@ -78,24 +82,33 @@ class LaunchGradient:
     input_count: int
     present: tuple[int, ...]  # outputs with an incoming gradient
     differentiable: tuple[int, ...]  # inputs that get a gradient
-    before: tuple[int, ...] = ()  # written variables (inputs) read before their write
+    before: tuple[int, ...] = ()  # variables (inputs) whose value before the launch is read
+    launched: tuple[int, ...] = ()  # launch outputs the template reads (values read)
+    # Template tensors whose gradient adds to a variable input's: (tensor, input).
+    reads: tuple[tuple[str, int], ...] = ()
 
     def __call__(self, *tensors: tf.Tensor) -> list[tf.Tensor | None]:
-        count, known = self.input_count, self.input_count + len(self.before)
-        inputs, values, output_gradients = tensors[:count], tensors[count:known], tensors[known:]
+        count = self.input_count
+        values = count + len(self.before)
+        known = values + len(self.launched)
+        inputs, output_gradients = tensors[:count], tensors[known:]
         graph_def = tf.compat.v1.GraphDef.FromString(self.template)
         input_map = {f"{ORIGINAL_INPUT_PREFIX}{j}:0": tensor for j, tensor in enumerate(inputs)}
         input_map.update({f"{BEFORE_PREFIX}{j}:0": value
-                          for j, value in zip(self.before, values)})
-        outputs = tf.graph_util.import_graph_def(
+                          for j, value in zip(self.before, tensors[count:values])})
+        input_map.update({f"{OUTPUT_PREFIX}{k}:0": value
+                          for k, value in zip(self.launched, tensors[values:known])})
+        found = tf.graph_util.import_graph_def(
             graph_def, input_map=input_map,
-            return_elements=[self.outputs[i] for i in self.present], name="original")
-        found = tf.gradients(outputs, [*(inputs[j] for j in self.differentiable), *values],
+            return_elements=[*(self.outputs[i] for i in self.present),
+                             *(name for name, _ in self.reads)], name="original")
+        outputs, reads = found[:len(self.present)], found[len(self.present):]
+        found = tf.gradients(outputs, [*(inputs[j] for j in self.differentiable), *reads],
                              grad_ys=list(output_gradients))
         results = found[:len(self.differentiable)]
-        # A variable's gradient sums over its reads, those of the value before the launch
-        # included, as TF's gradient of the variable sums over its ReadVariableOps.
-        for j, extra in zip(self.before, found[len(self.differentiable):]):
+        # A variable's gradient sums over its reads, as TF's gradient of the variable
+        # sums over its ReadVariableOps.
+        for (_, j), extra in zip(self.reads, found[len(self.differentiable):]):
             k = self.differentiable.index(j)
             if extra is not None:
                 results[k] = extra if results[k] is None else tf.math.add_n(
@@ -115,8 +128,7 @@ def launch_gradient(op: tf.Operation, output_gradients: Sequence[Any]
     """The gradient function of launch node `op` for these incoming gradients, and the
     tensors to call it with; (None, []) when no gradient flows (no floating input or
     no floating output with a gradient). Raises LookupError, as TF does for an op with
-    no gradient, for a launch node without its cluster's ops, and for outputs that need
-    a variable's value between two writes of the launch."""
+    no gradient, for a launch node without its cluster's ops."""
     try:
         template = op.get_attr(ORIGINAL_ATTR)
         outputs = tuple(name.decode() for name in op.get_attr(ORIGINAL_OUTPUTS_ATTR))
@@ -133,19 +145,24 @@ def launch_gradient(op: tf.Operation, output_gradients: Sequence[Any]
         return None, []
     cluster = tf.compat.v1.GraphDef.FromString(template)
     needed = _data_fanin(cluster, [outputs[i] for i in present])
-    written = set(op.get_attr("variable_writes"))
-    earlier = _reads_before_writes(cluster, needed, written, op.name) if written else {}
-    before = tuple(sorted(set(earlier.values())))
-    _read_values_before(needed, earlier)
+    try:
+        written = set(op.get_attr("variable_writes"))
+    except ValueError:  # a launch without writes
+        written = set()
+    sources = _read_sources(cluster, needed, written, outputs, op.name)
+    reads = _read_values(needed, sources)
+    before = tuple(sorted({j for kind, j, _ in sources.values() if kind == BEFORE_PREFIX}))
+    launched = tuple(sorted({k for kind, _, k in sources.values() if kind == OUTPUT_PREFIX}))
     gradient = LaunchGradient(needed.SerializeToString(deterministic=True), outputs,
-                              len(op.inputs), present, differentiable, before)
-    dtypes = {j: tf.as_dtype(node.attr["dtype"].type) for node in cluster.node
-              if (j := earlier.get(node.name)) is not None}
+                              len(op.inputs), present, differentiable, before, launched,
+                              reads)
+    dtypes = {sources[node.name][1]: tf.as_dtype(node.attr["dtype"].type)
+              for node in cluster.node if node.name in sources}
     values = [value_before(op, j, dtypes[j]) for j in before]
     # A gradient arriving as IndexedSlices (a Gather downstream) is made dense: the
     # compiled gradient takes tensors.
     incoming = [tf.convert_to_tensor(output_gradients[i]) for i in present]
-    return gradient, [*op.inputs, *values, *incoming]
+    return gradient, [*op.inputs, *values, *(op.outputs[k] for k in launched), *incoming]
 
 
 def value_before(op: tf.Operation, j: int, dtype: tf.DType) -> tf.Tensor:
@@ -199,37 +216,42 @@ def _data_fanin(graph_def: tf.compat.v1.GraphDef, tensors: Iterable[str]
     return pruned
 
 
-def _reads_before_writes(cluster: tf.compat.v1.GraphDef, needed: tf.compat.v1.GraphDef,
-                         written: set[int], launch: str) -> dict[str, int]:
-    """The reads in `needed` of a variable the launch writes that come before its writes
-    in the cluster (by its data and control edges, which hold TF's order of one
-    variable's ops): read name -> launch input of the variable."""
+def _read_sources(cluster: tf.compat.v1.GraphDef, needed: tf.compat.v1.GraphDef,
+                  written: set[int], outputs: Sequence[str], launch: str
+                  ) -> dict[str, tuple[str, int, int]]:
+    """Where the gradient takes the value of each variable read in `needed`: read name ->
+    (BEFORE_PREFIX, variable input, -1) for a read before any write of its variable in
+    the cluster (by its data and control edges, which hold TF's order of one variable's
+    ops): the value before the launch; (OUTPUT_PREFIX, variable input, k) for a read
+    after a write, which the launch outputs as its output k (clustering/cluster.py).
+    Never read again in the backward: the variable may have changed since."""
     consumers: dict[str, list[str]] = {}
-    producers: dict[str, list[str]] = {}
     for node in cluster.node:
         for reference in node.input:
             consumers.setdefault(_input_name(reference), []).append(node.name)
-            producers.setdefault(node.name, []).append(_input_name(reference))
-    handles = {f"{ORIGINAL_INPUT_PREFIX}{j}": j for j in written}
+    handles = {node.name: int(node.name[len(ORIGINAL_INPUT_PREFIX):])
+               for node in cluster.node if node.name.startswith(ORIGINAL_INPUT_PREFIX)}
     writes: dict[int, list[str]] = {}
     for node in cluster.node:
         for reference in node.input[:WRITES.get(node.op, 0)]:
-            if _input_name(reference) in handles:
-                writes.setdefault(handles[_input_name(reference)], []).append(node.name)
-    earlier: dict[str, int] = {}
+            j = handles.get(_input_name(reference))
+            if j is not None and j in written:
+                writes.setdefault(j, []).append(node.name)
+    position = {name: k for k, name in enumerate(outputs)}
+    sources: dict[str, tuple[str, int, int]] = {}
     for node in needed.node:
         if node.op not in _READS or not node.input or _input_name(node.input[0]) not in handles:
             continue
         j = handles[_input_name(node.input[0])]
-        after_a_write = node.name in _closure(writes.get(j, []), consumers)
-        if not after_a_write:
-            earlier[node.name] = j
-        elif node.name in _closure(writes.get(j, []), producers):
+        if node.name not in _closure(writes.get(j, []), consumers):
+            sources[node.name] = (BEFORE_PREFIX, j, -1)
+        elif f"{node.name}:0" in position:
+            sources[node.name] = (OUTPUT_PREFIX, j, position[f"{node.name}:0"])
+        else:  # clustering outputs every such read that feeds a floating output
             raise LookupError(
-                f"tfxla-lite: launch node '{launch}' reads a variable between two of its "
-                f"writes ({node.name}) where the differentiated outputs need that value, "
-                "so it has no gradient (read it before or after the writes)")
-    return earlier
+                f"tfxla-lite: launch node '{launch}' does not output {node.name}, a read "
+                "of a variable after the launch wrote it, so it has no gradient")
+    return sources
 
 
 def _closure(start: Sequence[str], edges: dict[str, list[str]]) -> set[str]:
@@ -244,39 +266,91 @@ def _closure(start: Sequence[str], edges: dict[str, list[str]]) -> set[str]:
     return seen
 
 
-def _read_values_before(needed: tf.compat.v1.GraphDef, earlier: dict[str, int]) -> None:
-    """Rewrite the reads of `earlier` in `needed` to read the placeholder of their
-    variable's value before the launch (`BEFORE_PREFIX`) instead of the variable."""
-    made: set[int] = set()
+def _read_values(needed: tf.compat.v1.GraphDef, sources: dict[str, tuple[str, int, int]]
+                 ) -> tuple[tuple[str, int], ...]:
+    """Rewrite the reads of `sources` in `needed` to read a placeholder of their value
+    instead of the variable; the tensors whose gradients are the variables' (tensor
+    name, variable input), as `LaunchGradient.reads`."""
+    made: set[str] = set()
+    reads: list[tuple[str, int]] = []
     for node in list(needed.node):
-        if node.name not in earlier:
+        if node.name not in sources:
             continue
-        j = earlier[node.name]
+        kind, j, k = sources[node.name]
         dtype = node.attr["dtype"].type
-        if j not in made:
-            made.add(j)
-            placeholder = needed.node.add(name=f"{BEFORE_PREFIX}{j}", op="Placeholder")
+        source = f"{kind}{j if kind == BEFORE_PREFIX else k}"
+        if source not in made:
+            made.add(source)
+            placeholder = needed.node.add(name=source, op="Placeholder")
             placeholder.attr["dtype"].type = dtype
-        source = f"{BEFORE_PREFIX}{j}"
-        if node.op == "ReadVariableOp":
-            node.op = "Identity"
-            del node.input[:]
-            node.input.append(source)
-            del node.attr["dtype"]
-            node.attr["T"].type = dtype
-        else:  # ResourceGather: the same gather of the value
-            batch_dims = node.attr["batch_dims"].i
-            axis = needed.node.add(name=f"{node.name}/{BEFORE_PREFIX}axis", op="Const")
-            axis.attr["dtype"].type = tf.int32.as_datatype_enum
-            axis.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(batch_dims, tf.int32))
-            indices = node.input[1]
-            node.op = "GatherV2"
-            del node.input[:]
-            node.input.extend([source, indices, axis.name])
-            index_type = node.attr["Tindices"].type
-            for name in list(node.attr):
-                del node.attr[name]
-            node.attr["Tparams"].type = dtype
-            node.attr["Tindices"].type = index_type
-            node.attr["Taxis"].type = tf.int32.as_datatype_enum
-            node.attr["batch_dims"].i = batch_dims
+            if kind == BEFORE_PREFIX:
+                reads.append((f"{source}:0", j))
+        if kind == OUTPUT_PREFIX and node.op == "ResourceGather":
+            reads.append((_gathered_output(needed, node, source), j))
+        elif kind == OUTPUT_PREFIX or node.op == "ReadVariableOp":
+            _as_identity(node, source, dtype)
+            if kind == OUTPUT_PREFIX:
+                reads.append((f"{node.name}:0", j))
+        else:  # ResourceGather of the value before: the same gather of the value
+            _as_gather(needed, node, source, node.input[1], dtype)
+    return tuple(reads)
+
+
+def _as_identity(node: Any, source: str, dtype: int) -> None:
+    node.op = "Identity"
+    del node.input[:]
+    node.input.append(source)
+    for name in list(node.attr):
+        del node.attr[name]
+    node.attr["T"].type = dtype
+
+
+def _as_gather(needed: tf.compat.v1.GraphDef, node: Any, source: str, indices: str,
+               dtype: int) -> None:
+    """`node` (a ResourceGather) as GatherV2 of `source` with its indices and batch_dims."""
+    batch_dims = node.attr["batch_dims"].i
+    axis = needed.node.add(name=f"{node.name}/{BEFORE_PREFIX}axis", op="Const")
+    axis.attr["dtype"].type = tf.int32.as_datatype_enum
+    axis.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(batch_dims, tf.int32))
+    index_type = node.attr["Tindices"].type
+    node.op = "GatherV2"
+    del node.input[:]
+    node.input.extend([source, indices, axis.name])
+    for name in list(node.attr):
+        del node.attr[name]
+    node.attr["Tparams"].type = dtype
+    node.attr["Tindices"].type = index_type
+    node.attr["Taxis"].type = tf.int32.as_datatype_enum
+    node.attr["batch_dims"].i = batch_dims
+
+
+def _gathered_output(needed: tf.compat.v1.GraphDef, node: Any, source: str) -> str:
+    """`node`, a ResourceGather whose rows the launch outputs as `source`, as those rows
+    plus a gather of negative zeros of the variable's shape (x + -0.0 is x, bit for bit):
+    the gather's gradient, which depends only on the shape, reaches the zeros, whose
+    gradient is the variable's. Returns the zeros' tensor name."""
+    handle, indices = node.input[0], node.input[1]
+    dtype = node.attr["dtype"].type
+    shape = needed.node.add(name=f"{node.name}/{OUTPUT_PREFIX}shape", op="VariableShape")
+    shape.input.append(handle)
+    shape.attr["out_type"].type = tf.int32.as_datatype_enum
+    zero = needed.node.add(name=f"{node.name}/{OUTPUT_PREFIX}zero", op="Const")
+    zero.attr["dtype"].type = dtype
+    zero.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(-0.0, tf.as_dtype(dtype)))
+    zeros = needed.node.add(name=f"{node.name}/{OUTPUT_PREFIX}zeros", op="Fill")
+    zeros.input.extend([shape.name, zero.name])
+    zeros.attr["T"].type = dtype
+    zeros.attr["index_type"].type = tf.int32.as_datatype_enum
+    gathered = f"{node.name}/{OUTPUT_PREFIX}gathered"
+    copy = needed.node.add()
+    copy.CopyFrom(node)
+    copy.name = gathered
+    _as_gather(needed, copy, zeros.name, indices, dtype)
+    add = node
+    add.op = "AddV2"
+    del add.input[:]
+    add.input.extend([source, gathered])
+    for name in list(add.attr):
+        del add.attr[name]
+    add.attr["T"].type = dtype
+    return f"{zeros.name}:0"

@@ -170,7 +170,11 @@ def rewrite_graph_def(graph_def: tf.compat.v1.GraphDef,
     for cluster in clusters:
         launch = result.node.add()
         launch.name = cluster.launch_name
-        launch.op = VARIABLE_LAUNCH_OP_TYPE if cluster.variable_writes else LAUNCH_OP_TYPE
+        # A cluster reading a variable is stateful too, as its reads are: else a stateless
+        # function holding it runs unordered with the caller's later writes.
+        reads = any(dtype == tf.resource for dtype in cluster.input_dtypes)
+        launch.op = (VARIABLE_LAUNCH_OP_TYPE if cluster.variable_writes or reads
+                     else LAUNCH_OP_TYPE)
         first = nodes_by_name[cluster.op_names[0]]
         launch.device = first.device
         inputs = [redirect(_graph_def_reference(t), cluster) for t in cluster.inputs]
