@@ -69,7 +69,6 @@ LITE_MODES: dict[str, dict[str, Any]] = {
     "fresh-4k": {"enabled": True, "huge_pages": False, "cap_bytes": 0},
     "tf-alloc": {"enabled": False, "huge_pages": None, "cap_bytes": None},
 }
-TF_VARIANTS = ("tf.function", "xla")
 
 
 def load_average() -> str:

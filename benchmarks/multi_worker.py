@@ -30,8 +30,6 @@ if __package__ in (None, ""):  # `python benchmarks/multi_worker.py`
     sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "distribute"))
 
-VARIANTS = ("tf", "tfxla_lite", "collective")
-
 
 def load_average() -> str:
     try:

@@ -25,7 +25,7 @@ import numpy as np
 from llvmlite import ir
 
 from tfxla_lite.hlo.ir import Computation, Instruction
-from tfxla_lite.hlo.shape import FLOAT_TYPES, SIGNED_TYPES, UNSIGNED_TYPES, Shape, numpy_dtype
+from tfxla_lite.hlo.shape import FLOAT_TYPES, SIGNED_TYPES, Shape, numpy_dtype
 
 I1 = ir.IntType(1)
 I8 = ir.IntType(8)
@@ -49,10 +49,6 @@ def is_float(element_type: str) -> bool:
 
 def is_signed(element_type: str) -> bool:
     return element_type in SIGNED_TYPES
-
-
-def is_unsigned(element_type: str) -> bool:
-    return element_type in UNSIGNED_TYPES
 
 
 def int_bits(element_type: str) -> int:
