@@ -11,7 +11,8 @@ elements. Each unit is computed by the strategy chosen per shape (`choose_strate
 one call of OpenBLAS's GEMM (NumPy's, kept to one thread: the units are the kernel's parallel
 parts, `parallel.py`), emitted register blocks (sums of 8 rows × 32 columns held in
 vector registers over the whole K, read straight from A and B; `dot_blocks.py`) for
-products up to 512³, at least 32 columns wide, whose B rows are contiguous, an emitted
+products up to 512³, at least 32 columns wide (16 when batched), whose B rows are
+contiguous or, at a short K, copied so (`dot_blocks.fits`), an emitted
 packed GEMM for f32 products of 2^32 flops or more on AVX-512 hosts (`gemm_packed.py`: B
 packed once for all units, a K block ahead, its bits independent of the units), or
 emitted row-by-row axpy loops for small dots and vector × matrix products; the epilogue

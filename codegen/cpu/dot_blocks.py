@@ -2,7 +2,8 @@
 of C computed by emitted code, BLOCK_ROWS rows × BLOCK_VECTORS vectors of columns at a
 time, each sum held in a vector register over the whole K (k ascending, one fused
 multiply-add per term) and read straight from A's and B's buffers: no packing and no
-library call.
+library call. A transposed B is read by dot-product blocks over a long K, and over a
+short K from a transposed copy of the tile's columns on the stack (`fits_copy`).
 
 Where it sits: `dot.emit_dot_kernel` cuts a dot into units (`dot.schedule`) and calls
 `emit_tile` per unit and batch element when `dot.choose_strategy` picked "blocked"
@@ -13,7 +14,9 @@ units nor on the thread count.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import math
 from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING
 
@@ -28,6 +31,7 @@ from tfxla_lite.codegen.cpu.emitter import (
     KernelContext,
     declare,
     i64,
+    minimum,
     value_type,
 )
 
@@ -65,6 +69,20 @@ SHORT_K = 256
 # lost to the library's packed panels (the commit that set them has the measurements).
 TRANSPOSED_K = 64
 TRANSPOSED_ROWS = 256
+# Products narrower than a block but of whole vectors, A's rows contiguous, take blocks
+# when a batch of at least this many repeats them (attention's probabilities times values
+# over a head's 16 features, one AVX-512 vector): the block function's compile is paid
+# once for the microsecond each batch element saves. With A transposed (the values'
+# gradient) the library was level.
+NARROW_BATCH = 8
+# With B transposed over a short K (at most SHORT_K: attention's scores q·kᵀ over a head's
+# features, a Dense layer's input gradient dy·Wᵀ), the dot-product blocks' lane sums do
+# not pay for themselves (PRODUCT_MIN_K): the tile's columns of B, K × the tile's width of
+# at most COPY_BYTES, are copied transposed to the stack and read as a row-major B. Each
+# unit copies its columns again: at 64 KiB (a 256×64 weight) the copies cost what the
+# blocks gained over the library.
+COPY_BYTES = 16 << 10
+COPY_STRIP = 64  # bytes: a cache line
 
 
 def fits(plan: GemmPlan) -> bool:
@@ -76,12 +94,15 @@ def fits(plan: GemmPlan) -> bool:
     LLVM, to save a microsecond a call). With B transposed, dot-product blocks
     (`fits_products`)."""
     if plan.transpose_b:
-        return fits_products(plan)
+        return fits_products(plan) or fits_copy(plan)
     rows_fit = plan.m <= MAX_ROWS or (plan.k <= SHORT_K and not plan.transpose_a) or (
         plan.transpose_a and plan.m <= TRANSPOSED_ROWS and plan.k <= TRANSPOSED_K)
+    lanes = _lanes(plan.element_bytes)
+    wide = plan.n >= BLOCK_VECTORS * lanes or (
+        math.prod(plan.batch_sizes) >= NARROW_BATCH and plan.n % lanes == 0
+        and not plan.transpose_a)
     return (not plan.transpose_b and 1 <= plan.k <= MAX_K and 1 < plan.m and rows_fit
-            and plan.n >= BLOCK_VECTORS * _lanes(plan.element_bytes)
-            and plan.m * plan.n * plan.k <= MAX_MACS)
+            and wide and plan.m * plan.n * plan.k <= MAX_MACS)
 
 
 @functools.cache
@@ -100,6 +121,20 @@ def _rows() -> int:
     return BLOCK_ROWS if _vector_bits() == 512 else BLOCK_ROWS // 2
 
 
+def fits_copy(plan: GemmPlan) -> bool:
+    """Whether `plan` (B transposed) takes register blocks over a transposed copy of B:
+    a short K (SHORT_K), B small enough to copy (COPY_BYTES), and the copied plan one
+    that `fits` gives blocks."""
+    return (plan.transpose_b and plan.k <= SHORT_K
+            and plan.k * plan.n * plan.element_bytes <= COPY_BYTES
+            and fits(copied(plan, plan.n)))
+
+
+def copied(plan: GemmPlan, width: int) -> GemmPlan:
+    """`plan` reading B from a row-major copy `width` elements wide."""
+    return dataclasses.replace(plan, transpose_b=False, ldb=width)
+
+
 def emit_tile(ctx: KernelContext, tile: Tile, heights: Collection[int],
               widths: Collection[int]) -> None:
     """C[tile] = A[rows] @ B[:, columns] by register blocks: full blocks of
@@ -109,8 +144,17 @@ def emit_tile(ctx: KernelContext, tile: Tile, heights: Collection[int],
     that only the blocks some tile needs are emitted (each costs LLVM time: a 64×784×512
     dense kernel with all six took 59 ms of compile against the library call's 31)."""
     if tile.plan.transpose_b:
-        _emit_product_tile(ctx, tile, heights, widths)
+        if fits_copy(tile.plan) and not fits_products(tile.plan):
+            _emit_copied_tile(ctx, tile, heights, widths)
+        else:
+            _emit_product_tile(ctx, tile, heights, widths)
         return
+    _emit_row_major_tile(ctx, tile, heights, widths)
+
+
+def _emit_row_major_tile(ctx: KernelContext, tile: Tile, heights: Collection[int],
+                         widths: Collection[int]) -> None:
+    """`emit_tile` for B's rows contiguous."""
     b = ctx.builder
     lanes = _lanes(tile.plan.element_bytes)
     width = BLOCK_VECTORS * lanes
@@ -132,6 +176,39 @@ def emit_tile(ctx: KernelContext, tile: Tile, heights: Collection[int],
         remainder = b.sub(tile.col1, last)
         with b.if_then(b.icmp_signed(">", remainder, i64(0))), ctx.scope():
             _emit_block_rows(ctx, tile, last, 1, remainder, singles)
+
+
+def _emit_copied_tile(ctx: KernelContext, tile: Tile, heights: Collection[int],
+                      widths: Collection[int]) -> None:
+    """C[tile] = A[rows] · B[columns]ᵀ: the tile's rows of the stored B (K elements each)
+    copied to a stack scratch as columns of a row-major K × width B, then the row blocks
+    over it."""
+    plan, b = tile.plan, ctx.builder
+    width = max(widths)
+    scalar = value_type(tile.element_type)
+    scratch = ctx.alloca(scalar, name="dot.b_copy", count=max(1, plan.k * width))
+
+    def at(base: ir.Value, offset: ir.Value) -> ir.Value:
+        return b.gep(base, [offset], inbounds=True, source_etype=scalar)
+
+    # Strips of a cache line's width of columns: each strip's rows of B (a line each) stay
+    # in L1 over its k, and each k writes one line of the copy (a column at a time, or k
+    # at a time, strode across lines that share a handful of L1's sets).
+    columns = b.sub(tile.col1, tile.col0)
+    strip = COPY_STRIP // plan.element_bytes
+    with ctx.loop(b.udiv(b.add(columns, i64(strip - 1)), i64(strip)), name="copy.s") as s:
+        first = b.mul(s, i64(strip))
+        last = minimum(b, b.add(first, i64(strip)), columns)
+        with ctx.loop(plan.k, name="copy.k") as k:
+            row = b.mul(k, i64(width))
+            with ctx.loop(last, name="copy.j", start=first) as column:
+                source = b.mul(b.add(tile.col0, column), i64(plan.ldb))
+                b.store(b.load(at(tile.rhs, b.add(tile.rhs_offset, b.add(source, k))),
+                               typ=scalar), at(scratch, b.add(row, column)))
+    # The blocks read B at rhs_offset + column, column from col0: the copy's column 0.
+    _emit_row_major_tile(ctx, dataclasses.replace(
+        tile, plan=copied(plan, width), rhs=scratch, rhs_offset=b.sub(i64(0), tile.col0)),
+        heights, widths)
 
 
 def _emit_block_rows(ctx: KernelContext, tile: Tile, col: ir.Value, vectors: int,

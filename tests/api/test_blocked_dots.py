@@ -75,3 +75,25 @@ def test_weight_gradient_and_batched_product_match_tf(blocked_tiles: list[str]) 
     assert_close(actual[0].numpy(), expected[0].numpy(), "MatMul", "64x128x512, A^T")
     assert_close(actual[1].numpy(), expected[1].numpy(), "MatMul", "4x48x200x45, tanh")
     assert len(blocked_tiles) == 2
+
+
+def test_attention_and_input_gradient_match_tf(blocked_tiles: list[str]) -> None:
+    """B transposed at a short K through a transposed copy (attention's scores q·kᵀ over
+    16 features per head, batched; an input gradient dy·Wᵀ), and the probabilities times
+    the values, 16 columns wide, batched: all three by register blocks."""
+    rng = np.random.default_rng(16)
+    q, k, v = (_uniform(rng, (2, 4, 64, 16)) for _ in range(3))
+    dy, w = _uniform(rng, (256, 64)), _uniform(rng, (64, 64), 64 ** -0.5)
+
+    def attention(q: tf.Tensor, k: tf.Tensor, v: tf.Tensor, dy: tf.Tensor, w: tf.Tensor
+                  ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        scores = tf.matmul(q, k, transpose_b=True) * 0.25
+        return scores, tf.matmul(tf.nn.softmax(scores), v), tf.matmul(dy, w, transpose_b=True)
+
+    compiled = tl.function(attention, jit_compile=True)
+    expected = tf.function(attention)(q, k, v, dy, w)
+    actual = compiled(q, k, v, dy, w)
+    for got, want, case in zip(actual, expected, ("2x4x64x16x64, B^T", "2x4x64x64x16",
+                                                  "256x64x64, B^T"), strict=True):
+        assert_close(got.numpy(), want.numpy(), "MatMul", case)
+    assert len(blocked_tiles) == 3

@@ -106,13 +106,31 @@ def test_which_plans_take_blocks() -> None:
         plan(16, 4096, 64), plan(64, 512, 10))
     ] == ["library"] * 11
     # B transposed, few rows of a row-major A and a long K: dot-product blocks (an
-    # LSTM's dh = dg·Wᵀ); a short K or a batch (attention's scores): the library
+    # LSTM's dh = dg·Wᵀ); a short K with B small enough to copy (COPY_BYTES): blocks over
+    # a transposed copy (attention's scores over a head's 16 features, batched; the
+    # Transformer's 1024×64 by 64×64 input gradients); a longer K with a batch, or a
+    # bigger B at a short K: the library
     assert [dot_codegen.choose_strategy(p) for p in (
         plan(32, 512, 128, transpose_b=True), plan(64, 512, 784, transpose_b=True))
     ] == ["blocked"] * 2
+    copies = (plan(64, 64, 64, transpose_b=True), plan(64, 16, 64, transpose_b=True, batch=(16, 4)),
+              plan(1024, 64, 64, transpose_b=True))
+    assert [dot_codegen.choose_strategy(p) for p in copies] == ["blocked"] * 3
+    assert all(dot_blocks.fits_copy(p) and not dot_blocks.fits_products(p) for p in copies)
     assert [dot_codegen.choose_strategy(p) for p in (
-        plan(64, 64, 64, transpose_b=True), plan(32, 128, 128, transpose_b=True),
-        plan(64, 512, 64, transpose_b=True, batch=(16,)))] == ["library"] * 3
+        plan(32, 128, 128, transpose_b=True), plan(64, 512, 64, transpose_b=True, batch=(16,)),
+        plan(1024, 64, 256, transpose_b=True), plan(1024, 256, 64, transpose_b=True))
+    ] == ["library"] * 4
+    assert dot_blocks.COPY_BYTES == 16 << 10
+    # Narrower than a block, whole vectors, batched at least NARROW_BATCH times with A's
+    # rows contiguous (attention's probabilities times values): blocks; unbatched (an
+    # output layer), a smaller batch, A transposed, or not whole vectors: the library
+    lanes = dot_blocks._lanes(4)
+    assert dot_codegen.choose_strategy(plan(64, 64, lanes, batch=(16, 4))) == "blocked"
+    assert [dot_codegen.choose_strategy(p) for p in (
+        plan(64, 64, lanes), plan(64, 64, lanes, batch=(dot_blocks.NARROW_BATCH - 1,)),
+        plan(64, 64, lanes, transpose_a=True, batch=(16, 4)),
+        plan(64, 64, lanes + 3, batch=(16, 4)))] == ["library"] * 4
     # A transposed over a very short K (an LSTM step's weight gradient hᵀ·dg, K = batch
     # 32) with up to TRANSPOSED_ROWS rows: blocks; more rows, or K = 128: the library
     assert [dot_codegen.choose_strategy(p) for p in (
@@ -225,3 +243,78 @@ def test_golden_llvm_of_a_blocked_kernel() -> None:
     kernel = text[text.index('define internal void @"kernel.'):]
     assert kernel.index(f'call void @"dot_block.f32.{rows}x2"') < kernel.index(
         "epilogue.j.header:")
+
+
+# B transposed at a short K, copied transposed per tile (`dot_blocks.fits_copy`): rows and
+# columns with remainders (29 rows = 3 blocks of 8 and 5 single rows; 53 columns = a
+# block, a vector and a masked 5 lanes on AVX-512), K = 2 (at K = 1 B is not
+# transposed), a batch (attention's scores),
+# and the narrow batched product. Each above dot.SMALL_DOT_MACS (smaller ones are emitted).
+COPY_SHAPES = {
+    "remainders": ((29, 37), (53, 37), RHS_T),
+    "k2": ((200, 2), (170, 2), RHS_T),
+    "scores": ((8, 64, 16), (8, 64, 16), {"lhs_batch_dims": (0,), "rhs_batch_dims": (0,),
+                                          "lhs_contracting_dims": (2,),
+                                          "rhs_contracting_dims": (2,)}),
+    "narrow_batched": ((8, 64, 64), (8, 64, 16), BATCHED),
+}
+
+
+@pytest.mark.parametrize("layout", list(COPY_SHAPES))
+@pytest.mark.parametrize("element_type", ["f32", "f64"])
+@pytest.mark.parametrize("epilogue", [None, "bias_relu"])
+def test_copied_blocks_match_the_evaluator(layout: str, element_type: str,
+                                           epilogue: str | None) -> None:
+    """Chosen by the shape, not forced: the copy (or, for the narrow product, one-vector
+    blocks) against the evaluator, on two threads."""
+    lhs, rhs, dims = COPY_SHAPES[layout]
+    lhs_shape, rhs_shape = Shape(element_type, lhs), Shape(element_type, rhs)
+    assert dot_codegen.choose_strategy(_plan(lhs_shape, rhs_shape, dims)) == "blocked"
+    _, executable = _check(lhs_shape, rhs_shape, dims, epilogue, threads=2, seed=11)
+    text = executable.llvm_ir
+    assert "gemm" not in text and f"dot_block.{element_type}.product" not in text
+    assert ("dot.b_copy" in text) == (layout != "narrow_batched")
+
+
+def test_copied_blocks_of_avx2_width_match_the_evaluator(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(dot_blocks, "_vector_bits", lambda: 256)
+    for element_type in ("f32", "f64"):
+        _, executable = _check(Shape(element_type, (29, 37)), Shape(element_type, (53, 37)),
+                               RHS_T, "bias_relu", threads=2, seed=12)
+        assert "dot.b_copy" in executable.llvm_ir
+
+
+def test_copied_blocks_do_not_depend_on_units_or_threads(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tiles that start past column 0 read their own columns of the copy: the product cut
+    into many uneven tiles, on one thread and on two, gives the bits of one unit."""
+    lhs, rhs = Shape("f32", (45, 40)), Shape("f32", (70, 40))
+    plan = _plan(lhs, rhs, RHS_T)
+    assert dot_codegen.schedule(plan).units == 1 and dot_blocks.fits_copy(plan)
+    (whole,), _ = _check(lhs, rhs, RHS_T, "bias_relu", threads=1, seed=13)
+    monkeypatch.setattr(dot_codegen, "MIN_UNIT_FLOPS", 64)
+    sched = dot_codegen.schedule(plan)
+    assert sched.tiles_m > 1 and sched.tiles_n > 1 and plan.n % sched.block_n
+    for threads in (1, 2):
+        (tiled,), executable = _check(lhs, rhs, RHS_T, "bias_relu", threads=threads, seed=13)
+        assert "dot.b_copy" in executable.llvm_ir
+        np.testing.assert_array_equal(tiled, whole)
+
+
+def test_copied_blocks_keep_their_edge_values() -> None:
+    """NaN, ±inf and -0.0 through the copy give the evaluator's NaN, infinities and
+    zeros (a sum of -0.0 products stays -0.0 only where every term is)."""
+    lhs = np.zeros((40, 16), np.float32)
+    rhs = np.ones((60, 16), np.float32)
+    lhs[0, 3], lhs[1, 15], lhs[2, 0], lhs[3, :] = np.nan, np.inf, -np.inf, -0.0
+    rhs[4, 15], rhs[59, :] = -np.inf, 0.0
+    _, module = _dense(Shape("f32", lhs.shape), Shape("f32", rhs.shape), RHS_T, None)
+    expected = evaluate(module, lhs, rhs)[0]
+    executable = compile_module(module, cache=False)
+    assert "dot.b_copy" in executable.llvm_ir
+    got = executable(lhs, rhs)[0]
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(expected))
+    finite = ~np.isnan(expected)
+    np.testing.assert_array_equal(got[finite], expected[finite])
+    np.testing.assert_array_equal(np.signbit(got[finite]), np.signbit(expected[finite]))
