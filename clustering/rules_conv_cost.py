@@ -2,35 +2,42 @@
 
 `clustering/mark.py` leaves an op of `rules_conv.CONVOLUTION_OPS` to TF's kernel when
 `tf_kernel_faster(op)` says TF's is expected faster than tfxla-lite's for its shapes
-(unless `Options.compile_convolutions` asks for every convolution compiled). The rule
-follows from which CPU kernel runs the op:
+(unless `Options.compile_convolutions` asks for every convolution compiled, or the
+function is must-compile: `driver.mark_graph`). The rule follows from which CPU kernel
+runs the op:
 
 - The direct register blocks (`codegen/cpu/convolution_direct.py`,
   `convolution_filter_direct.py`; AVX-512 hosts, f32 or a 2-byte float convolved in
   f32) take a forward convolution with at least DIRECT_INPUTS input features per group,
   a patch (window positions × input features) of at least DIRECT_DEPTH and output
-  features a multiple of 16, and a filter gradient with at least DIRECT_INPUTS input
-  features and output features a multiple of 16. Such a forward is compiled; such a
-  filter gradient when the narrower of its features is at least DIRECT_FILTER_FEATURES
-  (a window larger than 1×1) or FILTER_FEATURES (1×1).
+  features a multiple of 16; an unstrided backprop-input with a window whose forward
+  would qualify with its features swapped (its filter transposed once per call); and a
+  filter gradient with at least DIRECT_INPUTS input features and output features a
+  multiple of 16. Such a forward or backprop-input is compiled; such a filter gradient
+  with a window when the narrower of its features is at least DIRECT_FILTER_FEATURES.
 - A forward convolution of fewer than DIRECT_INPUTS input features per group (a first
   layer reading an image's channels) is compiled: its patches and one GEMM per block ran
   at 0.96-2.85 of oneDNN (MobileNetV2's and ResNet50's stems, small_cnn's 28×28×1),
-  whose kernels are slow on so few channels; its filter gradient stays on TF (0.66-0.83).
+  whose kernels are slow on so few channels; its gradients stay on TF (the filter's
+  0.66-0.83, the input's, which training prunes, 0.76-1.35).
+- A 1×1 backprop-input is one library GEMM reading the filter transposed in place
+  (`convolution_gemm.py`): compiled (0.88-3.20 of oneDNN over ResNet50's and
+  MobileNetV2's). A 1×1 filter gradient is compiled when the narrower of its features
+  is at least ONE_BY_ONE_FILTER_FEATURES (1.08-2.85 there; 0.68-1.18 below).
 - Everything else runs as library GEMMs over patches (`convolution_gemm.py`,
   `convolution_filter.py`), whose packing is paid per block of the GEMM's narrow side,
-  so they are compiled only where the GEMM is wide: a forward's output features at
-  least FORWARD_FEATURES for a 1×1 window, WINDOW_FEATURES for larger ones; a
-  backprop-input's narrower features at least WINDOW_FEATURES (whichever kernel runs
-  it: the direct blocks' 3×3 backprop-inputs of 64-256 features measured 0.68-0.93 of
-  oneDNN); a filter gradient's narrower features at least FILTER_FEATURES.
+  so they are compiled only where the GEMM is wide: a 1×1 forward with at least
+  FORWARD_FEATURES output features or FORWARD_INPUTS input features, one with a larger
+  window from WINDOW_FEATURES outputs; other backprop-inputs when their narrower
+  features are at least WINDOW_FEATURES; other filter gradients from FILTER_FEATURES.
 
 Depthwise convolutions (multiplier 1) and their gradients run direct loops over the
-channels (`convolution_depthwise.py`), ahead of oneDNN on small images only: compiled
-where the output has at most DEPTHWISE_PIXELS pixels per image, except a strided
-backprop-input (cut into phases, each a convolution of its own). A grouped convolution
-(input depth a multiple of the filter's) is always compiled: TF's CPU kernels cannot
-run it at all.
+channels (`convolution_depthwise.py`): the forward and an unstrided backprop-input are
+compiled (1.03-4.1 of oneDNN on MobileNetV2's, 24×24 to 48×48 images), a filter
+gradient where the output has at most DEPTHWISE_PIXELS pixels per image (0.17-0.77 on
+larger ones, against 1.36 on one), a strided backprop-input (cut into phases, each a
+convolution of its own: 0.14-0.26) never. A grouped convolution (input depth a multiple
+of the filter's) is always compiled: TF's CPU kernels cannot run it at all.
 Shapes not known statically leave the op on TF. docs/benchmarks.md has the
 measurements these thresholds come from (`benchmarks/convolution.py`).
 """
@@ -47,8 +54,10 @@ if TYPE_CHECKING:
     import tensorflow as tf
 
 FORWARD_FEATURES = 144
+FORWARD_INPUTS = 32
 WINDOW_FEATURES = 512
 FILTER_FEATURES = 128
+ONE_BY_ONE_FILTER_FEATURES = 32
 DEPTHWISE_PIXELS = 256
 DIRECT_INPUTS = 8
 DIRECT_DEPTH = 64
@@ -100,13 +109,32 @@ def tf_kernel_faster(op: tf.Operation) -> bool:
             return False  # a first layer reading an image's channels
         if direct and math.prod(window) * group_inputs >= DIRECT_DEPTH:
             return False
-        return outputs < (FORWARD_FEATURES if one_by_one else WINDOW_FEATURES)
+        if one_by_one:
+            return outputs < FORWARD_FEATURES and group_inputs < FORWARD_INPUTS
+        return outputs < WINDOW_FEATURES
     narrower = min(group_inputs, outputs)
     if op.type in _BACKPROP_INPUT:
+        if narrower < DIRECT_INPUTS:
+            return True  # a first layer's input gradient
+        if one_by_one or _direct_backprop_input(op, window, group_inputs, outputs):
+            return False
         return narrower < WINDOW_FEATURES
-    if direct and not one_by_one:
+    if one_by_one:
+        return narrower < ONE_BY_ONE_FILTER_FEATURES
+    if direct:
         return narrower < DIRECT_FILTER_FEATURES
     return narrower < FILTER_FEATURES
+
+
+def _direct_backprop_input(op: tf.Operation, window: list[int], inputs: int, outputs: int
+                           ) -> bool:
+    """Whether the direct blocks run backprop-input `op` (forward filter `window` ×
+    `inputs` × `outputs`): unstrided, as a convolution of the output gradient's
+    `outputs` features into `inputs` ones."""
+    strides = list(attribute(op, "strides", [])) or [1]
+    return (op.outputs[0].dtype.name in _DIRECT_TYPES and gemm_packed.available()
+            and all(s == 1 for s in strides) and outputs >= DIRECT_INPUTS
+            and math.prod(window) * outputs >= DIRECT_DEPTH and inputs % _DIRECT_LANES == 0)
 
 
 def _depthwise_on_tf(op: tf.Operation) -> bool:
@@ -118,7 +146,8 @@ def _depthwise_on_tf(op: tf.Operation) -> bool:
         return True
     if op.type.endswith("BackpropInput"):
         strides = list(attribute(op, "strides", [1] * len(y))) or [1] * len(y)
-        if any(s != 1 for s in strides):
-            return True
+        return any(s != 1 for s in strides)
+    if op.type == "DepthwiseConv2dNative":
+        return False
     spatial = y[1:-1] if channels_last else y[2:]
     return math.prod(spatial) > DEPTHWISE_PIXELS

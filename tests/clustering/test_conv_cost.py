@@ -1,8 +1,8 @@
 """The default per-op choice between TF's convolution kernels (oneDNN) and tfxla-lite's
 (`clustering/rules_conv_cost.py`, applied by mark.py's `tf_kernels` gate): by shape and
 the CPU kernel that would run it (direct register blocks or GEMMs), grouped
-convolutions always compiled, depthwise ones by their output's pixels, unknown
-shapes left to TF."""
+convolutions always compiled, depthwise filter gradients by their output's pixels,
+unknown shapes left to TF."""
 
 from __future__ import annotations
 
@@ -21,6 +21,8 @@ from tfxla_lite.clustering.rules_conv_cost import (
     DIRECT_FILTER_FEATURES,
     FILTER_FEATURES,
     FORWARD_FEATURES,
+    FORWARD_INPUTS,
+    ONE_BY_ONE_FILTER_FEATURES,
     WINDOW_FEATURES,
     tf_kernel_faster,
 )
@@ -40,11 +42,12 @@ def _forward(x: tuple[int, ...], w: tuple[int, ...]) -> tf.Operation:
     return _op(lambda x, w: tf.nn.conv2d(x, w, 1, "SAME"), [x, w], "Conv2D")[0]
 
 
-def _backprop(op_type: str, x: tuple[int, ...], w: tuple[int, ...]) -> tf.Operation:
+def _backprop(op_type: str, x: tuple[int, ...], w: tuple[int, ...], strides: int = 1
+              ) -> tf.Operation:
     def fn(x: tf.Tensor, w: tf.Tensor) -> list[tf.Tensor]:
         with tf.GradientTape() as tape:
             tape.watch([x, w])
-            y = tf.nn.conv2d(x, w, 1, "SAME")
+            y = tf.nn.conv2d(x, w, strides, "SAME")
         return tape.gradient(y, [x, w])
 
     return _op(fn, [x, w], op_type)[0]
@@ -58,6 +61,14 @@ def test_forward_by_output_features(window: int, outputs: int, faster: bool) -> 
     assert tf_kernel_faster(_forward((2, 4, 4, 8), (window, window, 8, outputs))) is faster
 
 
+def test_one_by_one_forward_by_input_features() -> None:
+    # Too short a patch for the direct blocks, outputs not a multiple of 16: the GEMM
+    # path, compiled from FORWARD_INPUTS input features.
+    assert not tf_kernel_faster(_forward((2, 4, 4, FORWARD_INPUTS), (1, 1, FORWARD_INPUTS, 24)))
+    assert tf_kernel_faster(_forward((2, 4, 4, FORWARD_INPUTS - 8),
+                                     (1, 1, FORWARD_INPUTS - 8, 24)))
+
+
 @pytest.mark.skipif(not gemm_packed.available(), reason="direct register blocks: AVX-512")
 def test_direct_register_blocks_compile() -> None:
     # A forward the direct blocks take: compiled whatever its width.
@@ -65,18 +76,37 @@ def test_direct_register_blocks_compile() -> None:
     assert not tf_kernel_faster(_forward((2, 4, 4, 64), (1, 1, 64, 16)))
     # Too short a patch, outputs not a multiple of 16: the GEMM path's thresholds.
     assert tf_kernel_faster(_forward((2, 4, 4, 8), (3, 3, 8, 60)))
-    assert tf_kernel_faster(_forward((2, 4, 4, 32), (1, 1, 32, 64)))
+    assert tf_kernel_faster(_forward((2, 4, 4, 16), (1, 1, 16, 64)))
     assert tf_kernel_faster(_forward((2, 4, 4, 16), (3, 3, 16, 72)))
-    # Filter gradients with a window: from DIRECT_FILTER_FEATURES; 1×1 from FILTER_FEATURES.
+    # Filter gradients with a window: from DIRECT_FILTER_FEATURES.
     features = DIRECT_FILTER_FEATURES
     assert not tf_kernel_faster(_backprop("Conv2DBackpropFilter", (1, 3, 3, features),
                                           (3, 3, features, features)))
     assert tf_kernel_faster(_backprop("Conv2DBackpropFilter", (1, 3, 3, features - 8),
                                       (3, 3, features - 8, features)))
-    assert tf_kernel_faster(_backprop("Conv2DBackpropFilter", (1, 3, 3, features),
-                                      (1, 1, features, features)))
-    # Backprop-input keeps its threshold.
-    assert tf_kernel_faster(_backprop("Conv2DBackpropInput", (1, 3, 3, 64), (3, 3, 64, 64)))
+    # An unstrided backprop-input with a window: compiled (its filter transposed once),
+    # unless the result's features are not a multiple of 16 or it is strided.
+    assert not tf_kernel_faster(_backprop("Conv2DBackpropInput", (1, 3, 3, 32),
+                                          (3, 3, 32, 64)))
+    assert tf_kernel_faster(_backprop("Conv2DBackpropInput", (1, 3, 3, 24), (3, 3, 24, 64)))
+    assert tf_kernel_faster(_backprop("Conv2DBackpropInput", (1, 6, 6, 32), (3, 3, 32, 64),
+                                      strides=2))
+
+
+def test_one_by_one_gradients() -> None:
+    # Backprop-input: one library GEMM reading the filter transposed, compiled from 8
+    # features, strided too; a first layer's (3 channels) stays on TF.
+    for x, w, strides in [((1, 4, 4, 8), (1, 1, 8, 24), 1), ((1, 6, 6, 24), (1, 1, 24, 8), 2),
+                          ((1, 4, 4, 512), (1, 1, 512, 96), 1)]:
+        assert not tf_kernel_faster(_backprop("Conv2DBackpropInput", x, w, strides))
+    assert tf_kernel_faster(_backprop("Conv2DBackpropInput", (1, 4, 4, 3), (1, 1, 3, 64)))
+    # Filter gradient: from ONE_BY_ONE_FILTER_FEATURES, direct blocks or not.
+    features = ONE_BY_ONE_FILTER_FEATURES
+    for outputs in (24, 64):
+        assert not tf_kernel_faster(_backprop("Conv2DBackpropFilter", (1, 3, 3, features),
+                                              (1, 1, features, outputs + features)))
+        assert tf_kernel_faster(_backprop("Conv2DBackpropFilter", (1, 3, 3, features - 8),
+                                          (1, 1, features - 8, outputs)))
 
 
 @pytest.mark.parametrize("op_type, threshold", [
@@ -132,20 +162,20 @@ def _depthwise(side: int, strides: int = 1, multiplier: int = 1) -> tuple[tf.Ope
                                  "DepthwiseConv2dNativeBackpropFilter"))
 
 
-def test_depthwise_by_output_pixels() -> None:
+def test_depthwise_filter_gradients_by_output_pixels() -> None:
+    # The forward and an unstrided backprop-input compile whatever the image's size.
     side = int(DEPTHWISE_PIXELS ** 0.5)
     assert [tf_kernel_faster(op) for op in _depthwise(side)] == [False] * 3
-    assert [tf_kernel_faster(op) for op in _depthwise(side + 1)] == [True] * 3
+    assert [tf_kernel_faster(op) for op in _depthwise(side + 1)] == [False, False, True]
     # A strided backprop-input (phases) and multipliers above 1 stay on TF.
     assert [tf_kernel_faster(op) for op in _depthwise(side, 2)] == [False, True, False]
     assert [tf_kernel_faster(op) for op in _depthwise(4, 1, 2)] == [True] * 3
 
 
 def test_depthwise_on_tf_gets_the_reason_and_unknown_shapes_stay_on_tf() -> None:
-    op, graph = _op(lambda x, w: tf.nn.depthwise_conv2d(x, w, [1, 1, 1, 1], "SAME"),
-                    [(1, 32, 32, 8), (3, 3, 8, 1)], "DepthwiseConv2dNative")
+    op = _depthwise(int(DEPTHWISE_PIXELS ** 0.5) + 1)[2]
     assert tf_kernel_faster(op)
-    decision = mark(graph, GATED)[op.name]
+    decision = mark(op.graph, GATED)[op.name]
     assert not decision.compilable and TF_KERNEL_REASON in decision.reason
 
     @tf.function(input_signature=[tf.TensorSpec([None, 4, 4, 8]),
