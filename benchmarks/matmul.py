@@ -2,6 +2,9 @@
 
 Run: .venv/bin/python benchmarks/matmul.py [SHAPE ...]
      SHAPE is N (an N×N×N matmul) or MxKxN; default: 512 1024 2048 64x784x512 1x784x512
+     [B*]MxKxN[.ta][.tb]: B products at once (tf.matmul of rank 3), A stored K×M (.ta) or
+       B stored N×K (.tb), as the dots of a training step's gradients read them
+     --transformer: the GEMM shapes of the model zoo's Transformer step (benchmarks/zoo.py)
      --dense: each shape as a dense layer, relu(x @ w + b) (tfxla-lite: one kOutput kernel)
      --split TMxTN,...: also tfxla-lite's kernel with each split forced (`--split 4x4,2x1`),
        timed in the same interleaved bursts (compiled without the caches)
@@ -30,10 +33,12 @@ from __future__ import annotations
 import ctypes
 import math
 import os
+import re
 import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -49,14 +54,51 @@ from tfxla_lite.timing import compare  # noqa: E402
 DEFAULT_SHAPES = ["512", "1024", "2048", "64x784x512", "1x784x512"]
 
 
+# The zoo Transformer step's GEMMs (batch 16 x seq 64 = 1024 rows, 64 features, 4 heads
+# of 16, feed-forward 256), forward and gradients, as kernel_profile labels them.
+TRANSFORMER_SHAPES = ["1024x64x256", "1024x256x64", "1024x64x64", "1024x256x64.tb",
+                      "1024x64x256.tb", "64x1024x256.ta", "256x1024x64.ta", "64x1024x64.ta",
+                      "64*64x16x64", "64*64x64x16.tb", "64*16x64x64.ta", "64*64x16x64.tb"]
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """C[batch][M,N] = op(A)[M,K] @ op(B)[K,N] in row-major float32."""
+
+    m: int
+    k: int
+    n: int
+    batch: int = 0  # 0: rank 2
+    transpose_a: bool = False
+    transpose_b: bool = False
+
+    @property
+    def plain(self) -> bool:
+        return not (self.batch or self.transpose_a or self.transpose_b)
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * max(self.batch, 1) * self.m * self.k * self.n
+
+    def __str__(self) -> str:
+        return (f"{f'{self.batch}*' if self.batch else ''}{self.m}x{self.k}x{self.n}"
+                f"{'.ta' if self.transpose_a else ''}{'.tb' if self.transpose_b else ''}")
+
+
+def parse_gemm(text: str) -> Gemm:
+    found = re.fullmatch(r"(?:(\d+)\*)?(\d+)(?:x(\d+)x(\d+))?((?:\.ta|\.tb)*)", text.lower())
+    if found is None or (found[3] is None and (found[1] or found[5])):
+        raise ValueError(f"shape {text!r}: N, MxKxN or B*MxKxN[.ta][.tb]")
+    m = int(found[2])
+    k, n = (int(found[3]), int(found[4])) if found[3] else (m, m)
+    return Gemm(m, k, n, int(found[1] or 0), ".ta" in found[5], ".tb" in found[5])
+
+
 def parse_shape(text: str) -> tuple[int, int, int]:
-    parts = [int(p) for p in text.lower().split("x")]
-    if len(parts) == 1:
-        return parts[0], parts[0], parts[0]
-    if len(parts) != 3:
+    gemm = parse_gemm(text)
+    if not gemm.plain:
         raise ValueError(f"shape {text!r}: N or MxKxN")
-    m, k, n = parts
-    return m, k, n
+    return gemm.m, gemm.k, gemm.n
 
 
 def parse_split(text: str) -> tuple[int, int]:
@@ -66,11 +108,16 @@ def parse_split(text: str) -> tuple[int, int]:
     return int(parts[0]), int(parts[1])
 
 
-def describe_schedule(m: int, k: int, n: int) -> str:
-    """The strategy and units `dot.py` picks for a row-major m×k by k×n dot."""
-    plan = dot_codegen.GemmPlan(m=m, n=n, k=k, transpose_a=False, lda=k, transpose_b=False,
-                                ldb=n, batch_sizes=(), lhs_batch_strides=(),
-                                rhs_batch_strides=())
+def describe_schedule(m: int, k: int, n: int, gemm: Gemm | None = None) -> str:
+    """The strategy and units `dot.py` picks for a row-major m×k by k×n dot (or `gemm`)."""
+    gemm = gemm or Gemm(m, k, n)
+    batch = (gemm.batch,) if gemm.batch else ()
+    plan = dot_codegen.GemmPlan(
+        m=gemm.m, n=gemm.n, k=gemm.k, transpose_a=gemm.transpose_a,
+        lda=gemm.m if gemm.transpose_a else gemm.k, transpose_b=gemm.transpose_b,
+        ldb=gemm.k if gemm.transpose_b else gemm.n, batch_sizes=batch,
+        lhs_batch_strides=(gemm.m * gemm.k,) if batch else (),
+        rhs_batch_strides=(gemm.k * gemm.n,) if batch else ())
     sched = dot_codegen.schedule(plan)
     return f"{sched.strategy}, {sched.units} x {sched.block_m}x{sched.block_n}"
 
@@ -255,12 +302,51 @@ def measure(m: int, k: int, n: int, dense: bool, splits: Sequence[tuple[int, int
     return {name: flops / t / 1e9 for name, t in times.items()}
 
 
+def measure_gemm(gemm: Gemm) -> dict[str, float]:
+    """GFLOP/s of tf.function, TF's XLA and tfxla-lite on a batched or transposed GEMM."""
+    rng = np.random.default_rng(gemm.m * gemm.n + gemm.k)
+    lead = (gemm.batch,) if gemm.batch else ()
+    a_dims = (gemm.k, gemm.m) if gemm.transpose_a else (gemm.m, gemm.k)
+    b_dims = (gemm.n, gemm.k) if gemm.transpose_b else (gemm.k, gemm.n)
+    a = tf.constant(rng.standard_normal(lead + a_dims).astype(np.float32))
+    b = tf.constant(rng.standard_normal(lead + b_dims).astype(np.float32))
+
+    def product(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+        return tf.matmul(x, y, transpose_a=gemm.transpose_a, transpose_b=gemm.transpose_b)
+
+    plain = tf.function(product)
+    xla = tf.function(product, jit_compile=True)
+    lite = tl.function(product, jit_compile=True, options=measured_options())
+    tolerance = 4 * gemm.k * np.finfo(np.float32).eps
+    np.testing.assert_allclose(lite(a, b).numpy(), plain(a, b).numpy(), rtol=tolerance,
+                               atol=tolerance * np.sqrt(gemm.k))
+    wait = getattr(tl, "wait_for_compiles", None)
+    if wait is not None:
+        wait()
+    times = compare({"tf": lambda: plain(a, b), "xla": lambda: xla(a, b),
+                     "lite": lambda: lite(a, b)}, repeats=15)
+    return {name: gemm.flops / t / 1e9 for name, t in times.items()}
+
+
+def main_gemms(gemms: list[Gemm]) -> int:
+    load = " ".join(open("/proc/loadavg").read().split()[:3])
+    print(f"op(A)@op(B), float32, GFLOP/s; lite/xla: tfxla-lite's share of TF XLA's rate; "
+          f"load {load}")
+    print(f"{'[B*]MxKxN':>18}{'tf':>9}{'TF XLA':>9}{'lite':>9}{'lite/xla':>9}  schedule")
+    for gemm in gemms:
+        rate = measure_gemm(gemm)
+        print(f"{str(gemm):>18}{rate['tf']:>9.1f}{rate['xla']:>9.1f}{rate['lite']:>9.1f}"
+              f"{rate['lite'] / rate['xla']:>9.0%}  "
+              f"{describe_schedule(gemm.m, gemm.k, gemm.n, gemm)}")
+    return 0
+
+
 def main(argv: list[str]) -> int:
     if "-h" in argv or "--help" in argv:
         print(__doc__)
         return 0
-    unknown = [s for s in argv if s.startswith("-") and s not in ("--dense", "--split",
-                                                                  "--split-cost", "--strategy")]
+    unknown = [s for s in argv if s.startswith("-") and s not in (
+        "--dense", "--split", "--split-cost", "--strategy", "--transformer")]
     if unknown:
         raise SystemExit(f"unknown option {unknown[0]}; --help lists them")
     dense = "--dense" in argv
@@ -279,6 +365,12 @@ def main(argv: list[str]) -> int:
             raise SystemExit(f"--strategy needs names among {', '.join(known)}")
         strategies = argv[at + 1].split(",")
         argv = argv[:at] + argv[at + 2:]
+    gemms = [parse_gemm(s) for s in argv if not s.startswith("-")]
+    if "--transformer" in argv or any(not g.plain for g in gemms):
+        if extra or strategies or len(argv) > len(gemms) + ("--transformer" in argv):
+            raise SystemExit("batched or transposed shapes take no other option")
+        preset = [parse_gemm(s) for s in TRANSFORMER_SHAPES] if "--transformer" in argv else []
+        return main_gemms(gemms + preset)
     names = [s for s in argv if s not in ("--dense", "--split-cost")]
     shapes = [parse_shape(s) for s in names] or [parse_shape(s) for s in DEFAULT_SHAPES]
     if "--split-cost" in argv:

@@ -102,3 +102,23 @@ def test_forced_strategy_matches_tf_and_restores_the_choice() -> None:
     assert (dot_codegen.choose_strategy, dot_codegen.schedule,
             os.environ.get("TFXLA_LITE_CACHE")) == before
     assert_close(run().numpy(), tf.matmul(a, w).numpy(), "MatMul", "library forced")
+
+
+def test_batched_and_transposed_shapes_parse_and_run(capsys: pytest.CaptureFixture) -> None:
+    """B*MxKxN[.ta][.tb]: what tf.matmul is given and what `dot.schedule` is asked for;
+    one small such shape through the three compilers (TF's result checked inside)."""
+    gemm = matmul.parse_gemm("64*64x16x64.tb")
+    assert (gemm.batch, gemm.m, gemm.k, gemm.n, gemm.transpose_a, gemm.transpose_b) == (
+        64, 64, 16, 64, False, True)
+    assert str(gemm) == "64*64x16x64.tb" and gemm.flops == 2.0 * 64 * 64 * 16 * 64
+    assert matmul.parse_gemm("512") == matmul.Gemm(512, 512, 512)
+    for bad in ("4*512", "64x16", "3*4x5x6.tc"):
+        with pytest.raises(ValueError):
+            matmul.parse_gemm(bad)
+    with pytest.raises(ValueError):
+        matmul.parse_shape("1024x64x64.tb")  # the split and strategy modes take plain ones
+    assert matmul.describe_schedule(0, 0, 0, gemm).startswith("blocked")  # a copy of B
+    assert matmul.main(["4*48x32x40.ta"]) == 0
+    assert "4*48x32x40.ta" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        matmul.main(["4*48x32x40.ta", "--dense"])
