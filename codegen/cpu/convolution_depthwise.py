@@ -54,6 +54,10 @@ LANES = (32, 16, 8, 4)
 # not once per position).
 MAX_TAP_SUMS = 25
 TAP_LANES = 16
+# Such a gradient of few channel blocks cuts its window positions into parts until it
+# has this many units (each part one more pass over the pixels), so that a team of two
+# has work to share and a thread the OS preempts holds up less of it.
+MIN_TAP_UNITS = 4
 PARALLEL_MIN_FLOPS = 1 << 20
 
 
@@ -83,6 +87,17 @@ class DepthwisePlan:
             and self.taps <= MAX_TAP_SUMS and self.channels % TAP_LANES == 0
 
     @property
+    def tap_chunk(self) -> int:
+        """Window positions per part (tap_sums), the last part's possibly fewer."""
+        wanted = min(self.taps, -(-MIN_TAP_UNITS // (self.channels // TAP_LANES)))
+        return -(-self.taps // wanted)
+
+    @property
+    def tap_parts(self) -> int:
+        """Parts of the window positions, a unit each per channel block (tap_sums)."""
+        return -(-self.taps // self.tap_chunk)
+
+    @property
     def channels(self) -> int:
         return self.input_dims[-1]
 
@@ -97,7 +112,7 @@ class DepthwisePlan:
     @property
     def units(self) -> int:
         if self.tap_sums:
-            return self.channels // TAP_LANES
+            return self.channels // TAP_LANES * self.tap_parts
         if self.filter_gradient:
             return self.taps * self.blocks
         return -(-self.pixels // BLOCK_PIXELS)
@@ -323,14 +338,26 @@ def _emit_filter_unit(ctx: KernelContext, inst: Instruction, conv: DepthwisePlan
 
 def _emit_filter_block(ctx: KernelContext, inst: Instruction, conv: DepthwisePlan,
                        output: ir.Value, unit: ir.Value) -> None:
-    """Channels [unit·TAP_LANES, +TAP_LANES) of every window position's row, summed in
-    one pass over the pixels (a register of sums per position)."""
+    """Channels [c0, c0 + TAP_LANES) of one part's window positions, summed in one pass
+    over the pixels (a register of sums per position)."""
     b = ctx.builder
     etype = value_type(conv.element_type)
     x = ctx.buffers[id(inst.operand(0))]
     dy = ctx.buffers[id(inst.operand(1))]
-    channel0 = b.mul(unit, i64(TAP_LANES))
-    taps = [list(t) for t in itertools.product(*(range(n) for n in conv.taps_dims))]
+    blocks = conv.channels // TAP_LANES
+    channel0 = b.mul(b.urem(unit, i64(blocks)), i64(TAP_LANES))
+    if conv.tap_parts == 1:
+        numbers: list[ir.Value] = [i64(t) for t in range(conv.taps)]
+        taps = [[i64(i) for i in t]
+                for t in itertools.product(*(range(n) for n in conv.taps_dims))]
+        valid: list[ir.Value] = [ir.Constant(I1, 1)] * conv.taps
+    else:
+        first = b.mul(b.udiv(unit, i64(blocks)), i64(conv.tap_chunk))
+        numbers = [b.add(first, i64(t)) for t in range(conv.tap_chunk)]
+        # The last part's positions past the window read nothing and store nothing.
+        valid = [b.icmp_unsigned("<", n, i64(conv.taps)) for n in numbers]
+        taps = [row_major_index(b, minimum(b, n, i64(conv.taps - 1)), conv.taps_dims)
+                for n in numbers]
     sums = [_vector_accumulator(ctx, conv, TAP_LANES) for _ in taps]
     vector = sums[0][1]
     align = 8 if conv.element_type == "f64" else 4
@@ -338,13 +365,14 @@ def _emit_filter_block(ctx: KernelContext, inst: Instruction, conv: DepthwisePla
         row = _flat(b, pixel, conv.pixel_dims)
         ys = b.load(b.gep(dy, [b.add(b.mul(row, i64(conv.channels)), channel0)],
                           source_etype=etype), typ=vector, align=align)
-        for tap, (slot, _) in zip(taps, sums):
-            positions = _positions(b, conv, pixel, [i64(t) for t in tap])
-            inside, offset = _input_row(ctx, conv, pixel[0], positions)
-            with b.if_then(inside):
+        for tap, ok, (slot, _) in zip(taps, valid, sums):
+            inside, offset = _input_row(ctx, conv, pixel[0], _positions(b, conv, pixel, tap))
+            with b.if_then(b.and_(inside, ok)):
                 xs = b.load(b.gep(x, [b.add(offset, channel0)], source_etype=etype),
                             typ=vector, align=align)
                 b.store(b.fadd(b.load(slot, typ=vector), b.fmul(xs, ys)), slot)
-    for t, (slot, _) in enumerate(sums):
-        target = b.gep(output, [b.add(i64(t * conv.channels), channel0)], source_etype=etype)
-        b.store(b.load(slot, typ=vector), target, align=align)
+    for number, ok, (slot, _) in zip(numbers, valid, sums):
+        target = b.gep(output, [b.add(b.mul(number, i64(conv.channels)), channel0)],
+                       source_etype=etype)
+        with b.if_then(ok):
+            b.store(b.load(slot, typ=vector), target, align=align)

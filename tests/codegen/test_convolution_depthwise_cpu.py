@@ -17,6 +17,7 @@ from test_convolution_filter_cpu import filter_gradient_module
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "hlo"))
 from convolution_cases import convolution_module  # noqa: E402
 
+from tfxla_lite.codegen import compile_module  # noqa: E402
 from tfxla_lite.codegen.cpu import convolution_depthwise  # noqa: E402
 from tfxla_lite.hlo.attributes import parse_window  # noqa: E402
 from tfxla_lite.hlo.convolution import ConvolutionDimensions  # noqa: E402
@@ -68,7 +69,8 @@ FILTER_CASES = [
     ((2, 9, 9, 4), (3, 3), 1, (2, 2), (1, 1), ((0, 0), (0, 0)), "f32"),  # unread end
     ((2, 13, 6), (4,), 1, (3,), (1,), ((2, 1),), "f32"),  # 1-D
     ((2, 7, 6, 64), (3, 3), 1, (2, 2), (1, 1), ((1, 1), (1, 1)), "f32"),  # vector blocks
-    ((1, 6, 5, 48), (3, 3), 1, (1, 1), (2, 2), ((2, 2), (2, 2)), "f64"),
+    ((1, 6, 5, 48), (3, 3), 1, (1, 1), (2, 2), ((2, 2), (2, 2)), "f64"),  # 2 tap parts
+    ((2, 9, 8, 16), (3, 3), 1, (1, 1), (1, 1), ((1, 1), (1, 1)), "f32"),  # 3 tap parts
     ((2, 40, 16), (30,), 1, (1,), (1,), ((3, 3),), "f32"),  # too many positions to sum at once
 ]
 
@@ -86,6 +88,36 @@ def test_depthwise_filter_gradient_matches_the_evaluator(case: int) -> None:
     rng = np.random.default_rng(case)
     check(module, [rng.integers(-3, 4, s.dims).astype(s.numpy_dtype) for s in (lhs, rhs)],
           "convolution")
+
+
+def test_depthwise_filter_gradient_tap_parts_keep_the_bits() -> None:
+    """Few channel blocks cut the window positions into parts (more units); each element
+    is still one chain over the pixels: the same bits on one thread or two, and with
+    the positions in one part."""
+    (x_dims, taps, _, strides, dilations, pads, _), = [
+        case for case in FILTER_CASES if case[0] == (2, 9, 8, 16)]
+
+    def module() -> tuple:
+        return filter_gradient_module(x_dims, taps, x_dims[-1], strides, dilations, pads,
+                                      x_dims[-1], "f32")
+
+    conv = convolution_depthwise.plan(module()[0].entry.root)
+    assert conv.tap_parts == 3 and conv.units == 3
+    rng = np.random.default_rng(5)
+    args = [rng.uniform(-1, 1, s.dims).astype(np.float32) for s in module()[1:]]
+
+    def bits(threads: int) -> np.ndarray:
+        return compile_module(module()[0], threads=threads, cache=False)(*args)[0]
+
+    reference = bits(2)
+    np.testing.assert_array_equal(bits(1), reference)
+    original = convolution_depthwise.MIN_TAP_UNITS
+    try:
+        convolution_depthwise.MIN_TAP_UNITS = 1
+        assert convolution_depthwise.plan(module()[0].entry.root).tap_parts == 1
+        np.testing.assert_array_equal(bits(2), reference)
+    finally:
+        convolution_depthwise.MIN_TAP_UNITS = original
 
 
 def test_depthwise_edge_values() -> None:
