@@ -1,27 +1,11 @@
 """Lowering rules of TF's fused batch norm: FusedBatchNorm/V2/V3 (training and inference)
 and FusedBatchNormGrad/V2/V3.
 
-Registered into `registry.OP_RULES` on import. Each becomes primitive HLO (reductions
-over every dimension but the feature one, and element-wise arithmetic), as XLA's
-BatchNormExpander expands `batch-norm-training` and `batch-norm-grad`, so that the
-loop and reduction fusions take them with their neighbours. The arithmetic follows
-TF's CPU kernels (tensorflow/core/kernels/fused_batch_norm_op.cc) rather than XLA's:
-
-- training: mean, then the biased variance as the mean of squared deviations (two
-  passes; XLA's E[x²] - E[x]² loses digits), `y = (x - mean) * (rsqrt(var + eps) *
-  scale) + offset`. Outputs 1 and 2 are the running statistics: the batch mean and the
-  Bessel-corrected variance (`n / max(n - 1, 1)`), blended into the old ones by
-  `exponential_avg_factor` when it is not 1; reserve spaces 1 and 2 are the batch mean
-  and the biased variance (what the gradient reads), reserve space 3 is TF's empty one.
-- inference: the same normalization with the given mean and variance, which also come
-  out as outputs 1 to 4. An empty input gives NaN statistics and zero reserve spaces in
-  either mode, as TF's kernel does.
-- gradient (training): with `xc = x - mean` and `inv = rsqrt(var + eps)`,
-  `offset_backprop = Σ dy`, `scale_backprop = Σ dy · xc · inv`, `x_backprop = scale ·
-  inv · (dy - mean(dy) - xc · inv² · mean(dy · xc))`; inference: `x_backprop = dy ·
-  scale · inv`.
-
-Inputs of 2-byte floats compute in float32 (the op's `U`) and round once, as TF does.
+Registered into `registry.OP_RULES` on import. Each becomes primitive HLO, as XLA's
+BatchNormExpander expands it, so that the fusions take it with its neighbours, with the
+arithmetic of TF's CPU kernels (`fused_batch_norm_op.cc`) rather than XLA's: a two-pass
+variance, Bessel-corrected running variance, TF's reserve spaces, NaN statistics of an
+empty input; 2-byte floats compute in float32 and round once.
 """
 
 from __future__ import annotations

@@ -1,29 +1,10 @@
 """Lowering rules of TF's Cholesky, MatrixTriangularSolve and Bitcast.
 
-Registered into `registry.OP_RULES` on import; the HLO opcodes they lower to are
-`tfxla_lite/hlo/linalg.py`'s and `bit_ops.py`'s. As tf2xla does:
-
-- `Cholesky(x)` is HLO `cholesky(x), lower=true` with the upper triangle set to zero
-  (tf2xla's `Triangle`; HLO leaves that triangle to the implementation, and the StableHLO
-  this project exports is read by others). A matrix that is not positive definite gives
-  NaN in its lower triangle and zeros above, as TF's XLA; TF's CPU kernel fills the lower
-  triangle with NaN too but leaves the upper one unwritten (TF 2.21 raises no error).
-- `MatrixTriangularSolve(matrix, rhs, lower, adjoint)` broadcasts the batch dimensions
-  (NumPy's rules, as the V2 kernel) and solves on the left, `transpose_a=ADJOINT` when
-  `adjoint`. A zero on the diagonal divides by zero as TF's CPU kernel does (inf, -inf,
-  NaN by substitution); TF's XLA, which inverts diagonal blocks, gives NaN there.
-- `Bitcast(x, type)` is `bitcast-convert`, whose width rule is TF's: to a narrower type a
-  minor dimension is added, from one the minor dimension is consumed.
-
-TF has CPU kernels of Cholesky and MatrixTriangularSolve for float32 and float64 only
-(and complex types, which HLO here lacks).
-
-In auto-clustering a Cholesky of at least CHOLESKY_TF_SIZE rows stays on TF's kernel
-(`tf_linalg_faster`, applied by `clustering/mark.py`'s `tf_kernels` gate), where Eigen's
-blocked LLT catches up with ours (`codegen/cpu/linalg.py`); MatrixTriangularSolve always
-compiles, ahead of TF's at every shape measured; `jit_compile=True` compiles both. Shapes
-not known statically stay on TF. docs/benchmarks.md has the measurements
-(`benchmarks/linalg.py`).
+Registered into `registry.OP_RULES` on import, as tf2xla lowers them, onto the opcodes of
+`tfxla_lite/hlo/linalg.py` and `bit_ops.py`. Cholesky zeroes the upper triangle (HLO
+leaves it to the implementation). In auto-clustering a Cholesky of at least
+`CHOLESKY_TF_SIZE` rows stays on TF's kernel (`tf_linalg_faster`), faster there. Each
+op's values against TF's: docs/supported_ops.md; measurements: docs/benchmarks.md.
 """
 
 from __future__ import annotations

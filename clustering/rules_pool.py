@@ -1,31 +1,14 @@
 """Lowering rules of TF's pooling ops and their gradients: MaxPool, AvgPool (2-D and
 3-D, MaxPoolV2), AvgPoolGrad, MaxPoolGrad and MaxPoolGradGrad.
 
-Registered into `registry.OP_RULES` on import. A pooling window is an HLO `Window` over
-every dimension of the input in its own layout (size 1 on the batch and channel
-dimensions), so NHWC and NCHW lower alike with no transposes.
-
-- MaxPool is a `reduce-window`, as tf2xla builds it, but with TF's CPU reducer: TF's
-  kernel folds `acc = x > acc ? x : acc` from the lowest finite value, so NaN never
-  wins and a window of -inf gives the lowest finite value (TF's XLA gives -inf), and
-  so does the reducer here.
-- AvgPool is a `reduce-window` sum divided by the number of real (unpadded) elements
-  of each window, as TF divides; 2-byte floats sum in f32 and round once.
-- AvgPoolGrad (tf2xla's `AvgPoolGrad`): the gradient divided by the same counts, then a
-  `reduce-window` sum over it dilated by the strides (`lhs_dilate`) and padded by
-  `k - 1 - low`, which sums for every input element the windows that cover it.
-- MaxPoolGrad and MaxPoolGradGrad in primitive HLO instead of `select-and-scatter`:
-  TF's CPU kernel (`SpatialMaxPoolWithArgMaxHelper`) gives each window's gradient to
-  its first maximum in row-major window order, taking a later element only when it is
-  strictly greater (so a NaN wins only when it comes first, and then keeps the window).
-  XLA's `select-and-scatter` with `ge` picks the same element for ordered values but
-  not around NaN. Here each window offset is a strided slice of the padded input, a
-  chain of compares and selects keeps the winning offset per window (`_window_argmax`),
-  and the gradient goes back through one interior-padded `pad` per offset, summed.
-  All of it is element-wise data movement the loop fusion takes whole. The 3-D and
-  second-order ops follow their own TF kernels: MaxPool3DGrad gives a window's
-  gradient to every element equal to the forward output (the op's second input), and
-  MaxPoolGradGrad reads it at the first such element, 0 where none is.
+Registered into `registry.OP_RULES` on import. A window is an HLO `Window` over every
+dimension in the input's own layout, so NHWC and NCHW lower alike. Pools are
+`reduce-window`s with TF's CPU reducers; AvgPoolGrad is tf2xla's. MaxPoolGrad and
+MaxPoolGradGrad are primitive HLO rather than `select-and-scatter`, which differs from
+TF's kernel around NaN: each window offset is a strided slice, compares and selects keep
+the winning offset (`_window_argmax`), and one interior-padded `pad` per offset sends the
+gradient back, all data movement the loop fusion takes whole. Each op's values against
+TF's: docs/supported_ops.md.
 """
 
 from __future__ import annotations

@@ -1,28 +1,13 @@
 """Lowering rules of TF's stateless random ops: TF's own Philox-4x32-10 and TF's own
 conversions of its bits to numbers, so a compiled op draws exactly what TF's CPU kernel
-draws (TF's XLA draws other numbers: its bit generator and conversions differ).
+draws (TF's XLA draws other numbers).
 
-Registered into `registry.OP_RULES` on import. The facts come from TF's sources:
-`xla/tsl/lib/random/philox_random.h` (the generator and `Skip`),
-`random_distributions.h` / `random_distributions_utils.h` (`Uint32ToFloat`,
-`Uint16ToHalf`, `Uint16ToGfloat16`, `Uint64ToDouble`, the integer distributions),
-`core/kernels/random_op_cpu.h` (`FillPhiloxRandomTask`: output group `g` takes one
-generator call at counter + g), `stateless_random_ops.cc` (`GenerateKey`: a seed
-scrambled into key and counter by one Philox call) and `stateless_random_ops_v2_util.h`
-(key and counter as uint64 words; AUTO_SELECT means Philox).
-
-Philox is written in primitive HLO as XLA's RngBitGeneratorExpander writes it: u32
-lanes, a 32x32->64 multiply split by shift-right-logical and convert, xor and add.
-Each output group is one counter value (the group index, an iota shifted right, added
-to the 128-bit counter with its carry); each element selects its lanes. Floats
-come from the mantissa bits: `Uint32ToFloat(x)` is `bits(0x3f800000 | x & 0x7fffff) - 1`,
-exactly `(x & 0x7fffff) * 2^-23`, which needs no bitcast-convert.
-
-Normals are TF's Box-Muller: `sinf`/`cosf` (the CPU backend calls libm's, which agree
-with the `sincosf` TF calls) and glibc's `logf`, whose table and cubic are written out
-here in double arithmetic (the backend's own f32 log differs in the last bit on some
-inputs); doubles use libm's `log`, `sin` and `cos` as TF does. Truncated normals stay in
-TF: their kernel redraws until a group's samples fall within two standard deviations.
+Registered into `registry.OP_RULES` on import. The facts come from TF's sources
+(`philox_random.h`, `random_distributions*.h`, `random_op_cpu.h`,
+`stateless_random_ops*.{cc,h}`); Philox is primitive HLO as XLA's RngBitGeneratorExpander
+writes it, one counter value per output group. Normals are TF's Box-Muller with libm's
+`sinf`/`cosf` and glibc's `logf` written out (the backend's own f32 log differs in the
+last bit); truncated normals stay in TF (a redraw loop).
 """
 
 from __future__ import annotations

@@ -1,20 +1,12 @@
 """Background compiles: the process's one compile thread, and the one wait for its jobs.
 
-Where it sits: below `cpu/` (it imports nothing of tfxla-lite but `flags`). Every
-background job goes through `submit`: a tiered compile's O3 tier (`cpu/tiers.py`), a
-background compile's machine code (`cpu.compile(..., background=True)`), and the rewrite
-cache's write that waits for both (`tfxla_lite/cached_programs.py`). A job may carry a
-key, so that a later compile of the same thing finds it (`pending`) and waits instead of
-compiling again. `wait_for_compiles` is the one wait: for given jobs, or for every job of
-the process (`tfxla_lite.wait_for_compiles`, before timing steady state).
-
-One thread per process, at a lower priority (the `background_nice` option, read when
-the thread starts): with the thread that
-emits the next module (or runs the launches) it keeps two cores busy. Jobs, keys and the
-thread belong to the process that made them: a forked child never waits for its
-parent's thread, which it does not have. At interpreter exit, droppable jobs (the O3
-tiers) that have not started within `EXIT_WAIT_SECONDS` are dropped (`AbandonedCompile`:
-no entry written, the quick code was running anyway); the others still run, so that the
+Below `cpu/` (it imports nothing of tfxla-lite but `flags`). Every background job goes
+through `submit` (a tiered or overlapped compile's O3 code, `cpu/tiers.py`; the rewrite
+cache's write after them, `cached_programs.py`); a keyed job lets a later compile of the
+same thing wait instead of compiling again (`pending`). `wait_for_compiles` is the one
+wait. One thread per process (a forked child makes its own), at the `background_nice`
+priority; at interpreter exit, droppable jobs that have not started within
+`EXIT_WAIT_SECONDS` are dropped (`AbandonedCompile`), the others still run so that the
 next process finds their results on disk.
 """
 

@@ -1,24 +1,9 @@
 """`Executable`: compiled kernels plus their buffer plan, callable on NumPy arrays.
 
-The end of the compiler core's data flow and what the runtime's TF launch op runs.
-
-THE ABI. Each executable exports one native function, at `entry_address`:
-
-    void entry(void** params, void** outputs, void* temp);   /* C calling convention */
-
-- `params[i]` points to parameter i's dense row-major buffer (`parameter_shapes[i]`),
-  `outputs[j]` to output j's buffer (`output_shapes[j]`), allocated by the caller.
-  Buffers need only be aligned to their element size, and outputs must not overlap
-  parameters or each other, except that for each (j, i) in `donations` outputs[j]
-  may be params[i] itself, when the caller no longer needs that input (TF's input
-  forwarding; `codegen/cpu/donation.py` says when it is safe).
-- `temp` points to a scratch arena of at least `temp_bytes` bytes, 64-byte aligned;
-  it may be NULL when `temp_bytes` is 0. Its contents need not be preserved.
-- `entry` is reentrant: several threads may call it at once with different buffers
-  (constants are read-only globals, kernels keep no state). Arrays with a zero-size
-  dimension are valid (their kernels do nothing).
-- The function lives as long as the `Executable` (which holds the LLVM execution
-  engine); a caller holding the address must hold the `Executable` too.
+The end of the compiler core's data flow and what the runtime's TF launch op runs. Each
+exports one reentrant native function at `entry_address`,
+`void entry(void** params, void** outputs, void* temp)`: the ABI (buffers, the temp
+arena, donations, lifetime) is in docs/architecture.md, "The ABI of a compiled executable".
 """
 
 from __future__ import annotations

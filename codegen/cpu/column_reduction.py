@@ -1,29 +1,12 @@
 """CPU kernels of column reductions: reduces that keep the input's minor dimensions.
 
-Where it sits: `compiler.plan_partition` (one reduce at a kernel's root) and
-`multi_output.plan` (several reduces of one input shape, plus input-shaped leaves) ask
-`plan` whether a reduction has this kernel's layout, and then emit its range function
-with `emit_units` and its launcher's last step with `emit_combine`.
-
-The layout: the input is [lead..., rows..., width...], where the reduced dimensions
-(with any kept dimension of size 1 among them) form the middle block `rows`, `lead`
-and `width` are kept, and `width` (the output's minor dimensions) is not empty. BatchNorm's
-statistics (reduce [N,H,W,C] over {0,1,2}) and bias gradients (reduce [B,S,F] over
-{0,1}) have it. Each reduced row of the input holds `width` contiguous elements, one
-per output column, so a kernel accumulates whole rows: a stack array of partial
-results, one per column, takes each row with a loop LLVM vectorizes (contiguous loads,
-one accumulator per lane, no reassociation), reading the input once and in order.
-
-Work is cut into *units*: a lead index, a block of at most `_BLOCK` columns (the
-accumulators' size), and a chunk of rows. The chunks are fixed by the shape alone
-(never by the thread count); with one chunk a unit stores its columns' results, with
-several each unit stores its partial results into the launcher's stack and, after the
-parallel region, `emit_combine` folds chunk 0's partials with chunk 1's, 2's, ... in
-order, then the init value. So every thread count gives the same bits. A float sum or
-product folds groups of `_GROUP_ROWS` rows from its identity and adds each group to the
-chunk's accumulators: three short sequential levels (rows in a group, groups in a
-chunk, chunks), where one long chain of f32 additions would lose about sqrt(rows)
-times more (a sequential sum of BatchNorm's 50176 rows: about 1e-5 relative).
+`compiler.plan_partition` (a reduce at a kernel's root) and `multi_output.plan` (several
+reduces of one input shape) ask `plan` whether a reduction is [lead..., rows...,
+width...] with the reduced rows in the middle, then emit its range function with
+`emit_units` and the launcher's fold with `emit_combine`. Each unit accumulates whole
+rows into one accumulator per column, in a loop LLVM vectorizes; the chunks of rows are
+fixed by the shape and folded in order, so every thread count gives the same bits
+(docs/architecture.md, "column reduction").
 """
 
 from __future__ import annotations

@@ -1,31 +1,10 @@
 """An HloModule printed as StableHLO: MLIR text in the `stablehlo` dialect, for other tools.
 
-Where it sits: beside `printer.py`, one of the ways out of the IR. `module_to_stablehlo`
-writes `module @name { func.func public @main(...) -> (...) { ... } }`, every op in
-MLIR's generic form (`%v3 = "stablehlo.add"(%v1, %v2) : (tensor<4xf32>, tensor<4xf32>)
--> tensor<4xf32>`), inherent attributes as properties (`<{dimensions = array<i64: 1>}>`),
-which every MLIR parser of the dialect reads whatever its pretty syntax. The CLI's
-`export-stablehlo` and the 'stablehlo' stage of `experimental_get_compiler_ir` use it,
-and the tests run the text through JAX's MLIR bindings and XLA (docs/hlo_text.md).
-
-What becomes of the HLO:
-
-- Tuples are flattened, as StableHLO has them nowhere here: a tuple parameter is several
-  function arguments, a tuple result several results, `tuple`/`get-tuple-element` only
-  regroup values, and `while`, `conditional`, `opt-barrier` and variadic `reduce` take
-  and give the flat leaves.
-- Called computations become regions where StableHLO has them (reduce, reduce-window,
-  scatter, sort, while, if/case) and are inlined where it has none (call, fusion).
-- Element types: `pred` is `i1`, `sN` is `iN`, `uN` is `uiN`; floats keep their names.
-  Constants are hex dense literals (their bytes, little-endian), so every value,
-  NaN payloads included, survives.
-- `copy`, `bitcast` (row-major: a reshape) and `set-dimension-size` (identity on
-  static shapes) emit no op of their own or a plain one. `erf` and `topk` are CHLO ops
-  (`chlo.erf`, `chlo.top_k`), which JAX's and XLA's StableHLO consumers accept.
-
-An opcode with no StableHLO counterpart here raises `StableHloError`
-("not supported in StableHLO export: <opcode>"): a `topk` of the smallest elements,
-anything the parser keeps without a meaning (`custom-call`, collectives, async wrappers).
+Beside `printer.py`, one of the ways out of the IR (the CLI's `export-stablehlo`, the
+'stablehlo' stage of `experimental_get_compiler_ir`). Every op is in MLIR's generic form,
+which any parser of the dialect reads; tuples are flattened, called computations become
+regions or are inlined, constants are hex literals (NaN payloads survive). What each
+opcode becomes, and what raises `StableHloError`: docs/hlo_text.md, "StableHLO out".
 """
 
 from __future__ import annotations
@@ -38,6 +17,7 @@ import numpy as np
 
 from tfxla_lite.hlo.bit_ops import reduce_precision_bits
 from tfxla_lite.hlo.convolution import group_counts
+from tfxla_lite.hlo.dynamic_padder import has_dynamic_shapes
 from tfxla_lite.hlo.ir import Computation, HloModule, Instruction
 from tfxla_lite.hlo.opcodes import opcodes_in
 from tfxla_lite.hlo.random_bits import algorithm_of
@@ -461,6 +441,8 @@ def module_to_stablehlo(module: HloModule) -> str:
     entry = module.entry
     if entry is None or entry.root is None:
         raise StableHloError(f"module {module.name} has no entry computation")
+    if has_dynamic_shapes(module):  # bounded types (`#stablehlo.bounds`) are not written
+        raise StableHloError(f"not supported: dynamic dimensions in module {module.name}")
     exporter = _Exporter()
     writer = exporter.writer
     arguments, parameters = [], []

@@ -1,30 +1,12 @@
-"""Dot folding: the data movement TF lowering puts around dots, folded into the dots.
+"""Dot folding (`dot-folding`): the data movement TF lowering puts around dots, folded
+into the dots' dimension numbers.
 
-TF lowers Keras's attention and 3-D Dense layers into dots wrapped in data movement
-that the GEMM code could read through (`codegen/cpu/dot.py` takes any layout where
-each operand's rows and columns have one stride). Run as written, each costs a copy
-kernel, and batches of small GEMMs. Four rewrites, in the spirit of XLA's
-TransposeFolding and DotDecomposer and its algebraic simplifier's dot rules:
-
-- *broadcast operand*: `dot(x, broadcast(w))` whose batch dimensions are those the
-  broadcast adds (a Dense layer on a 3-D input) becomes one GEMM `dot(x, w)` of b·m rows,
-  when x's batch dimensions precede its free ones (the result keeps its order);
-- *reduced batch*: a dot summed over its batch dimensions by its only reader (a weight
-  gradient) becomes one dot contracting over them too (K = b·k);
-- *merged batch*: `dot(reshape(x), reshape(y))` whose batch dimension merges equal
-  leading dimensions (attention heads) becomes `reshape(dot(x, y))`, when every user of
-  the dot is a reshape the new one composes with;
-- *transposed operand*: `dot(transpose(x), y)` becomes a dot of x with its dimension
-  numbers mapped through the permutation, when the result is unchanged and x's layout
-  is one a GEMM reads.
-
-All but *reduced batch* compute each element as the same sum of the same products;
-*reduced batch* reassociates the float sum, within the dot tolerance, which is why these
-rewrites are their own pass and not part of the bit-exact `simplify`.
-
-Needs: a module that verifies, before fusion (the patterns are plain instructions).
-Guarantees: the module still verifies; every rewritten value keeps its shape and
-element type; instructions left unused are removed.
+As XLA's TransposeFolding and DotDecomposer: a broadcast weight operand, a batch summed
+by the dot's only reader, a batch dimension merged by reshapes, and a transposed operand
+GEMM can read in place each become part of the dot (docs/architecture.md,
+`dot-folding`). Only the summed batch reassociates a float sum (within the dot
+tolerance), which is why this is not part of the bit-exact `simplify`. Needs a module
+that verifies, before fusion; the module still verifies after.
 """
 
 from __future__ import annotations
