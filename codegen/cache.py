@@ -1,29 +1,14 @@
 """The stage cache: one mechanism for every compile stage a warm process may skip.
 
-Where it sits: at the bottom of `codegen/` (it imports only `background` and the
-settings layer, `tfxla_lite.cache_dir` and `flags`), so that every cached stage uses it:
-the kernel cache (`cpu/kernel_cache.py`, machine code), the optimized-module cache
-(`module_cache.py`, passes and buffer assignment), the rewrite cache
-(`tfxla_lite/rewrite_cache.py`, a whole trace's clustering) and the AutoGraph cache
-(`tfxla_lite/autograph_cache.py`). Each is a `Stage`: a name, a key, the environment its
-entries depend on, and the (de)serialisation of its payload.
-
-One entry format: `<root>/<stage>/<digest><suffix>` (root: `tfxla_lite.cache_dir`),
-the digest hashing the key with the stage's environment. The file is one line of JSON,
-the header (stage, format, key, tfxla-lite's version, the stage's environment: sources,
-LLVM, TF, CPU features as it needs; its own fields; the name, size and SHA-256 of each
-section), then the sections' bytes. A load checks every header field, size and
-checksum, then lets the stage decode the sections; whatever fails (truncated, flipped,
-foreign, stale, unreadable, a payload the stage refuses) is a miss, logged at DEBUG,
-counted, removed, and rewritten by the fresh compile: never an exception to the user.
-Writes go to a private temporary file renamed into place, so concurrent processes see a
-whole entry or none; loads refresh the mtime, and the least recently used entries go
-beyond `DISK_ENTRIES` per stage.
-
-In the process, `MemoryTable` is an LRU bounded in entries and bytes; a key may be
-*pending* (a background compile will give its value) and a lookup then waits for it.
-`clear_memory()` empties every table. `stats()` counts, per stage, hits, writes and
-rejected entries, and the compile work the caches save (LLVM compiles, pass pipelines).
+At the bottom of `codegen/` (it imports only `background`, `tfxla_lite.cache_dir` and
+`flags`), so that every cached stage uses it: machine code (`cpu/kernel_cache.py`),
+optimized modules (`module_cache.py`), rewrites (`tfxla_lite/rewrite_cache.py`) and
+AutoGraph conversions (`tfxla_lite/autograph_cache.py`), each a `Stage`. One entry format
+(a JSON header line with every version and checksum, then the sections), one atomic
+write, one validated load: anything that fails a check is a miss, removed and rewritten,
+never an error to the user; least recently used entries beyond `DISK_ENTRIES` go. In the
+process, `MemoryTable` is an LRU whose keys may be pending on a background compile.
+`stats()` counts hits, writes, rejections and the work saved. docs/architecture.md.
 """
 
 from __future__ import annotations

@@ -1,28 +1,13 @@
 """Streaming (non-temporal) stores for the outputs of kernels too big for the caches.
 
-Where it sits: `compiler.py` asks `should_stream(inst)` for each loop kernel, and a
-streamed kernel's range function stores its output through `emit_streamed_range`
-instead of one ordinary store per element: a flat kernel its whole part, a kernel
-split over a dimension each innermost row; row fusions (`row_kernel.py`) store each
-row the same way. An ordinary store to a line that is not in the cache first reads
-the line from memory (read-for-ownership), so a kernel writing N bytes makes DRAM move
-2N; a non-temporal store writes whole lines without reading them and without filling
-the caches with data the kernel will not read again.
-
-The cost rule (`should_stream`): stream when the bytes a kernel moves (every operand
-read once, the output written once) reach the host's last-level cache size, except in
-loop kernels bound by their arithmetic (`COMPUTE_BOUND_OPCODES`) and in kernels whose
-rows are shorter than `MIN_RUN_BYTES`. Below that size, inputs and outputs of repeated
-calls stay in the cache, which a streaming store would bypass and empty, and a small
-output read by the next kernel should stay in cache.
-
-The store path never looks at what it stores: the range is computed block by block
-(`BLOCK_BYTES`) into an aligned stack buffer by the plain loop LLVM vectorizes, then its
-whole lines go out by vector stores marked `!nontemporal` and the partial lines at either
-end by one masked ordinary store each (a row of whole lines: `emit_lines`, by `memcpy`).
-The fill loop is emitted once per range, which keeps the streamed kernel's code and
-compile time near the ordinary kernel's; streaming stores are weakly ordered, so a fence
-ends the range function. docs/architecture.md ("Streaming stores") walks through it.
+`compiler.py` asks `should_stream(inst)` for each loop kernel; a streamed kernel's range
+function (and a row fusion's rows, `row_kernel.py`) stores through `emit_streamed_range`.
+A non-temporal store writes whole lines without first reading them from memory (an
+ordinary store's read-for-ownership doubles the DRAM traffic) and without filling the
+cache. The rule: stream when a kernel's traffic reaches the last-level cache, except in
+arithmetic-bound loop kernels (`COMPUTE_BOUND_OPCODES`) and rows under `MIN_RUN_BYTES`.
+The range is computed block by block into a stack buffer by the ordinary vectorized
+loop, then stored out; a fence ends it. docs/architecture.md, "Streaming stores".
 """
 
 from __future__ import annotations

@@ -1,27 +1,11 @@
 """Packing buffers with known live ranges into memory: the heap simulator.
 
-Buffer assignment (`buffer_assignment.py`) decides *which* values may share memory
-(live ranges over the entry's instruction order, in-place groups); this module
-decides *where* they go, as XLA's `heap_simulator.cc` and the allocation reuse of
-`buffer_assignment.cc` do:
-
-1. `host_in_fixed_buffers`: buffers whose place is given beforehand (the output
-   buffers the caller allocates, sized exactly to each output) take in temporaries
-   that fit and whose live ranges overlap nothing already in them, biggest
-   temporary first, each into the smallest such buffer (XLA's reuse of live-out
-   allocations by non-interfering values, `BufferAssigner::MaybeAssignBuffer`).
-2. `global_decreasing_size_best_fit`: the rest go into one arena. Each buffer, in
-   a fixed order, takes the smallest free gap over its live range that holds it
-   at an aligned offset, or the aligned top of what overlaps it. As XLA's
-   `ChooseBestHeapAlgorithm` does, two orders run and the smaller arena wins:
-   *spatial* (size descending, then longer live range first) and *temporal* (live
-   range length descending, then size descending); ties go to the earlier buffer.
-
-Live ranges are closed intervals [start, end] of positions: two buffers may share
-bytes only when one's range ends strictly before the other's begins. Offsets are
-multiples of `alignment`; the arena ends where its last buffer ends (no rounding
-up), as XLA's heap size does. The module knows nothing of HLO: it packs named
-intervals, and its tests run on plain numbers.
+Buffer assignment decides *which* values may share memory; this module decides *where*
+they go, as XLA's `heap_simulator.cc`: `host_in_fixed_buffers` places temporaries in the
+caller's output buffers where they fit, and `global_decreasing_size_best_fit` packs the
+rest into one arena, keeping the smaller of a spatial and a temporal order. Live ranges
+are closed intervals (buffers share bytes only when one ends strictly before the other
+begins). It knows nothing of HLO: its tests run on plain numbers. docs/buffers.md.
 """
 
 from __future__ import annotations

@@ -1,27 +1,12 @@
-"""Output fusion: a dot and its elementwise epilogue become one kOutput fusion.
+"""Output fusion (`output-fusion`): a dot and its elementwise epilogue become one kOutput
+fusion.
 
-Runs after `fuse`, as XLA's CPU backend fuses a dot with its consumer
-(`cpu_instruction_fusion.cc`, `dot_op_emitter.cc`): a dense layer's
-`max(dot(x, w) + broadcast(b), 0)` is a dot followed by a kLoop fusion that
-reads it once per element. Merged, the kernel computes a tile of the product
-and applies the bias, scale and activation to that tile while it is still in
-cache (the library GEMM), or to each sum in registers (emitted loops, and dots the
-element generator computes), so the product never makes a
-round trip through memory and one kernel launch goes (`codegen/cpu/dot.py`).
-
-A dot is merged into its consumer when:
-
-- the dot has exactly one user and is not the computation's root, so nothing
-  else reads the product and no epilogue operand can depend on it (no cycle);
-- that user is a kLoop fusion, or a lone elementwise op, of the dot's shape
-  (dimensions and element type: GEMM code stores the product in the fusion's
-  output buffer before the epilogue reads it back), that reads the dot only
-  through elementwise ops of those dimensions: every output element needs the
-  product at its own index only.
-
-The fusion's computation holds the dot (its operands are parameters of the
-fusion) and the epilogue; its root is the epilogue's root. Dots inside
-fusions are never fused again.
+After `fuse`, as XLA's CPU backend fuses a dot with its consumer: the bias, scale and
+activation are applied to a tile of the product while it is in cache (or to each sum in
+registers), so the product never makes a round trip through memory. A dot merges when it
+has one user, is not the root, and that user is a kLoop fusion or lone elementwise op of
+its shape reading it only elementwise (docs/architecture.md, `output-fusion`). Dots
+inside fusions are never fused again.
 """
 
 from __future__ import annotations
