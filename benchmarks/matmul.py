@@ -55,10 +55,14 @@ DEFAULT_SHAPES = ["512", "1024", "2048", "64x784x512", "1x784x512"]
 
 
 # The zoo Transformer step's GEMMs (batch 16 x seq 64 = 1024 rows, 64 features, 4 heads
-# of 16, feed-forward 256), forward and gradients, as kernel_profile labels them.
-TRANSFORMER_SHAPES = ["1024x64x256", "1024x256x64", "1024x64x64", "1024x256x64.tb",
-                      "1024x64x256.tb", "64x1024x256.ta", "256x1024x64.ta", "64x1024x64.ta",
-                      "64*64x16x64", "64*64x64x16.tb", "64*16x64x64.ta", "64*64x16x64.tb"]
+# of 16, feed-forward 256), forward and gradients, here as MxKxN (kernel_profile labels
+# them GEMM MxNxK): the Dense layers and their input gradients (B transposed), the weight
+# gradients (A transposed), attention's scores (B transposed, K = 16), probabilities
+# times values (N = 16) and their gradients, 64 heads x batch elements.
+TRANSFORMER_SHAPES = ["1024x256x64", "1024x64x256", "1024x64x64", "1024x64x256.tb",
+                      "1024x256x64.tb", "1024x64x64.tb", "64x1024x256.ta", "256x1024x64.ta",
+                      "64x1024x64.ta", "64*64x16x64.tb", "64*64x64x16", "64*64x64x16.ta",
+                      "64*16x64x64.ta"]
 
 
 @dataclass(frozen=True)
