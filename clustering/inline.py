@@ -27,7 +27,12 @@ Not inlined: calls of functions that say not to be (`_noinline`), that name an
 implementation to be swapped (`api_implements`, `_implements`), that TF's XLA must
 compile (`_XlaMustCompile`: `jit_compile=True`, tfxla-lite's XLA fallback), that tfxla-lite
 compiled already (`is_compiled_function`), or that are not in the library; and bodies
-of control flow (If, While), which are not calls (`body_graphs.py`).
+of control flow (If, While), which are not calls (`body_graphs.py`). A must-compile
+function therefore never reaches marking as ops among the caller's: a
+`tfxla_lite.function(jit_compile=True)` called in a trace is its own compiled call, or
+TF's XLA call where it falls back (`tfxla_lite/xla_fallback.py`) or where a custom
+gradient of it may be taken (`api.Function._custom_gradient_on_xla`), so the caller's
+auto-clustering cost rules never leave its ops to TF kernels that may not exist.
 """
 
 from __future__ import annotations

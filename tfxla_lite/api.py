@@ -130,10 +130,38 @@ class Function(polymorphic_function.Function):
         if program.flat_call:
             return run._call_flat(list(args), run.captured_inputs)
         if program.custom_gradients and _gradient_may_be_taken():
+            if self.jit_compile:
+                return self._custom_gradient_on_xla(program, args, kwargs)
             # Its custom gradient needs the trace's own graph (program.Program); inside
             # another tf.function that is compiled, the trace is inlined and clustered there.
             run = program.concrete_function
         return run(*args, **kwargs)
+
+    def _custom_gradient_on_xla(self, program: Program, args: tuple, kwargs: dict) -> Any:
+        """A must-compile trace whose custom gradient may be taken runs on TF's XLA, as
+        plain TF runs it: the gradient needs TF's own trace, and that trace, inlined
+        into a caller's auto-clustering (clustering/inline.py) or run on TF's kernels,
+        would lose must-compile (ops with no TF CPU kernel, e.g. Conv3D over groups)."""
+        note = ("a custom gradient may be taken (a tape, or a caller's graph), which "
+                "needs TF's trace: it runs on TF's XLA, as jit_compile=True asks")
+        if program.report.note is None:
+            program.report.note = note
+        if not self._fallback_warned:
+            self._fallback_warned = True
+            logger.warning("tfxla-lite: %s (jit_compile=True) runs with TF's XLA: %s",
+                           self._name, note)
+        with tf_traces_inside():
+            return self._xla_function()(*args, **kwargs)
+
+    def _xla_function(self) -> Any:
+        """TF's own `tf.function(jit_compile=True)` of the Python function (the patched
+        one would come back here), made once."""
+        xla = self.__dict__.get("_xla_fallback_function")
+        if xla is None:
+            xla = original_tf_function()(self.python_function, jit_compile=True,
+                                         autograph=getattr(self, "_autograph", True))
+            self.__dict__["_xla_fallback_function"] = xla
+        return xla
 
     def __get__(self, instance: Any, owner: Any = None) -> Any:
         # TF's own: one copy per instance (weakly bound, cached while the instance
@@ -234,12 +262,7 @@ class Function(polymorphic_function.Function):
                 choice.deciding)
         else:
             where = "TF's XLA, whole"
-            xla = self.__dict__.get("_xla_fallback_function")
-            if xla is None:  # TF's own tf.function: the patched one would come back here
-                xla = original_tf_function()(
-                    self.python_function, jit_compile=True,
-                    autograph=getattr(self, "_autograph", True))
-                self.__dict__["_xla_fallback_function"] = xla
+            xla = self._xla_function()
             with tf_traces_inside():
                 refusal = xla_fallback.xla_refusal(xla, concrete, args, kwargs)
                 if refusal is not None:
