@@ -1,26 +1,11 @@
 """Numerics check mode (`--check_numerics=compare|raise`): every launch against its TF ops.
 
-Sits after the rewrite stage (`tfxla_lite/rewrite.py`): `instrument` takes the rewritten
-GraphDef and, for each launch node that carries its cluster's own TF ops
-(`rewrite.ORIGINAL_ATTR`), splices in a renamed copy of those ops fed by the launch's
-inputs, in-graph comparison math between each launch output and TF's value of it, and
-one EagerPyFunc that hands the small per-output statistics to this module's collector.
-The launch node is renamed `<launch>/compiled` and an IdentityN takes its name with a
-control edge from the collector, so every consumer (and the function's outputs) waits
-for the check, and nothing downstream needs to know about it.
-
-Why in-graph math plus one py-function: full tensors never cross into Python (only a
-few scalars per output), and the report is structured data the user can query
-(`numerics_report()`), which `tf.print` cannot give.
-
-Granularity (docs/numerics_check.md): the compiled side exposes only the cluster's
-outputs, so differences are measured per cluster output, named by the op that produces
-it. Inside the cluster, TF's intermediates are checked for NaN/Inf, and the cluster ops
-on the path to a bad output are listed, but the compiled value of an interior op is not
-observable. A cluster that assigns variables is checked too: TF's copy runs with its
-writes turned into values (`_without_writes`), and each variable's value after the launch
-is compared with TF's. Scatters and ResourceApply* updates, GPU clusters and clusters with
-unknown dimensions (a fallback If) are not checked; the report lists them with the reason.
+After the rewrite (`tfxla_lite/rewrite.py`), `instrument` splices beside each launch
+that carries its cluster's TF ops (`rewrite.ORIGINAL_ATTR`) a renamed copy of those ops,
+in-graph comparison math, and one EagerPyFunc that hands a few scalars per output to
+this module's collector (`numerics_report()`); an IdentityN takes the launch's name so
+that every consumer waits for the check. What is compared, at which granularity, and
+what is not checked: docs/numerics_check.md.
 """
 
 from __future__ import annotations

@@ -1,27 +1,12 @@
 """The kernel cache: a module's machine code reused in the process and across runs.
 
-Where it sits: `cpu.compile` asks here before it emits LLVM IR; a stage of the stage
-cache (`codegen/cache.py`). The key is a *fingerprint* of everything the generated code
-depends on once the passes have run: the optimized HLO text without metadata, the
-digest of its constants, the buffer assignment's text, the donations and the thread
-count. The HLO printer prints every attribute codegen reads (its round-trip tests
-check that), so equal texts mean equal code.
-
-In the process: an LRU of `CompiledCode` (engine, entry address, texts) bounded by the
-bytes it holds (object files, bitcode, IR texts, plus `ENGINE_BYTES` per engine). A hit
-shares the engine: no IR, no LLVM. An evicted entry's engine lives on in the
-executables that use it.
-
-On disk (`kernels/`): the header carries the stage environment (tfxla-lite, a hash of
-the codegen sources, llvmlite, LLVM, target triple, host CPU and features), the entry
-symbol, temp bytes, shapes, kernel count and the functions made internal again when
-the parts are linked; the sections are one object file per part of the module
-(`engine.compile_parts`, each with its defined and undefined global symbols), the
-emitted LLVM IR text (zlib), then each part's optimized bitcode. Besides the stage
-cache's checks a load checks the sections' layout, that each object's symbols are
-those the header lists, and that every symbol no object defines resolves in the
-process. The IR texts are decompressed (the optimized one linked from the bitcode)
-only when something reads them.
+`cpu.compile` asks here before it emits LLVM IR; a stage of the stage cache
+(`codegen/cache.py`). The key fingerprints everything the code depends on once the
+passes have run (optimized HLO without metadata, constants, buffer assignment,
+donations, thread count: the printer prints every attribute codegen reads). In the
+process, an LRU of `CompiledCode` bounded in bytes (a hit shares the engine); on disk,
+one object file per part plus the IR and bitcode, checked symbol by symbol before a
+load. Entry layout: docs/benchmarks.md, "The compile caches".
 """
 
 from __future__ import annotations

@@ -1,26 +1,13 @@
 """Split an emitted LLVM module into parts that LLVM can optimize on several threads.
 
-Sits between kernel emission (`compiler.py`, one `llvmlite.ir.Module` holding every
-kernel and `entry`) and `engine.compile_parts`, which runs LLVM's pipeline and code
-generator on each part in its own LLVM context and thread, one object file per part;
-one engine loads the objects and its linker resolves the calls between them
-(`engine.load_objects`). Optimizing one big module is the longest step of a cold
-compile, and LLVM works function by function anyway, so cutting between kernels leaves
-each function's machine code the same.
-
-The cut follows the parallel kernels: a function whose address is taken (a kernel's
-task, handed to the parallel runtime) is never inlined into its caller, so the task and
-every function it reaches form a unit; `entry` and the rest (launch code, serial
-kernels, which LLVM inlines into `entry`) form one more. Cutting between any two
-functions would keep LLVM from inlining range functions into their tasks. Units are
-packed into parts by size of IR text, largest first, each into the smallest part so
-far. A function one part defines and another calls loses its internal linkage there and
-is declared in the caller's part (`engine.link_parts` makes it internal again for the
-optimized text); constants are copied into each part that reads them, so they still fold.
-
-Functions can also be *set apart* (`apart`): they go into a last part of their own, so
-that LLVM can compile that part at other levels (the quick tier of a tiered compile
-keeps register-blocked dots at O3: `tiers.py`).
+Between kernel emission (`compiler.py`) and `engine.compile_parts` (one LLVM context,
+thread and object file per part; one engine links them). Optimizing one big module is
+the longest step of a cold compile, and LLVM works function by function, so cutting
+between parallel kernels' tasks (functions whose address is taken, never inlined) keeps
+each function's machine code the same. Units are packed by IR size; a function called
+across parts is exported there and made internal again when linked; constants are
+copied into each part that reads them. `apart` sets functions into a last part of their
+own (the quick tier's O3 blocks, `tiers.py`). docs/architecture.md, section 4.
 """
 
 from __future__ import annotations

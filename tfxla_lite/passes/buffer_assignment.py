@@ -1,25 +1,13 @@
 """Buffer assignment: which memory every value of the entry computation lives in.
 
-The last step of `tfxla_lite.passes` and the plan codegen and the runtime execute:
-parameters live in the caller's input buffers, the entry root's elements in the
-output buffers, constants in the executable, and every other value in one temp
-arena whose size the runtime allocates per call. Buffers belong to *values* (XLA's
-logical buffers): one per array-shaped instruction, one per leaf of a tuple-shaped one
-(`%fusion{1}`); `tuple` and `get-tuple-element` only forward their operands' values.
-A live range runs from the defining instruction through its last use, both inclusive.
-
-Values whose ranges do not overlap share space; a temp may also take the buffer of an
-operand that dies at it when it reads that operand only at its own output index
-(in-place reuse, XLA's `CanShareOperandBufferWithUser`; codegen then drops `noalias`).
-Temps that fit in an output buffer live there; the rest are packed by
-`heap_simulator.py`. docs/buffers.md gives each rule step by step. Run
-`add-output-copies` first, so that every output has a buffer of its own.
-
-Control flow (`while`, `conditional`) defines one value per leaf of its result, like a
-multi-output kernel. The computations it calls are planned on their own
-(`assign_computation`), and their arenas, with a loop's second buffer per changed state
-leaf and the condition's pred, share one region after the caller's temps
-(`ControlFlowPlan`): control flow instructions run one at a time.
+The last step of `tfxla_lite.passes`, the plan codegen and the runtime execute:
+parameters in the caller's input buffers, the root's leaves in the output buffers,
+constants in the executable, every other value in one temp arena. Values (one per array
+or tuple leaf) whose live ranges do not overlap share space; a temp may reuse a dying
+operand's buffer in place; temps that fit live in output buffers, the rest are packed
+by `heap_simulator.py`. Control flow's called computations are planned on their own
+and share one region (`ControlFlowPlan`). Run `add-output-copies` first. Each rule step
+by step: docs/buffers.md.
 """
 
 from __future__ import annotations

@@ -1,25 +1,12 @@
 """Multi-output fusion: kernels that read the same data, or a producer and the kernel
 that reads it, become one kernel whose result is a tuple.
 
-Runs after `fuse` (and `output-fusion`), as XLA's `multi_output_fusion.cc` does after
-instruction fusion: `fuse` makes one kernel per result, so two kernels that read one
-large array each read it from memory, and a value two kernels need is written by one
-and read back by the other. Two rewrites:
-
-- *sibling*: two kernels that share a non-scalar operand (`reduce_sum(x)` and
-  `reduce_sum(x*x)`) become one fusion whose root is `tuple(their roots...)`;
-- *producer-consumer*: a loop kernel P whose values a reduction or loop kernel C reads
-  elementwise at P's shape is fused into C, which also returns P's values when others
-  still need them (an LSTM cell's gate activations).
-
-Former users read the new fusion through `get-tuple-element`s, which buffer assignment
-makes names of the leaves' slices. Each run merges one pair at a time: first a producer
-only its consumer reads, then siblings, then a producer others read too. A merge makes
-values live at once that were not, so in the entry each legal merge is weighed by the
-temp arena it leaves and refused when that grows (`_Scale`), as XLA refuses fusions
-that grow peak memory. Legality, as XLA checks it: matching iteration spaces (`_space`),
-no cycle through other instructions, bounded size (`max_instructions`, `max_outputs`,
-`max_operands`), and only kLoop and kInput kernels whose roots are arrays.
+After `fuse` and `output-fusion`, as XLA's `multi_output_fusion.cc`: *siblings* sharing
+a non-scalar operand, and a loop *producer* read elementwise by a reduction or loop
+consumer, merge one pair at a time; former users read `get-tuple-element`s. In the
+entry a merge is refused when it grows the temp arena (`_Scale`); legality as XLA's
+(matching iteration spaces, no cycle, bounded size). docs/architecture.md,
+`multi-output-fusion`.
 """
 
 from __future__ import annotations
