@@ -29,7 +29,7 @@ from tfxla_lite.passes.buffer_assignment import EntryValues, leaves, updated_ope
 CONTROL_FLOW = frozenset(opcodes_in("control-flow"))
 
 # Never moved out of a loop: control flow, calls, and ops with effects or state.
-_NOT_HOISTED = frozenset({
+NOT_HOISTED = frozenset({
     "parameter", "while", "conditional", "call", "custom-call", "rng", "rng-bit-generator",
     "rng-get-and-update-state", "infeed", "outfeed", "send", "send-done", "recv", "recv-done",
     "after-all", "all-reduce", "all-gather", "all-to-all", "collective-permute",
@@ -153,7 +153,7 @@ def _subtree(callee: Computation, owner: HloModule) -> list[Computation]:
     return [c for c in owner.computations if id(c) in reached]
 
 
-def _callers(module: HloModule) -> dict[int, int]:
+def loop_callers(module: HloModule) -> dict[int, int]:
     """How many instructions of the module call each computation, by id."""
     count: dict[int, int] = {}
     for comp in module.computations:
@@ -192,15 +192,16 @@ class WhileLoopInvariantCodeMotion(Pass):
             return False
         changed = False
         for inst in [i for i in entry.instructions if i.opcode == "while"]:
-            changed |= hoist_invariants(entry, inst, _callers(module))
+            changed |= hoist_invariants(entry, inst, loop_callers(module))
         return changed
 
 
-def _invariant_elements(body: Computation) -> dict[int, tuple[int, ...]]:
+def invariant_elements(body: Computation) -> dict[int, tuple[int, ...]]:
     """id(get-tuple-element of the body's parameter) -> its element's tuple index, for
     the elements the root returns unchanged, and id(get-tuple-element of such a read)
-    -> (element, leaf) for the leaves of a tuple element the root rebuilds with that
-    leaf unchanged (a TensorList's buffer, whose counter the body changes)."""
+    -> (element, leaf) for the leaves of a tuple element the root returns unchanged or
+    rebuilds with that leaf unchanged (a TensorList's buffer, whose counter the body
+    may change)."""
     root = body.root
     (parameter,) = body.parameters
     if root is None or root.opcode != "tuple" or not parameter.shape.is_tuple:
@@ -218,6 +219,10 @@ def _invariant_elements(body: Computation) -> dict[int, tuple[int, ...]]:
         returned = root.operand(n)
         if read_of(returned, parameter, n):
             found[id(user)] = (n,)
+            # The leaves of an unchanged tuple element (a TensorList the body only reads).
+            for leaf in user.users:
+                if leaf.opcode == "get-tuple-element" and not leaf.shape.is_tuple:
+                    found[id(leaf)] = (n, int(leaf.attributes["index"]))
         elif returned.opcode == "tuple":
             for leaf in user.users:
                 if leaf.opcode == "get-tuple-element":
@@ -230,25 +235,28 @@ def _invariant_elements(body: Computation) -> dict[int, tuple[int, ...]]:
     return found
 
 
-def hoist_invariants(caller: Computation, loop: Instruction, callers: dict[int, int]) -> bool:
+def hoist_invariants(caller: Computation, loop: Instruction, callers: dict[int, int],
+                     also: frozenset[int] = frozenset()) -> bool:
     """Move the worthwhile invariant code of `loop`'s body into `caller` (class
-    docstring); True when anything moved."""
+    docstring), and the invariant instructions whose ids `also` holds whatever their
+    kind or size (a caller that has judged them worth it); True when anything moved."""
     condition, body = loop.called_computations
     if callers.get(id(body), 0) != 1 or callers.get(id(condition), 0) != 1 \
             or condition is body:
         return False
-    elements = _invariant_elements(body)
+    elements = invariant_elements(body)
     if not elements:
         return False
     invariant: set[int] = set(elements)
     for inst in body.instructions:
         if inst.opcode == "constant" or (
-                inst.opcode not in _NOT_HOISTED and not inst.shape.is_tuple
+                inst.opcode not in NOT_HOISTED and not inst.shape.is_tuple
                 and inst.operands and all(id(o) in invariant for o in inst.operands)):
             invariant.add(id(inst))
     worth = [inst for inst in body.instructions if id(inst) in invariant
-             and id(inst) not in elements and _worth_hoisting(inst)
-             and inst.shape.byte_size <= sum(o.shape.byte_size for o in inst.operands)
+             and id(inst) not in elements and (id(inst) in also or (
+                 _worth_hoisting(inst)
+                 and inst.shape.byte_size <= sum(o.shape.byte_size for o in inst.operands)))
              and any(id(u) not in invariant or u is body.root for u in inst.users)]
     if not worth:
         return False
@@ -262,7 +270,7 @@ def hoist_invariants(caller: Computation, loop: Instruction, callers: dict[int, 
         if id(inst) in elements:
             made = init
             for n in elements[id(inst)]:
-                made = _element_of(caller, made, n)
+                made = element_of(caller, made, n)
         else:
             operands = [clone(o) for o in inst.operands]
             made = caller.add(Instruction(inst.opcode, inst.shape, operands, inst.attributes,
@@ -275,7 +283,7 @@ def hoist_invariants(caller: Computation, loop: Instruction, callers: dict[int, 
     old_shapes = list(loop.shape.tuple_shapes or ())
     count = len(old_shapes)
     state = Shape.tuple_of([*old_shapes, *(h.shape for h in hoisted)])
-    elements_init = [_element_of(caller, init, n) for n in range(count)]
+    elements_init = [element_of(caller, init, n) for n in range(count)]
     new_init = caller.create("tuple", [*elements_init, *hoisted], shape=state)
     for comp in (condition, body):
         (parameter,) = comp.parameters
@@ -323,7 +331,7 @@ def _worth_hoisting(inst: Instruction) -> bool:
         user.opcode in _UNFUSED_READERS for user in inst.users)
 
 
-def _element_of(caller: Computation, init: Instruction, n: int) -> Instruction:
+def element_of(caller: Computation, init: Instruction, n: int) -> Instruction:
     """Element `n` of tuple `init` (the loop's initial state, or an element of it) as an
     instruction of the caller."""
     if init.opcode == "tuple":

@@ -28,6 +28,7 @@ from tfxla_lite.passes.output_fusion import OutputFusion
 from tfxla_lite.passes.row_fusion import RowFusion
 from tfxla_lite.passes.scheduler import MemoryScheduler
 from tfxla_lite.passes.simplify import AlgebraicSimplifier
+from tfxla_lite.passes.while_dot_hoist import WhileDotHoisting
 
 # call-inliner: every pass below, and codegen, works on one straight-line computation.
 # simplify: drop the identities lowering leaves (same-shape reshapes, x * 1, transposes
@@ -66,13 +67,16 @@ DEFAULT_PIPELINE = (
     "simplify,dce,fuse-rows,fuse,"
     "output-fusion,multi-output-fusion,dce,"
     "add-output-copies,schedule")
+# Not in the default pipeline: `while-dot-hoist` (while_dot_hoist.py; its docstring says
+# why), which a `pipeline` option names after while-licm.
 
 PASSES: dict[str, type[Pass]] = {
     cls.name: cls for cls in (AlgebraicSimplifier, ConstantFolding,
                               CommonSubexpressionElimination, DeadCodeElimination, Fusion,
                               OutputFusion, AddOutputCopies, RowFusion, MemoryScheduler,
                               MultiOutputFusion, CallInliner, DotFolding,
-                              WhileLoopInvariantCodeMotion, SliceAccumulation)
+                              WhileLoopInvariantCodeMotion, WhileDotHoisting,
+                              SliceAccumulation)
 }
 
 
