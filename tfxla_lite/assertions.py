@@ -1,24 +1,11 @@
 """Assertions under must-compile (`jit_compile=True`): the nodes TF's XLA compiles away.
 
-Where it sits: `driver.cluster_graph` asks `dropped_nodes` which nodes of a graph it
-compiles with `jit_compile=True` go, before it clusters; the rewrite leaves them out
-(`without`). tf2xla registers `Assert` as a kernel that emits nothing (it only logs
-'Ignoring Assert operator'), so TF's XLA never checks an assertion, and its message's
-string constants and the condition computed only for it are dead code there. The same
-nodes go here:
-
-- every `Assert`;
-- an `If` whose branches, once compiled, hold nothing but assertions and the plumbing
-  around them (`assertion_only`): `tf.debugging.assert_*` on a tensor is
-  `tf.cond(condition, no_op, assert)`, the AssertGuard, whose outputs reach only
-  Identity nodes nothing reads;
-- then, to a fixed point, every stateless node all of whose readers went (the string
-  constants, the condition), and every string-valued one nothing reads (tf.function
-  leaves the message's constants in the outer graph too), except the graph's
-  arguments and outputs.
-
-Control edges to a dropped node are removed with it. Auto mode drops nothing: an
-assertion stays in TF and is checked there, as plain TF checks it.
+tf2xla's `Assert` emits nothing, so TF's XLA never checks an assertion. Before
+clustering, `driver.cluster_graph` asks `dropped_nodes` for the same nodes: every
+`Assert`, an `If` whose branches hold only assertions (`assertion_only`, the AssertGuard
+of `tf.debugging.assert_*`), then to a fixed point every stateless node whose readers
+all went and every unread string-valued one; the rewrite leaves them out (`without`).
+Auto mode drops nothing: the assertion runs in TF, as plain TF checks it.
 """
 
 from __future__ import annotations

@@ -1,25 +1,13 @@
 """`tfxla_lite.enable()`: `tf.function` everywhere in the process goes through tfxla-lite.
 
-Zero-code auto-clustering, as `TF_XLA_FLAGS=--tf_xla_auto_jit=2` is for XLA.
-`enable()` replaces the `function` attribute of the `tensorflow` module and of its
-public API aliases (`tf.compat.v1.function`, `tf.compat.v2.function`, ...): user
-code and Keras (`keras/src/backend/tensorflow/trainer.py` calls `tf.function(...)`
-through the module at fit time) both look it up there. TensorFlow's internals call
-`polymorphic_function.function` directly and are left alone. The replacement:
-
-- `jit_compile=True`  -> `tfxla_lite.function(fn, jit_compile=True)`, which falls
-  back to TF's own XLA (the original `tf.function(fn, jit_compile=True)`) for a trace
-  it cannot compile whole, or to auto-clustering where what is left is TF's by design
-  (`tfxla_lite/xla_fallback.py`), with a warning (unless `--strict_jit_compile`): the
-  user's program must not fail because tfxla-lite cannot compile it yet;
-- `jit_compile=None` with `auto_jit` 1 or 2 -> `tfxla_lite.function(fn)` (auto);
-- anything else (`jit_compile=False`, auto-jit off, options tfxla-lite does not
-  implement such as `experimental_implements`) -> the original `tf.function`.
-
-`disable()` puts the originals back. Both are idempotent. The start-up hook
-(`tfxla_lite._startup`) calls `enable_from_environment()` once TensorFlow is imported;
-so that the hook may fire while this module is itself importing TensorFlow, this
-module imports TensorFlow only inside `enable()`.
+Zero-code auto-clustering, as `TF_XLA_FLAGS=--tf_xla_auto_jit=2` is for XLA: `enable()`
+replaces the `function` attribute of the `tensorflow` module and its public aliases
+(user code and Keras look it up there; TF's internals are left alone). `jit_compile=True`
+goes to `tfxla_lite.function`, which falls back to TF's own XLA where it cannot compile
+(`xla_fallback.py`); `jit_compile=None` under `auto_jit` 1 or 2 auto-clusters; anything
+else is the original `tf.function`. `disable()` puts the originals back; both are
+idempotent. TensorFlow is imported only inside `enable()`, since the start-up hook
+(`_startup.py`) may fire while this module imports it. docs/usage.md.
 """
 
 from __future__ import annotations

@@ -1,25 +1,11 @@
 """Half-precision division by a constant as one multiplication, where proven exact.
 
-An f16 `divide` computes in f32 and rounds once to f16 (LLVM promotes half arithmetic
-on hosts without AVX512-FP16), so `x / c` is round_f16(round_f32(x / c)), which is
-the correctly rounded f16 quotient (f32's 24 bits are at least 2·11 + 2: the double
-rounding is innocuous for a division, Figueroa 1995). When `c` is a constant,
-`reciprocal` looks for an f32 `r` for which round_f16(round_f32(x · r)) has the same
-bits for every one of the 65,536 f16 values x (NaN payloads aside), and
-`elementwise.emit_binary` then multiplies by `r` instead of dividing: the divider's
-operation becomes a multiplication (the f16 GELU kernel 1.09x, docs/benchmarks.md).
-
-The check is exhaustive, so it needs no argument about ranges: zeros, denormals,
-overflow to infinity, infinities and NaN are among the 65,536 inputs. Every f16 value,
-and every quotient or product of one by an f16 constant, is a normal f32 (2^-40 <=
-|value| <= 2^40 when not 0, inf or NaN), so the f32 steps never meet f32's own
-underflow or overflow, and TF's flush-to-zero threads compute both forms alike. The
-check runs in NumPy (exact IEEE float32 operations) in about a millisecond, once per
-constant per process (memoized); the verdict is part of the emitted IR, which the
-kernel caches key on with this file's source.
-
-f32 and f64 keep their division, and bf16 too: docs/accuracy.md ("Division by a
-constant") gives the measurements and the reasons.
+An f16 `x / c` computes in f32 and rounds once to f16, the correctly rounded quotient.
+`reciprocal` looks for an f32 `r` for which round_f16(round_f32(x · r)) has the same bits
+for every one of the 65,536 f16 values x, checked exhaustively in NumPy (memoized, about
+a millisecond per constant), and `elementwise.emit_binary` then multiplies instead of
+dividing. f32, f64 and bf16 keep their division: docs/accuracy.md, "Division by a
+constant".
 """
 
 from __future__ import annotations

@@ -1,25 +1,12 @@
 """Vectorizable float32 transcendentals, emitted inline as LLVM IR.
 
-Element generators in `elementwise.py` call these instead of libm (`expf`, `tanhf`,
-`erff`, ...), whose scalar calls keep LLVM's loop vectorizer from widening a loop:
-every function here is straight-line code of arithmetic, bit manipulation, `select`
-and a few vectorizable intrinsics (`llvm.fmuladd`, `llvm.roundeven`, `llvm.copysign`,
-`llvm.minnum`/`maxnum`, `llvm.fabs`, `llvm.sqrt`), so a kernel calling them still becomes one
-loop over `<16 x float>` on AVX-512 hosts. XLA's CPU backend does the same
-(`cpu/llvm_ir_runtime.cc`).
-
-Each function's method and its measured maximum error are in docs/accuracy.md, and
-`tests/codegen/test_math_accuracy.py` bounds them. `exp` applies 2^n with one rounding,
-so results round correctly into the denormal range; `exp_of_nonpositive` leaves out the
-upper clamp for arguments proven <= 0 (softmax's x - max(x), found by `row_kernel.py`).
-`tanh` and `erf` are h/sqrt(1 + h^2) forms: no exp and no branches, and the form damps
-the polynomial's rounding near ±1.
-
-Special values are exact: NaN gives NaN, ±inf and ±0 give what C99 says
-(tanh(-0) = -0, erf(-0) = -0, expm1(-0) = -0, log(0) = -inf, log(x < 0) = NaN).
-`llvm.fmuladd` fuses on hosts with FMA and rounds twice elsewhere; the bounds hold
-for both. Other element types: f16 computes in f32 (see `float_function`), f64 keeps
-the LLVM intrinsics and libm.
+Element generators in `elementwise.py` call these instead of libm, whose scalar calls
+keep LLVM's loop vectorizer from widening a loop: every function is straight-line
+arithmetic, bit manipulation, `select` and vectorizable intrinsics, as XLA's CPU backend
+does (`llvm_ir_runtime.cc`). Special values are exact (NaN, ±inf, ±0 as C99 says); each
+function's method and measured maximum error are in docs/accuracy.md, and
+`tests/codegen/test_math_accuracy.py` bounds them, with or without FMA. f16 computes in
+f32 (`float_function`); f64 keeps the LLVM intrinsics and libm.
 """
 
 from __future__ import annotations

@@ -1,24 +1,11 @@
 """CPU code for `reduce`: an element generator and the kernel of a reduction root.
 
-The element generator (used when a reduce is computed at a consumer's index) loops
-over the reduced dimensions with an accumulator, applying the `to_apply`
-computation inline; it serves row reductions, whose reduced dimensions are
-innermost and so contiguous; float rows of at least 2*lanes elements fold in
-interleaved partial results (`fold_row`), as XLA's vectorized reductions do. A
-reduction kernel whose kept minor dimensions follow one block of reduced ones (a column
-reduction: BatchNorm's statistics, bias gradients) accumulates whole rows in
-`column_reduction.py`; other column reductions (`emit_reduction_kernel`) walk the input
-in row-major order and fold each output element's inputs in that order from the init
-value, into the output buffer, so both streams stay contiguous.
-
-A sum or product of 2-byte floats (an f16 or bf16 reduce whose reducer is `add` or
-`multiply` of its two parameters) accumulates in f32 and rounds once at the end
-(`Accumulation`): folded in f16, 4096 ones sum to 2048 in row-major order, and any other
-order (lanes, XLA's tree of windows) still loses about one bit per doubling of the row.
-TF's lowering of Sum and Prod already converts to f32 around the reduce (tf2xla's
-SumAccumulationType); this covers the HLO that reaches the backend some other way, and
-is the extra precision XLA's `--xla_allow_excess_precision` (on by default) allows. The
-NumPy evaluator computes such reduces the same way.
+The element generator loops over the reduced dimensions (row reductions, contiguous;
+float rows fold interleaved partials, `fold_row`). A root whose kept minor dimensions
+follow the reduced block is a column reduction (`column_reduction.py`); other layouts
+walk the input row-major into the output (`emit_reduction_kernel`). Sums and products
+of f16/bf16 accumulate in f32 and round once (`Accumulation`), as TF's lowering does
+and XLA's excess precision allows; the evaluator does the same.
 """
 
 from __future__ import annotations

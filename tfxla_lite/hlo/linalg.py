@@ -1,24 +1,10 @@
 """HLO `cholesky` and `triangular-solve`: shape rules and NumPy references, as XLA defines them.
 
-`cholesky(a), lower=true` factors each matrix of `a[..., n, n]` (f32 or f64) as `L Lᵀ`,
-reading only the lower triangle of `a`, and returns `L` with zeros above its diagonal;
-`lower=false` reads the upper triangle and returns `U = Lᵀ` (`a = Uᵀ U`), zeros below.
-As in XLA's `CholeskyExpander`, a matrix whose pivot goes negative or NaN (not positive
-definite) gives NaN in every element of that matrix; a zero pivot gives the inf/NaN the
-divisions by it give, column by column.
-
-`triangular-solve(a, b), left_side=..., lower=..., unit_diagonal=..., transpose_a=...`
-solves `op(a) x = b` (left side) or `x op(a) = b` for `x`, the shape of `b[..., m, n]`,
-with `a[..., k, k]` (k = m on the left side, n on the right), the same batch dims and
-element type. Only the `lower` (or upper) triangle of `a` is read, and with
-`unit_diagonal=true` not its diagonal either (taken as ones). `op` is `transpose_a`:
-`NO_TRANSPOSE`, `TRANSPOSE`, or `ADJOINT` (the transpose, for real types). A zero on
-the diagonal divides by zero: inf and NaN, never an error.
-
-Both references substitute in the operand's type, row by row in the order the CPU
-kernels (`codegen/cpu/linalg.py`) use, so the two agree to rounding; XLA's blocked
-algorithms sum in another order. Used by `opcodes.py` (shape rules), `evaluator.py`
-(references), cost analysis and the CPU kernels.
+Both substitute in the operand's type, row by row in the order the CPU kernels
+(`codegen/cpu/linalg.py`) use, so the two agree to rounding. A matrix that is not
+positive definite gives NaN throughout (XLA's `CholeskyExpander`); a zero on a diagonal
+gives inf and NaN, never an error. The attributes and their meaning: docs/hlo_text.md,
+"Linear algebra, bits and random numbers".
 """
 
 from __future__ import annotations

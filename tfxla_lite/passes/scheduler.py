@@ -1,23 +1,11 @@
-"""Memory scheduling: the order of the entry's instructions, chosen for a small arena.
+"""Memory scheduling (`schedule`): the order of the entry's instructions, chosen for a
+small arena.
 
-Buffer assignment computes live ranges over the entry's instruction order, and codegen
-runs the kernels in that order, so the order is the schedule. Lowering and fusion
-leave it in whatever topological order they built, which can keep a value alive long
-before it is needed (a transpose computed first and read last). As XLA's
-`DefaultMemoryScheduler` (`hlo_memory_scheduler.cc`) does, this pass builds several
-candidate orders and keeps the one whose plan is smallest, here the temp arena that
-`assign_buffers` actually produces (output hosting and in-place reuse included):
-
-- *list*: forward list scheduling: of the instructions whose operands are computed,
-  run the one that frees the most arena bytes net of the bytes it defines (XLA's
-  ListScheduler priority), the earlier in the current order on a tie;
-- *dfs*: a post-order depth-first walk from the root that computes the operand with
-  the most bytes in its not-yet-computed subtree first (XLA's DFSMemoryScheduler), so
-  that the big subtree's temporaries die before the others are made;
-- *post-order*: the same walk with operands in their own order.
-
-The current order stays unless a candidate's arena is strictly smaller, so a module
-whose order is already best prints as before.
+The instruction order is the schedule (buffer assignment's live ranges, codegen's kernel
+order). As XLA's `DefaultMemoryScheduler`, the pass tries several orders (list
+scheduling, a depth-first walk biggest subtree first, plain post-order) and keeps the
+one whose `assign_buffers` arena is smallest; the current order stays unless a candidate
+is strictly smaller. docs/buffers.md.
 """
 
 from __future__ import annotations
