@@ -1,33 +1,12 @@
 """Ahead-of-time libraries: an HLO module as a relocatable object file and a C header.
 
-Where it sits: beside `compiler.py`, at the end of the CPU backend, for code that runs
-without Python, TensorFlow or the op library (as `tfcompile` makes). The module goes
-through the same passes, buffer assignment and kernel emitters as a JIT compile
-(`compiler.emit_function` emits the kernels and the ABI's `entry`); what differs is
-the end:
-
-- `entry` and every kernel, task and constant become internal; the one exported symbol
-  is `<name>_run(const void** inputs, void** outputs, void* temp)`, which checks its
-  arguments (nonzero on a null array or a misaligned or missing temp arena) and calls
-  `entry`.
-- Parallel regions call `tfxla_lite_parallel`, which the object defines itself: with
-  `parallel="serial"` kernels are emitted for one thread, so no region is emitted at all
-  (a region that still appears runs its task once on the caller, which claims every
-  part); with `parallel="openmp"` it calls libgomp's `GOMP_parallel`, the entry point of
-  GCC's `#pragma omp parallel` (link with `-fopenmp`). libgomp is the runtime the JIT's
-  kernels use outside TF, and its signature is the one the kernels already call. The
-  team is libgomp's default (`OMP_NUM_THREADS`, `omp_set_num_threads`): kernels are cut
-  into parts for `threads` threads, which any team claims with the same results.
-- The code is emitted for the host's CPU and features (AVX-512 where the compiling
-  machine has it), position-independent, in the default code model, so the object
-  links into an executable or a shared library.
-- Every undefined symbol of the object is looked up in libc, libm, libgcc (half
-  conversions), libgomp and the BLAS the dot emitter called (NumPy's OpenBLAS build,
-  `engine.gemm`); one found in none of them is an `AotError`. `AotLibrary.libraries`
-  names what to link.
-
-`tfxla_lite/aot.py` is the TF-facing front (`module.py:fn` with a signature); this file
-imports no TensorFlow.
+Beside `compiler.py`, for code that runs without Python, TensorFlow or the op library
+(as `tfcompile` makes): the same passes, buffer assignment and emitters as a JIT
+compile, but every symbol internal except a checking `<name>_run`, parallel regions
+serial or through libgomp's `GOMP_parallel`, position-independent code for the host CPU,
+and every undefined symbol resolved in libc, libm, libgcc, libgomp or the BLAS (else an
+`AotError`; `AotLibrary.libraries` names what to link). `tfxla_lite/aot.py` is the
+TF-facing front; this file imports no TensorFlow. docs/aot.md.
 """
 
 from __future__ import annotations

@@ -1,23 +1,12 @@
 """CPU kernels of `cholesky` and `triangular-solve`: whole kernels, one matrix at a time.
 
-The semantics are `tfxla_lite/hlo/linalg.py`'s. Both work in the output buffer. cholesky
-factors U = Lᵀ in the upper triangle, right-looking: a pivot's row is scaled, then taken
-from every later row, one contiguous row update each (LLVM vectorizes it, the pivot row
-read from a stack copy); for `lower` the result is transposed to the lower triangle at
-the end, the other triangle zero. triangular-solve copies `b` and substitutes in place:
-on the left side each row of unknowns takes the solved rows' multiples, contiguous
-updates over the right-hand sides summed in a stack row; on the right side each row of
-`b` alone, a solved unknown leaving the later ones. Unblocked, every element subtracts
-its terms in the order of the reference's loops, products taken with the same operands.
-From BLOCKED_FROM rows (cholesky) or SOLVE_BLOCKED_FROM unknowns and
-SOLVE_BLOCKED_COLUMNS right-hand sides (left-side solve) both are blocked: BLOCK pivot
-rows or unknowns at a time by the unblocked steps, then one library GEMM (`engine.gemm`,
-as `dot.py`'s) takes their terms from the rest, so those sums are grouped by block.
-An element depends on everything solved before it, so neither is an element generator:
-`compiler.py` hands every entry cholesky and triangular-solve to `emit_linalg_kernel`,
-whose range function takes matrices [begin, end) of the batch, split across threads
-(`sort.row_kernel`), each matrix whole on one thread; `clustering/rules_linalg.py`
-leaves to TF's kernels the shapes where those are faster.
+The semantics are `tfxla_lite/hlo/linalg.py`'s; both work in the output buffer, with
+contiguous row updates LLVM vectorizes, each element's terms subtracted in the
+reference's order. From `BLOCKED_FROM` rows (cholesky) or `SOLVE_BLOCKED_FROM` unknowns
+and `SOLVE_BLOCKED_COLUMNS` right-hand sides (left-side solve) they are blocked, one
+library GEMM per `BLOCK` pivot rows taking their terms from the rest. Matrices of a
+batch split across threads, each whole on one; `clustering/rules_linalg.py` leaves to
+TF the shapes where TF's kernels are faster. docs/architecture.md, section 4.
 """
 from __future__ import annotations
 

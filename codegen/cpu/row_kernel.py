@@ -1,22 +1,13 @@
 """CPU code for row fusions (`passes/row_fusion.py`): every stage of a row, row by row.
 
-A row fusion holds reductions over the rows of an array (the trailing dimensions) and
-their consumers, e.g. softmax: max, then the sum of exp(x - max), then exp(x - max) /
-sum. Its range function computes rows [begin, end), and for each row runs one *stage*
-per reduce, in order, then the root. A reduce's stage folds the row and binds the
-result, with every per-row value that depends only on bound results (mean = sum / n),
-as a scalar that later stages read from a register; the root's stage stores the row's
-output. A float divide by a per-row value multiplies by the reciprocal (within 2 ulp, as
-oneDNN's softmax); only a tiny or huge finite divisor keeps exact quotients
-(`_keep_scalar`). Float max and min folds compare and select, and fall back to the
-exact, NaN-propagating result only when a NaN or a zero is seen (`_fold_exactly`).
-
-The row is read from memory once; later stages find it in L1 or L2. An expensive wide
-value that several stages need (softmax's exponentials) is computed once into a row
-buffer on the stack while it fits `ROW_SCRATCH_BYTES`, else recomputed. Each row is
-computed whole by one thread and every fold's order depends on the row width alone, so
-results do not depend on the thread count. The rare paths stay small because LLVM's
-compile time grows with the IR they add.
+The range function computes rows [begin, end), each with one *stage* per reduce (the
+fold bound as a scalar later stages read from a register) and then the root's, so the
+row is read from memory once and later stages find it in cache; an expensive wide value
+several stages need (softmax's exponentials) is kept in a stack row while it fits
+`ROW_SCRATCH_BYTES`. A divide by a per-row value multiplies by the reciprocal (within 2
+ulp) unless the divisor is tiny or huge (`_keep_scalar`); max/min folds fall back to
+the exact NaN-propagating result only when needed (`_fold_exactly`). Fold order depends
+on the row width alone, never the thread count. docs/architecture.md, section 4.
 """
 
 from __future__ import annotations

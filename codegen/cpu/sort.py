@@ -1,23 +1,11 @@
 """CPU code for HLO `sort`: a stable merge sort of each row, with the comparator inlined.
 
-Where it sits: `compiler.py` hands every entry-level `sort` here (fusion never takes
-one: it is neither elementwise nor a fusible data movement). The kernel is
-`void kernel(out_0..out_{N-1}, in_0..in_{N-1})`, one output per operand. Its range
-function sorts the rows [begin, end): a row is the `n` elements along the sorted
-dimension at one index of the other dimensions (stride: the product of the dimensions
-after it). Rows are independent, so the launcher splits them across threads
-(`parallel.py`) when the work is big enough, and each row is sorted whole by one
-thread: the result never depends on the thread count.
-
-Per row, the kernel sorts a permutation, not the elements: two i32 index arrays (i64
-for rows of 2^31 elements or more) of `n` entries, on the stack for short rows and from
-`malloc` otherwise, run the bottom-up merge of `tfxla_lite.hlo.sort.merge_sort_order`
-(runs of 1, 2, 4... merged left to right, the right run's head taken only when the
-comparator puts it before the left's), so that the kernel and the evaluator agree
-comparison for comparison, even under a comparator that is not a strict weak order.
-Each comparison loads the 2N scalars it needs and runs the comparator inline
-(`KernelContext.apply_computation`). The permutation then gathers every operand's row
-into its output, copying elements bit for bit.
+`compiler.py` hands every entry-level `sort` here (fusion never takes one). Rows split
+across threads, each sorted whole by one thread. Per row the kernel sorts a permutation
+(index arrays on the stack, or from `malloc` for long rows) with the bottom-up merge of
+`tfxla_lite.hlo.sort.merge_sort_order`, so kernel and evaluator agree comparison for
+comparison even under a comparator that is not a strict weak order; the permutation
+then gathers each operand's row bit for bit. docs/architecture.md, section 4.
 """
 
 from __future__ import annotations

@@ -1,22 +1,11 @@
 """HLO `sort` and `topk`: their shape rules and NumPy references, as XLA defines them.
 
-`sort(x_0, ..., x_{N-1}), dimensions={d}, is_stable=..., to_apply=%less` sorts every
-1-D slice along dimension `d` of N operands of equal dims (their element types may
-differ) together: the comparator takes 2N scalars, `(lhs_0, rhs_0, lhs_1, rhs_1, ...)`,
-and returns a `pred`, true when the lhs element belongs before the rhs element. Every
-operand is permuted by the same permutation of its slice. One operand gives one array,
-several a tuple of arrays in operand order. With `is_stable=true`, elements the
-comparator finds neither before nor after each other keep their order; XLA leaves
-their order open otherwise, and the reference (like the CPU kernel) keeps it anyway.
-
-The comparator must be a strict weak order for the result to be defined, as XLA asks;
-the reference and the kernels run the same stable merge sort (`merge_sort_order`), so a
-comparator that is not one (a plain `LT` of floats with NaN) still gives a permutation,
-the same in both.
-
-`topk` is below. Used by `opcodes.py` (the shape rules), `evaluator.py` (the
-references) and the CPU kernels (`codegen/cpu/sort.py`); TF's TopKV2 lowers to either
-for long rows (`clustering/rules_nn.py`).
+`sort` permutes every 1-D slice along its dimension of N operands together, by a
+comparator over 2N scalars `(lhs_0, rhs_0, lhs_1, rhs_1, ...)`, true when lhs goes
+first. The reference and the CPU kernel run the same stable merge
+sort (`merge_sort_order`), so they agree even when the comparator is not a strict weak
+order (XLA leaves that undefined) and keep equal elements' order either way. TF's TopKV2
+lowers to either for long rows (`clustering/rules_nn.py`). docs/architecture.md, section 4.
 """
 
 from __future__ import annotations
