@@ -1,20 +1,11 @@
 """The TF op registry: for each TF op type, its compilability rule and its HLO lowering.
 
-The first stop of clustering's data flow: `mark.py` asks `compilability(op)` which
-ops may join a cluster, and `lower.py` calls each op's `lower(ctx, op, operands)`
-to build the cluster's `HloModule`. One op, one registration (docs/conventions.md,
-habit 2): the rules live in the `rules_*.py` files, one per family of ops (element-wise,
-tensor, slicing, nn, indexing, gradients, random, control flow, ...), each registering
-into `OP_RULES` on import (the package's `__init__` imports them all); this file holds the
-machinery they share.
-
-Compile-time constants: a static input (an axis, a shape) may be a Const or any
-small integer computation of Consts that the registry's own rules can lower (the
-shape arithmetic gradients build: Shape → StridedSlice → BroadcastGradientArgs →
-Sum's axes). `constant_value` folds those by lowering them and running the NumPy
-evaluator, as TF's XLA bridge folds compile-time constant expressions.
-
-TF broadcasting follows NumPy's rules; HLO wants explicit shapes, so lowerings
+`mark.py` asks `compilability(op)`, `lower.py` calls each op's `lower(ctx, op, operands)`.
+One op, one registration: the rules live in the `rules_*.py` files, one per family,
+each registering into `OP_RULES` on import; this file holds what they share. A static
+input (an axis, a shape) may be any small integer computation of Consts the rules can
+lower (the shape arithmetic of gradients): `constant_value` folds it by lowering it and
+running the NumPy evaluator, as TF's XLA bridge folds compile-time constants. Lowerings
 broadcast every operand to the op's static result shape (`ctx.broadcast_to`).
 """
 

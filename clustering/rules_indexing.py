@@ -1,22 +1,11 @@
 """Lowering rules of TF's indexing ops: gathers, scatters, segment sums, reverses, scans.
 
-Registered into `registry.OP_RULES` on import. Each follows TF's XLA bridge
-(`tensorflow/compiler/tf2xla/kernels/gather_op.cc`, `segment_reduction_ops.cc`,
-`scatter_nd_op.cc`, `reverse_op.cc`, `scan_ops.cc`):
-
-- GatherV2 and GatherNd are one HLO `gather` (GatherV2's batch dims become leading
-  components of each index vector, read from iotas). As in XLA, an index out of range
-  is clamped into the operand; TF's CPU kernel raises instead.
-- UnsortedSegmentSum/Max/Min/Prod, ScatterNd and TensorScatterAdd/Update are one
-  HLO `scatter`; an index out of range drops its update, as XLA does (TF's CPU kernel
-  drops negative segment ids and raises on the rest).
-- Cumsum, Cumprod and CumulativeLogsumexp (TF's log-add-exp reducer as the window's
-  computation, from -inf) are a `reduce-window` whose window spans the whole axis, padded
-  before it (and sliced when exclusive); a reverse scan reverses the axis before and
-  after, so that sums accumulate in TF's order.
-- Cumsum, Cumprod and the segment reductions of float16 and bfloat16 accumulate in
-  the 2-byte type, rounding after every step, as TF's CPU kernels do (4096 ones sum to
-  2048 in float16); XLA would accumulate them in float32.
+Registered into `registry.OP_RULES` on import, each as TF's XLA bridge lowers it
+(`tf2xla/kernels/gather_op.cc`, `segment_reduction_ops.cc`, `scatter_nd_op.cc`,
+`reverse_op.cc`, `scan_ops.cc`): gathers are one `gather`, segment reductions and
+scatters one `scatter`, scans a `reduce-window` over the whole axis. Out-of-range
+indices and 2-byte float accumulation follow XLA or TF's CPU kernels op by op:
+docs/supported_ops.md.
 """
 
 from __future__ import annotations

@@ -1,22 +1,12 @@
 """Lowering rules of TF's block rearrangements: SpaceToBatchND and BatchToSpaceND,
 SpaceToDepth and DepthToSpace.
 
-Registered into `registry.OP_RULES` on import. TF builds dilated convolutions from them
-(`tf.nn.with_space_to_batch`, `tf.nn.atrous_conv2d`, and Keras's dilated convolutions
-where the backend asks for it), and each is the other's gradient. Both are pure data
-movement. BatchToSpaceND is lowered as TF's op documentation defines it and as tf2xla
-does: a `reshape` that splits the batch into (block offsets, batch), a `transpose` that
-moves each block offset next to its spatial dimension, a `reshape` that merges them and
-a `slice` for the crops. SpaceToBatchND, whose `pad` would sit inside that chain of
-reshapes (the fused loop then pays index arithmetic per element), is the `pad` and then
-one strided `slice` per block offset, concatenated along the batch in the offsets'
-row-major order. The block shape, paddings and crops must be compile-time constants;
-the dims left after the block dims ride along.
-
-SpaceToDepth and DepthToSpace (space-to-depth stems, pixel-shuffle upsampling; each is
-the other's gradient) are a `reshape` that splits the spatial dims and the depth into
-(blocks, offsets), a `transpose`, and a `reshape`: the depth index is (row offset,
-column offset, channel), row-major, as TF's kernels lay it out.
+Registered into `registry.OP_RULES` on import; pure data movement, each op the other's
+gradient (TF builds dilated convolutions from the first pair). BatchToSpaceND and the
+depth pair are reshape, transpose, reshape (and a crop `slice`), as tf2xla lowers them;
+SpaceToBatchND is the `pad` then one strided `slice` per block offset, concatenated
+along the batch, which the fused loop reads without the index arithmetic a pad inside
+the reshapes would cost. Block shapes, paddings and crops must be constants.
 """
 
 from __future__ import annotations

@@ -1,20 +1,11 @@
 """The optimized-module cache: a warm compile runs neither the passes nor LLVM.
 
-Where it sits: `compile_module` (`codegen/__init__.py`) asks here first; a stage of the
-stage cache (`codegen/cache.py`), one level above the kernel cache
-(`cpu/kernel_cache.py`). The key is the module as lowered (its HLO text without
-metadata and its constants' digest), the pipeline, the donated parameters and the
-thread count; the value (`OptimizedModule`) is the optimized HLO text, the buffer
-assignment's text, the donations and what an `Executable` shows besides its machine
-code, whose key is derived from these texts. On disk (`optimized/`) the environment
-adds a hash of the `hlo/` and `passes/` sources to the kernel stage's.
-
-The executable built from a hit (`CachedExecutable`) parses its optimized module and
-re-runs buffer assignment only when something asks for them (dumps, the report page),
-and then checks the assignment against the stored text. The key leaves metadata out, so
-an entry also stores the metadata of each line of the module it was lowered from, and
-a hit maps it onto the current module's lines (`with_current_metadata`): the source
-lines shown are always the current function's.
+`compile_module` asks here first; a stage of the stage cache (`codegen/cache.py`), one
+level above the kernel cache. The key is the module as lowered (HLO without metadata,
+constants, pipeline, donations, thread count); the value is the optimized HLO and buffer
+assignment texts. A hit's `CachedExecutable` parses and re-assigns its module only when
+something reads it, and shows the current function's source lines
+(`with_current_metadata`). docs/architecture.md, the stage cache.
 """
 
 from __future__ import annotations

@@ -1,21 +1,11 @@
 """Input forwarding: which outputs an executable may write over which parameters' buffers.
 
-TF forwards an input tensor's buffer to an output (`forward_input_or_allocate_output`)
-when nothing else holds the input; the launch op (`runtime/launch_op.cc`) does so for
-the pairs listed here, saving an allocation and the writes to fresh memory. A pair
-(output j, parameter i) is listed when writing output j over parameter i cannot change
-what the executable computes:
-
-- output j is computed by one array-shaped kernel K, and nothing else lives in output
-  j's buffer (buffer assignment may host a temp there, which would overwrite the
-  parameter before K reads it);
-- K is parameter i's only reader and reads it through elementwise ops at the output
-  index only (or through a row fusion's reduces, which finish a row before it is
-  stored: `buffer_assignment.reads_only_elementwise`), and keeps its dtype and shape.
-
-Codegen emits such a K without `noalias` on its output, so that LLVM keeps every read
-of an element before the write to it. Each parameter and each output is in one pair
-at most.
+TF forwards an input's buffer to an output when nothing else holds it; the launch op
+does so for the pairs listed here. Output j may take parameter i's buffer when one
+kernel computes it alone in its buffer, is parameter i's only reader and reads it only
+at the output's index (elementwise, or through a row fusion's reduces), keeping dtype
+and shape; that kernel is emitted without `noalias`. Each parameter and output is in
+one pair at most. docs/architecture.md, the executable's ABI.
 """
 
 from __future__ import annotations

@@ -1,21 +1,13 @@
 """Parallel kernels: a kernel's outermost range split into parts run on several threads.
 
-Where it sits: `compiler.py` emits each kernel as a *range function*,
-`void range(ptr output, ptr input..., i64 begin, i64 end)`, over part of its outermost
-loop, and asks `emit_launch` to call it over the whole range. Kernels whose work is
-below `PARALLEL_MIN_WORK` elements, and every kernel when the thread count is 1 or
-libgomp cannot be loaded, call it once. Big ones call `tfxla_lite_parallel(task, data,
-threads, 0)`, which has the signature of libgomp's `GOMP_parallel`: `task` claims parts
-of the range from a shared counter until none is left, on however many threads run it.
-The symbol is bound when a kernel is linked (`llvm.add_symbol`): to libgomp's
-`GOMP_parallel` until the op library loads, then to the op library's runtime, which
-runs the parts on the launching op's TF intra-op pool, on libgomp or on the caller
-alone (the `parallel_runtime` option; docs/architecture.md, "Parallel kernels").
-
-The pointer array lives on the calling thread's stack and every parallel region gets a
-team of its own, so several TF threads may run `entry` at once. Every element (and
-every row of a row reduction) is computed whole by one thread with the same code, so
-results do not depend on the thread count or on the runtime.
+`compiler.py` emits each kernel as a range function over part of its outermost loop and
+asks `emit_launch` to call it: once below `PARALLEL_MIN_WORK` elements or without
+threads, else through `tfxla_lite_parallel(task, data, threads, 0)` (libgomp's
+`GOMP_parallel` signature), whose task claims parts from a shared counter. The symbol is
+bound at link time, to libgomp until the op library loads, then to its runtime (the
+`parallel_runtime` option). Each element is computed whole by one thread with the same
+code, so results never depend on the thread count. docs/architecture.md, "Parallel
+kernels".
 """
 
 from __future__ import annotations
