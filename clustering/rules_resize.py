@@ -1,20 +1,13 @@
 """Lowering rules of TF's 2-D image resizes: ResizeBilinear, ResizeNearestNeighbor,
 ResizeBicubic and their gradients (Keras UpSampling2D and Resizing, `tf.image.resize`).
 
-Registered into `registry.OP_RULES` on import. Images are NHWC and the output size is
-static, so each axis is resized on its own and where every output row or column reads
-from is worked out here, at compile time, with the float32 arithmetic of TF's CPU
-kernels (`image_resizer_state.h`): the HLO gathers rows and columns by constant indices
-and blends them with TF's weights in TF's order, so NaN and ±inf spread as in TF.
-
-The gradients are scatter-free: per axis, the output gradient (with one zero row
-appended) is gathered through a table of the output rows that read each input row,
-weighted and summed. Where an index table is periodic with an arithmetic progression
-per residue class (`periodic_progressions`: integer-factor resizes), each class is a
-strided slice instead of a gather, which would keep the fused loop from vectorizing.
-Auto-clustering leaves the bilinear and bicubic gradients of a downsampling resize to
-TF's kernels, which are faster there (`tf_resize_faster`); `jit_compile=True` compiles
-them. Each op's semantics against TF: docs/supported_ops.md.
+Registered into `registry.OP_RULES` on import. The output size is static, so where each
+output row and column reads from, and with which weights, is worked out at compile
+time in TF's CPU float32 arithmetic (`image_resizer_state.h`): the HLO gathers by
+constant indices (strided slices where the tables are periodic,
+`periodic_progressions`) and blends in TF's order. Gradients are scatter-free.
+Auto-clustering leaves downsampling bilinear and bicubic gradients to TF's faster
+kernels (`tf_resize_faster`). Each op against TF: docs/supported_ops.md.
 """
 
 from __future__ import annotations

@@ -1,19 +1,12 @@
 """Lowering rules of TF's resource-variable ops: reads, assigns, gathers, scatters and the
 `ResourceApply*` optimizer updates.
 
-Registered into `registry.OP_RULES` on import. A cluster takes each variable's resource
-handle as an input; the launch op (`runtime/launch_op.cc`) passes the variable's buffer
-as that parameter, so the HLO sees the value the variable holds when the launch starts.
-Inside the lowering, `LoweringContext.variables` holds each variable's value so far: a
-read returns it, a write replaces it, in the cluster's topological order (which keeps the
-control edges tf.function's automatic control dependencies put between the ops of one
-variable). The last value of each variable written (`written_variables`) is an extra
-output of the executable, which the launch op stores into the variable after the kernel
-ran, or which the kernel wrote in place into the variable's own buffer (docs/
-architecture.md, "Variables in clusters").
-
-The update formulas are those of TF's CPU kernels (`core/kernels/training_ops.cc`),
-so that a compiled optimizer step matches plain TF's.
+Registered into `registry.OP_RULES` on import. A cluster takes each variable's handle
+as an input (the launch op passes the variable's buffer); `LoweringContext.variables`
+holds each variable's value so far, in the cluster's topological order, and each
+variable's last written value (`written_variables`) is an extra output the launch op
+stores back or the kernel wrote in place (docs/architecture.md, "Variables in
+clusters"). Update formulas are TF's CPU kernels' (`training_ops.cc`).
 """
 
 from __future__ import annotations

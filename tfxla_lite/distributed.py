@@ -1,19 +1,11 @@
 """tf.distribute's multi-process strategies as tfxla-lite sees them (docs/distributed.md).
 
-Where it sits: `api.Function` asks `remote_refusal()` before it compiles a trace, and
-`dump` names each task's files with `task_tag()`. TensorFlow's engine does all of the
-distribution; tfxla-lite compiles each process's own traces and nothing else:
-
-- MultiWorkerMirroredStrategy: every worker traces and compiles its replica step in
-  its own process; the collectives stay TF ops between launch ops. Nothing here.
-- ParameterServerStrategy: `ClusterCoordinator.schedule` traces the step on the chief
-  and runs it on a worker process, with its variables on the parameter servers. A
-  launch op runs only in the process whose op library holds its compiled cluster (its
-  `key` names an executable registered there), so such a trace is left to TensorFlow.
-
-`task_tag()` reads `TF_CONFIG` (what `TFConfigClusterResolver`, the strategies' default,
-reads), else the current strategy's cluster resolver. TF is imported only for the
-latter, and only when it is loaded already.
+`api.Function` asks `remote_refusal()` before it compiles a trace: a trace made for
+`ParameterServerStrategy`'s `ClusterCoordinator.schedule` runs in a worker process,
+where this process's launch ops are not registered, so it is left to TensorFlow
+(MultiWorkerMirroredStrategy's replica steps compile in each worker, nothing special).
+`dump` names each task's files with `task_tag()`, from `TF_CONFIG`, else the current
+strategy's cluster resolver (TF imported only if it is loaded already).
 """
 
 from __future__ import annotations

@@ -1,20 +1,12 @@
 """LLVM plumbing of the CPU backend: host target, optimization, JIT, the BLAS library.
 
-The last step of CPU codegen: the text of an `llvmlite.ir` module is parsed and
-verified, optimized with the new pass manager at O3 with loop and SLP vectorization
-for the host CPU (its features included, so AVX-512 hosts get wide vectors), and
-compiled by MCJIT. The JIT resolves libm (f64 `tanh`, `erf`, ...) and libc (`memcpy`)
-from the process; the GEMM routines come from the OpenBLAS that NumPy ships, and
-libgomp's entry points (`parallel.py`) from the system, loaded with ctypes and bound
-by name with `llvm.add_symbol`. A big module is optimized and compiled to machine code
-in parts on several threads (`compile_parts`, cut by `module_split.py`), one object per
-part, which one engine loads and links (`load_objects`).
-
-Every run of LLVM's pass pipeline through llvmlite keeps memory for the rest of the
-process: llvmlite's pass builder allocates a `PassInstrumentationCallbacks` that its
-dispose never deletes, and each run registers instrumentation into it. Nothing in
-Python can reach it, so each run is counted (`pipeline_runs`), and the memory tests
-allow for it (docs/reliability.md, "Memory").
+The last step of CPU codegen: an `llvmlite.ir` module's text is parsed, verified,
+optimized at O3 with loop and SLP vectorization for the host CPU and its features, and
+compiled to machine code, a big module in parts on several threads (`compile_parts`,
+cut by `module_split.py`) that one engine loads and links (`load_objects`). libm and
+libc resolve from the process, the GEMM from NumPy's OpenBLAS and libgomp from the
+system (`llvm.add_symbol`). Each pipeline run leaks a little memory inside llvmlite,
+so runs are counted (`pipeline_runs`; docs/reliability.md, "Memory").
 """
 
 from __future__ import annotations
@@ -142,28 +134,15 @@ class CompiledParts:
 def compile_parts(texts: list[str], speed_level: int = 3, codegen_level: int = 3,
                   threads: int | None = None) -> CompiledParts:
     """Parse, verify, optimize (as `optimize` does) and compile to machine code each of
-    `texts` (the parts of one module, `module_split.py`), on one thread per part; the
-    objects are loaded together by `load_objects`, whose linker resolves the calls
-    between parts. A single part is compiled on this thread.
+    `texts` (the parts of one module, `module_split.py`), one object each, on at most
+    `threads` threads (None: one per part; a tiered compile's O3 code uses 1). The first
+    part compiles on this thread. `speed_level` is the IR pipeline's level,
+    `codegen_level` the code generator's (the quick tier uses 1 and 0).
 
-    `speed_level` is the IR pipeline's level, `codegen_level` the code generator's (the
-    quick tier of a tiered compile uses 1 and 0: `cpu.compiler`, docs/benchmarks.md).
-    `threads`: at most this many threads (None: one per part); the parts left over are
-    compiled one after another, with the same objects (each part has its own context,
-    target machine and pass builder either way). A background compile uses 1, so that
-    it never holds more than one core beside the launches it runs with.
-
-    llvmlite serializes every call into LLVM behind one process-wide lock, which keeps
-    its threads from ever running LLVM at once. LLVM itself allows it for modules in
-    different contexts, each with its own target machine and pass builder, as its
-    parallel code generators do: each part gets those (a single part too, so that no
-    LLVM state is shared with other threads' compiles), made under the lock on this
-    thread, and the part's own work (parsing, verifying, the pass pipeline, the bitcode
-    writer, the code generator) calls the C functions without the lock (ctypes releases
-    the GIL for them); this thread compiles the first part. Each part's target machine
-    is `target_machine()`, the one MCJIT was given before: the objects hold the code
-    MCJIT generated for the whole module, function for function
-    (tests/codegen/test_module_split.py).
+    Each part has its own context, target machine (`target_machine()`, MCJIT's) and pass
+    builder, made under llvmlite's process-wide lock; the part's own work calls LLVM's C
+    functions without it, so parts compile in parallel to the same machine code as the
+    whole module (docs/architecture.md, section 4; tests/codegen/test_module_split.py).
     """
     contexts = [llvm.create_context() for _ in texts]
     refs: list[Any] = []  # closed in this order: managers and builders, then machines

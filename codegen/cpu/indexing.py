@@ -2,19 +2,10 @@
 or per window: reverse, pad, dynamic-slice, dynamic-update-slice, gather, scatter,
 reduce-window.
 
-Like `data_movement.py`, each maps its result index to operand indices (XLA's
-elemental IR emitter, `elemental_ir_emitter.cc`): reverse mirrors, pad branches to
-the padding value outside the operand's (interior-spread) image, dynamic-slice and
-gather add start indices read from their index operands, clamped as XLA clamps them
-so that the slice stays inside the operand. reduce-window loops over its window with
-an accumulator, skipping padding and base-dilation holes (never folding the init
-value in for them). A scatter at a kernel's root is a serial kernel of its own
-(copy, then combine each update in order); its element generator, for a scatter
-inside a fusion, computes each output element from every update that lands on it. A
-dynamic-update-slice at a kernel's root is one too: the operand is copied unless the
-output is its very buffer (a loop-carried buffer updated in place,
-`control_flow.py`), then the update is stored at its start. Semantics match
-`tfxla_lite.hlo.evaluator`.
+Like `data_movement.py`, each maps its result index to operand indices, as XLA's
+elemental IR emitter, start indices clamped as XLA clamps them. A scatter or
+dynamic-update-slice at a kernel's root is a serial kernel of its own (copy unless in
+place, then the updates in order). Semantics match `tfxla_lite.hlo.evaluator`.
 """
 
 from __future__ import annotations

@@ -1,20 +1,11 @@
 """CPU code for variadic `reduce` (N inputs, N init values, a tuple of N results) and
 for the tuples that flow through kernels.
 
-Where it sits: `reduction.py`'s `reduce` generator hands a reduce with more than one
-input here. TF's XLA lowers ArgMax/ArgMin this way: a reduce over (values, iota
-indices) whose reducer takes (lhs value, lhs index, rhs value, rhs index) and returns
-a tuple (value, index). Inside a kernel a tuple-shaped value is an LLVM literal
-struct: `tuple` builds one from its operands' elements at the same index,
-`get-tuple-element` extracts a field, and a reducer whose root is a tuple returns
-one, so `KernelContext.apply_computation` needs no special case. A variadic
-reduce's generator returns the struct of its N results at the requested index;
-kernels (`multi_output.py`) store each field to its own output buffer.
-
-Every fold starts from the init values (or, for a chunk of a split full reduction,
-from the chunk's first element) and visits the reduced elements in row-major order,
-contiguous rows in interleaved lanes (`fold_lanes`); the order depends on the shapes
-alone, so the result never depends on the thread count.
+`reduction.py` hands a reduce of several inputs here (TF's XLA lowers ArgMax/ArgMin
+that way, over values and iota indices). Inside a kernel a tuple is an LLVM literal
+struct, so `tuple`, `get-tuple-element` and a reducer returning a tuple need no special
+case; `multi_output.py` stores each field to its own buffer. Every fold visits the
+reduced elements in an order fixed by the shapes (`fold_lanes`), never by the threads.
 """
 
 from __future__ import annotations
