@@ -29,10 +29,9 @@ def compile_module(module: HloModule, pipeline: str | None = None,
     pass and no LLVM (its optimized form and machine code are reused; `module` is then
     left as it was); one whose optimized HLO, buffer assignment and thread count were,
     runs the passes but no LLVM. `donate` names the parameters whose buffers outputs
-    may take over (`Executable.donations`). `background`: LLVM's work on a miss goes on
-    in a background thread (`cpu.compile`; the executable waits for it when read).
-    `tiered`: on a miss the machine code is a quick tier's until the O3 compile, in the
-    background, is swapped in (`cpu.compile`, `codegen/cpu/tiers.py`).
+    may take over (`Executable.donations`). `background`, `tiered` (which takes
+    precedence): on a miss LLVM's O3 work goes on in the background, readers waiting for
+    it or quick-tier code running until it is swapped in (`codegen/cpu/tiers.py`).
     """
     from tfxla_lite.codegen import cache as stage_cache
     from tfxla_lite.codegen import cpu, module_cache

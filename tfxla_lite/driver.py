@@ -135,7 +135,7 @@ def compile_graph(graph: tf.Graph, function_name: str, settings: Settings,
                       dropped=clustering.dropped)
     # The trace's own clusters (not a body's: its rewritten function is traced within this
     # compile) may compile LLVM in the background, overlapping TF's trace of the rewrite.
-    background = library is None and overlap_llvm(settings.options)
+    background = library is None and flags.switch("overlap_llvm", settings.options)
     for cluster in clustering.clusters:
         # A cluster TF runs on a GPU compiles for it, or stays in TF there.
         gpu = gpu_launch.placed_gpu(cluster.device)
@@ -389,7 +389,8 @@ class CodeTarget:
         # Dumps read the code at once: no background LLVM and no quick tier then.
         dumping = dump.dump_directory(options) is not None
         return cls(gpu, options.effective_pipeline, options.verify, options.cache,
-                   tiered_llvm(options) and not dumping, background and not dumping)
+                   flags.switch("tiered_llvm", options) and not dumping,
+                   background and not dumping)
 
 
 def compile_code(module: HloModule, target: CodeTarget, donate: Collection[int] = ()) -> Any:
@@ -397,10 +398,8 @@ def compile_code(module: HloModule, target: CodeTarget, donate: Collection[int] 
     GPU backend for a GPU. For a static cluster here, and for each shape of a dynamic one."""
     if target.gpu is not None:
         return gpu_launch.compile_cluster(module, target.gpu, target.pipeline, target.verify)
-    # A tiered compile already moves the O3 compile to the background.
     return compile_module(module, pipeline=target.pipeline, verify=target.verify,
-                          donate=donate, cache=target.cache,
-                          background=target.background and not target.tiered,
+                          donate=donate, cache=target.cache, background=target.background,
                           tiered=target.tiered)
 
 
@@ -433,22 +432,6 @@ def _forwardable(graph: tf.Graph, inputs: list[str] | tuple[str, ...],
     return [n for n, name in enumerate(inputs)
             if name in written or graph.get_tensor_by_name(name).op.type not in _HELD_INPUTS
             and graph.get_tensor_by_name(name).dtype != tf.resource]
-
-
-def overlap_llvm(options: Options) -> bool:
-    """Whether a trace's clusters compile LLVM in the background: the `overlap_llvm`
-    option, else `TFXLA_LITE_OVERLAP_LLVM=1` (the code is the same either way). Off by
-    default: no gain was measured (docs/benchmarks.md)."""
-    return flags.switch("overlap_llvm", options)
-
-
-def tiered_llvm(options: Options) -> bool:
-    """Whether a compile-cache miss runs first on quick-tier code (the O1 pipeline, code
-    generation at level 0) while the O3 code compiles in the background: the
-    `tiered_llvm` option, else `TFXLA_LITE_TIERED` (on unless 0, off, false, no or none).
-    Only O3 code is cached either way (codegen/cpu/tiers.py; measurements in
-    docs/benchmarks.md, "A tiered LLVM compile")."""
-    return flags.switch("tiered_llvm", options)
 
 
 def leave_to_tf(program: Program, graph: tf.Graph, cluster: Cluster, settings: Settings,

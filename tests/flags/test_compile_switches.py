@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 import tfxla_lite as tl
-from tfxla_lite import driver
+from tfxla_lite import driver, flags
 from tfxla_lite.codegen import cache
 from tfxla_lite.flags import SWITCH_VARIABLES, FlagError, parse_flags
 from tfxla_lite.options import Options, OptionsError
@@ -49,13 +49,13 @@ def test_options_check_the_switches() -> None:
 def test_an_option_decides_over_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(SWITCH_VARIABLES["tiered_llvm"], "0")
     monkeypatch.setenv(SWITCH_VARIABLES["overlap_llvm"], "1")
-    assert not driver.tiered_llvm(Options())
-    assert driver.overlap_llvm(Options())
-    assert driver.tiered_llvm(Options(tiered_llvm=True))
-    assert not driver.overlap_llvm(Options(overlap_llvm=False))
+    assert not flags.switch("tiered_llvm", Options())
+    assert flags.switch("overlap_llvm", Options())
+    assert flags.switch("tiered_llvm", Options(tiered_llvm=True))
+    assert not flags.switch("overlap_llvm", Options(overlap_llvm=False))
     monkeypatch.delenv(SWITCH_VARIABLES["tiered_llvm"])
     monkeypatch.delenv(SWITCH_VARIABLES["overlap_llvm"])
-    assert driver.tiered_llvm(Options()) and not driver.overlap_llvm(Options())
+    assert flags.switch("tiered_llvm", Options()) and not flags.switch("overlap_llvm", Options())
 
 
 def _step(x: tf.Tensor) -> tf.Tensor:
