@@ -621,22 +621,12 @@ class KernelMerger:
     """The kernels of one LLVM module, each emitted once: a kernel whose code is another's
     is dropped and its launch site calls the other.
 
-    Two kernels are the same when the LLVM functions emitted for them (the launcher and
-    every function defined while emitting it: range functions, in-place variants,
-    tasks) print the same text once the names of those functions are replaced by their
-    order of definition. Everything the code depends on is in that text: the fused
-    computation's opcodes, shapes and constants, the parallel split and its bounds,
-    the in-place variant (which operand is read through the output pointer), `noalias`
-    on outputs, streaming stores, helper and constant globals by name (the constant
-    pool names each literal once). What it leaves out is what the launch site passes
-    as arguments, the buffers' addresses (parameters, outputs, temp-arena offsets), which
-    is what differs between the merged launch sites. The kernels read nothing else, so
-    a merged kernel computes at every site what the dropped one would have; and the
-    test is exact, so kernels that differ in any baked-in fact stay apart.
-
-    A kernel launched from several sites is `noinline`. `texts` keeps each kept
-    function's printed text, for `module_split` (printing an llvmlite module is a large
-    part of a compile's Python time: once is enough).
+    Two kernels are the same when the functions emitted for them print the same text
+    once their own names are replaced by their order of definition: the text holds
+    everything the code depends on, and leaves out only what a launch site passes (the
+    buffers' addresses), so the test is exact (docs/architecture.md, section 4). A kernel
+    launched from several sites is `noinline`; `texts` keeps each kept function's
+    printed text for `module_split` (printing is a large part of a compile's Python time).
     """
 
     def __init__(self, module: ir.Module) -> None:
@@ -673,9 +663,7 @@ class KernelMerger:
             del self.module.globals[function.name]
         self.merged += 1
         # LLVM would inline the launcher at every site and optimize `entry`'s copies
-        # again (serial kernels' loops included); called instead, the kernel is
-        # optimized once. The Transformer step: LLVM CPU 853 -> 822 ms (median of 5),
-        # one run of the cluster unchanged (a call per launch).
+        # again (serial kernels' loops included); called instead, it is optimized once.
         if "noinline" not in earlier.attributes:
             earlier.attributes.add("noinline")
             self.texts[earlier.name] = str(earlier)
