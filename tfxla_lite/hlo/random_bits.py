@@ -1,28 +1,11 @@
 """HLO `rng-bit-generator`: shape rule and NumPy reference, bit for bit as XLA's CPU backend.
 
 `(u64[s], T[dims]) rng-bit-generator(u64[s] state), algorithm=rng_philox` returns the next
-state and an array of random bits. XLA's CPU compiler expands it with
-`RngBitGeneratorExpander` (defaulting `rng_default` to Philox) into the generators of
-`xla/hlo/builder/lib/prng.cc`; this reference follows them:
-
-- The state's first word is the key; the key stays and the rest advances.
-- Philox4x32-10 (`rng_philox`, `rng_default`): a 128-bit counter, from `state[1:3]`
-  (low word first) for a state of 3 words, or `(state[1], state[0])` for 2 (XLA reverses
-  the state; only the low word is written back). Counter `c + i` (i = 0, 1, ...) gives
-  four u32 lanes; 32-bit outputs take element j from lane j % 4 of counter j // 4, and
-  64-bit outputs join lanes (0, 1) and (2, 3), element j from pair j % 2 of counter
-  j // 2. The counter advances by the counters used.
-- ThreeFry2x32-20 (`rng_three_fry`, state of 2 words): a 64-bit counter `state[1]`.
-  64-bit outputs: element j (row-major) hashes counter `c + j`, low and high halves
-  joined. 32-bit outputs: the shape is halved along its first even dimension (else its
-  largest, rounded up) and element (.., p, ..) takes half p % 2 of the hash of the
-  half-shape element (.., p // 2, ..); a scalar takes half 0 of counter c. The counter
-  advances by the elements hashed.
-- 8- and 16-bit outputs are the 32-bit ones truncated, as XLA does.
-
-The outputs are unsigned or signed integers of 8 to 64 bits (signed ones are the same
-bits). Used by `opcodes.py`, `evaluator.py` and the CPU kernel
-(`codegen/cpu/random_bits.py`), which computes the same functions.
+state and an array of random bits (unsigned or signed integers of 8 to 64 bits), as XLA's
+`RngBitGeneratorExpander` expands it into the generators of `prng.cc` (Philox4x32-10 by
+default, ThreeFry2x32-20). How the state, counters and lanes map to elements:
+docs/architecture.md, "rng-bit-generator's bits". Used by `opcodes.py`, `evaluator.py`
+and the CPU kernel (`codegen/cpu/random_bits.py`), which computes the same functions.
 """
 
 from __future__ import annotations
