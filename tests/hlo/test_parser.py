@@ -243,7 +243,7 @@ ENTRY e {
     ("negate(p)", "negate(q)", "operand %q is not defined", 4),
     ("negate(p)", "negate(p", "',' or ')' between operands", 5),
     ("f32[2]{0} parameter", "c64[2]{0} parameter", "unknown element type 'c64'", 3),
-    ("f32[2]{0} parameter", "f32[<=2]{0} parameter", "dynamic dimensions", 3),
+    ("f32[2]{0} parameter", "f32[?]{0} parameter", "unbounded dynamic dimensions", 3),
     ("f32[2]{0} negate", "f32[2]{1} negate", "not a permutation", 4),
     ("parameter(0)", "parameter(x)", "expected a parameter number", 3),
     ("ROOT n", "ROOT p", "defined twice", 4),

@@ -177,8 +177,10 @@ def _convert_to_same(comp: Computation, x: Instruction) -> Instruction:
 @build(F32)
 def _barrier_of_set_size(comp: Computation, x: Instruction) -> Instruction:
     size = comp.create("get-dimension-size", [x], dimensions=(0,))
+    # Printed static, as XLA's builder does for the static size (a dynamic result is the
+    # dynamic padder's, not simplify's).
     return comp.create("opt-barrier", [comp.create("set-dimension-size", [x, size],
-                                                   dimensions=(0,))])
+                                                   shape=x.shape, dimensions=(0,))])
 
 
 @build(F32)

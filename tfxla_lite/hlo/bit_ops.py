@@ -13,12 +13,13 @@
   subnormals) flush to a zero of the same sign; NaN stays the same NaN when `m > 0`
   and becomes +inf when `m = 0`. Bits the type does not have (e or m at least its own)
   leave `x` as is in that respect.
-- `get-dimension-size(x), dimensions={d}`: `x`'s dimension d as an s32 scalar. Shapes
-  here are static, so it is a constant.
-- `set-dimension-size(x, n), dimensions={d}`: in XLA, marks dimension d of `x` as
-  dynamic with `n` valid elements. The IR has static shapes only: the result is `x`
-  itself (its shape unchanged), and `n` is not read. XLA prints such results with a
-  dynamic dimension (`f32[<=4]`), which the parser refuses.
+- `get-dimension-size(x), dimensions={d}`: `x`'s dimension d as an s32 scalar: its
+  size at run time where d is dynamic, else a constant.
+- `set-dimension-size(x, n), dimensions={d}`: `x` with dimension d dynamic, bounded by
+  its size in `x`, and `n` elements valid (XLA's `f32[<=4]`). The evaluator's value is
+  the first `n` (an `n` outside [0, size] is refused: XLA leaves it undefined);
+  compiled code keeps `x`'s buffer and `n` as a value (`dynamic_padder.py`). A result
+  printed static (XLA's builder does so for the static size) is `x`, `n` unread.
 - `opt-barrier(x)`: XLA's optimization barrier, which only orders scheduling; the value
   is `x` (an array or a tuple).
 
@@ -166,8 +167,7 @@ def set_dimension_size_shape(shapes: list[Shape], attributes: Mapping[str, Any])
             or shapes[1].element_type not in INTEGER_TYPES:
         raise BitOpShapeError(f"set-dimension-size takes an array and an integer scalar, "
                               f"got {shapes}")
-    dimension_of(shapes[0], attributes, "set-dimension-size")
-    return shapes[0]
+    return shapes[0].with_dynamic(dimension_of(shapes[0], attributes, "set-dimension-size"))
 
 
 def optimization_barrier_shape(shapes: list[Shape], attributes: Mapping[str, Any]) -> Shape:
@@ -186,7 +186,18 @@ def _reduce_precision(inst: Instruction, operands: Sequence[Any]) -> np.ndarray:
 
 def _get_dimension_size(inst: Instruction, operands: Sequence[Any]) -> np.ndarray:
     dimension = dimension_of(inst.operand(0).shape, inst.attributes, "get-dimension-size")
-    return np.array(inst.operand(0).shape.dims[dimension], dtype=np.int32)
+    return np.array(np.shape(operands[0])[dimension], dtype=np.int32)  # a dynamic size
+
+
+def _set_dimension_size(inst: Instruction, operands: Sequence[Any]) -> np.ndarray:
+    x, size = np.asarray(operands[0]), int(operands[1])
+    dimension = dimension_of(inst.operand(0).shape, inst.attributes, "set-dimension-size")
+    if not inst.shape.is_dynamic_dimension(dimension):
+        return x  # a static result (XLA's builder, for the static size): the size unread
+    if not 0 <= size <= x.shape[dimension]:
+        raise ValueError(f"set-dimension-size %{inst.name}: size {size} outside "
+                         f"[0, {x.shape[dimension]}] of dimension {dimension}")
+    return x[(slice(None),) * dimension + (slice(0, size),)]
 
 
 def _first_operand(inst: Instruction, operands: Sequence[Any]) -> Any:
@@ -196,4 +207,4 @@ def _first_operand(inst: Instruction, operands: Sequence[Any]) -> Any:
 # The evaluator's references of these opcodes (`evaluator.REFERENCES`).
 REFERENCES = {"bitcast-convert": _bitcast_convert, "reduce-precision": _reduce_precision,
               "get-dimension-size": _get_dimension_size,
-              "set-dimension-size": _first_operand, "opt-barrier": _first_operand}
+              "set-dimension-size": _set_dimension_size, "opt-barrier": _first_operand}

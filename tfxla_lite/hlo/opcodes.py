@@ -126,6 +126,9 @@ def _same_arrays(shapes: list[Shape], opcode: str) -> Shape:
     for s in shapes:
         _require(not s.is_tuple, f"{opcode} takes arrays, got {s}")
         _require(s.dims == first.dims, f"{opcode} operands differ in dims: {shapes}")
+    if any(s.dynamic for s in shapes):  # a dimension dynamic in any operand is (XLA)
+        flags = tuple(any(s.is_dynamic_dimension(d) for s in shapes) for d in range(first.rank))
+        return Shape(first.element_type, first.dims, None, flags)
     return first
 
 
@@ -213,13 +216,14 @@ def _reduce_rule(shapes: list[Shape], attributes: Mapping[str, Any]) -> Shape:
     _require(len(shapes) % 2 == 0 and shapes, "reduce takes inputs then as many init values")
     n = len(shapes) // 2
     inputs, inits = shapes[:n], shapes[n:]
-    _same_arrays(inputs, "reduce")
+    merged = _same_arrays(inputs, "reduce")
     dims = set(attributes["dimensions"])
     _require(all(0 <= d < inputs[0].rank for d in dims), f"reduce dimensions {dims}")
     for init in inits:
         _require(init.dims == (), "reduce init values are scalars")
     kept = tuple(d for i, d in enumerate(inputs[0].dims) if i not in dims)
-    results = [Shape(init.element_type, kept) for init in inits]
+    dynamic = tuple(merged.is_dynamic_dimension(i) for i in range(merged.rank) if i not in dims)
+    results = [Shape(init.element_type, kept, None, dynamic) for init in inits]
     return results[0] if n == 1 else Shape.tuple_of(results)
 
 

@@ -18,7 +18,7 @@ each piece: layouts are read and dropped (a `bitcast` between non-default layout
 the row-major transpose, reshape and transpose that read the same bytes), attributes the
 IR has no meaning for are kept verbatim as `RawAttribute`s, unknown opcodes parse into
 instructions the verifier refuses, and elided constants, exotic element types and
-dynamic dimensions are refused.
+unbounded dynamic dimensions (`f32[?]`) are refused; bounded ones (`f32[<=8]`) are read.
 
 Every malformed input raises `ParseError` (a `ValueError`) with the line, the
 column and the offending text under a caret; nothing else escapes the parser.
@@ -229,10 +229,12 @@ class _Parser:
             raise self.error("expected a shape")
         element_type = match.group(1)
         dims: list[int] = []
+        dynamic: list[bool] = []
         if not s.accept("]"):
             while True:
-                if s.peek("<=") or s.peek("?"):
-                    raise self.error("not supported: dynamic dimensions")
+                if s.peek("?"):
+                    raise self.error("not supported: unbounded dynamic dimensions")
+                dynamic.append(s.accept("<="))
                 dims.append(s.integer("a dimension size"))
                 if s.accept("]"):
                     break
@@ -241,7 +243,7 @@ class _Parser:
             raise ParseError(f"rank {len(dims)} is over {MAX_NESTING}", self.text, start)
         layout, tiling = self.layout(len(dims)) if self._layout_follows() else (None, "")
         try:
-            shape = Shape(element_type, tuple(dims))
+            shape = Shape(element_type, tuple(dims), None, tuple(dynamic))
         except ValueError as error:
             raise ParseError(f"not supported: {error}", self.text, start) from None
         return shape, layout, tiling

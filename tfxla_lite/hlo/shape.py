@@ -4,6 +4,11 @@ The first stop of the data flow's compiler core: every instruction of an
 `HloModule` carries a `Shape`, and every layer below (passes, codegen, the
 runtime) reads sizes and NumPy dtypes from here. Layouts are always XLA's
 default (row-major, printed `{rank-1,...,0}`): this project never changes them.
+
+A dimension may be dynamic with a bound, as XLA prints after `set-dimension-size`
+(`f32[<=8,4]`): `dims` holds the bound, which sizes the buffer, and `dynamic` says
+which dimensions are dynamic; the size itself is a value at run time (the evaluator's
+arrays are that size; compiled code carries it as an s32, `dynamic_padder.py`).
 """
 
 from __future__ import annotations
@@ -79,12 +84,19 @@ class Shape:
     element_type: str
     dims: tuple[int, ...] = ()
     tuple_shapes: tuple[Shape, ...] | None = None
+    # One flag per dimension, True where `dims` is a dynamic dimension's bound; () when
+    # every dimension is static (so static shapes compare and hash as before).
+    dynamic: tuple[bool, ...] = ()
 
     def __post_init__(self) -> None:
         if self.tuple_shapes is None:
             if self.element_type not in _NUMPY_DTYPES:
                 raise ValueError(f"unknown element type {self.element_type!r}")
             object.__setattr__(self, "dims", tuple(int(d) for d in self.dims))
+            dynamic = tuple(bool(f) for f in self.dynamic)
+            if dynamic and len(dynamic) != len(self.dims):
+                raise ValueError(f"{len(dynamic)} dynamic flags for {len(self.dims)} dims")
+            object.__setattr__(self, "dynamic", dynamic if any(dynamic) else ())
             if any(d < 0 for d in self.dims):
                 raise ValueError(f"negative dimension in {self.dims}")
             count = math.prod(self.dims)
@@ -95,7 +107,7 @@ class Shape:
                     f"elements ({count * _NUMPY_DTYPES[self.element_type].itemsize} bytes): "
                     f"an array holds at most 2^63-1 elements and bytes")
             self.__dict__["num_elements"] = count  # the cached_property's slot
-        elif self.element_type != "tuple" or self.dims:
+        elif self.element_type != "tuple" or self.dims or self.dynamic:
             raise ValueError("a tuple shape has element_type 'tuple' and no dims")
 
     @staticmethod
@@ -113,6 +125,39 @@ class Shape:
     @property
     def is_tuple(self) -> bool:
         return self.tuple_shapes is not None
+
+    def is_dynamic_dimension(self, dimension: int) -> bool:
+        return bool(self.dynamic) and self.dynamic[dimension]
+
+    @cached_property
+    def is_dynamic(self) -> bool:
+        """Whether this shape, or a shape in this tuple, has a dynamic dimension."""
+        if self.tuple_shapes is not None:
+            return any(s.is_dynamic for s in self.tuple_shapes)
+        return bool(self.dynamic)
+
+    def with_dynamic(self, dimension: int, dynamic: bool = True) -> Shape:
+        """This array shape with `dimension` made dynamic (bounded by its size) or static."""
+        self._require_array()
+        flags = list(self.dynamic or (False,) * len(self.dims))
+        flags[dimension] = dynamic
+        return Shape(self.element_type, self.dims, None, tuple(flags))
+
+    def static(self) -> Shape:
+        """The shape with every dynamic dimension at its bound, static (tuples too)."""
+        if self.tuple_shapes is not None:
+            return Shape.tuple_of([s.static() for s in self.tuple_shapes])
+        return self if not self.dynamic else Shape(self.element_type, self.dims)
+
+    def admits(self, dims: tuple[int, ...]) -> bool:
+        """Whether an array of `dims` is a value of this array shape: static dimensions
+        equal, dynamic ones at most their bound."""
+        if len(dims) != len(self.dims):
+            return False
+        if not self.dynamic:
+            return tuple(dims) == self.dims
+        return all(0 <= d <= bound if flag else d == bound
+                   for d, bound, flag in zip(dims, self.dims, self.dynamic, strict=True))
 
     @property
     def rank(self) -> int:
@@ -139,10 +184,11 @@ class Shape:
         return self.num_elements * self.numpy_dtype.itemsize
 
     def with_dims(self, dims: tuple[int, ...] | list[int]) -> Shape:
+        """A static shape of this element type and `dims`."""
         return Shape(self.element_type, tuple(dims))
 
     def with_element_type(self, element_type: str) -> Shape:
-        return Shape(element_type, self.dims)
+        return Shape(element_type, self.dims, None, self.dynamic)
 
     def _require_array(self) -> None:
         if self.tuple_shapes is not None:
@@ -166,7 +212,9 @@ class Shape:
     def _spelled(self, layout: bool) -> str:
         if self.tuple_shapes is not None:
             return "(" + ", ".join(s.to_text(layout) for s in self.tuple_shapes) + ")"
-        text = f"{self.element_type}[{','.join(map(str, self.dims))}]"
+        sizes = (f"<={d}" if flag else str(d)
+                 for d, flag in zip(self.dims, self.dynamic or (False,) * len(self.dims)))
+        text = f"{self.element_type}[{','.join(sizes)}]"
         if layout and self.dims:
             text += "{" + ",".join(str(d) for d in reversed(range(len(self.dims)))) + "}"
         return text

@@ -8,6 +8,7 @@ name to its class.
 
 from __future__ import annotations
 
+from tfxla_lite.hlo.dynamic_padder import pad_dynamic
 from tfxla_lite.hlo.ir import HloModule
 from tfxla_lite.hlo.verifier import VerificationError, verify
 from tfxla_lite.passes.base import Pass
@@ -102,6 +103,9 @@ def optimize(module: HloModule, pipeline: str = DEFAULT_PIPELINE,
     caller's loop or branch says (`codegen/cpu/control_flow.py`)."""
     if verify:
         _verify(module, "before the pipeline")
+    # Dynamic dimensions become buffers at their bound and sizes as values, first: the
+    # passes and backends know static shapes only (a dynamic result is refused here).
+    pad_dynamic(module)
     for hlo_pass in parse_pipeline(pipeline):
         hlo_pass.run(module)
         if verify:

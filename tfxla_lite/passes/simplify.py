@@ -295,8 +295,11 @@ def _fold_broadcast_scalars(inst: Instruction) -> Instruction | None:
 
 @_rewrite("opt-barrier", "set-dimension-size")
 def _pass_through(inst: Instruction) -> Instruction | None:
-    """opt-barrier(x) → x, set-dimension-size(x, n) → x: values unchanged (static shapes;
-    the barrier only orders XLA's scheduling, and this pipeline keeps data order)."""
+    """opt-barrier(x) → x, set-dimension-size(x, n) → x: values unchanged (static shapes,
+    once `dynamic_padder` has run; the barrier only orders XLA's scheduling, and this
+    pipeline keeps data order)."""
+    if inst.shape.is_dynamic:
+        return None  # its size is the padder's to carry, not dropped here
     return inst.operand(0)
 
 
@@ -304,6 +307,8 @@ def _pass_through(inst: Instruction) -> Instruction | None:
 def _dimension_size(inst: Instruction) -> Instruction | None:
     """get-dimension-size(x) → the constant dimension (static shapes)."""
     (dimension,) = inst.attributes["dimensions"]
+    if inst.operand(0).shape.is_dynamic_dimension(dimension):
+        return None  # a size known at run time only
     return _splat(inst, inst.operand(0).shape.dims[dimension])
 
 
