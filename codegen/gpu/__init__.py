@@ -2,7 +2,8 @@
 
 Takes the same optimized, fused, buffer-assigned HLO module as the CPU backend
 (`tfxla_lite.codegen.cpu`). Layout: `cuda_source.py` (types, literals, the prelude),
-`elemental.py` and `data_movement.py` (element generators, one per opcode: `EMITTERS`),
+`elemental.py`, `data_movement.py` and `bit_ops.py` (element generators, one per opcode:
+`EMITTERS`),
 `kernel_plan.py` (the plan of one kernel), `kernels.py` (which template each kernel uses,
 launch geometry; `sort.py` for sort and topk), `row_groups.py` (consecutive kernels over
 the same rows merged into one), `templates.py` and the modules beside it (`transpose.py`,

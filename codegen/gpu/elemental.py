@@ -127,8 +127,7 @@ NO_ELEMENT_GENERATOR: dict[str, str] = {
     **dict.fromkeys(("tuple", "get-tuple-element"), "names for buffers, no computation"),
     "fusion": "a kernel (kernels.py); nested fusions are not supported",
     **dict.fromkeys(("while", "conditional", "call", "cholesky", "triangular-solve",
-                     "rng-bit-generator", "bitcast-convert", "reduce-precision",
-                     "get-dimension-size", "set-dimension-size", "opt-barrier"),
+                     "rng-bit-generator"),
                     "GPU: not supported, the CPU backend compiles it"),
 }
 

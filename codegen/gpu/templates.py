@@ -12,7 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from tfxla_lite.codegen.gpu import convolution, data_movement  # noqa: F401  (generators)
+from tfxla_lite.codegen.gpu import (  # noqa: F401  (generators)
+    bit_ops,
+    convolution,
+    data_movement,
+)
 from tfxla_lite.codegen.gpu.cuda_source import Writer, compute_type, storage_type, to_storage
 from tfxla_lite.codegen.gpu.elemental import Index, KernelContext, ModuleTables
 from tfxla_lite.codegen.gpu.kernel_plan import KernelPlan
@@ -128,6 +132,8 @@ def _loop_function(name: str, inst: Instruction, root: Instruction, params: list
         arrays = [(p, o) for p, o in _reads(inst) if o.shape.dims]
         vectors = {}
         for param, operand in arrays:
+            if id(param) in vectors:  # read twice (add(x, x)): one load
+                continue
             vector = w.fresh("q")
             w.line(f"const float4 {vector} = reinterpret_cast<const float4*>"
                    f"({names[id(operand)]})[i];")

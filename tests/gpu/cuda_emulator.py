@@ -86,6 +86,9 @@ inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 inline double rsqrt(double x) { return 1.0 / sqrt(x); }
 inline float __int_as_float(int x) { float f; std::memcpy(&f, &x, 4); return f; }
 inline double __longlong_as_double(long long x) { double d; std::memcpy(&d, &x, 8); return d; }
+inline long long __double_as_longlong(double x) { long long l; std::memcpy(&l, &x, 8); return l; }
+inline unsigned int __float_as_uint(float x) { unsigned int u; std::memcpy(&u, &x, 4); return u; }
+inline float __uint_as_float(unsigned int u) { float f; std::memcpy(&f, &u, 4); return f; }
 
 struct __half { uint16_t bits; };
 inline float __half2float(__half h) { _Float16 f; std::memcpy(&f, &h.bits, 2); return (float)f; }
@@ -94,6 +97,7 @@ inline __half __float2half_rn(float x) {
 inline __half __double2half(double x) {
   _Float16 f = (_Float16)x; __half h; std::memcpy(&h.bits, &f, 2); return h; }
 inline __half __ushort_as_half(unsigned short bits) { __half h; h.bits = bits; return h; }
+inline unsigned short __half_as_ushort(__half h) { return h.bits; }
 
 struct __nv_bfloat16 { uint16_t bits; };
 inline float __bfloat162float(__nv_bfloat16 h) {
@@ -106,6 +110,7 @@ inline __nv_bfloat16 __float2bfloat16_rn(float x) {
 }
 inline __nv_bfloat16 __double2bfloat16(double x) { return __float2bfloat16_rn((float)x); }
 inline __nv_bfloat16 __ushort_as_bfloat16(unsigned short bits) { return {bits}; }
+inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 h) { return h.bits; }
 
 // Counts the row kernels' 16-byte vector loads and stores (`tl_load_vector`,
 // `tl_store_vector`) and those at an address that is not 16-byte aligned, which a GPU
