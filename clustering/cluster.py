@@ -1,25 +1,12 @@
 """Cluster formation: contract edges between compilable ops without creating cycles.
 
-The second step of clustering (mark → cluster → lower), after TF's
-mark_for_compilation_pass: start with one cluster per compilable op, and contract an
-edge u→v (data or control) between two clusters on the same device only when no
-other path u⇝v exists, since contracting it would then make a cycle through the
-ops on that path. Repeat until nothing changes, then drop small clusters. Pass-through
-ops with control inputs (a returned Identity waiting for variable writes) contract only
-after that fixed point (`form_clusters` says why), then contraction runs to a new one.
-
-Const ops take no part in contraction unless they have control inputs: their value
-is known, so every cluster that reads one embeds it as an HLO constant (`lower.py`)
-instead of taking it as an input. A Const whose consumers all ended up in one cluster
-(and that has no control inputs) is listed among that cluster's ops, so that the graph
-rewrite removes it.
-
-Clusters that no path joins then merge into one (`merge_independent_clusters`): each
-is a launch op otherwise, and a training step's per-variable optimizer updates are
-many such.
-
-Size: a cluster's size counts its ops except Const and pass-through Identity-like
-ops (`TRIVIAL_OPS`), so a cluster of only those is never formed.
+The step after marking, as TF's mark_for_compilation_pass: one cluster per compilable
+op, then an edge u→v between clusters on one device is contracted only when no other
+path u⇝v exists, to a fixed point; small clusters (by ops other than `TRIVIAL_OPS`)
+are dropped. Consts never join by contraction (a Const read by one cluster is absorbed,
+its value embedded); a pass-through op with control inputs joins only after the fixed
+point. Clusters that no path joins then merge into one launch
+(`merge_independent_clusters`). docs/architecture.md, section 2.
 """
 
 from __future__ import annotations

@@ -1,31 +1,12 @@
 """CPU kernels with several outputs: multi-output fusions and variadic reduces.
 
-Where it sits: `compiler.emit_kernel` hands every entry instruction whose result is a
-tuple here (a fusion whose root is a `tuple`, made by the `multi-output-fusion`
-pass or printed by TF's XLA, and a variadic reduce, fused or not). The kernel takes
-one output pointer per leaf of the result (in flat order, as buffer assignment gives
-each leaf its slice), then one pointer per operand:
-`void kernel(out_0, ..., out_k, in_0, ..., in_n)`.
-
-Two shapes of kernel, chosen from the leaves' producers:
-
-- *loop*: no leaf is a reduce; every leaf has the same dimensions. One loop over
-  them computes every leaf at an index (shared producers and operand loads once,
-  through the context's memo) and then stores them all, so a leaf may overwrite an
-  operand in place (buffer assignment allows it only for elementwise reads).
-- *reduction*: some leaves are results of reduces (single or variadic) with the
-  same input dimensions and reduced dimensions; the other leaves are elementwise
-  values of the input's shape (a producer whose result is also needed outside), or
-  row-major reshapes of such values, stored by their linear index.
-  Row reductions compute each output row whole (its input-shaped leaves first, then
-  the reduces, which read those back from the row just stored); column reductions
-  accumulate whole rows of the kept minor dimensions (`column_reduction.py`), or, in
-  other layouts, walk the input once in row-major order, folding into every output;
-  both store the input-shaped leaves as they go. Big full reductions are split into
-  fixed chunks, as single reduces are.
-
-Parallel partitions split output rows, input columns or chunks, never one
-element's fold, so results do not depend on the thread count.
+`compiler.emit_kernel` hands every entry instruction with a tuple result here. The
+kernel takes one output pointer per leaf, then one per operand. A *loop* kernel (no
+reduce among the leaves, all of one shape) computes every leaf at an index, then stores
+them; a *reduction* kernel (reduces of one input shape, plus input-shaped leaves)
+computes row reductions row by row, column reductions by rows (`column_reduction.py`)
+and big full reductions in fixed chunks. Partitions never split one element's fold, so
+results do not depend on the thread count. docs/architecture.md, section 4.
 """
 
 from __future__ import annotations
