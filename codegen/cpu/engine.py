@@ -88,14 +88,10 @@ def optimize(module: llvm.ModuleRef, speed_level: int = 3) -> None:
     """Run LLVM's default O`speed_level` pipeline with loop and SLP vectorization, without
     the loop unroller.
 
-    The unroller fully unrolled every vectorized row loop of a known trip count (a
-    [128,512] bias-add-relu: 8 iterations of 4 interleaved 16-lane vectors, then
-    multiversioned for aliasing) and made the Keras MLP step's IR 7x larger: 1.19 MB
-    instead of 164 KB, 1.07 s of MCJIT code generation instead of 0.09 s, 2.4 s of its
-    first call instead of 0.35 s. Kernels run no slower without it (interleaved
-    medians: the MLP step, MLP, MLP inference, attention, GELU, reduce_sum and layer
-    norm within 2%, softmax 4096x1024 8% faster): the vectorizer still interleaves 4
-    vectors per iteration.
+    The unroller fully unrolled every vectorized row loop of a known trip count, which
+    multiplied IR size and code generation time with kernels no faster (the vectorizer
+    still interleaves 4 vectors an iteration): docs/benchmarks.md, "LLVM's loop
+    unroller is off".
     """
     machine = _optimizing_machine()
     module.triple, module.data_layout = _host()

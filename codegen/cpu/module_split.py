@@ -27,14 +27,12 @@ _ADDRESS_TAKEN = re.compile(
 
 # A cut whose largest part holds more than this share of the IR is not made: the
 # threads would save less than a quarter of the optimization's time, and the parts'
-# own cost (contexts, the bitcode link, a thread's start) takes most of that (softmax:
-# one task holding 96% of the module, 50 ms slower in parts).
+# own cost (contexts, the bitcode link, a thread's start) takes most of that.
 MAX_LARGEST_SHARE = 0.75
 # Units are packed by IR size plus this much per unit: LLVM's time is not proportional
-# to IR text. Each task's loops cost the vectorizer and the code generator about as much
-# as 6 KB of `entry`'s straight-line launches (the MLP step's parts at the quick tier:
-# `entry` alone, 39 KB, 35 ms; its 11 tasks, 2-4.5 KB each, 6-11 ms each alone and 77 ms
-# together; packed by size alone the second part took 2.2x the first's time).
+# to IR text, and each task's loops cost the vectorizer and the code generator about as
+# much as 6 KB of `entry`'s straight-line launches (docs/benchmarks.md, "Big modules in
+# parts").
 UNIT_BYTES = 6 * 1024
 
 
