@@ -173,12 +173,6 @@ _SWITCH_READINGS: dict[str, tuple[str, Callable[[str], Any]]] = {
 SWITCH_VARIABLES = {name: variable for name, (variable, _) in _SWITCH_READINGS.items()}
 
 
-def environment_switches() -> dict[str, Any]:
-    """The values the switches' environment variables ask for, read now."""
-    return {name: read(os.environ[variable])
-            for name, (variable, read) in _SWITCH_READINGS.items() if variable in os.environ}
-
-
 def switch(name: str, options: Options | None = None) -> Any:
     """Compile switch `name` (a key of `options.SWITCH_DEFAULTS`): `options`' own value
     when set, else the process's (`TFXLA_LITE_FLAGS`, `set_options`), else its variable's
