@@ -30,8 +30,8 @@ from tfxla_lite.clustering.body_graphs import used_functions
 from tfxla_lite.clustering.inline import without_colocation_outside
 
 LAUNCH_OP_TYPE = "TfxlaLiteLaunch"
-# The launch of a cluster that writes variables: the same kernel, stateful (TF neither
-# prunes it nor calls a function holding it as stateless).
+# The launch of a cluster that reads or writes variables: the same kernel, stateful (TF
+# neither prunes it nor calls a function holding it as stateless).
 VARIABLE_LAUNCH_OP_TYPE = "TfxlaLiteVariableLaunch"
 LAUNCH_OP_TYPES = frozenset({LAUNCH_OP_TYPE, VARIABLE_LAUNCH_OP_TYPE})
 COMPILE_OP_TYPE = "TfxlaLiteCompile"
