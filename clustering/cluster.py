@@ -243,19 +243,12 @@ def merge_independent_clusters(groups: list[list[str]], dependencies: nx.DiGraph
                                max_size: int | None) -> list[list[str]]:
     """Merge clusters that no path joins, in either direction, into one launch each.
 
-    Contraction only joins ops along edges, so independent work (each variable's
-    optimizer update, reading the variables TF updated before it) forms one small
-    cluster apiece, each a launch op, a TF executor hop and an allocation per step.
-    Merging two clusters makes a cycle exactly when a path leads from one to the
-    other, so a cluster joins the first earlier group (in topological order) that it
-    neither reaches nor is reached from, on the same device and within `max_size`.
-    Only clusters whose shapes are all static merge: one with unknown dimensions
-    compiles per input shape, and would drag its partner's compile along.
-
-    Reachability is kept transitively closed over the groups as they merge: `reach[g]`
-    is a bit set of the clusters reachable from group g (through any ops), so that a
-    merge adds to it what its partner reaches, and every group reaching either side
-    then reaches all of that.
+    Independent work (each variable's optimizer update) would otherwise be a launch op
+    apiece. A cluster joins the first earlier group (topological order) it neither
+    reaches nor is reached from, on the same device and within `max_size`; clusters with
+    unknown dimensions stay apart. `reach[g]`, a bit set of the clusters reachable from
+    group g, is kept transitively closed as groups merge, so no merge closes a cycle
+    through a third cluster (docs/architecture.md, section 2).
     """
     if len(groups) < 2:
         return groups

@@ -169,19 +169,12 @@ class WhileLoopInvariantCodeMotion(Pass):
     nothing that depends only on loop-invariant state and constants when moving it is
     worth it.
 
-    The rule (XLA's `WhileLoopInvariantCodeMotion`): a loop-invariant state element is
-    one the body's root returns unchanged (the parameter's own element at the same
-    tuple position). An instruction of the body is invariant when every operand is an
-    invariant element, a constant or another invariant instruction, and it has no
-    effect (not control flow, a call, a custom call, random numbers, I/O or a
-    collective). It is hoisted, with the invariant instructions it reads, when it is
-    worth it: not one of the cheap shape ops (constant, broadcast, iota, reshape,
-    transpose, slice, copy, convert, pad, concatenate, dynamic-slice, ...), which the
-    fusion pass folds into their readers anyway and which hoisted would often make the
-    loop state bigger, and its result no bigger than its operands together (hoisting
-    adds its result to the loop state for every iteration's reads). Each hoisted value
-    that body code still reads becomes a new loop-invariant element of the state.
-    Only loops whose body and condition no other instruction calls are changed.
+    As XLA's `WhileLoopInvariantCodeMotion`: an effect-free instruction of the body whose
+    operands are invariant state elements (returned unchanged by the root), constants or
+    other invariant instructions is hoisted with them, unless it is a cheap shape op
+    fusion would fold into its readers, or its result is bigger than its operands (it
+    joins the loop state). Only loops no other instruction calls are changed
+    (docs/architecture.md, `while-licm`).
     """
 
     name: ClassVar[str] = "while-licm"

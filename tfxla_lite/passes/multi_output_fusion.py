@@ -287,20 +287,12 @@ class MultiOutputFusion(Pass):
 class _Scale:
     """Weighs merges of an entry computation by the temp arena each leaves.
 
-    Merging two kernels makes their results live from one point: a sibling merge of
-    two transposes of x read by kernels far apart keeps both transposes live at once,
-    and a producer-consumer merge keeps the producer's operands live until the
-    consumer runs. As XLA's multi-output fusion refuses fusions that grow peak memory,
-    a merge is allowed only when the arena after it (on a copy of the entry, through
-    the rest of the pipeline's buffer work: output copies, the memory scheduler,
-    buffer assignment) is no larger than before, or than `slack` more than the arena
-    before the first merge; reading a shared operand once is then free. Weighing costs
-    a schedule of the whole entry, so: siblings whose temps are never live together in
-    the current plan are refused unweighed (merged, they would be); a pair once refused
-    stays refused for the rest of the run; the plan
-    made to weigh a merge that goes ahead is the entry's plan after it (`merged`: the
-    same instructions in the same order, planned again it would be the same); and once
-    the run has planned `budget` entry instructions, the merges left are refused.
+    A merge keeps values live at once that were not; as XLA refuses fusions that grow
+    peak memory, one is allowed only when the arena after it (planned on a copy through
+    the rest of the buffer work) is no larger than before, or within `slack` of the arena
+    before the first merge. Weighing costs a whole plan, so unweighable siblings, pairs
+    refused once and merges past `budget` planned instructions are refused, and a merge
+    that goes ahead keeps its plan (docs/architecture.md, `multi-output-fusion`).
     """
 
     def __init__(self, computation: Computation, budget: int, slack: float = 0.0) -> None:
