@@ -18,6 +18,7 @@ from tfxla_lite.codegen.gpu.cuda_source import prelude
 from tfxla_lite.codegen.gpu.elemental import ModuleTables
 from tfxla_lite.codegen.gpu.kernel_plan import KernelPlan
 from tfxla_lite.codegen.gpu.kernels import describe, plan_kernels, split_scratch
+from tfxla_lite.codegen.gpu.linalg_template import emit_linalg
 from tfxla_lite.codegen.gpu.multi_output import emit_multi_output
 from tfxla_lite.codegen.gpu.row_groups import merge_row_groups
 from tfxla_lite.codegen.gpu.sort import sort_scratch_bytes
@@ -68,7 +69,8 @@ class GpuProgram:
 # The template of each plan kind (a `dot` has none: it is a library call).
 KERNEL_TEMPLATES = {**TEMPLATES, "transpose": emit_transpose,
                     "column-reduction": emit_column_reduction,
-                    "multi-output": emit_multi_output, "sort": emit_sort, "topk": emit_sort}
+                    "multi-output": emit_multi_output, "sort": emit_sort, "topk": emit_sort,
+                    "linalg": emit_linalg}
 
 
 def emit_plan(plan: KernelPlan, assignment: Any, tables: ModuleTables) -> KernelSource:

@@ -98,7 +98,8 @@ def _unit(plan: KernelPlan) -> str:
     return {"loop": "elements", "dot-epilogue": "elements", "transpose": "32x32 tiles",
             "row-reduction": "rows", "row-fusion": "rows", "row-group": "rows",
             "split-reduction": "row chunks", "column-reduction": "outputs",
-            "sort": "rows", "topk": "rows"}.get(plan.kind, "units")
+            "sort": "rows", "topk": "rows", "linalg": "matrices or right-hand sides"
+            }.get(plan.kind, "units")
 
 
 def _team(plan: KernelPlan) -> str:
@@ -167,6 +168,10 @@ def why(plan: KernelPlan) -> str:
             return (head + f"a block of {plan.team} per row, each thread streams a strided "
                     "slice into its k best in shared memory, then the block merges them")
         return head + "one thread per row streams it into its k best (k too large for shared)"
+    if kind == "linalg":
+        per = "matrix" if inst.opcode == "cholesky" else "right-hand side"
+        return (f"a {inst.opcode} of {plan.rows} independent {per}(s): one thread each "
+                "substitutes in the reference's order (codegen/gpu/linalg.py)")
     root, computed = kernel_body(inst)
     if kind == "row-reduction":
         variadic = " (variadic: values and indices)" if root.shape.is_tuple else ""

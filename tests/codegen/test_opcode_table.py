@@ -22,6 +22,7 @@ from tfxla_lite.codegen.cpu import UNSUPPORTED_OPCODES, control_flow, elementwis
 from tfxla_lite.codegen.cpu import streaming as cpu_streaming
 from tfxla_lite.codegen.cpu.emitter import EMITTERS, KERNEL_EMITTERS, OWN_KERNELS
 from tfxla_lite.codegen.gpu import elemental
+from tfxla_lite.codegen.gpu.linalg import LINALG_OPCODES
 from tfxla_lite.codegen.gpu.sort import WHOLE_ROW_OPCODES
 from tfxla_lite.hlo import evaluator
 from tfxla_lite.hlo.ir import HloModule
@@ -53,7 +54,8 @@ class Registrations:
     cpu_own_kernels: Mapping[str, Any]
     cpu_control_flow: frozenset[str]
     cpu_unsupported: Mapping[str, str]
-    # GPU: element generators, whole-row kernels (sort.py), and the rest with a reason.
+    # GPU: element generators, kernels of their own (sort.py, linalg.py), and the rest
+    # with a reason.
     gpu_generators: Mapping[str, Any]
     gpu_whole_rows: frozenset[str]
     gpu_unsupported: Mapping[str, str]
@@ -62,7 +64,7 @@ class Registrations:
 def current() -> Registrations:
     return Registrations(OPCODES, evaluator.REFERENCES, EMITTERS, KERNEL_EMITTERS, OWN_KERNELS,
                          control_flow.OPCODES, UNSUPPORTED_OPCODES, elemental.EMITTERS,
-                         WHOLE_ROW_OPCODES, elemental.NO_ELEMENT_GENERATOR)
+                         WHOLE_ROW_OPCODES | LINALG_OPCODES, elemental.NO_ELEMENT_GENERATOR)
 
 
 def problems(r: Registrations) -> list[str]:
@@ -115,7 +117,7 @@ def _without(mapping: Mapping[str, Any], key: str) -> dict[str, Any]:
 @pytest.mark.parametrize(("field", "key"), [
     ("references", "tanh"), ("references", "scatter"), ("cpu_generators", "add"),
     ("cpu_own_kernels", "sort"), ("cpu_unsupported", "fusion"), ("gpu_generators", "gather"),
-    ("gpu_unsupported", "cholesky")])
+    ("gpu_unsupported", "while")])
 def test_a_missing_registration_is_found(field: str, key: str) -> None:
     """Plant a bug: the check fails when one registration is deleted (from a copy)."""
     r = current()

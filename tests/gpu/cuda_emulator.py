@@ -89,6 +89,8 @@ inline double __longlong_as_double(long long x) { double d; std::memcpy(&d, &x, 
 inline long long __double_as_longlong(double x) { long long l; std::memcpy(&l, &x, 8); return l; }
 inline unsigned int __float_as_uint(float x) { unsigned int u; std::memcpy(&u, &x, 4); return u; }
 inline float __uint_as_float(unsigned int u) { float f; std::memcpy(&f, &u, 4); return f; }
+inline float __fmul_rn(float a, float b) { volatile float p = a * b; return p; }
+inline double __dmul_rn(double a, double b) { volatile double p = a * b; return p; }
 
 struct __half { uint16_t bits; };
 inline float __half2float(__half h) { _Float16 f; std::memcpy(&f, &h.bits, 2); return (float)f; }
