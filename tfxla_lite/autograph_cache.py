@@ -132,7 +132,7 @@ def conversion_key(fn: Any, subkey: Any) -> str:
 def _source(fn: Any) -> str:
     """`fn`'s source as AutoGraph reads it (`inspect_utils.getimmediatesource`: the
     definition's block, `__wrapped__` ignored), without its walk over every loaded module
-    (3-9 ms with TF loaded; it only refreshes linecache for `functools.wraps` oddities);
+    (milliseconds with TF loaded; it only refreshes linecache for `functools.wraps` oddities);
     `linecache.checkcache` still re-reads a file edited since it was read. Given the
     function, not its code object: `inspect.getmodule` then finds the module by
     `__module__` instead of resolving the real path of every loaded module's file

@@ -294,8 +294,8 @@ def load_objects(objects: Collection[bytes], symbols: Collection[str] = ()
     for code in objects:
         engine.add_object_file(llvm.ObjectFileRef.from_data(code))
     # The empty module out before finalizing: MCJIT would otherwise set up its whole code
-    # generation pipeline for it, 1.1-1.6 ms of an engine's 1.5-2 ms load (a warm start
-    # loads one engine per cluster); finalizing still relocates the objects, registers
+    # generation pipeline for it, most of an engine's load (a warm start loads one
+    # engine per cluster); finalizing still relocates the objects, registers
     # their unwind tables and sets their pages' permissions.
     engine.remove_module(module)
     engine.finalize_object()

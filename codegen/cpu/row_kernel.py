@@ -448,8 +448,8 @@ def _reciprocal(ctx: KernelContext, root: Instruction, d: ir.Value) -> tuple[ir.
 
 def _keep_scalar(ctx: KernelContext, counter: ir.Value) -> None:
     """Keep LLVM's loop vectorizer off the loop whose induction variable is `counter`: a
-    loop only rare rows run, which vectorized (interleaved, with a remainder loop) cost
-    softmax's module 1.2-1.7 ms more LLVM time (3-4%) than its scalar form."""
+    loop only rare rows run, which vectorized (interleaved, with a remainder loop) costs
+    LLVM more time than its scalar form for no run-time gain."""
     loop_hint(ctx, counter, ("llvm.loop.vectorize.enable", ir.Constant(ir.IntType(1), 0)))
 
 
@@ -602,7 +602,7 @@ def _fold_vectors(ctx: KernelContext, opcode: str, element_type: str, row: ir.Va
     def tree(x: ir.Value, y: ir.Value) -> ir.Value:
         """A step of the tree over the accumulators and their lanes: a compare and select
         when `fast`, exact but for a zero's sign where the mask saw no NaN, as the steps
-        over the groups (`llvm.maximum` there cost LLVM 1-2 ms and the kernel 3%)."""
+        over the groups (`llvm.maximum` there cost LLVM time and made the kernel slower)."""
         if not fast:
             return combine(x, y)
         return b.select(b.fcmp_ordered(">" if opcode == "maximum" else "<", x, y), x, y)

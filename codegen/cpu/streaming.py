@@ -197,8 +197,7 @@ def _emit_whole_lines(ctx: KernelContext, output: ir.Value, shape: Shape, start:
     and copied out by `emit_lines`, its whole lines with streaming stores, the elements
     before the first and after the last line boundary with `memcpy` (none when the range
     starts on a line, as every row of a TF output does). No masked store and no shifted
-    fill are emitted, which LLVM paid for: layer norm 4096x1024's module 40 → 37 ms
-    (docs/benchmarks.md)."""
+    fill are emitted, which cost LLVM time (docs/benchmarks.md)."""
     b = ctx.builder
     size = element_bytes(shape)
     storage = storage_type(shape.element_type)
@@ -245,7 +244,7 @@ def emit_lines(ctx: KernelContext, output: ir.Value, shape: Shape, first: ir.Val
     range's elements from position 0) with `memcpy`: both parts empty when the range
     starts on a line; the whole range when the output is not even aligned to its element
     size. One line loop serves every alignment, and the partial lines cost a `memcpy`
-    each (a scalar loop there cost softmax's module 7 ms of LLVM). `count` must be at
+    each (a scalar loop there cost more LLVM time). `count` must be at
     least a line's elements (the head before the first line boundary is up to L - 1
     elements: a shorter range would make the line count wrap)."""
     b = ctx.builder
