@@ -3,29 +3,13 @@
 Run: .venv/bin/python -m benchmarks.memory_bound [--sizes 4,32,128] [--repeats N]
      [--burst-seconds S] [--quick] [--json PATH]
 
-Each workload, at each size (MB per tensor), runs under tf.function, TF's XLA
-(`jit_compile=True`) and tfxla-lite (`tl.function(jit_compile=True)`) in one process,
-next to a copy probe: `np.copyto` of one tensor's bytes into an array allocated once,
-i.e. a copy into memory that is already mapped. tfxla-lite runs in five output-memory
-modes, switched between bursts on the same machine code (`runtime.set_output_pool`):
-`pool` (the default: outputs from the launch op's pool, new blocks advised for huge
-pages), `pool-4k` (the pool without the huge-page advice), `fresh-2m` and `fresh-4k`
-(the pool capped at 0 bytes: every output a new mapping, as on a pool miss, with and
-without the advice) and `tf-alloc` (the pool off: every output from TF's allocator).
-Each repeat runs every variant in a rotated order, one untimed call then a burst of
-calls of at least `--burst-seconds`; printed are the medians over repeats of the time
-per call, the bandwidth (the bytes the workload must move: swish and RMSNorm read and
-write one tensor, Adam reads four and writes three), its share of the probe's bandwidth,
-and the minor page faults per call (`getrusage`, all threads). On a shared machine only
-ratios taken in one run mean something; the load average before and after is printed
-with them.
-
-Whether TF's own outputs fault depends on its CPU allocator: with oneDNN on (TF's
-default on x86 Linux) large tensors come from a BFC allocator that keeps its memory;
-with `TF_ENABLE_ONEDNN_OPTS=0` from malloc, which maps and unmaps every large block.
-The header says which.
-
-Goal (issue 19): tfxla-lite at >= 80% of the probe's bandwidth at every size.
+Each workload, at each size (MB per tensor), runs under tf.function, TF's XLA and
+tfxla-lite in one process beside an `np.copyto` copy probe; tfxla-lite in five
+output-memory modes (`LITE_MODES`, switched between bursts on the same machine code by
+`runtime.set_output_pool`). Each repeat runs every variant in a rotated order; printed
+are medians of the time per call, GB/s, the share of the probe and minor page faults
+per call, with the load average. What each mode means and the goal (>= 80% of the
+probe): docs/benchmarks.md, "Output memory", and docs/buffers.md.
 """
 
 from __future__ import annotations

@@ -1,24 +1,13 @@
 """Run the benchmark suite: `python -m benchmarks [--quick] [--out DIR] [WORKLOAD ...]`.
 
-For every workload (`benchmarks/workloads.py`), in one process and one run:
-
-1. first call (trace + compile + run) of TF's XLA and of tfxla-lite, with a cold
-   kernel cache (a private cache folder; the C++ launch op is reused), after one
-   trivial function compiled by each (`warm_up`: one-time costs are nobody's first
-   call), TF's in-process AutoGraph conversions forgotten before each (the one timed
-   second would otherwise reuse the first one's);
-2. time per call of tf.function, TF's XLA and tfxla-lite: medians of interleaved
-   repeats (`tfxla_lite.timing.compare`), so that all three see the same machine;
-3. achieved GB/s (memory-bound) or GFLOP/s against peaks measured in the same run:
-   a NumPy copy and add on all cores (bandwidth) and `tf.matmul` (compute); a
-   memory-bound workload is judged against a NumPy copy over 128 MiB arrays timed in
-   its own interleaved bursts (`BandwidthProbe`), so that both see one machine load;
-4. tfxla-lite's temp arena and how much of the function it compiled.
-
-Then two subprocesses run every workload's first call again, with an empty and then
-with the warm disk cache (`codegen/cache.py`): warm start against cold start.
-Results go to `<out>/latest.json` (default `benchmarks/results/`); the full run also
-writes the results section of `docs/benchmarks.md` and `docs/benchmarks.png`.
+For every workload (`benchmarks/workloads.py`), in one process: first calls of TF's XLA
+and tfxla-lite with a cold kernel cache (after `warm_up`), interleaved time per call of
+tf.function, TF's XLA and tfxla-lite (`tfxla_lite.timing.compare`), achieved rates
+against peaks measured in the same run (`BandwidthProbe` for memory-bound work), the
+temp arena and the compiled share; then cold and warm starts in subprocesses. Results
+go to `<out>/latest.json`; a full run also writes the results section of
+`docs/benchmarks.md` and `docs/benchmarks.png`. Each column's meaning: the top of
+docs/benchmarks.md.
 """
 
 from __future__ import annotations
