@@ -32,12 +32,12 @@ runs the op:
   features are at least WINDOW_FEATURES; other filter gradients from FILTER_FEATURES.
 
 Depthwise convolutions (multiplier 1) and their gradients run direct loops over the
-channels (`convolution_depthwise.py`): the forward and an unstrided backprop-input are
-compiled (1.03-4.1 of oneDNN on MobileNetV2's, 24×24 to 48×48 images), a filter
-gradient where the output has at most DEPTHWISE_PIXELS pixels per image (0.17-0.77 on
-larger ones, against 1.36 on one), a strided backprop-input (cut into phases, each a
-convolution of its own: 0.14-0.26) never. A grouped convolution (input depth a multiple
-of the filter's) is always compiled: TF's CPU kernels cannot run it at all.
+channels (`convolution_depthwise.py`): the forward and the backprop-input are compiled
+(1.03-4.1 of oneDNN on MobileNetV2's, 24×24 to 48×48 images; a strided one's loops skip
+the dilated gradient's holes: 1.21-1.66), a filter gradient where the output has at
+most DEPTHWISE_PIXELS pixels per image (0.17-1.36 on larger ones, by the load). A
+grouped convolution (input depth a multiple of the filter's) is always compiled: TF's
+CPU kernels cannot run it at all.
 Shapes not known statically leave the op on TF. docs/benchmarks.md has the
 measurements these thresholds come from (`benchmarks/convolution.py`).
 """
@@ -144,10 +144,7 @@ def _depthwise_on_tf(op: tf.Operation) -> bool:
     w, y = _dims(weights), _dims(result)
     if w is None or y is None or len(y) < 3 or w[-1] != 1:
         return True
-    if op.type.endswith("BackpropInput"):
-        strides = list(attribute(op, "strides", [1] * len(y))) or [1] * len(y)
-        return any(s != 1 for s in strides)
-    if op.type == "DepthwiseConv2dNative":
+    if not op.type.endswith("BackpropFilter"):
         return False
     spatial = y[1:-1] if channels_last else y[2:]
     return math.prod(spatial) > DEPTHWISE_PIXELS

@@ -14,7 +14,9 @@ HLO `convolution`, as TF's XLA bridge builds it (tf2xla/kernels/conv_op_helpers.
   then split by the phase of the input position (`_backprop_input_by_phases`): s^rank
   stride-1 convolutions over the undilated gradient, each with the taps that reach its
   phase, interleaved; none multiplies the zeros a base dilation inserts, and the CPU
-  backend's GEMM path, which reads no base dilation, takes each.
+  backend's GEMM path, which reads no base dilation, takes each. A depthwise one
+  (multiplier 1) keeps the dilated gradient instead: the CPU backend's depthwise loops
+  skip the holes.
 - backprop-filter (MakeXlaBackpropFilterConvOp): the input convolved with the output
   gradient as the kernel, batch as the contracted feature; the window is the gradient's
   spatial size dilated by the forward stride, striding by the forward dilation, padded
@@ -246,7 +248,9 @@ def _lower_backprop_input(ctx: LoweringContext, op: tf.Operation, operands: Oper
                                for d in window.dimensions))
         result = convolution(ctx, grad, w, flipped,
                              dnums=_transposed_filter(len(window.dimensions)))
-    elif unstrided:
+    elif unstrided or (groups == input_dims[-1] and w.shape.dims[-1] == groups):
+        # A depthwise one (multiplier 1) keeps the dilated gradient: the CPU backend's
+        # depthwise loops skip its holes, where the phases were convolutions of their own.
         result = convolution(ctx, grad, _backprop_input_kernel(ctx, w, groups), window,
                              feature_groups=groups)
     else:

@@ -3,7 +3,8 @@ vectorized over the channels.
 
 A depthwise convolution (channels-last, `feature_group_count` = the input's channels C,
 one input feature per group, C·M outputs: `rules_conv.py`'s DepthwiseConv2dNative and
-the unstrided phases of its backprop-input) is no GEMM: each output pixel is a sum over
+its backprop-input, whose gradient a stride dilates: window positions that land on the
+dilation's holes are skipped like the padding) is no GEMM: each output pixel is a sum over
 the window positions of the input pixel's C channels times that position's C·M
 weights. The kernel walks blocks of output pixels (the parallel units); per pixel it
 clears the output row and, per window position on the input, adds the input row times
@@ -15,8 +16,8 @@ output pixel. Each output element is summed in one fixed order (window positions
 or pixels), so the result does not depend on the thread count.
 
 What it does not take (the element generator in `convolution.py` does): other layouts,
-base dilation, kernels reversed in some dimensions only, types other than f32/f64 (the
-2-byte floats are lowered to f32 convolutions), empty operands.
+a filter gradient's base dilation, kernels reversed in some dimensions only, types
+other than f32/f64 (the 2-byte floats are lowered to f32 convolutions), empty operands.
 """
 
 from __future__ import annotations
@@ -136,8 +137,6 @@ def plan(inst: Instruction) -> DepthwisePlan | None:
     dnums: ConvolutionDimensions = inst.attributes["dim_labels"]
     rank = dnums.spatial_rank
     window = tuple(inst.attributes["window"].dimensions)
-    if any(d.base_dilation != 1 for d in window):
-        return None
     reversed_taps = any(d.window_reversal for d in window)
     if reversed_taps and not all(d.window_reversal for d in window):
         return None
@@ -151,8 +150,8 @@ def plan(inst: Instruction) -> DepthwisePlan | None:
                              rhs.shape.dims[:rank], window, multiplier, reversed_taps, False,
                              _lanes(channels, multiplier))
     if dnums == ConvolutionDimensions.filter_gradient(rank):
-        if feature_groups != 1 or batch_groups != channels or inst.shape.dims[rank] != 1 \
-                or reversed_taps:
+        if any(d.base_dilation != 1 for d in window) or feature_groups != 1 \
+                or batch_groups != channels or inst.shape.dims[rank] != 1 or reversed_taps:
             return None
         multiplier = rhs.shape.dims[-1] // channels
         return DepthwisePlan(element_type, lhs.shape.dims, rhs.shape.dims[:-1],
@@ -192,13 +191,22 @@ def _flat(b: ir.IRBuilder, multi: list[ir.Value], dims: tuple[int, ...]) -> ir.V
 
 def _input_row(ctx: KernelContext, conv: DepthwisePlan, batch: ir.Value,
                positions: list[ir.Value]) -> tuple[ir.Value, ir.Value]:
-    """Whether the input position lies inside x, and its row's first element."""
+    """Whether the input position lies on an element of x (not the padding, not a hole
+    a base dilation leaves), and that element's row's first element."""
     b = ctx.builder
     strides = row_major_strides(conv.input_dims)
     inside: ir.Value = ir.Constant(I1, 1)
     offset = b.mul(batch, i64(strides[0]))
     for i, at in enumerate(positions):
-        inside = b.and_(inside, b.icmp_unsigned("<", at, i64(conv.input_dims[1 + i])))
+        size = conv.input_dims[1 + i]
+        base = 1 if conv.filter_gradient else conv.window[i].base_dilation
+        if base != 1:
+            # A strided depthwise backprop-input: x is the gradient, dilated by the stride.
+            inside = b.and_(inside, b.icmp_unsigned("<", at, i64((size - 1) * base + 1)))
+            inside = b.and_(inside, b.icmp_unsigned("==", b.urem(at, i64(base)), i64(0)))
+            at = b.udiv(at, i64(base))
+        else:
+            inside = b.and_(inside, b.icmp_unsigned("<", at, i64(size)))
         offset = b.add(offset, b.mul(at, i64(strides[1 + i])))
     return inside, offset
 

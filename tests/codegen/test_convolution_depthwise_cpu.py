@@ -1,7 +1,7 @@
 """The CPU depthwise kernels (`codegen/cpu/convolution_depthwise.py`: direct loops over
 the channels) against the NumPy evaluator: forward depthwise convolutions (multipliers,
-strides, dilations, padding, reversed kernels, 1-D/3-D, vector blocks of channels or a
-loop over the row) and their filter gradients
+strides, dilations, base dilation, padding, reversed kernels, 1-D/3-D, vector blocks of
+channels or a loop over the row) and their filter gradients
 (`f01b_i01o->01bf`, batch groups = channels), edge values, and what they decline."""
 
 from __future__ import annotations
@@ -35,6 +35,11 @@ FORWARD_CASES = [
     ((1, 4, 5, 6, 3), (2, 3, 2), 1, "{size=2x3x2 pad=1_0x1_1x0_1}", "f32"),  # 3-D
     ((2, 7, 6, 64), (3, 3), 1, "{size=3x3 stride=2x2 pad=1_1x1_1}", "f32"),  # 2 blocks of 32
     ((1, 6, 5, 48), (3, 3), 1, "{size=3x3 pad=1_1x1_1 rhs_reversal=1x1}", "f64"),  # of 16
+    # A strided backprop-input's form: the gradient dilated, the filter flipped.
+    ((2, 5, 5, 4), (3, 3), 1, "{size=3x3 pad=2_2x2_2 lhs_dilate=2x2}", "f32"),
+    ((2, 6, 5, 32), (3, 3), 1, "{size=3x3 pad=1_2x2_1 lhs_dilate=2x3 rhs_reversal=1x1}",
+     "f32"),
+    ((1, 7, 9, 48), (2, 3), 2, "{size=2x3 pad=1_1x0_2 lhs_dilate=3x2 rhs_dilate=1x2}", "f64"),
 ]
 
 
@@ -133,7 +138,6 @@ def test_depthwise_edge_values() -> None:
 @pytest.mark.parametrize("x_dims, window", [
     ((0, 5, 5, 4), "{size=3x3 pad=1_1x1_1}"),  # no batch
     ((2, 5, 5, 4), "{size=3x3 pad=1_1x1_1 rhs_reversal=1x0}"),  # partly flipped
-    ((2, 5, 5, 4), "{size=3x3 pad=2_2x2_2 lhs_dilate=2x2}"),  # base dilation
 ])
 def test_depthwise_declines_what_the_element_generator_runs(x_dims: tuple[int, ...],
                                                            window: str) -> None:
