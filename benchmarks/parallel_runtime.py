@@ -2,21 +2,12 @@
 
 Run: .venv/bin/python -m benchmarks.parallel_runtime [WORKLOAD ...] [--repeats N]
      [--runtimes tf,openmp,serial] [--xla] [--json PATH]
-     (WORKLOAD: names of `benchmarks/workloads.py`; default: the six below)
 
-Each workload is compiled once by tfxla-lite; its kernels call the op library's
-`tfxla_lite_parallel`, which reads the process's parallel runtime at every parallel
-region (`tfxla_lite.runtime.set_parallel_runtime`). So one process times the
-runtimes on the same machine code, in interleaved bursts: each repeat switches to
-each runtime in turn (in a rotated order, so that none always follows the same one),
-makes one untimed call, then times a burst of calls of at least `--burst-seconds`.
-Printed per runtime: the median and the best burst's time per call, and the median
-as a multiple of the first runtime's (above 1: slower than it), and the median CPU
-time the process spent per call (all its threads: spinning workers count); `--xla`
-adds TF's XLA to the rotation, as a reference. On a shared machine only ratios taken in one run mean
-something; the load average before and after the run is printed with them. Outputs are
-checked to be identical under every runtime first (not for training steps, whose
-variables change per call).
+Each workload is compiled once; its kernels read the process's parallel runtime at
+every region (`tfxla_lite.runtime.set_parallel_runtime`), so one process checks that
+every runtime gives identical outputs, then times them on the same machine code in
+rotated interleaved bursts (`--xla` adds TF's XLA as a reference). Only ratios within
+one run mean anything. docs/benchmarks.md, "Parallel runtimes".
 """
 
 from __future__ import annotations

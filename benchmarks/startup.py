@@ -1,21 +1,11 @@
 """First-call time in fresh processes: `python -m benchmarks.startup [--repeats N] [NAME ...]`.
 
-Each variant's first call runs in its own fresh subprocess, after TF is imported and a
-trivial function of the same kind is compiled (so importing TF, the launch op and LLVM or
-XLA's initialization are not counted): **tf.function** (plain `tf.function(fn)`),
-**XLA** (`jit_compile=True`; XLA keeps no compile cache across processes), **cold**
-(tfxla-lite with an empty `TFXLA_LITE_CACHE_DIR`) and **warm** (tfxla-lite again, with
-the cache the cold process left). Goals: cold <= XLA's first call; warm <= 10% of cold.
-Medians over `--repeats`, the variants taken in turn for each workload so that all see
-the same load: only ratios within one run mean anything. tfxla-lite's processes also
-report the pass pipelines and LLVM compilations they ran and whether the rewrite cache
-hit; a last view gives tfxla-lite's overhead over tf.function's first call.
-
-`--overlap-ab` and `--tiered-ab` time only cold first calls, with background LLVM or
-tiered compiles off and on in alternating order, each in a fresh process with an empty
-cache (`--tiered-ab` also reports each child's exit, which waits for its O3 compiles,
-and its calling thread's CPU time). Default workloads: the seed examples and the Keras
-MLP training step.
+Per workload and in turn, each in a fresh subprocess after a trivial warm-up of its own
+kind: plain tf.function, TF's XLA, tfxla-lite with an empty cache ("cold") and with the
+cache the cold process left ("warm"). Goals: cold <= XLA's first call; warm <= 10% of
+cold. Medians over `--repeats`; only ratios within one run mean anything.
+`--overlap-ab` and `--tiered-ab` alternate cold children with background LLVM or tiered
+compiles off and on. docs/benchmarks.md, "First call and warm start".
 """
 
 from __future__ import annotations
