@@ -5,14 +5,15 @@ Takes the same optimized, fused, buffer-assigned HLO module as the CPU backend
 `elemental.py`, `data_movement.py` and `bit_ops.py` (element generators, one per opcode:
 `EMITTERS`), `kernel_plan.py` (the plan of one kernel), `kernels.py` (which template
 each kernel uses, launch geometry; `sort.py` for sort and topk, `linalg.py` for cholesky
-and triangular-solve), `row_groups.py` (consecutive kernels over the same rows merged
-into one), `templates.py` and the modules beside it (`transpose.py`, `columns.py`,
-`multi_output.py`, `sort_template.py`, `linalg_template.py`: the `__global__`
-functions), `compiler.py` (the template of each plan kind, the module's source and thunk
-list), `executable.py` (`GpuExecutable`: the buffer plan on one device arena, NVRTC
-through `cupy.RawModule`, launches), `gemm.py` (dots as cuBLAS strided-batched GEMMs),
-`lt_epilogue.py` and `cublaslt.py` (dot epilogues cuBLASLt fuses, and its ctypes
-binding), `nvcc.py` (offline PTX checks with nvcc).
+and triangular-solve, `random_bits.py` for rng-bit-generator), `row_groups.py`
+(consecutive kernels over the same rows merged into one), `templates.py` and the modules
+beside it (`transpose.py`, `columns.py`, `multi_output.py`, `sort_template.py`,
+`linalg_template.py`, `random_template.py`: the `__global__` functions), `compiler.py`
+(the template of each plan kind, the module's source and thunk list), `executable.py`
+(`GpuExecutable`: the buffer plan on one device arena, NVRTC through `cupy.RawModule`,
+launches), `gemm.py` (dots as cuBLAS strided-batched GEMMs), `lt_epilogue.py` and
+`cublaslt.py` (dot epilogues cuBLASLt fuses, and its ctypes binding), `nvcc.py` (offline
+PTX checks with nvcc).
 
 Everything up to the CUDA text is plain Python: it imports neither CuPy nor TensorFlow,
 so it is tested (and its output compiled by nvcc) on machines without a GPU. CuPy is

@@ -20,6 +20,7 @@ from tfxla_lite.codegen.gpu.kernel_plan import KernelPlan
 from tfxla_lite.codegen.gpu.kernels import describe, plan_kernels, split_scratch
 from tfxla_lite.codegen.gpu.linalg_template import emit_linalg
 from tfxla_lite.codegen.gpu.multi_output import emit_multi_output
+from tfxla_lite.codegen.gpu.random_template import emit_random
 from tfxla_lite.codegen.gpu.row_groups import merge_row_groups
 from tfxla_lite.codegen.gpu.sort import sort_scratch_bytes
 from tfxla_lite.codegen.gpu.sort_template import emit_sort
@@ -70,7 +71,7 @@ class GpuProgram:
 KERNEL_TEMPLATES = {**TEMPLATES, "transpose": emit_transpose,
                     "column-reduction": emit_column_reduction,
                     "multi-output": emit_multi_output, "sort": emit_sort, "topk": emit_sort,
-                    "linalg": emit_linalg}
+                    "linalg": emit_linalg, "random": emit_random}
 
 
 def emit_plan(plan: KernelPlan, assignment: Any, tables: ModuleTables) -> KernelSource:

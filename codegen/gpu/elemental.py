@@ -126,7 +126,7 @@ EMITTERS: dict[str, Generator] = {}
 NO_ELEMENT_GENERATOR: dict[str, str] = {
     **dict.fromkeys(("tuple", "get-tuple-element"), "names for buffers, no computation"),
     "fusion": "a kernel (kernels.py); nested fusions are not supported",
-    **dict.fromkeys(("while", "conditional", "call", "rng-bit-generator"),
+    **dict.fromkeys(("while", "conditional", "call"),
                     "GPU: not supported, the CPU backend compiles it"),
 }
 

@@ -98,7 +98,8 @@ def _unit(plan: KernelPlan) -> str:
     return {"loop": "elements", "dot-epilogue": "elements", "transpose": "32x32 tiles",
             "row-reduction": "rows", "row-fusion": "rows", "row-group": "rows",
             "split-reduction": "row chunks", "column-reduction": "outputs",
-            "sort": "rows", "topk": "rows", "linalg": "matrices or right-hand sides"
+            "sort": "rows", "topk": "rows", "linalg": "matrices or right-hand sides",
+            "random": "counters"
             }.get(plan.kind, "units")
 
 
@@ -172,6 +173,10 @@ def why(plan: KernelPlan) -> str:
         per = "matrix" if inst.opcode == "cholesky" else "right-hand side"
         return (f"a {inst.opcode} of {plan.rows} independent {per}(s): one thread each "
                 "substitutes in the reference's order (codegen/gpu/linalg.py)")
+    if kind == "random":
+        return (f"an rng-bit-generator ({inst.attributes.get('algorithm', 'rng_default')}): "
+                f"one thread per counter, {plan.rows} of them, hashes it and writes the "
+                "elements it gives (codegen/gpu/random_bits.py)")
     root, computed = kernel_body(inst)
     if kind == "row-reduction":
         variadic = " (variadic: values and indices)" if root.shape.is_tuple else ""

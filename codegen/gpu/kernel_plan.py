@@ -31,7 +31,7 @@ class KernelPlan:
     """One kernel (or library call) of the executable."""
 
     # loop | transpose | row-reduction | split-reduction | column-reduction | row-group |
-    # row-fusion | multi-output | dot | dot-epilogue | sort | topk | linalg
+    # row-fusion | multi-output | dot | dot-epilogue | sort | topk | linalg | random
     kind: str
     name: str
     members: list[Instruction]  # the entry instructions it computes, in order

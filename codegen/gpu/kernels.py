@@ -24,6 +24,7 @@ from tfxla_lite.codegen.gpu.cuda_source import identifier
 from tfxla_lite.codegen.gpu.kernel_plan import KernelPlan, Launch, leaf_indices
 from tfxla_lite.codegen.gpu.linalg import LINALG_OPCODES, plan_linalg
 from tfxla_lite.codegen.gpu.lt_epilogue import lt_epilogue
+from tfxla_lite.codegen.gpu.random_bits import RANDOM_OPCODES, plan_random
 from tfxla_lite.codegen.gpu.row_vectors import VECTOR_BYTES, VECTOR_TYPES, read_at_own_index
 from tfxla_lite.codegen.gpu.sort import WHOLE_ROW_OPCODES, plan_sort
 from tfxla_lite.hlo.ir import Instruction
@@ -191,6 +192,8 @@ def plan_instruction(inst: Instruction, name: str, assignment: Any = None) -> Ke
         return plan_sort(inst, name)
     if inst.opcode in LINALG_OPCODES:
         return plan_linalg(inst, name)
+    if inst.opcode in RANDOM_OPCODES:
+        return plan_random(inst, name)
     if inst.opcode in ("tuple", "get-tuple-element", "while", "conditional", "call"):
         raise NotImplementedError(f"GPU backend: {inst.opcode} in the entry computation "
                                   f"(%{inst.name})")

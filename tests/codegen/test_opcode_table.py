@@ -23,6 +23,7 @@ from tfxla_lite.codegen.cpu import streaming as cpu_streaming
 from tfxla_lite.codegen.cpu.emitter import EMITTERS, KERNEL_EMITTERS, OWN_KERNELS
 from tfxla_lite.codegen.gpu import elemental
 from tfxla_lite.codegen.gpu.linalg import LINALG_OPCODES
+from tfxla_lite.codegen.gpu.random_bits import RANDOM_OPCODES
 from tfxla_lite.codegen.gpu.sort import WHOLE_ROW_OPCODES
 from tfxla_lite.hlo import evaluator
 from tfxla_lite.hlo.ir import HloModule
@@ -54,8 +55,8 @@ class Registrations:
     cpu_own_kernels: Mapping[str, Any]
     cpu_control_flow: frozenset[str]
     cpu_unsupported: Mapping[str, str]
-    # GPU: element generators, kernels of their own (sort.py, linalg.py), and the rest
-    # with a reason.
+    # GPU: element generators, kernels of their own (sort.py, linalg.py,
+    # random_bits.py), and the rest with a reason.
     gpu_generators: Mapping[str, Any]
     gpu_whole_rows: frozenset[str]
     gpu_unsupported: Mapping[str, str]
@@ -64,7 +65,8 @@ class Registrations:
 def current() -> Registrations:
     return Registrations(OPCODES, evaluator.REFERENCES, EMITTERS, KERNEL_EMITTERS, OWN_KERNELS,
                          control_flow.OPCODES, UNSUPPORTED_OPCODES, elemental.EMITTERS,
-                         WHOLE_ROW_OPCODES | LINALG_OPCODES, elemental.NO_ELEMENT_GENERATOR)
+                         WHOLE_ROW_OPCODES | LINALG_OPCODES | RANDOM_OPCODES,
+                         elemental.NO_ELEMENT_GENERATOR)
 
 
 def problems(r: Registrations) -> list[str]:
