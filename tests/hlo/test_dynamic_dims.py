@@ -156,24 +156,92 @@ ENTRY %main (x: f32[<=5]) -> (f32[<=5], s32[]) {
         compile_module(parse_module(text))
 
 
-_BROADCAST = """HloModule b
-ENTRY %main (x: f32[8], n: s32[]) -> f32[<=8,2] {
-  %x = f32[8]{0} parameter(0)
+_TRANSPOSE = """HloModule b
+ENTRY %main (x: f32[8,2], n: s32[]) -> f32[2,<=8] {
+  %x = f32[8,2]{1,0} parameter(0)
   %n = s32[] parameter(1)
-  %d = f32[<=8]{0} set-dimension-size(f32[8]{0} %x, s32[] %n), dimensions={0}
-  ROOT %b = f32[<=8,2]{1,0} broadcast(f32[<=8]{0} %d), dimensions={0}
+  %d = f32[<=8,2]{1,0} set-dimension-size(f32[8,2]{1,0} %x, s32[] %n), dimensions={0}
+  ROOT %t = f32[2,<=8]{1,0} transpose(f32[<=8,2]{1,0} %d), dimensions={1,0}
 }
 """
 
 
 def test_other_opcodes_over_a_dynamic_dimension_are_named() -> None:
-    """A broadcast (or reshape, slice, dot, ...) over a dynamic dimension: a clear error,
+    """A transpose (or reshape, slice, dot, ...) over a dynamic dimension: a clear error,
     from the evaluator and from the compiler alike, never a number."""
-    module = parse_module(_BROADCAST)
-    with pytest.raises(DynamicShapeError, match=r"not supported: broadcast .*\(%b\)"):
-        evaluate(module, np.zeros(8, np.float32), 3)
-    with pytest.raises(DynamicShapeError, match=r"not supported: broadcast .*\(%b\)"):
-        pad_dynamic(parse_module(_BROADCAST), sizes_as_outputs=True)
+    with pytest.raises(DynamicShapeError, match=r"not supported: transpose .*\(%t\)"):
+        evaluate(parse_module(_TRANSPOSE), np.zeros((8, 2), np.float32), 3)
+    with pytest.raises(DynamicShapeError, match=r"not supported: transpose .*\(%t\)"):
+        pad_dynamic(parse_module(_TRANSPOSE), sizes_as_outputs=True)
+
+
+# Softmax over a dynamic dimension, as XLA writes it: the maximum and the sum broadcast
+# back statically (%bm, %bs) and meet the dynamic values in elementwise ops, which read
+# them at the dynamic result's indices; and a broadcast that carries a dynamic dimension
+# along (%rows: the row sums over the dynamic rows, broadcast back).
+SOFTMAX = "HloModule softmax\n" + _REDUCERS + """
+ENTRY %main (x: f32[3,6], n: s32[]) -> f32[3,<=6] {
+  %x = f32[3,6]{1,0} parameter(0)
+  %n = s32[] parameter(1)
+  %d = f32[3,<=6]{1,0} set-dimension-size(f32[3,6]{1,0} %x, s32[] %n), dimensions={1}
+  %low = f32[] constant(-inf)
+  %zero = f32[] constant(0)
+  %m = f32[3]{0} reduce(f32[3,<=6]{1,0} %d, f32[] %low), dimensions={1}, to_apply=%max
+  %bm = f32[3,6]{1,0} broadcast(f32[3]{0} %m), dimensions={0}
+  %s = f32[3,<=6]{1,0} subtract(f32[3,<=6]{1,0} %d, f32[3,6]{1,0} %bm)
+  %e = f32[3,<=6]{1,0} exponential(f32[3,<=6]{1,0} %s)
+  %sum = f32[3]{0} reduce(f32[3,<=6]{1,0} %e, f32[] %zero), dimensions={1}, to_apply=%add
+  %bs = f32[3,6]{1,0} broadcast(f32[3]{0} %sum), dimensions={0}
+  ROOT %y = f32[3,<=6]{1,0} divide(f32[3,<=6]{1,0} %e, f32[3,6]{1,0} %bs)
+}
+"""
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+@pytest.mark.parametrize("n", [1, 4, 6])
+def test_softmax_over_a_dynamic_dimension(n: int) -> None:
+    x = _x(3, 6)
+    y = evaluate(parse_module(SOFTMAX), x, n)
+    np.testing.assert_allclose(y, _softmax(x[:, :n]), rtol=1e-6)
+    module = parse_module(SOFTMAX)
+    results = pad_dynamic(module, sizes_as_outputs=True)
+    assert results is not None
+    padded = x.copy()
+    padded[:, n:] = np.nan
+    got = results.unpad(compile_module(module, verify=True)(padded, np.int32(n)))
+    np.testing.assert_allclose(got[0], _softmax(x[:, :n]), rtol=1e-5)
+
+
+ROW_CENTERED = "HloModule centered\n" + _REDUCERS + """
+ENTRY %main (x: f32[8,4], n: s32[]) -> f32[<=8,4] {
+  %x = f32[8,4]{1,0} parameter(0)
+  %n = s32[] parameter(1)
+  %d = f32[<=8,4]{1,0} set-dimension-size(f32[8,4]{1,0} %x, s32[] %n), dimensions={0}
+  %zero = f32[] constant(0)
+  %rows = f32[<=8]{0} reduce(f32[<=8,4]{1,0} %d, f32[] %zero), dimensions={1}, to_apply=%add
+  %b = f32[<=8,4]{1,0} broadcast(f32[<=8]{0} %rows), dimensions={0}
+  ROOT %c = f32[<=8,4]{1,0} subtract(f32[<=8,4]{1,0} %d, f32[<=8,4]{1,0} %b)
+}
+"""
+
+
+@pytest.mark.parametrize("n", [0, 5, 8])
+def test_a_broadcast_carries_the_dynamic_dimension(n: int) -> None:
+    x = _x()
+    expected = x[:n] - x[:n].sum(axis=1, keepdims=True)
+    np.testing.assert_allclose(evaluate(parse_module(ROW_CENTERED), x, n), expected, rtol=1e-6)
+    module = parse_module(ROW_CENTERED)
+    results = pad_dynamic(module, sizes_as_outputs=True)
+    assert results is not None
+    (got,) = results.unpad(compile_module(module, verify=True)(x, np.int32(n)))
+    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
+    wrong = ROW_CENTERED.replace("%b = f32[<=8,4]{1,0} broadcast", "%b = f32[8,<=4]{1,0} broadcast")
+    with pytest.raises(VerificationError, match="a dynamic dimension not the operand's"):
+        verify(parse_module(wrong.replace("f32[<=8,4]{1,0} %b)", "f32[8,<=4]{1,0} %b)")))
 
 
 def test_mismatched_elementwise_sizes_are_refused() -> None:

@@ -8,8 +8,9 @@ XLA's semantics: a dynamic dimension has a bound, which sizes the buffer, and a 
 at run time, set by `set-dimension-size` and read by `get-dimension-size`. Elements
 past the size are padding: elementwise ops compute them and nobody reads them; a
 reduction over a dynamic dimension folds the first `size` elements only (XLA's padder
-sets the padding to the init value first). Anything else over a dynamic dimension
-(broadcast, reshape, slice, dot, ...) is refused here with a "not supported" error naming
+sets the padding to the init value first); a broadcast takes its operand's dynamic
+dimensions along. Anything else over a dynamic dimension (reshape, transpose, slice,
+dot, ...) is refused here with a "not supported" error naming
 the instruction, rather than computed over the padding.
 
 `pad_dynamic` rewrites the entry computation in place: each dynamic dimension's size
@@ -36,7 +37,7 @@ from tfxla_lite.hlo.shape import Shape
 # Opcodes that pass values (and their dynamic sizes) through unchanged.
 _PASS_THROUGH = frozenset({"tuple", "get-tuple-element", "opt-barrier"})
 # What the evaluator and the padder compute over a dynamic dimension.
-DYNAMIC_OPCODES = frozenset({"parameter", "reduce", "get-dimension-size",
+DYNAMIC_OPCODES = frozenset({"parameter", "reduce", "broadcast", "get-dimension-size",
                              "set-dimension-size"}) | _PASS_THROUGH
 
 
@@ -55,17 +56,27 @@ def _unsupported(inst: Instruction, why: str = "") -> DynamicShapeError:
                              f"(%{inst.name}{': ' + why if why else ''})")
 
 
-def check_evaluable(inst: Instruction, operands: Sequence[Any]) -> None:
-    """Refuse what the evaluator cannot compute with XLA's semantics: an opcode other than
-    the supported ones with a dynamic operand or result, or elementwise operands whose
-    dynamic sizes differ (XLA leaves that undefined)."""
+def check_evaluable(inst: Instruction, operands: Sequence[Any]) -> list[Any]:
+    """The operands the evaluator's reference of `inst` takes, or an error for what it
+    cannot compute with XLA's semantics: an opcode other than the supported ones with a
+    dynamic operand or result, or elementwise operands whose dynamic sizes differ (XLA
+    leaves that undefined). An elementwise op reads its operands at the result's
+    indices, as XLA's evaluator does: a static operand is cut to the dynamic size."""
     if not _supported(inst.opcode):
         raise _unsupported(inst)
-    info = OPCODES[inst.opcode]
-    if info.category in ELEMENTWISE_CATEGORIES:
-        sizes = {np.shape(v) for v in operands if np.ndim(v)}
-        if len(sizes) > 1:
-            raise ValueError(f"%{inst.name}: operands of dynamic sizes {sorted(sizes)} differ")
+    if OPCODES[inst.opcode].category not in ELEMENTWISE_CATEGORIES:
+        return list(operands)
+    sizes: dict[int, set[int]] = {}
+    for operand, value in zip(inst.operands, operands, strict=True):
+        for dim in range(np.ndim(value)):
+            if operand.shape.is_dynamic_dimension(dim):
+                sizes.setdefault(dim, set()).add(np.shape(value)[dim])
+    if any(len(found) > 1 for found in sizes.values()):
+        raise ValueError(f"%{inst.name}: operands of dynamic sizes "
+                         f"{sorted(tuple(np.shape(v)) for v in operands)} differ")
+    cut = tuple(slice(0, min(sizes[d])) if d in sizes else slice(None)
+                for d in range(inst.shape.rank if not inst.shape.is_tuple else 0))
+    return [np.asarray(v)[cut] if np.ndim(v) else v for v in operands]
 
 
 def has_dynamic_shapes(module: HloModule) -> bool:
@@ -173,6 +184,9 @@ def _rewrite(comp: Computation, inst: Instruction, sizes: dict[int, _Sizes],
         return dict(of(inst.operand(0)))
     if opcode == "reduce":
         return _reduce(comp, inst, of)
+    if opcode == "broadcast":  # the operand's padding broadcasts into the result's
+        return {((), inst.dimensions[i]): value
+                for ((_, i), value) in of(inst.operand(0)).items()}
     if not _supported(opcode):
         raise _unsupported(inst)
     # Elementwise: each dynamic dimension's size from the first operand that has it.

@@ -295,9 +295,10 @@ def _broadcast(inst: Instruction, operands: Sequence[Any]) -> np.ndarray:
     order = sorted(range(len(mapping)), key=lambda i: mapping[i])
     x = np.transpose(x, order)
     expanded = [1] * inst.shape.rank
+    target = list(inst.shape.dims)
     for i in order:
-        expanded[mapping[i]] = operands[0].shape[i]
-    value = np.broadcast_to(x.reshape(expanded), inst.shape.dims)
+        expanded[mapping[i]] = target[mapping[i]] = operands[0].shape[i]  # a dynamic size
+    value = np.broadcast_to(x.reshape(expanded), target)
     return _result(np.array(value, copy=True), inst.shape)
 
 
@@ -707,7 +708,7 @@ def evaluate_computation(computation: Computation, args: Sequence[Any]) -> Any:
             except KeyError:
                 raise NotImplementedError(f"no reference for opcode {inst.opcode!r}") from None
             if inst.shape.is_dynamic or any(o.shape.is_dynamic for o in inst.operands):
-                check_evaluable(inst, operands)
+                operands = check_evaluable(inst, operands)
             values[id(inst)] = reference(inst, operands)
     if computation.root is None:
         raise ValueError(f"%{computation.name} has no root")

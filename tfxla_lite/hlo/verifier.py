@@ -191,6 +191,12 @@ def _check_given_shape(inst: Instruction, operand_shapes: list[Shape]) -> None:
                 or any(not 0 <= d < shape.rank or shape.dims[d] != size
                        for d, size in zip(mapping, operand.dims, strict=True))):
             raise _fail(inst, f"broadcast dimensions {mapping} do not map {operand} to {shape}")
+        # Dynamic dimensions come from the operand's, as XLA's inference has them.
+        mapped = dict(zip(mapping, range(operand.rank), strict=True))
+        if any(shape.is_dynamic_dimension(d) != (d in mapped and operand.is_dynamic_dimension(
+                mapped[d])) for d in range(shape.rank)):
+            raise _fail(inst, f"broadcast of {operand} to {shape}: a dynamic dimension not "
+                              "the operand's")
     elif opcode in ("reshape", "bitcast"):
         (operand,) = _array_operands(inst, operand_shapes, 1)
         if operand.num_elements != shape.num_elements or operand.element_type != \
