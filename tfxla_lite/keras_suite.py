@@ -1,8 +1,9 @@
 """Keras's own layer tests as the check that tfxla-lite is a drop-in (`scripts/keras_suite.sh`).
 
 Keras ships its tests in its wheel (`keras/src/**/*_test.py`). This driver runs those of
-`keras/src/layers/` (or the folders and files named on the command line, or one slice of
-them) with `KERAS_BACKEND=tensorflow` under `TFXLA_LITE_FLAGS=--auto_jit=2`, re-runs every
+`keras/src/layers/` (or of the folders whole models go through, `--models`: `MODEL_FOLDERS`;
+or the folders and files named on the command line; or one slice of them) with
+`KERAS_BACKEND=tensorflow` under `TFXLA_LITE_FLAGS=--auto_jit=2`, re-runs every
 test that failed there under plain TF (the flag unset), and prints the tests that fail only
 under tfxla-lite, each with the first line of its error; it exits with 1 when there is any.
 A test that fails under plain TF too (one whose module needs JAX, torch or grain fails at
@@ -30,7 +31,12 @@ from pathlib import Path
 from typing import TextIO
 
 FLAGS = "--auto_jit=2"
+SRC = "keras/src"
 LAYERS = "keras/src/layers"
+# What users do with whole models: fit/evaluate/predict, building and cloning, optimizers,
+# losses, metrics, saving, callbacks, and TF's backend (folders of keras/src).
+MODEL_FOLDERS = ("trainers", "models", "optimizers", "losses", "metrics", "saving",
+                 "callbacks", "backend/tensorflow")
 FAILING = ("failed", "error", "crashed")
 EXIT_TFXLA_LITE_ONLY = 1
 EXIT_NO_TESTS = 2
@@ -96,25 +102,38 @@ def site_packages_of_keras() -> Path | None:
     return Path(next(iter(spec.submodule_search_locations))).parent
 
 
-def discover(root: Path, selection: Sequence[str] = ()) -> list[str]:
-    """The Keras layer test files, as paths relative to `root` (site-packages), sorted.
-
-    `selection` narrows them to folders or files of `keras/src/layers` (`core`,
-    `normalization/batch_normalization_test.py`); empty means all of them."""
-    layers = root / LAYERS
-    if not selection:
-        bases = [layers]
+def resolve(root: Path, name: str) -> Path:
+    """The folder or file of Keras's sources that `name` names: a path of `keras/src/layers`
+    (`core`), else of `keras/src` (`trainers`, `backend/tensorflow`), or one written from
+    site-packages (`keras/src/activations`, as node ids read). A name that leaves
+    `keras/src` or names nothing is a clear error."""
+    src = (root / SRC).resolve()
+    if name.startswith(SRC + "/") or name == SRC:
+        candidates = [root / name]
     else:
-        bases = []
-        for name in selection:
-            base = layers / name
-            if not base.exists():
-                raise SystemExit(f"no {base} (the names are relative to {layers})")
-            bases.append(base)
+        candidates = [root / LAYERS / name, root / SRC / name]
+    for base in candidates:
+        if base.exists():
+            if not base.resolve().is_relative_to(src):
+                raise SystemExit(f"{name!r} is outside {root / SRC}")
+            return base.resolve()
+    raise SystemExit(f"no {name!r} in {root / LAYERS} or {root / SRC} "
+                     f"(or write it as keras/src/...)")
+
+
+def discover(root: Path, selection: Sequence[str] = (), *, models: bool = False) -> list[str]:
+    """The Keras test files, as paths relative to `root` (site-packages), sorted.
+
+    `selection` names folders or files (`resolve`: `core`,
+    `normalization/batch_normalization_test.py`, `trainers`); `models` adds
+    `MODEL_FOLDERS`. Neither means all of `keras/src/layers`."""
+    names = [*selection, *(MODEL_FOLDERS if models else ())]
+    bases = [resolve(root, name) for name in names] or [root / LAYERS]
     files: set[str] = set()
+    site = root.resolve()
     for base in bases:
         found = [base] if base.is_file() else base.rglob("*_test.py")
-        files.update(path.relative_to(root).as_posix() for path in found)
+        files.update(path.resolve().relative_to(site).as_posix() for path in found)
     return sorted(files)
 
 
@@ -393,7 +412,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="scripts/keras_suite.sh", description=__doc__.split("\n\n")[0])
     parser.add_argument("names", nargs="*",
-                        help="folders or files of keras/src/layers (default: all)")
+                        help="folders or files of keras/src/layers, else of keras/src "
+                             "(default: all of keras/src/layers)")
+    parser.add_argument("--models", action="store_true",
+                        help="add the folders whole models go through: "
+                             + ", ".join(MODEL_FOLDERS))
     parser.add_argument("--slice", type=parse_slice, metavar="K/N",
                         help="run only the K-th of N slices of the test files")
     parser.add_argument("--flags", default=FLAGS,
@@ -410,7 +433,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if root is None:
         print("keras suite: keras is not installed in this interpreter", file=sys.stderr)
         return EXIT_NO_TESTS
-    files = discover(root, args.names)
+    files = discover(root, args.names, models=args.models)
     if args.slice:
         files = slice_files(files, *args.slice)
     if args.list:

@@ -109,6 +109,57 @@ def test_discover_selects_folders_and_files(tmp_path: Path) -> None:
         ks.discover(tmp_path, ["nonesuch"])
 
 
+def _write_tree(root: Path, names: list[str]) -> None:
+    for name in names:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text("")
+
+
+def test_discover_names_resolve_in_layers_then_src(tmp_path: Path) -> None:
+    src = ks.SRC + "/"
+    _write_tree(tmp_path, [src + p for p in [
+        "layers/activations/relu_test.py", "activations/activations_test.py",
+        "trainers/trainer_test.py", "trainers/data_adapters/array_data_adapter_test.py",
+        "trainers/trainer.py", "backend/tensorflow/saved_model_test.py",
+        "backend/jax/trainer_test.py"]])
+    # A layers folder keeps its name; one only keras/src has is found there.
+    assert ks.discover(tmp_path, ["activations"]) == [src + "layers/activations/relu_test.py"]
+    assert ks.discover(tmp_path, ["trainers", "backend/tensorflow"]) == [
+        src + "backend/tensorflow/saved_model_test.py",
+        src + "trainers/data_adapters/array_data_adapter_test.py",
+        src + "trainers/trainer_test.py"]
+    # Written from site-packages, as node ids read, a name is not looked up in layers.
+    assert ks.discover(tmp_path, [src + "activations", "layers/activations"]) == [
+        src + "activations/activations_test.py", src + "layers/activations/relu_test.py"]
+    for outside in ["../../keras", "../trainers/../../../x", "keras/src/../../y"]:
+        with pytest.raises(SystemExit):
+            ks.discover(tmp_path, [outside])
+
+
+def test_discover_models_adds_the_model_folders(tmp_path: Path) -> None:
+    src = ks.SRC + "/"
+    _write_tree(tmp_path, [src + f"{folder}/x_test.py" for folder in ks.MODEL_FOLDERS]
+                + [src + "layers/core/dense_test.py", src + "backend/jax/x_test.py"])
+    models = [src + f"{folder}/x_test.py" for folder in sorted(ks.MODEL_FOLDERS)]
+    assert ks.discover(tmp_path, models=True) == models
+    assert ks.discover(tmp_path, ["core"], models=True) == sorted(
+        [src + "layers/core/dense_test.py", *models])
+    assert ks.discover(tmp_path) == [src + "layers/core/dense_test.py"]
+
+
+def test_main_lists_the_selection(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                  capsys: pytest.CaptureFixture[str]) -> None:
+    models = [f"{ks.SRC}/{folder}/x_test.py" for folder in sorted(ks.MODEL_FOLDERS)]
+    _write_tree(tmp_path, [*models, ks.LAYERS + "/core/dense_test.py"])
+    monkeypatch.setattr(ks, "site_packages_of_keras", lambda: tmp_path)
+    assert ks.main(["--list", "trainers"]) == 0
+    assert capsys.readouterr().out.split() == [ks.SRC + "/trainers/x_test.py"]
+    assert ks.main(["--list", "--models", "--slice", "2/2"]) == 0
+    assert capsys.readouterr().out.split() == models[1::2]
+    assert ks.main(["--list"]) == 0
+    assert capsys.readouterr().out.split() == [ks.LAYERS + "/core/dense_test.py"]
+
+
 def test_headline_finds_the_op_error_in_graph_execution_errors() -> None:
     message = ("Graph execution error:\n\nDetected at node convolution defined at (most "
                "recent call last):\n  File \"x.py\", line 3, in f\n\n  File \"y.py\", line 9"
