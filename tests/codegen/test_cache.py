@@ -190,12 +190,13 @@ def test_concurrent_writers_leave_one_whole_entry(kernel_dir: Path) -> None:
 
 
 def test_external_symbols_of_the_object_are_listed(kernel_dir: Path) -> None:
-    # B transposed: a library GEMM call (a plain 64³ product is emitted register blocks).
+    # A transposed, many rows, a long K: a library GEMM call (dot_blocks.fits takes none
+    # of its cases).
     compile_module(parse_module("""HloModule dot
 ENTRY main {
-  a = f32[64,64] parameter(0)
-  b = f32[64,64] parameter(1)
-  ROOT d = f32[64,64] dot(a, b), lhs_contracting_dims={1}, rhs_contracting_dims={1}
+  a = f32[1024,512] parameter(0)
+  b = f32[1024,128] parameter(1)
+  ROOT d = f32[512,128] dot(a, b), lhs_contracting_dims={0}, rhs_contracting_dims={0}
 }
 """))
     (entry,) = _entries(kernel_dir)
