@@ -235,6 +235,7 @@ def compare(actual: np.ndarray, expected: np.ndarray, element_type: str) -> str 
 
 def run_hlo(options: HloFileOptions) -> int:
     from tfxla_lite.codegen import compile_module
+    from tfxla_lite.hlo.dynamic_padder import pad_dynamic
     from tfxla_lite.hlo.evaluator import evaluate
 
     text = _read(options.path)
@@ -249,6 +250,8 @@ def run_hlo(options: HloFileOptions) -> int:
                            f"evaluates or compiles it)")
     inputs = random_inputs(module, options.seed)
     try:
+        # A dynamic result comes back with its sizes, to cut it to them (hlo_text.md).
+        dynamic_results = pad_dynamic(module, sizes_as_outputs=True)
         executable = compile_module(module, options.pipeline, verify=options.verify)
     except NotImplementedError as error:  # an opcode or form the CPU backend lacks
         named = re.search(r"opcode '([^']+)'", str(error))
@@ -263,6 +266,8 @@ def run_hlo(options: HloFileOptions) -> int:
     except Exception as error:
         raise CommandError(f"running {options.path} failed: {type(error).__name__}: "
                            f"{error}") from None
+    if dynamic_results is not None:
+        outputs = dynamic_results.unpad(outputs)
     for n, output in enumerate(outputs):
         print(f"output {n}: {_summary(output)}")
     if not options.check:

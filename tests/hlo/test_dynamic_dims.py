@@ -8,11 +8,13 @@ naming the instruction. Core test: imports no TensorFlow."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
 from hlo_builders import flatten
 
+from tfxla_lite import cli
 from tfxla_lite.codegen import compile_module
 from tfxla_lite.hlo.dynamic_padder import DynamicShapeError, has_dynamic_shapes, pad_dynamic
 from tfxla_lite.hlo.evaluator import evaluate
@@ -339,3 +341,34 @@ def test_simplify_leaves_dynamic_sizes_to_the_padder() -> None:
     AlgebraicSimplifier().run(module)
     text = module.to_text()
     assert "set-dimension-size" in text and "get-dimension-size" in text
+
+
+CLAMPED_SIZE = "HloModule clamped\n" + _REDUCERS + """
+ENTRY %main (x: f32[6,3], n: s32[]) -> (f32[<=6,3], f32[3]) {
+  %x = f32[6,3]{1,0} parameter(0)
+  %n = s32[] parameter(1)
+  %zero_size = s32[] constant(0)
+  %bound = s32[] constant(6)
+  %size = s32[] clamp(s32[] %zero_size, s32[] %n, s32[] %bound)
+  %d = f32[<=6,3]{1,0} set-dimension-size(f32[6,3]{1,0} %x, s32[] %size), dimensions={0}
+  %e = f32[<=6,3]{1,0} exponential(f32[<=6,3]{1,0} %d)
+  %zero = f32[] constant(0)
+  %sum = f32[3]{0} reduce(f32[<=6,3]{1,0} %e, f32[] %zero), dimensions={0}, to_apply=%add
+  ROOT %t = (f32[<=6,3]{1,0}, f32[3]{0}) tuple(%e, %sum)
+}
+"""
+
+
+@pytest.mark.parametrize("seed", ["0", "1"])  # sizes 0 (clamped from -5) and 4
+def test_run_hlo_cuts_dynamic_results_to_size(tmp_path: Path, seed: str,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """`tfxla-lite run-hlo --check` on a module with a dynamic result: the outputs come
+    back cut to their sizes and match the evaluator."""
+    path = tmp_path / "module.hlo"
+    path.write_text(CLAMPED_SIZE)
+    status = cli.main(["run-hlo", str(path), "--check", "--seed", seed])
+    output = capsys.readouterr().out
+    assert status == 0, output
+    assert "check: 2 output(s) match the evaluator" in output
+    size = int(np.clip(cli.random_inputs(parse_module(CLAMPED_SIZE), int(seed))[1], 0, 6))
+    assert f"output 0: f32[{size},3]" in output
