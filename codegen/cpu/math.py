@@ -200,38 +200,37 @@ def log1p(ctx: KernelContext, x: ir.Value) -> ir.Value:
 
 # -- tanh, logistic, erf -------------------------------------------------------------------
 
-# tanh(x) = h/sqrt(1 + h^2) with h = sinh(x), as erf below: h = x + x^3 * _TANH_H(x^2)
-# approximates sinh on [0, 9.5] (sinh(x)/x - 1 = x^2/3! + x^4/5! + ..., all terms
-# positive, so the polynomial in x^2 has no cancellation in float32). A relative error
-# e in h moves tanh by e * (1 - tanh^2) relatively, so the fit (Lawson-weighted least
-# squares in float64 on the error of tanh in float32 ulps: 0.06 ulp) need only be
-# tight near 0; what is left is the rounding of the last few operations, 2 ulp at most
-# (docs/accuracy.md).
-_TANH_H = (0.16666662044420075, 0.008333450202085098, 0.00019833743991137017,
-           2.7735840110445185e-06, 2.3309077487995773e-08, 2.2850403739189872e-10)
-# Below |x| = 1/2 the rounding of sqrt(1 + h^2) near 1 and of h would reach 3 ulp:
-# there tanh = x + x^3 * _TANH_SMALL(x^2) directly (0.22 ulp in float64), selected in.
-_TANH_SMALL = (-0.3333315812924321, 0.1332613461311552, -0.053058836985018926,
-               0.017262872254882294)
-_TANH_SMALL_END = 0.5
-# tanh rounds to ±1 from 9.01 on; at 9.5 h^2 = 4.5e7 > 2^25, so sqrt(1 + h^2) rounds
-# to |h| and the quotient to ±1.
-_TANH_CLAMP = 9.5
+# tanh as TensorFlow's CPU kernels compute it (Eigen's `ptanh_float`, the same form for
+# its vector and scalar paths): x*P(x^2)/Q(x^2), a [9,8] rational fitted by rminimax, x
+# clamped to the smallest float where it gives exactly ±1. TF's wheels are built without
+# FMA, so every multiply-add is a multiplication and an addition, each rounded: the
+# results are TF's bit for bit (6 ulp from exact at most, docs/accuracy.md). One
+# division, no square root, no exp, no branches.
+_TANH_P = (1.340216100e-1, 3.520756727e-3, 2.102733560e-5, 1.394553628e-8)
+_TANH_Q = (1.0, 4.673548340e-1, 2.597254514e-2, 3.326951409e-4, 8.015776984e-7)
+# Eigen's clamp without FMA: tanh rounds to ±1 from 9.01 on, the rational from here on.
+_TANH_CLAMP = 7.90738964080810547
+
+
+def _horner_unfused(ctx: KernelContext, x: ir.Value, coefficients: Sequence[float]
+                    ) -> ir.Value:
+    """`_horner` with a rounded multiplication and a rounded addition per step (no FMA),
+    as code compiled without FMA evaluates it."""
+    b = ctx.builder
+    result: ir.Value = _c(coefficients[-1])
+    for coefficient in reversed(coefficients[:-1]):
+        result = b.fadd(b.fmul(result, x), _c(coefficient))
+    return result
 
 
 def tanh(ctx: KernelContext, x: ir.Value) -> ir.Value:
     b = ctx.builder
     v = _clamp_keeping_nan(ctx, x, -_TANH_CLAMP, _TANH_CLAMP)  # ±inf give ±1
     t = b.fmul(v, v)
-    # h = v + (v*t)*P(t), one rounding at the end.
-    vt = b.fmul(v, t)
-    h = _fma(ctx, vt, _horner(ctx, t, _TANH_H), v)
-    # Two operations of the divider (sqrt and divide), no exp, no branches.
-    large = b.fdiv(h, ctx.call_intrinsic("sqrt", [_fma(ctx, h, h, _c(1.0))]))
-    small = _fma(ctx, vt, _horner(ctx, t, _TANH_SMALL), v)
-    y = b.select(b.fcmp_ordered("<", t, _c(_TANH_SMALL_END ** 2)), small, large)
-    # -0.0 + (+0.0) in `small` is +0.0: the sign comes back from x (NaN stays NaN).
-    return ctx.call_intrinsic("copysign", [y, x])
+    # x + x^3 * P(t) (P's constant term makes the numerator's x^3 coefficient): ±0 and
+    # tiny x come back as x, NaN as NaN.
+    p = b.fadd(b.fmul(b.fmul(t, v), _horner_unfused(ctx, t, _TANH_P)), v)
+    return b.fdiv(p, _horner_unfused(ctx, t, _TANH_Q))
 
 
 def logistic(ctx: KernelContext, x: ir.Value) -> ir.Value:
