@@ -372,3 +372,42 @@ def test_run_hlo_cuts_dynamic_results_to_size(tmp_path: Path, seed: str,
     assert "check: 2 output(s) match the evaluator" in output
     size = int(np.clip(cli.random_inputs(parse_module(CLAMPED_SIZE), int(seed))[1], 0, 6))
     assert f"output 0: f32[{size},3]" in output
+
+
+ARGMAX = """HloModule argmax
+%argmax (a: f32[], i: s32[], b: f32[], j: s32[]) -> (f32[], s32[]) {
+  %a = f32[] parameter(0)
+  %i = s32[] parameter(1)
+  %b = f32[] parameter(2)
+  %j = s32[] parameter(3)
+  %ge = pred[] compare(f32[] %a, f32[] %b), direction=GE
+  %v = f32[] select(pred[] %ge, f32[] %a, f32[] %b)
+  %k = s32[] select(pred[] %ge, s32[] %i, s32[] %j)
+  ROOT %t = (f32[], s32[]) tuple(%v, %k)
+}
+
+ENTRY %main (x: f32[3,7], n: s32[]) -> (f32[3], s32[3]) {
+  %x = f32[3,7]{1,0} parameter(0)
+  %n = s32[] parameter(1)
+  %d = f32[3,<=7]{1,0} set-dimension-size(f32[3,7]{1,0} %x, s32[] %n), dimensions={1}
+  %io = s32[3,7]{1,0} iota(), iota_dimension=1
+  %di = s32[3,<=7]{1,0} set-dimension-size(s32[3,7]{1,0} %io, s32[] %n), dimensions={1}
+  %lo = f32[] constant(-inf)
+  %z = s32[] constant(0)
+  ROOT %r = (f32[3]{0}, s32[3]{0}) reduce(f32[3,<=7]{1,0} %d, s32[3,<=7]{1,0} %di,
+    f32[] %lo, s32[] %z), dimensions={1}, to_apply=%argmax
+}
+"""
+
+
+@pytest.mark.parametrize("n", [1, 4, 7])
+def test_a_variadic_reduce_masks_every_input(n: int) -> None:
+    """ArgMax over a dynamic row: padding of 100 would win if it were read."""
+    x = _x(3, 7)
+    x[:, n:] = 100
+    value, index = evaluate(parse_module(ARGMAX), x, n)
+    np.testing.assert_array_equal(index, np.argmax(x[:, :n], axis=1))
+    np.testing.assert_array_equal(value, x[:, :n].max(axis=1))
+    got = compile_module(parse_module(ARGMAX), verify=True)(x, np.int32(n))
+    np.testing.assert_array_equal(got[0], value)
+    np.testing.assert_array_equal(got[1], index)
