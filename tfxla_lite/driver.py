@@ -172,7 +172,10 @@ class Marking:
 def mark_graph(graph: tf.Graph, settings: Settings) -> Marking:
     """Mark: which ops can compile, and why each other cannot (clustering/mark.py)."""
     options, jit_compile = settings.options, settings.jit_compile
-    tf_kernels = frozenset() if options.compile_convolutions else CONVOLUTION_OPS
+    # Must-compile compiles every convolution too, as TF's XLA does, where the cost rule
+    # would send the trace to the auto-clustering fallback (docs/benchmarks.md).
+    compile_all = options.compile_convolutions or bool(jit_compile)
+    tf_kernels = frozenset() if compile_all else CONVOLUTION_OPS
     if not jit_compile:  # must-compile compiles linear algebra and resize gradients always
         tf_kernels |= LINALG_OPS | RESIZE_TF_KERNEL_OPS
     denied = frozenset() if options.hlo_control_flow else FUNCTIONAL_OPS

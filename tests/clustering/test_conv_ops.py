@@ -191,8 +191,9 @@ def test_conv_in_both_modes() -> None:
 
 
 def test_convolutions_stay_on_tf_kernels_by_default() -> None:
-    """Without `compile_convolutions`, a conv runs on TF's (faster) kernel in both modes,
-    the rest of the layer compiled; jit_compile=True does not send the trace to XLA."""
+    """Without `compile_convolutions`, auto-clustering runs a conv on TF's (faster)
+    kernel, the rest of the layer compiled; must-compile compiles it, as TF's XLA
+    would, so jit_compile=True takes no fallback."""
     # 8 input features: not a first layer; 4 outputs: no direct register blocks.
     x, w = _operands((2, 8, 8, 8), (3, 3, 8, 4), F32)
     bias = sample((4,), F32, seed=6, edges=False)
@@ -210,8 +211,14 @@ def test_convolutions_stay_on_tf_kernels_by_default() -> None:
         report = compiled.explain(*tensors)
         assert not report.runs_on_xla
         assert report.clusters, report
-        (conv,) = [f for f in report.fallbacks if f.op_type == "Conv2D"]
-        assert "runs on TF's kernel" in conv.reason
+        convs = [f for f in report.fallbacks if f.op_type == "Conv2D"]
+        if jit_compile:
+            assert not convs and report.jit_compile_fallback is None, report
+            assert 'op_type="Conv2D"' in compiled.experimental_get_compiler_ir(*tensors)(
+                stage="hlo")
+        else:
+            (conv,) = convs
+            assert "runs on TF's kernel" in conv.reason
 
 
 # For test_clustering_ops.test_every_registered_op_is_tested; the gradients, ShapeN and

@@ -134,16 +134,16 @@ def test_partial_last_batch_trains_as_plain_tf(name: str) -> None:
 
 # What each model still needs for one launch per step with an unknown batch dimension
 # (the MLP and the Transformer have it: their variables compile inside the cluster
-# compiled per batch size, with the batched MatMul gradient's Sum of unknown rank).
+# compiled per batch size, with the batched MatMul gradient's Sum of unknown rank; the
+# small CNN since must-compile compiles every convolution).
 _MISSING = {
     "lstm": "the While body's ops with an unknown batch: auto-clustering fallback",
     "gru": "the While body's ops with an unknown batch: auto-clustering fallback",
-    "small_cnn": "Conv2D and its gradients stay on TF's kernels: auto-clustering fallback",
 }
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["mlp", "transformer", *(
+@pytest.mark.parametrize("name", ["mlp", "transformer", "small_cnn", *(
     pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=reason))
     for name, reason in _MISSING.items())])
 def test_partial_last_batch_is_one_launch_per_step(name: str) -> None:
