@@ -3,9 +3,10 @@
 The semantics are `tfxla_lite/hlo/bit_ops.py`'s. Values sit in registers as
 `emitter.value_type` has them (bf16 as the f32 of the same value), so both bit
 operations first take the bits of the element's storage type (`_bits_of`) and give
-back a register value (`_value_of`). `get-dimension-size` is a constant (static
-shapes); `set-dimension-size` and an array `opt-barrier` read their first operand at
-the same index.
+back a register value (`_value_of`). `get-dimension-size` is a constant: the dynamic
+padder (`tfxla_lite/hlo/dynamic_padder.py`) has replaced every dynamic one before
+codegen; `set-dimension-size` (static by then) and an array `opt-barrier` read their
+first operand at the same index.
 """
 
 from __future__ import annotations
@@ -105,12 +106,16 @@ def emit_reduce_precision(ctx: KernelContext, inst: Instruction, index: Index) -
 @register("get-dimension-size")
 def emit_get_dimension_size(ctx: KernelContext, inst: Instruction, index: Index) -> ir.Value:
     (dimension,) = inst.attributes["dimensions"]
+    if inst.operand(0).shape.is_dynamic_dimension(dimension):  # the bound is no answer
+        raise NotImplementedError(f"CPU backend: %{inst.name} reads a dynamic size; "
+                                  "tfxla_lite.hlo.dynamic_padder.pad_dynamic replaces it")
     return ir.Constant(I32, inst.operand(0).shape.dims[dimension])
 
 
 @register("set-dimension-size", "opt-barrier")
 def emit_first_operand(ctx: KernelContext, inst: Instruction, index: Index) -> ir.Value:
-    if inst.shape.is_tuple:
-        raise NotImplementedError(f"CPU backend: a tuple-shaped {inst.opcode} (%{inst.name}); "
-                                  "the simplify pass replaces it by its operand")
+    if inst.shape.is_tuple or inst.shape.is_dynamic:
+        raise NotImplementedError(f"CPU backend: a tuple-shaped or dynamic {inst.opcode} "
+                                  f"(%{inst.name}); the simplify pass and the dynamic padder "
+                                  "replace it by its operand")
     return ctx.value(inst.operand(0), index)

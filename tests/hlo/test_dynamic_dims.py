@@ -411,3 +411,17 @@ def test_a_variadic_reduce_masks_every_input(n: int) -> None:
     got = compile_module(parse_module(ARGMAX), verify=True)(x, np.int32(n))
     np.testing.assert_array_equal(got[0], value)
     np.testing.assert_array_equal(got[1], index)
+
+
+def test_the_backends_refuse_a_dynamic_size_the_padder_did_not_take(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Should a path reach codegen without the padder, get-dimension-size of a dynamic
+    dimension is an error in both backends, not the bound."""
+    from tfxla_lite.codegen.gpu import emit_module
+    from tfxla_lite.passes import pipeline
+
+    monkeypatch.setattr(pipeline, "pad_dynamic", lambda module: None)
+    with pytest.raises(NotImplementedError, match=r"reads a dynamic size|dynamic set-dim"):
+        compile_module(parse_module(STATIC_RESULT), pipeline="")
+    with pytest.raises(NotImplementedError, match=r"reads a dynamic size|dynamic set-dim"):
+        emit_module(parse_module(STATIC_RESULT), pipeline="")
