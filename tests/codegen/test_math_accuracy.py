@@ -247,6 +247,24 @@ def test_tanh_is_tensorflows() -> None:
     assert tf_error <= CASES["tanh"][2], f"TF's tanh is now {tf_error} ulp off"
 
 
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_half_float_tanh_is_tensorflows(dtype: str) -> None:
+    """f16 and bf16 tanh (computed in f32, rounded once) give TF's bits for all 65,536
+    inputs but the bf16 denormals, which TF flushes to zero."""
+    tf = pytest.importorskip("tensorflow")
+    import ml_dtypes
+
+    numpy_type = np.float16 if dtype == "f16" else ml_dtypes.bfloat16
+    x = np.arange(1 << 16, dtype=np.uint16).view(numpy_type)
+    ours = _compile("tanh", Shape(dtype, x.shape))(x)[0]
+    theirs = tf.tanh(tf.constant(x)).numpy()
+    wide = x.astype(np.float32)
+    kept = ~np.isnan(wide) & ((np.abs(wide) >= np.finfo(np.float32).tiny) | (wide == 0))
+    differ = (ours.view(np.uint16) != theirs.view(np.uint16)) & kept
+    assert not differ.any(), (x[differ][:5], ours[differ][:5], theirs[differ][:5])
+    assert np.isnan(ours.astype(np.float32)[np.isnan(wide)]).all()
+
+
 def test_tanh_saturates_without_overshoot() -> None:
     """From the clamp on the result is exactly ±1, never beyond (a rational evaluated past
     its fitted range could pass 1); below it, under 1 (not monotonic there: TF's values
