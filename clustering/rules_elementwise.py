@@ -392,13 +392,19 @@ def _lower_selu(ctx: LoweringContext, op: tf.Operation, operands: Operands
 
 # -- erfc --------------------------------------------------------------------------------------
 # Cephes' erfcf polynomials in y = 1/x² for erfc(x)·|x|·exp(x²), highest degree first, as
-# XLA's ErfcImpl32 evaluates them: P below |x| = 2, R above.
+# XLA's ErfcImpl32 evaluates them: P below |x| = 2, R above (a leading 0 pads R to P's
+# length, so one Horner chain selects each coefficient).
 _ERFC_P = (2.326819970068386e-2, -1.387039388740657e-1, 3.687424674597105e-1,
            -5.824733027278666e-1, 6.210004621745983e-1, -4.944515323274145e-1,
            3.404879937665872e-1, -2.741127028184656e-1, 5.638259427386472e-1)
-_ERFC_R = (-1.047766399936249e+1, 1.297719955372516e+1, -7.495518717768503e+0,
+_ERFC_R = (0.0, -1.047766399936249e+1, 1.297719955372516e+1, -7.495518717768503e+0,
            2.921019019210786e+0, -1.015265279202700e+0, 4.218463358204948e-1,
            -2.820767439740514e-1, 5.641895067754075e-1)
+# erfc(x) = (1 - x) - x·E(x²) for |x| <= 1 with E(x²) = erf(x)/x - 1 (a least-squares fit
+# weighted by 1/erfc): 1 - x is exact near x = 1, where 1 - erf(x) cancels 2 bits.
+_ERFC_SMALL = (7.446003291988745e-05, -7.874470902606845e-04, 5.170855671167374e-03,
+               -2.684292569756508e-02, 1.1283250898122787e-01, -3.761258125305176e-01,
+               1.2837915122509003e-01)
 # Above this x², exp(-x²) is below the smallest subnormal float (Cephes' MAXLOGF).
 _ERFC_MAX_SQUARE = 88.72283905206835
 # Veltkamp's splitter for 24-bit floats: x·4097 - (x·4097 - x) keeps x's top 12 bits, so
@@ -411,6 +417,21 @@ def _horner(ctx: LoweringContext, y: Instruction, coefficients: tuple[float, ...
     result = ctx.full(coefficients[0], y.shape)
     for c in coefficients[1:]:
         result = ctx.emit("add", [ctx.emit("multiply", [result, y]), ctx.full(c, y.shape)])
+    return result
+
+
+def _horner_either(ctx: LoweringContext, y: Instruction, first: Instruction,
+                   coefficients: tuple[tuple[float, ...], tuple[float, ...]]) -> Instruction:
+    """Horner's scheme on the first polynomial where `first` holds, else the second (of
+    equal length): a select per coefficient instead of evaluating both."""
+    def coefficient(pair: tuple[float, float]) -> Instruction:
+        return ctx.emit("select", [first, ctx.full(pair[0], y.shape),
+                                   ctx.full(pair[1], y.shape)])
+
+    pairs = list(zip(*coefficients, strict=True))
+    result = coefficient(pairs[0])
+    for pair in pairs[1:]:
+        result = ctx.emit("add", [ctx.emit("multiply", [result, y]), coefficient(pair)])
     return result
 
 
@@ -433,15 +454,18 @@ _SPLITTER64 = 134217729.0  # 2^27 + 1: Veltkamp's splitter for 53-bit doubles
 
 def _exp_minus_square(ctx: LoweringContext, a: Instruction, splitter: float = _SPLITTER
                       ) -> Instruction:
-    """exp(-a²) without the error of rounding a² (40 ulp at a = 9): a = high + low with
-    high² exact, so exp(-a²) = exp(-high²)·exp(-(2·high + low)·low)."""
+    """exp(-a²) without the error of rounding a² (40 ulp at a = 9): s = a² rounded and its
+    error e = a² - s exactly (Dekker's product of a's Veltkamp halves), then
+    exp(-a²) = exp(-s)·exp(-e) = exp(-s)·(1 - e), as |e| is below half an ulp of s."""
     scaled = ctx.emit("multiply", [a, ctx.full(splitter, a.shape)])
     high = ctx.emit("subtract", [scaled, ctx.emit("subtract", [scaled, a])])
     low = ctx.emit("subtract", [a, high])
-    high_square = ctx.emit("negate", [ctx.emit("multiply", [high, high])])
-    cross = ctx.emit("multiply", [ctx.emit("add", [ctx.emit("add", [high, high]), low]), low])
-    return ctx.emit("multiply", [ctx.emit("exponential", [high_square]),
-                                 ctx.emit("exponential", [ctx.emit("negate", [cross])])])
+    square = ctx.emit("multiply", [a, a])
+    error = ctx.emit("subtract", [ctx.emit("multiply", [high, high]), square])
+    error = ctx.emit("add", [error, ctx.emit("multiply", [ctx.emit("add", [high, high]), low])])
+    error = ctx.emit("add", [error, ctx.emit("multiply", [low, low])])
+    rounded = ctx.emit("exponential", [ctx.emit("negate", [square])])
+    return ctx.emit("subtract", [rounded, ctx.emit("multiply", [rounded, error])])
 
 
 def _erfc64(ctx: LoweringContext, x: Instruction) -> Instruction:
@@ -469,7 +493,8 @@ def _erfc64(ctx: LoweringContext, x: Instruction) -> Instruction:
 
 
 @register("Erfc", dtypes=FLOAT,
-          note="XLA's ErfcImpl32 and ErfcImpl64 (Cephes); 2-byte floats through float32")
+          note="Cephes' tails (XLA's ErfcImpl32/64), exp(-x²) with one exponential; "
+               "2-byte floats through float32")
 def _lower_erfc(ctx: LoweringContext, op: tf.Operation, operands: Operands
                 ) -> list[Instruction]:
     x = operands[0]
@@ -482,15 +507,16 @@ def _lower_erfc(ctx: LoweringContext, op: tf.Operation, operands: Operands
 
 
 def _erfc32(ctx: LoweringContext, x: Instruction) -> Instruction:
-    """As XLA and Cephes: 1 - erf(x) for |x| <= 1 (no cancellation there: erfc >= 0.157),
-    else exp(-x²)/|x|·P, erfc(-x) = 2 - erfc(x), and 0 once exp(-x²) underflows."""
+    """Cephes' tail as XLA: exp(-x²)/|x|·P(1/x²) for |x| > 1 (R from 2 on), erfc(-x) =
+    2 - erfc(x), 0 once exp(-x²) underflows; (1 - x) - x·E(x²) for |x| <= 1."""
     one = ctx.full(1, x.shape)
-    near_zero = ctx.emit("subtract", [one, ctx.emit("erf", [x])])
+    near_zero = ctx.emit("subtract", [ctx.emit("subtract", [one, x]), ctx.emit(
+        "multiply", [x, _horner(ctx, ctx.emit("multiply", [x, x]), _ERFC_SMALL)])])
     a = ctx.emit("abs", [x])
     q = ctx.emit("divide", [one, a])
     y = ctx.emit("multiply", [q, q])
     below_two = ctx.emit("compare", [a, ctx.full(2.0, x.shape)], direction="LT")
-    p = ctx.emit("select", [below_two, _horner(ctx, y, _ERFC_P), _horner(ctx, y, _ERFC_R)])
+    p = _horner_either(ctx, y, below_two, (_ERFC_P, _ERFC_R))
     tail = ctx.emit("multiply", [ctx.emit("multiply", [_exp_minus_square(ctx, a), q]), p])
     underflow = ctx.emit("compare", [ctx.emit("multiply", [a, a]),
                                      ctx.full(_ERFC_MAX_SQUARE, x.shape)], direction="GT")
