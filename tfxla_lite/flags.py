@@ -108,7 +108,8 @@ FLAGS: dict[str, Flag] = {flag.name: flag for flag in (
          "instead of falling back to TF's XLA (or auto-clustering) with a warning"),
     Flag("compile_convolutions", "", _boolean,
          "compile every Conv2D/Conv3D/DepthwiseConv2dNative and their gradients (default "
-         "false: those oneDNN runs faster for their shape stay in TF, rules_conv_cost.py)"),
+         "false: auto-clustering leaves those oneDNN runs faster for their shape in TF, "
+         "rules_conv_cost.py; must-compile compiles every one)"),
     Flag("log_level", "LEVEL", _lowered,
          "level of the 'tfxla_lite' logger: debug, info, warning or error"),
     Flag("pause_collector", "", _boolean,
