@@ -103,8 +103,10 @@ def _lower_sparse_softmax_cross_entropy(ctx: LoweringContext, op: tf.Operation,
 def _check_arg_reduce(op: tf.Operation) -> str | None:
     dims = known_dims(op.inputs[0])
     axis = constant_value(op.inputs[1])
-    if dims is None or axis is None or not dims:
-        return None if dims else "a scalar input"
+    if dims is None or axis is None:
+        return None  # marking reports unknown shapes and non-constant inputs itself
+    if not dims:
+        return "a scalar input"
     if dims[int(axis) % len(dims)] == 0:
         return "an empty reduced dimension (TF raises)"
     return None

@@ -20,6 +20,7 @@ import tfxla_lite as tl
 from tfxla_lite import options
 from tfxla_lite.original_function import original_tf_function
 from tfxla_lite.runtime import loader
+from tfxla_lite.stats import PROCESS_STATS
 
 MODES = ["auto", "jit"]
 
@@ -221,3 +222,25 @@ def test_sparse_arguments_must_compile_fail_as_tf_does() -> None:
         _tf()(_sparse_product, jit_compile=True)(*SPARSE)
     with pytest.raises(tf.errors.InvalidArgumentError, match="SparseTensorDenseMatMul"):
         _compiled("jit", _sparse_product)(*SPARSE)
+
+
+def test_arg_max_of_an_unknown_batch_compiles() -> None:
+    """Keras's accuracy metrics take an ArgMax of the batch's logits, whose batch is
+    unknown in a step traced for any batch: it compiles (it was refused as 'a scalar
+    input', and a must-compile step with it ran on TF's XLA, whole)."""
+    def f(logits, labels):
+        hits = tf.equal(tf.argmax(logits, axis=-1, output_type=tf.int32), labels)
+        return tf.reduce_mean(tf.cast(hits, tf.float32)), tf.argmin(logits, axis=1)
+
+    compiled = tl.function(f, jit_compile=True)
+    # Called in a trace for any batch (Keras's step inside its loop over a dataset), the
+    # compiled call is traced with the batch unknown.
+    signature = [tf.TensorSpec([None, 3], tf.float32), tf.TensorSpec([None], tf.int32)]
+    outer = _tf()(lambda logits, labels: compiled(logits, labels), input_signature=signature)
+    before = PROCESS_STATS.xla_fallbacks
+    rng = np.random.default_rng(2)
+    for batch in (7, 4):
+        logits = tf.constant(rng.standard_normal((batch, 3)).astype(np.float32))
+        labels = tf.constant(rng.integers(0, 3, batch).astype(np.int32))
+        _same(outer(logits, labels), _tf()(f)(logits, labels))
+    assert PROCESS_STATS.xla_fallbacks == before, PROCESS_STATS.summary()

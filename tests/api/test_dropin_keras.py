@@ -119,3 +119,54 @@ def test_mixed_bfloat16_fit(jit_compile) -> None:
     for n, (a, b) in enumerate(zip(ours, expected)):
         np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32),
                                    rtol=1e-2, atol=1e-3, err_msg=f"result {n}")
+
+
+LABELS = (X @ RNG.standard_normal((8, 3)).astype(np.float32)).argmax(-1).astype(np.int32)
+SAMPLE_WEIGHTS = RNG.uniform(0.5, 2.0, 40).astype(np.float32)
+
+
+def _classifier(jit_compile: bool, steps_per_execution: int = 1) -> keras.Model:
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
+                              keras.layers.Dropout(0.3), keras.layers.BatchNormalization(),
+                              keras.layers.Dense(3)])
+    model.compile(keras.optimizers.RMSprop(0.01),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"], jit_compile=jit_compile,
+                  steps_per_execution=steps_per_execution)
+    return model
+
+
+def _plain_then_ours(run: Callable[[], Any]) -> tuple[list, list, Any]:
+    """Plain TF's results (no XLA: compiled Dropout draws plain TF's numbers, which TF's
+    XLA does not), then ours, with the clustering reports of the step functions."""
+    expected = tf.nest.flatten(run(False))
+    tl.enable(options.Options(verify=True, auto_jit=2))
+    before = loader.launch_timing().launches
+    ours = tf.nest.flatten(run(True))
+    assert loader.launch_timing().launches > before, "tfxla-lite ran the program"
+    return ours, expected
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("steps_per_execution", [1, 3])
+def test_classifier_with_accuracy_and_a_partial_batch_compiles_whole(steps_per_execution
+                                                                      ) -> None:
+    """A jit_compile=True classifier step with an accuracy metric (ArgMax), Dropout,
+    BatchNorm, sample or class weights and a partial last batch (40 = 3 x 12 + 4):
+    compiled whole by tfxla-lite, never TF's XLA (an ArgMax of unknown batch was refused
+    as 'a scalar input', which sent the whole step to TF's XLA), with plain TF's numbers."""
+    from tfxla_lite.stats import PROCESS_STATS
+
+    def run(compiled: bool) -> list:
+        model = _classifier(True if compiled else False, steps_per_execution)
+        weights = ({"class_weight": {0: 1.0, 1: 2.0, 2: 0.5}} if steps_per_execution > 1
+                   else {"sample_weight": SAMPLE_WEIGHTS})
+        history = model.fit(X, LABELS, batch_size=12, epochs=2, verbose=0, shuffle=False,
+                            **weights)
+        return [[history.history[k] for k in sorted(history.history)], *model.get_weights()]
+
+    on_xla = PROCESS_STATS.xla_fallbacks
+    ours, expected = _plain_then_ours(run)
+    assert PROCESS_STATS.xla_fallbacks == on_xla, PROCESS_STATS.summary()
+    _check(ours, expected)
