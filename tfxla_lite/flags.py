@@ -116,7 +116,7 @@ FLAGS: dict[str, Flag] = {flag.name: flag for flag in (
          "pause Python's garbage collector while a signature compiles (default true)"),
     Flag("parallel_runtime", "RUNTIME", _lowered,
          "what big kernels' parallel parts run on: tf (TF's intra-op pool, the default), "
-         "openmp (libgomp) or serial"),
+         "tf_team (the pool, helpers that stay for a launch), openmp (libgomp) or serial"),
     Flag("output_pool_mb", "MB", _integer,
          "cap on the idle output blocks the launch op keeps mapped (default 1024; 0: off)"),
     Flag("cache", "on|memory|off", _lowered,

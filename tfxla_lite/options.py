@@ -15,7 +15,7 @@ from dataclasses import dataclass, fields, replace
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 # What the parallel parts of kernels launched by TF run on (`parallel_runtime`).
-PARALLEL_RUNTIMES = ("tf", "openmp", "serial")
+PARALLEL_RUNTIMES = ("tf", "openmp", "serial", "tf_team")
 # What `cache` may be (`tfxla_lite.codegen.cache.policy`).
 CACHE_SETTINGS = ("on", "memory", "off")
 # What `check_numerics` may be (`tfxla_lite.numerics_check`).
@@ -58,7 +58,7 @@ class Options:
     hlo_control_flow: bool = True
     log_level: str | None = None
     pause_collector: bool = True
-    parallel_runtime: str = "tf"  # "tf", "openmp" or "serial", process-wide
+    parallel_runtime: str = "tf"  # "tf", "tf_team", "openmp" or "serial", process-wide
     output_pool_mb: int = 1024
     cache: str | None = None
     tiered_llvm: bool | None = None

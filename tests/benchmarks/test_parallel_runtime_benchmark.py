@@ -27,7 +27,7 @@ def test_runs_every_runtime_and_writes_json(tmp_path: Path) -> None:
     document = json.loads(out.read_text())
     assert {"cores", "load_before", "load_after", "results"} <= set(document)
     (result,) = document["results"]
-    runtimes = ["tf", "openmp", "serial"]
+    runtimes = ["tf", "openmp", "serial", "tf_team"]
     for field in ("median_ms", "best_ms", "median_vs_first", "cpu_ms"):
         assert list(result[field]) == runtimes
     assert result["median_vs_first"]["tf"] == 1.0

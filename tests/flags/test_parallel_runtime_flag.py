@@ -10,17 +10,18 @@ from tfxla_lite.options import PARALLEL_RUNTIMES, Options, OptionsError
 
 
 def test_default_is_a_known_runtime() -> None:
-    assert Options().parallel_runtime in PARALLEL_RUNTIMES == ("tf", "openmp", "serial")
+    assert Options().parallel_runtime in PARALLEL_RUNTIMES == ("tf", "openmp", "serial", "tf_team")
 
 
 @pytest.mark.parametrize("text,expected", [("tf", "tf"), ("OpenMP", "openmp"),
-                                           ("serial", "serial")])
+                                           ("serial", "serial"), ("TF_Team", "tf_team")])
 def test_flag_values(text: str, expected: str) -> None:
     assert flags.parse_flags(f"--parallel_runtime={text}") == {"parallel_runtime": expected}
 
 
 @pytest.mark.parametrize("text,message", [
-    ("--parallel_runtime=gomp", "parallel_runtime must be one of tf, openmp, serial, got 'gomp'"),
+    ("--parallel_runtime=gomp",
+     "parallel_runtime must be one of tf, openmp, serial, tf_team, got 'gomp'"),
     ("--parallel_runtime", "--parallel_runtime needs a value"),
     ("--parallel_runtime=", "bad value '' for --parallel_runtime"),
 ])

@@ -1,8 +1,9 @@
 """Parallel kernels launched by TF (launch_op.cc's `tfxla_lite_parallel`): the same bits on
-TF's intra-op pool, on libgomp and on the caller alone, for loop, row, dot and reduction
-kernels; concurrent launches from several TF threads; regions whose pool workers start
-late (after the caller did every part); kernels called outside a launch; and the
-`parallel_runtime` option reaching the op library."""
+TF's intra-op pool (closures per region, or a team per launch), on libgomp and on the
+caller alone, for loop, row, dot and reduction kernels; concurrent launches from several
+TF threads; regions whose pool workers start late (after the caller did every part); a
+team's helpers serving several regions of one launch; kernels called outside a launch;
+and the `parallel_runtime` option reaching the op library."""
 
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ pytestmark = pytest.mark.skipif(
     parallel.effective_threads(None) < 2,
     reason="one CPU (or no libgomp): kernels are compiled serial, no parallel region runs")
 
-RUNTIMES = ("tf", "openmp", "serial")
+RUNTIMES = ("tf", "tf_team", "openmp", "serial")
+POOL_RUNTIMES = ("tf", "tf_team")
 
 
 @pytest.fixture(autouse=True)
@@ -96,7 +98,7 @@ def test_same_bits_on_every_runtime(case: str) -> None:
         before = loader.parallel_stats()
         results[runtime] = compiled(*args).numpy()
         ran = _stats_delta(before)
-        if runtime == "tf":
+        if runtime in POOL_RUNTIMES:
             assert ran.on_pool > 0 and ran.on_openmp == 0, ran
         elif runtime == "openmp":
             assert ran.on_openmp > 0 and ran.on_pool == 0, ran
@@ -107,7 +109,8 @@ def test_same_bits_on_every_runtime(case: str) -> None:
     assert_close(results["tf"], fn(*args).numpy(), op, context=case)
 
 
-def test_concurrent_launches_from_several_tf_threads() -> None:
+@pytest.mark.parametrize("runtime", POOL_RUNTIMES)
+def test_concurrent_launches_from_several_tf_threads(runtime: str) -> None:
     """Independent branches of one tf.function (TF's inter-op threads run them at once),
     called from several Python threads at once: every launch has regions of its own."""
     soft = tl.function(_row, jit_compile=True)
@@ -121,7 +124,7 @@ def test_concurrent_launches_from_several_tf_threads() -> None:
                _tensor((1280, 1000), 30 + n)] for n in range(3)]
     loader.set_parallel_runtime("serial")
     expected = [[t.numpy() for t in branches(*args)] for args in inputs]
-    loader.set_parallel_runtime("tf")
+    loader.set_parallel_runtime(runtime)
     before = loader.parallel_stats()
     errors: list[str] = []
 
@@ -164,7 +167,8 @@ def _drain(timeout: float = 10.0) -> None:
         time.sleep(0.01)
 
 
-def test_late_workers_never_touch_a_finished_region() -> None:
+@pytest.mark.parametrize("runtime", POOL_RUNTIMES)
+def test_late_workers_never_touch_a_finished_region(runtime: str) -> None:
     """Many small parallel launches (just above the threshold, microseconds each) while
     other threads keep TF's intra-op pool busy with matmuls: most closures start after
     their caller has done every part and returned (its `data` is gone from its stack).
@@ -172,7 +176,7 @@ def test_late_workers_never_touch_a_finished_region() -> None:
     small = tl.function(lambda x: x * 2.0 + 1.0, jit_compile=True)
     x = _tensor((parallel.PARALLEL_MIN_WORK + 7,), 40)
     expected = x.numpy() * 2.0 + 1.0
-    loader.set_parallel_runtime("tf")
+    loader.set_parallel_runtime(runtime)
     small(x)
     _drain()  # a closure still queued from earlier would be counted below
     big = _tensor((640, 640), 41)
@@ -206,6 +210,51 @@ def test_late_workers_never_touch_a_finished_region() -> None:
     assert ran.workers_late > 0, ran  # the path under test did run
 
 
+def _chain(x: tf.Tensor, w: tf.Tensor) -> tf.Tensor:
+    # Three dots in a row: several parallel kernels (regions) in one launch.
+    for _ in range(3):
+        x = tf.nn.relu(tf.matmul(x, w * 0.04))
+    return x
+
+
+def test_team_helpers_serve_several_regions_of_a_launch() -> None:
+    """Under "tf_team" a launch of several parallel regions wakes fewer pool closures
+    than it has regions when its helpers stay between regions (a long idle wait here),
+    and gives the bits of the caller alone; every closure is accounted for."""
+    compiled = tl.function(_chain, jit_compile=True)
+    x, w = _tensor((384, 520), 50), _tensor((520, 520), 51)
+    loader.set_parallel_runtime("serial")
+    expected = compiled(x, w).numpy()
+    loader.set_parallel_runtime("tf_team")
+    previous_idle = loader.set_team_idle(20000.0)
+    try:
+        compiled(x, w)
+        _drain()
+        before = loader.parallel_stats()
+        served_before = loader.team_regions_entered()
+        # On two free cores every helper serves several regions; on a busy machine a
+        # helper may start late (in a launch's last region, or after it): a few rounds.
+        for _ in range(5):
+            for _ in range(10):
+                np.testing.assert_array_equal(compiled(x, w).numpy(), expected)
+            ran = _wait_for_pool(before)
+            served = loader.team_regions_entered() - served_before
+            if served > ran.workers_entered:
+                break
+    finally:
+        loader.set_team_idle(previous_idle)
+    assert ran.on_pool >= 10 * 3, ran
+    assert ran.workers_entered + ran.workers_late == ran.workers_scheduled, ran
+    assert ran.workers_scheduled < ran.on_pool, ran
+    assert served > ran.workers_entered, (served, ran)
+    assert_close(expected, _chain(x, w).numpy(), "MatMul")
+
+
+def test_team_idle_refuses_a_negative_wait() -> None:
+    with pytest.raises(ValueError, match="at least 0 us"):
+        loader.set_team_idle(-1.0)
+
+
 def test_kernels_called_outside_a_launch_use_libgomp() -> None:
     """An executable called from Python (ctypes, no TF op around it) has no pool: its
     regions run on libgomp under the "tf" runtime, alone under "serial"."""
@@ -221,7 +270,8 @@ def test_kernels_called_outside_a_launch_use_libgomp() -> None:
     assert parallel.parallel_runtime_bound()
     assert parallel.RUNTIME_SYMBOL in executable.llvm_ir
     value = np.random.default_rng(3).standard_normal((5, 1 << 16)).astype(np.float32)
-    for runtime, counter in (("tf", "on_openmp"), ("serial", "serial")):
+    for runtime, counter in (("tf", "on_openmp"), ("tf_team", "on_openmp"),
+                             ("serial", "serial")):
         loader.set_parallel_runtime(runtime)
         before = loader.parallel_stats()
         (result,) = executable(value)
@@ -253,7 +303,7 @@ def test_option_reaches_the_op_library(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_runtime_names_agree() -> None:
     """The option's values are the op library's runtimes, in the enum's order."""
     assert tuple(loader.PARALLEL_RUNTIMES) == PARALLEL_RUNTIMES
-    assert list(loader.PARALLEL_RUNTIMES.values()) == [0, 1, 2]
+    assert list(loader.PARALLEL_RUNTIMES.values()) == [0, 1, 2, 3]
     for name in PARALLEL_RUNTIMES:
         loader.set_parallel_runtime(name)
         assert loader.parallel_runtime() == name

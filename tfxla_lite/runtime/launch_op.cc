@@ -620,25 +620,32 @@ Tensor* PooledOutput(OpKernelContext* ctx, int j, DataType dtype, const TensorSh
 // function once the library is loaded (loader.py), to GOMP_parallel before that.
 //
 // A launch sets the thread's current pool (ScopedPool, around `entry`). With a pool,
-// the caller schedules up to threads - 1 closures on it, runs `task(data)` itself, then
-// closes the region: a closure that starts afterwards returns without touching `data`
-// (which lives on the kernel's stack), and the caller waits only for the closures that
-// entered before it closed. A worker that TF has not scheduled yet (asleep, busy with
-// other ops) thus never holds a launch up: the caller does its parts. Since the caller
-// never waits for a closure to start, a launch on one of the pool's own threads cannot
-// deadlock.
+// the default runtime (kTfPool) schedules up to threads - 1 closures on it for every
+// region. The team runtime (kTfTeam) schedules them at a launch's first region, and a
+// helper that starts stays for the launch's later regions too, spinning briefly between
+// them and leaving the pool thread after a short idle time (or when the launch ends);
+// the next region then schedules again: a launch pays the wake-up (Schedule) about once
+// instead of once per region.
+//
+// Either way the caller runs `task(data)` itself, then closes the region: a helper that
+// comes afterwards returns without touching `data` (which lives on the kernel's stack),
+// and the caller waits only for the helpers that entered before it closed. A worker that
+// TF has not scheduled yet (asleep, busy with other ops) thus never holds a launch up:
+// the caller does its parts. Since the caller never waits for a helper to start, a
+// launch on one of the pool's own threads cannot deadlock.
 
 enum ParallelRuntime : int {
-  kTfPool = 0,   // TF's intra-op pool of the launch; libgomp without one
-  kOpenMp = 1,   // libgomp's GOMP_parallel (its own team of threads)
-  kSerial = 2,   // the caller alone
+  kTfPool = 0,  // TF's intra-op pool of the launch, closures per region; libgomp without one
+  kOpenMp = 1,  // libgomp's GOMP_parallel (its own team of threads)
+  kSerial = 2,  // the caller alone
+  kTfTeam = 3,  // TF's intra-op pool, helpers that stay for a launch; libgomp without one
 };
 
 // Read on every parallel region (relaxed: a switch may take a region or two to show).
 std::atomic<int> parallel_runtime{kTfPool};
 // What parallel regions ran on (tfxla_lite_parallel_stats): TF's pool, libgomp, the
-// caller alone; and the pool's closures scheduled, those that ran the task, and those
-// that found their region closed.
+// caller alone; and the pool's closures scheduled, those that ran the task (a team
+// helper: of one region at least), and those that found no open region to enter.
 std::atomic<int64_t> regions_on_pool{0};
 std::atomic<int64_t> regions_on_openmp{0};
 std::atomic<int64_t> regions_serial{0};
@@ -656,22 +663,10 @@ std::atomic<int64_t> worker_start_ns{0};
 // How long the caller spins for a worker finishing its last part before it sleeps
 // (tfxla_lite_set_join_spin; read per region, so that A/B runs fit in one process).
 std::atomic<int64_t> join_spin_ns{20000};
-
-thread_local tsl::thread::ThreadPool* current_pool = nullptr;
-
-// Sets this thread's pool for one launch; restores the previous one (nested launches).
-class ScopedPool {
- public:
-  explicit ScopedPool(tsl::thread::ThreadPool* pool) : previous_(current_pool) {
-    current_pool = pool;
-  }
-  ScopedPool(const ScopedPool&) = delete;
-  ScopedPool& operator=(const ScopedPool&) = delete;
-  ~ScopedPool() { current_pool = previous_; }
-
- private:
-  tsl::thread::ThreadPool* previous_;
-};
+// How long a team helper waits for the launch's next region before it leaves the pool
+// thread (tfxla_lite_set_team_idle); and the regions team helpers entered.
+std::atomic<int64_t> team_idle_ns{20000};
+std::atomic<int64_t> team_regions_entered{0};
 
 using TaskFunction = void (*)(void*);
 using GompParallel = void (*)(TaskFunction, void*, unsigned, unsigned);
@@ -757,6 +752,160 @@ struct Region {
   std::condition_variable done_;
 };
 
+// A launch's team: the regions of one launch, run one after another by its caller, and
+// the helpers that stay for them. `state_` packs the region's number (high 32 bits), the
+// closed and sleeping flags and the count of helpers inside the task, so that a helper
+// enters only the region it saw open; `task` and `data` are written by the caller before
+// it opens a region (release) and read by a helper after it entered (acquire), and
+// change only while the region is closed with nobody inside. On the heap: a helper may
+// start after its launch ended.
+class Team {
+ public:
+  static constexpr uint64_t kClosed = 1u << 31;
+  static constexpr uint64_t kSleeping = 1u << 30;
+  static constexpr uint64_t kCount = kSleeping - 1;
+  static constexpr int kEpochShift = 32;
+
+  Team() : state_(kClosed) {}
+
+  // The caller: opens the next region; returns how many helpers to schedule so that
+  // `helpers` serve it (helpers already in the team, started or queued, count).
+  int Open(TaskFunction task, void* data, int helpers) {
+    task_ = task;
+    data_ = data;
+    epoch_ += 1;
+    state_.store(static_cast<uint64_t>(epoch_) << kEpochShift, std::memory_order_release);
+    int members = members_.load(std::memory_order_relaxed);
+    const int missing = helpers - members;
+    if (missing <= 0) return 0;
+    members_.fetch_add(missing, std::memory_order_relaxed);
+    return missing;
+  }
+
+  // The caller, once its own task returned: no helper may enter the region from now on;
+  // returns when the helpers that entered have left it (spin, then sleep: as Region).
+  void CloseAndWait() {
+    uint64_t state = state_.fetch_or(kClosed, std::memory_order_acq_rel) | kClosed;
+    if ((state & kCount) == 0) return;
+    const auto deadline = std::chrono::steady_clock::now() +
+                          std::chrono::nanoseconds(join_spin_ns.load(std::memory_order_relaxed));
+    for (int spin = 1; (state & kCount) != 0; ++spin) {
+#if defined(__x86_64__) || defined(__i386__)
+      __builtin_ia32_pause();
+#endif
+      state = state_.load(std::memory_order_acquire);
+      if (spin % 64 == 0 && std::chrono::steady_clock::now() > deadline) break;
+    }
+    if ((state & kCount) == 0) return;
+    std::unique_lock<std::mutex> lock(mutex_);
+    state_.fetch_or(kSleeping, std::memory_order_acq_rel);
+    done_.wait(lock, [this] { return (state_.load(std::memory_order_acquire) & kCount) == 0; });
+    state_.fetch_and(~kSleeping, std::memory_order_relaxed);
+  }
+
+  // The caller, when the launch ends: helpers leave at their next look.
+  void Disband() { disbanded_.store(true, std::memory_order_release); }
+
+  // A helper (a pool closure): enters every region it sees open until the team is
+  // disbanded or no region opened for `team_idle_ns`.
+  void Serve(std::chrono::steady_clock::time_point scheduled) {
+    worker_start_ns.fetch_add(Region::NanosecondsSince(scheduled), std::memory_order_relaxed);
+    const int64_t idle_ns = team_idle_ns.load(std::memory_order_relaxed);
+    uint64_t seen = 0;  // the last region number this helper entered or found closed
+    int64_t entered = 0;
+    auto idle_since = std::chrono::steady_clock::now();
+    for (int spin = 1;; ++spin) {
+      if (disbanded_.load(std::memory_order_acquire)) break;
+      uint64_t state = state_.load(std::memory_order_acquire);
+      const uint64_t epoch = state >> kEpochShift;
+      if (epoch != seen) {
+        seen = epoch;
+        if (TryEnter(state)) {
+          ++entered;
+          task_(data_);
+          Leave();
+        }
+        idle_since = std::chrono::steady_clock::now();
+        spin = 0;
+        continue;
+      }
+      // Spins, not sched_yield: under load a yielding helper is off its core for whole
+      // time slices when the next region opens, and counts as present all the while.
+#if defined(__x86_64__) || defined(__i386__)
+      __builtin_ia32_pause();
+#endif
+      if (spin % 64 == 0 &&
+          std::chrono::steady_clock::now() - idle_since > std::chrono::nanoseconds(idle_ns)) {
+        break;
+      }
+    }
+    members_.fetch_sub(1, std::memory_order_relaxed);
+    team_regions_entered.fetch_add(entered, std::memory_order_relaxed);
+    (entered > 0 ? workers_entered : workers_late).fetch_add(1, std::memory_order_relaxed);
+  }
+
+ private:
+  // Enters the region `state` describes if it is still that one and open.
+  bool TryEnter(uint64_t state) {
+    const uint64_t epoch = state >> kEpochShift;
+    while ((state >> kEpochShift) == epoch && !(state & kClosed)) {
+      if (state_.compare_exchange_weak(state, state + 1, std::memory_order_acquire,
+                                       std::memory_order_acquire)) {
+        return true;
+      }
+    }
+    return false;
+  }
+
+  void Leave() {
+    const uint64_t before = state_.fetch_sub(1, std::memory_order_acq_rel);
+    if ((before & kCount) == 1 && (before & kSleeping)) {
+      // Taking the mutex orders this wake-up after the caller's wait began.
+      { std::lock_guard<std::mutex> lock(mutex_); }
+      done_.notify_one();
+    }
+  }
+
+  std::atomic<uint64_t> state_;
+  std::atomic<int> members_{0};
+  std::atomic<bool> disbanded_{false};
+  uint32_t epoch_ = 0;  // the caller's alone
+  TaskFunction task_ = nullptr;
+  void* data_ = nullptr;
+  std::mutex mutex_;
+  std::condition_variable done_;
+};
+
+// This thread's launch: its pool and, from its first team region on, its team. Set for
+// one launch (around `entry`); restores the previous one (nested launches).
+class ScopedPool;
+thread_local ScopedPool* current_scope = nullptr;
+
+class ScopedPool {
+ public:
+  explicit ScopedPool(tsl::thread::ThreadPool* pool) : pool_(pool), previous_(current_scope) {
+    current_scope = this;
+  }
+  ScopedPool(const ScopedPool&) = delete;
+  ScopedPool& operator=(const ScopedPool&) = delete;
+  ~ScopedPool() {
+    if (team_ != nullptr) team_->Disband();
+    current_scope = previous_;
+  }
+
+  tsl::thread::ThreadPool* pool() const { return pool_; }
+  const std::shared_ptr<Team>& team() {
+    if (team_ == nullptr) team_ = std::make_shared<Team>();
+    return team_;
+  }
+
+ private:
+  tsl::thread::ThreadPool* const pool_;
+  ScopedPool* const previous_;
+  std::shared_ptr<Team> team_;
+};
+
+// The default (kTfPool): closures scheduled for this region alone.
 void RunOnPool(tsl::thread::ThreadPool* pool, TaskFunction task, void* data,
                unsigned threads) {
   const int helpers = static_cast<int>(
@@ -783,6 +932,38 @@ void RunOnPool(tsl::thread::ThreadPool* pool, TaskFunction task, void* data,
   caller_join_ns.fetch_add(Region::NanosecondsSince(finished), std::memory_order_relaxed);
 }
 
+void RunOnTeam(ScopedPool& scope, TaskFunction task, void* data, unsigned threads) {
+  tsl::thread::ThreadPool* pool = scope.pool();
+  const int helpers = static_cast<int>(
+      std::min<int64_t>(static_cast<int64_t>(threads) - 1, pool->NumThreads()));
+  if (helpers <= 0) {
+    regions_serial.fetch_add(1, std::memory_order_relaxed);
+    task(data);
+    return;
+  }
+  regions_on_pool.fetch_add(1, std::memory_order_relaxed);
+  const std::shared_ptr<Team>& team = scope.team();
+  const auto opened = std::chrono::steady_clock::now();
+  const int missing = team->Open(task, data, helpers);
+  if (missing > 0) {
+    workers_scheduled.fetch_add(missing, std::memory_order_relaxed);
+    for (int i = 0; i < missing; ++i) {
+      pool->Schedule([team = team, opened] { team->Serve(opened); });
+    }
+  }
+  const auto started = std::chrono::steady_clock::now();
+  caller_schedule_ns.fetch_add(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(started - opened).count(),
+      std::memory_order_relaxed);
+  task(data);
+  const auto finished = std::chrono::steady_clock::now();
+  team->CloseAndWait();
+  caller_task_ns.fetch_add(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(finished - started).count(),
+      std::memory_order_relaxed);
+  caller_join_ns.fetch_add(Region::NanosecondsSince(finished), std::memory_order_relaxed);
+}
+
 void RunParallel(TaskFunction task, void* data, unsigned threads, unsigned flags) {
   const int runtime = parallel_runtime.load(std::memory_order_relaxed);
   if (runtime == kSerial || threads <= 1) {
@@ -790,10 +971,15 @@ void RunParallel(TaskFunction task, void* data, unsigned threads, unsigned flags
     task(data);
     return;
   }
-  tsl::thread::ThreadPool* pool = current_pool;
-  if (runtime == kTfPool && pool != nullptr) {
-    RunOnPool(pool, task, data, threads);
-    return;
+  if (current_scope != nullptr && current_scope->pool() != nullptr) {
+    if (runtime == kTfTeam) {
+      RunOnTeam(*current_scope, task, data, threads);
+      return;
+    }
+    if (runtime == kTfPool) {
+      RunOnPool(current_scope->pool(), task, data, threads);
+      return;
+    }
   }
   if (GompParallel gomp = FindGompParallel()) {
     regions_on_openmp.fetch_add(1, std::memory_order_relaxed);
@@ -1570,10 +1756,11 @@ TFXLA_LITE_EXPORT void tfxla_lite_parallel(void (*task)(void*), void* data, unsi
 }
 
 // Chooses what parallel regions run on from the next region on: 0 TF's intra-op pool
-// (libgomp outside a launch), 1 libgomp, 2 the caller alone. Returns the previous
-// choice, or -1 for an unknown one (nothing changes).
+// with closures per region, 3 the pool with a team per launch (libgomp outside a launch
+// for both), 1 libgomp, 2 the caller alone. Returns the previous choice, or -1 for an
+// unknown one (nothing changes).
 TFXLA_LITE_EXPORT int tfxla_lite_set_parallel_runtime(int runtime) {
-  if (runtime < tfxla_lite::kTfPool || runtime > tfxla_lite::kSerial) return -1;
+  if (runtime < tfxla_lite::kTfPool || runtime > tfxla_lite::kTfTeam) return -1;
   return tfxla_lite::parallel_runtime.exchange(runtime, std::memory_order_relaxed);
 }
 
@@ -1608,6 +1795,18 @@ TFXLA_LITE_EXPORT void tfxla_lite_launch_timing(int64_t* launches, int64_t* prol
 TFXLA_LITE_EXPORT int64_t tfxla_lite_set_join_spin(int64_t nanoseconds) {
   if (nanoseconds < 0) return tfxla_lite::join_spin_ns.load();
   return tfxla_lite::join_spin_ns.exchange(nanoseconds, std::memory_order_relaxed);
+}
+
+// Sets how long a team helper waits for its launch's next region before it leaves the
+// pool thread, in nanoseconds (negative: unchanged); returns the previous value.
+TFXLA_LITE_EXPORT int64_t tfxla_lite_set_team_idle(int64_t nanoseconds) {
+  if (nanoseconds < 0) return tfxla_lite::team_idle_ns.load();
+  return tfxla_lite::team_idle_ns.exchange(nanoseconds, std::memory_order_relaxed);
+}
+
+// Regions team helpers entered since the process started (one helper, several regions).
+TFXLA_LITE_EXPORT int64_t tfxla_lite_team_regions_entered() {
+  return tfxla_lite::team_regions_entered.load();
 }
 
 // Counts since the process started: regions run on TF's pool, on libgomp, and by the

@@ -100,7 +100,7 @@ def load_library() -> OpLibrary:
 
 
 # What `tfxla_lite_set_parallel_runtime` takes; must match ParallelRuntime in launch_op.cc.
-PARALLEL_RUNTIMES = {"tf": 0, "openmp": 1, "serial": 2}
+PARALLEL_RUNTIMES = {"tf": 0, "openmp": 1, "serial": 2, "tf_team": 3}
 _RUNTIME_NAMES = {code: name for name, code in PARALLEL_RUNTIMES.items()}
 
 
@@ -141,8 +141,10 @@ def _set_runtime(cdll: ctypes.CDLL, name: str) -> str:
 
 def set_parallel_runtime(name: str) -> str:
     """What parallel kernels launched by TF run their parts on, from the next parallel
-    region on, process-wide: "tf" (the launching op's intra-op thread pool), "openmp"
-    (libgomp's team) or "serial" (the launching thread alone). Returns the previous one.
+    region on, process-wide: "tf" (the launching op's intra-op thread pool, closures
+    scheduled per region), "tf_team" (the pool, helpers that stay for a launch's regions),
+    "openmp" (libgomp's team) or "serial" (the launching thread alone). Returns the
+    previous one.
     Usually set through the `parallel_runtime` option; this switch is for A/B runs."""
     return _set_runtime(load_library().cdll, name)
 
@@ -210,6 +212,22 @@ def set_join_spin(microseconds: float) -> float:
         raise ValueError(f"set_join_spin: the spin must be at least 0 us, got {microseconds}")
     previous = load_library().cdll.tfxla_lite_set_join_spin(round(microseconds * 1000))
     return previous / 1000
+
+
+def set_team_idle(microseconds: float) -> float:
+    """How long a "tf_team" runtime helper waits for its launch's next parallel region before
+    it gives its pool thread back (default 20 us), from the next helper on,
+    process-wide; returns the previous value. For A/B runs."""
+    if microseconds < 0:
+        raise ValueError(f"set_team_idle: the wait must be at least 0 us, got {microseconds}")
+    previous = load_library().cdll.tfxla_lite_set_team_idle(round(microseconds * 1000))
+    return previous / 1000
+
+
+def team_regions_entered() -> int:
+    """Parallel regions "tf_team" runtime helpers entered since the process started (a helper
+    that stays for a launch enters several)."""
+    return load_library().cdll.tfxla_lite_team_regions_entered()
 
 
 def _apply_output_pool_option(cdll: ctypes.CDLL) -> None:
@@ -367,6 +385,10 @@ def _declare_c_functions(cdll: ctypes.CDLL) -> None:
     cdll.tfxla_lite_launch_timing.restype = None
     cdll.tfxla_lite_set_join_spin.argtypes = [ctypes.c_int64]
     cdll.tfxla_lite_set_join_spin.restype = ctypes.c_int64
+    cdll.tfxla_lite_set_team_idle.argtypes = [ctypes.c_int64]
+    cdll.tfxla_lite_set_team_idle.restype = ctypes.c_int64
+    cdll.tfxla_lite_team_regions_entered.argtypes = []
+    cdll.tfxla_lite_team_regions_entered.restype = ctypes.c_int64
     cdll.tfxla_lite_set_output_pool.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int]
     cdll.tfxla_lite_set_output_pool.restype = None
     cdll.tfxla_lite_trim_output_pool.argtypes = [ctypes.c_int64]
