@@ -147,6 +147,40 @@ register("ArgMin", dtypes=NUMERIC | BOOL, static_inputs=(1,), check=_check_arg_r
          note=_ARG_NOTE)(_arg_reduce("minimum"))
 
 
+@register("InTopKV2", dtypes=frozenset({"float32", "bool"}) | INTEGER, static_inputs=(2,),
+          note="k constant")
+def _lower_in_top_k(ctx: LoweringContext, op: tf.Operation,
+                    operands: Operands) -> list[Instruction]:
+    """TF's InTopKV2 (Keras's top-k accuracy): whether each row's target class is among
+    its k largest predictions, ties counting for the target (fewer than k predictions
+    strictly greater). False, as in TF's CPU kernel, for a target out of range and for a
+    row with any non-finite prediction."""
+    predictions, targets = operands[0], operands[1]
+    dims = predictions.shape.dims
+    k = int(ctx.static_input(2))
+    index_type = targets.shape.element_type
+    classes = _iota(ctx, index_type, dims, 1)
+    chosen = ctx.emit("compare", [classes, _spread(ctx, targets, dims, 1)], direction="EQ")
+    # Exactly one element is chosen in range (0 + x is x for any x but -0.0, whose sign
+    # no comparison below sees); none out of range, which `in_range` says.
+    target = ctx.reduce(ctx.emit("select", [chosen, predictions,
+                                            ctx.full(0.0, predictions.shape)]), [1], "add", 0.0)
+    greater = ctx.emit("compare", [predictions, _spread(ctx, target, dims, 1)],
+                       direction="GT")
+    ahead = ctx.reduce(ctx.convert(greater, "s32"), [1], "add", 0)
+    finite = ctx.emit("compare", [ctx.emit("abs", [predictions]),
+                                  ctx.full(np.inf, predictions.shape)], direction="LT")
+    all_finite = ctx.reduce(ctx.convert(finite, "s32"), [1], "minimum", 1)
+    row = Shape("s32", dims[:1])
+    in_range = ctx.emit("and", [
+        ctx.emit("compare", [targets, ctx.full(0, targets.shape)], direction="GE"),
+        ctx.emit("compare", [targets, ctx.full(dims[1], targets.shape)], direction="LT")])
+    within = ctx.emit("compare", [ahead, ctx.full(max(min(k, 2**31 - 1), -(2**31)), row)],
+                      direction="LT")
+    finite_row = ctx.emit("compare", [all_finite, ctx.full(1, row)], direction="EQ")
+    return [ctx.emit("and", [ctx.emit("and", [in_range, within]), finite_row])]
+
+
 # -- top-k (and so tf.sort, tf.argsort) ---------------------------------------------------------
 # Three forms of one order (`_lower_top_k`): short rows count the elements ahead of each
 # (n² compares, vectorized); a few of many stream through HLO `topk`; the rest sort the

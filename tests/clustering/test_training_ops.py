@@ -232,6 +232,26 @@ def test_arg_reductions(op_type: str, reduce_fn: Callable[..., Any], dtype: Any,
     check_against_tf(fn, args, op_type)
 
 
+@pytest.mark.parametrize("k", [0, 1, 2, 5, 9, -1])
+@pytest.mark.parametrize("index_dtype", [I32, I64], ids=["int32", "int64"])
+def test_in_top_k(index_dtype: Any, k: int) -> None:
+    # Ties (halves), a NaN row, an infinite row, a flat row, targets out of range, and
+    # empty shapes: TF's kernel says false for non-finite rows and bad targets.
+    rng = np.random.default_rng(5)
+    predictions = np.round(rng.standard_normal((7, 5)) * 2).astype(np.float32) / 2
+    predictions[1, 3], predictions[2, 0], predictions[4, 2] = np.nan, np.inf, -np.inf
+    predictions[3, :] = 1.0
+    targets = np.array([0, 1, 2, 3, 4, 7, -1], index_dtype)
+    args = [predictions, targets, np.zeros((0, 3), np.float32), np.zeros((0,), index_dtype),
+            np.ones((2, 0), np.float32), np.zeros((2,), index_dtype)]
+
+    def fn(*xs: Any) -> list[Any]:
+        return [tf.raw_ops.InTopKV2(predictions=p, targets=t, k=tf.constant(k, index_dtype))
+                for p, t in zip(xs[::2], xs[1::2])]
+
+    check_against_tf(fn, args, "InTopKV2")
+
+
 @pytest.mark.parametrize("value_dtype", [F32, I32, BOOL], ids=["float32", "int32", "bool"])
 @pytest.mark.parametrize("index_dtype", [I32, I64], ids=["int32", "int64"])
 def test_one_hot(index_dtype: Any, value_dtype: Any) -> None:
@@ -394,4 +414,4 @@ TESTED_OPS = ({o for o, _, _ in GRADIENTS} | {o for o, _, _ in DIVISIONS}
               | {o for o, _, _ in UNARY}
               | {"BiasAddGrad", "BroadcastGradientArgs", "ClipByValue",
                  "SoftmaxCrossEntropyWithLogits", "SparseSoftmaxCrossEntropyWithLogits",
-                 "ArgMax", "ArgMin", "OneHot", "Erfc"})
+                 "ArgMax", "ArgMin", "OneHot", "Erfc", "InTopKV2"})
