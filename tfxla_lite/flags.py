@@ -117,6 +117,9 @@ FLAGS: dict[str, Flag] = {flag.name: flag for flag in (
     Flag("parallel_runtime", "RUNTIME", _lowered,
          "what big kernels' parallel parts run on: tf (TF's intra-op pool, the default), "
          "tf_team (the pool, helpers that stay for a launch), openmp (libgomp) or serial"),
+    Flag("prefer_vector_width", "auto|256|512", _lowered,
+         "the vector width LLVM's vectorizers prefer on AVX-512 CPUs: auto (512 where "
+         "measured faster, else the CPU's own tuning), 256 or 512; process-wide"),
     Flag("output_pool_mb", "MB", _integer,
          "cap on the idle output blocks the launch op keeps mapped (default 1024; 0: off)"),
     Flag("cache", "on|memory|off", _lowered,

@@ -18,6 +18,8 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 PARALLEL_RUNTIMES = ("tf", "openmp", "serial", "tf_team")
 # What `cache` may be (`tfxla_lite.codegen.cache.policy`).
 CACHE_SETTINGS = ("on", "memory", "off")
+# What `prefer_vector_width` may be (`tfxla_lite.codegen.cpu.engine.vector_width`).
+VECTOR_WIDTHS = ("auto", "256", "512")
 # What `check_numerics` may be (`tfxla_lite.numerics_check`).
 CHECK_NUMERICS_MODES = ("off", "compare", "raise")
 # The compile switches' defaults: where neither the options, the process's options nor
@@ -67,6 +69,7 @@ class Options:
     background_nice: int | None = None
     cublaslt_epilogues: bool | None = None
     check_numerics: str = "off"  # "compare" or "raise": docs/numerics_check.md
+    prefer_vector_width: str = "auto"  # process-wide, read when a cluster compiles
 
     def __post_init__(self) -> None:
         _check_int("min_cluster_size", self.min_cluster_size, minimum=1)
@@ -109,6 +112,9 @@ class Options:
         if self.check_numerics not in CHECK_NUMERICS_MODES:
             raise OptionsError(f"check_numerics must be one of {', '.join(CHECK_NUMERICS_MODES)}"
                                f", got {self.check_numerics!r}")
+        if self.prefer_vector_width not in VECTOR_WIDTHS:
+            raise OptionsError(f"prefer_vector_width must be one of {', '.join(VECTOR_WIDTHS)}"
+                               f", got {self.prefer_vector_width!r}")
         if self.parallel_runtime not in PARALLEL_RUNTIMES:
             raise OptionsError(f"parallel_runtime must be one of {', '.join(PARALLEL_RUNTIMES)}, "
                                f"got {self.parallel_runtime!r}")

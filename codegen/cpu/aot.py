@@ -188,7 +188,8 @@ def _object_code(text: str, run_name: str) -> bytes:
     engine.optimize(module)
     host = engine.host_description()
     machine = llvm.Target.from_triple(host["triple"]).create_target_machine(
-        cpu=host["cpu"], features=host["features"], opt=3, reloc="pic", codemodel="default")
+        cpu=host["cpu"], features=engine.target_features(), opt=3, reloc="pic",
+        codemodel="default")
     return machine.emit_object(module)
 
 

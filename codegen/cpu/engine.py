@@ -27,14 +27,54 @@ import llvmlite.binding as llvm
 from llvmlite.binding import ffi
 from llvmlite.binding.module import ModuleRef
 
+from tfxla_lite.options import VECTOR_WIDTHS
 
-def target_machine(codegen_level: int = 3) -> llvm.TargetMachine:
+
+def target_machine(codegen_level: int = 3, width: str | None = None) -> llvm.TargetMachine:
     """A new target machine for the host (an MCJIT engine takes ownership of its own).
     `codegen_level`: the code generator's optimization level (0: fast instruction
-    selection, the quick tier's; 3: everything cached and every engine's)."""
-    triple, cpu, features = _host_cpu()
+    selection, the quick tier's; 3: everything cached and every engine's). `width`: the
+    vectorizer's preferred width (`vector_width`; None: the process's option)."""
+    triple, cpu, _ = _host_cpu()
     return llvm.Target.from_triple(triple).create_target_machine(
-        cpu=cpu, features=features, opt=codegen_level, codemodel="jitdefault", jit=True)
+        cpu=cpu, features=target_features(width), opt=codegen_level, codemodel="jitdefault",
+        jit=True)
+
+
+# CPUs whose LLVM tuning prefers 256-bit vectors but that measured faster with 512-bit
+# ones (docs/benchmarks.md, "Vector width"); "auto" uses 512 on them, LLVM's tuning
+# elsewhere (Zen 4 double-pumps 512-bit operations; other Intel parts are unmeasured).
+AUTO_512_CPUS = frozenset({"sapphirerapids", "emeraldrapids"})
+
+
+def vector_width(preference: str | None = None) -> str:
+    """The vector width code is compiled for, "256", "512" or "llvm" (the CPU's own
+    tuning): `preference` (None: the process's `prefer_vector_width` option) resolved
+    for this CPU. Wider than the CPU's registers is "llvm": the feature is a no-op."""
+    if preference is None:
+        from tfxla_lite.flags import get_options  # settings layer: no TensorFlow
+
+        preference = get_options().prefer_vector_width
+    if preference not in VECTOR_WIDTHS:
+        raise ValueError(f"prefer_vector_width must be one of {', '.join(VECTOR_WIDTHS)}, "
+                         f"got {preference!r}")
+    _, cpu, features = _host_cpu()
+    if "+avx512f" not in features.split(","):
+        return "llvm"
+    if preference == "auto":
+        return "512" if cpu in AUTO_512_CPUS else "llvm"
+    return preference
+
+
+def target_features(width: str | None = None) -> str:
+    """The host's features with the vector width preference (`vector_width`) applied:
+    `prefer-256-bit` is the tuning flag LLVM's loop and SLP vectorizers read; explicit
+    vector types in the IR (dot kernels') keep their width either way."""
+    _, _, features = _host_cpu()
+    resolved = vector_width(width)
+    if resolved == "llvm":
+        return features
+    return features + (",+prefer-256-bit" if resolved == "256" else ",-prefer-256-bit")
 
 
 @functools.cache
@@ -47,10 +87,15 @@ def _host_cpu() -> tuple[str, str, str]:
             llvm.get_host_cpu_features().flatten())
 
 
-@functools.cache
 def _optimizing_machine() -> llvm.TargetMachine:
+    """The target machine the optimizer uses for the process's vector width."""
+    return _optimizing_machine_for(vector_width())
+
+
+@functools.cache
+def _optimizing_machine_for(width: str) -> llvm.TargetMachine:
     """The target machine the optimizer uses, kept for the process (no engine owns it)."""
-    return target_machine()
+    return target_machine(width=width)
 
 
 _runs: Counter[int] = Counter()  # pass pipeline runs by speed level

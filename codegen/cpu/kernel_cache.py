@@ -85,9 +85,12 @@ def kernel_fingerprint(optimized_hlo_text: str, assignment_text: str,
                        constants: str) -> str:
     """The machine code's key (see the module docstring)."""
     suffix = f"\ndonations {donations}" if donations else ""
+    # The vectorizer's width changes the machine code (keys of LLVM's own tuning unchanged).
+    width = engine.vector_width()
+    threads_part = f"threads={threads}" + ("" if width == "llvm" else f" vector_width={width}")
     hasher = hashlib.sha256()
     for part in (without_metadata(optimized_hlo_text) + f"\nconstants {constants}",
-                 assignment_text + suffix, f"threads={threads}"):
+                 assignment_text + suffix, threads_part):
         hasher.update(part.encode())
         hasher.update(b"\0")
     return hasher.hexdigest()
