@@ -452,12 +452,11 @@ _ERFC64_MAX_SQUARE = 7.09782712893383996843e2  # Cephes' MAXLOG for doubles
 _SPLITTER64 = 134217729.0  # 2^27 + 1: Veltkamp's splitter for 53-bit doubles
 
 
-def _exp_minus_square(ctx: LoweringContext, a: Instruction, splitter: float = _SPLITTER
-                      ) -> Instruction:
-    """exp(-a²) without the error of rounding a² (40 ulp at a = 9): s = a² rounded and its
+def _exp_minus_square(ctx: LoweringContext, a: Instruction) -> Instruction:
+    """float32 exp(-a²) without the error of rounding a² (40 ulp at a = 9): s = a² rounded,
     error e = a² - s exactly (Dekker's product of a's Veltkamp halves), then
     exp(-a²) = exp(-s)·exp(-e) = exp(-s)·(1 - e), as |e| is below half an ulp of s."""
-    scaled = ctx.emit("multiply", [a, ctx.full(splitter, a.shape)])
+    scaled = ctx.emit("multiply", [a, ctx.full(_SPLITTER, a.shape)])
     high = ctx.emit("subtract", [scaled, ctx.emit("subtract", [scaled, a])])
     low = ctx.emit("subtract", [a, high])
     square = ctx.emit("multiply", [a, a])
@@ -466,6 +465,18 @@ def _exp_minus_square(ctx: LoweringContext, a: Instruction, splitter: float = _S
     error = ctx.emit("add", [error, ctx.emit("multiply", [low, low])])
     rounded = ctx.emit("exponential", [ctx.emit("negate", [square])])
     return ctx.emit("subtract", [rounded, ctx.emit("multiply", [rounded, error])])
+
+
+def _exp_minus_square_split(ctx: LoweringContext, a: Instruction) -> Instruction:
+    """exp(-a²) for float64 as two exponentials of a's Veltkamp halves: exp(-high²), high²
+    exact, times exp(-(2·high + low)·low) (the one-exponential form is 1 ulp worse there)."""
+    scaled = ctx.emit("multiply", [a, ctx.full(_SPLITTER64, a.shape)])
+    high = ctx.emit("subtract", [scaled, ctx.emit("subtract", [scaled, a])])
+    low = ctx.emit("subtract", [a, high])
+    high_square = ctx.emit("negate", [ctx.emit("multiply", [high, high])])
+    cross = ctx.emit("multiply", [ctx.emit("add", [ctx.emit("add", [high, high]), low]), low])
+    return ctx.emit("multiply", [ctx.emit("exponential", [high_square]),
+                                 ctx.emit("exponential", [ctx.emit("negate", [cross])])])
 
 
 def _erfc64(ctx: LoweringContext, x: Instruction) -> Instruction:
@@ -480,7 +491,7 @@ def _erfc64(ctx: LoweringContext, x: Instruction) -> Instruction:
                                     _horner(ctx, a, _ERFC64_R)])
     denominator = ctx.emit("select", [below_eight, _horner(ctx, a, _ERFC64_Q),
                                       _horner(ctx, a, _ERFC64_S)])
-    tail = ctx.emit("divide", [ctx.emit("multiply", [_exp_minus_square(ctx, a, _SPLITTER64),
+    tail = ctx.emit("divide", [ctx.emit("multiply", [_exp_minus_square_split(ctx, a),
                                                      numerator]), denominator])
     underflow = ctx.emit("compare", [ctx.emit("multiply", [a, a]),
                                      ctx.full(_ERFC64_MAX_SQUARE, x.shape)], direction="GT")
@@ -493,8 +504,8 @@ def _erfc64(ctx: LoweringContext, x: Instruction) -> Instruction:
 
 
 @register("Erfc", dtypes=FLOAT,
-          note="Cephes' tails (XLA's ErfcImpl32/64), exp(-x²) with one exponential; "
-               "2-byte floats through float32")
+          note="float32: Cephes' tails (XLA's ErfcImpl32) with one exp, a polynomial below "
+               "|x| = 1; float64: ErfcImpl64; 2-byte floats through float32")
 def _lower_erfc(ctx: LoweringContext, op: tf.Operation, operands: Operands
                 ) -> list[Instruction]:
     x = operands[0]
