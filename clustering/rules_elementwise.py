@@ -504,8 +504,8 @@ def _erfc64(ctx: LoweringContext, x: Instruction) -> Instruction:
 
 
 @register("Erfc", dtypes=FLOAT,
-          note="float32: Cephes' tails (XLA's ErfcImpl32) with one exp, a polynomial below "
-               "|x| = 1; float64: ErfcImpl64; 2-byte floats through float32")
+          note="float32: Cephes' tails (XLA's ErfcImpl32) with one exp, a polynomial for "
+               "x in [-1, 1]; float64: ErfcImpl64; 2-byte floats through float32")
 def _lower_erfc(ctx: LoweringContext, op: tf.Operation, operands: Operands
                 ) -> list[Instruction]:
     x = operands[0]
