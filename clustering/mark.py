@@ -30,6 +30,7 @@ from tfxla_lite.clustering.registry import (
 )
 from tfxla_lite.clustering.rules_conv_cost import tf_kernel_faster
 from tfxla_lite.clustering.rules_linalg import LINALG_OPS, tf_linalg_faster
+from tfxla_lite.clustering.rules_pool import MAX_POOL_GRAD_TF_KERNEL_OPS, tf_max_pool_grad_faster
 from tfxla_lite.clustering.rules_resize import RESIZE_TF_KERNEL_OPS, tf_resize_faster
 from tfxla_lite.clustering.rules_variables import VARIABLE_OPS
 
@@ -51,6 +52,7 @@ PLUMBING_REASON = "argument/variable plumbing"
 TF_KERNEL_REASON = "runs on TF's kernel, faster than tfxla-lite's for its shape"
 _TF_KERNEL_HOW = " (rules_conv_cost.py; --compile_convolutions compiles it)"
 _TF_LINALG_HOW = " (rules_linalg.py; jit_compile=True compiles it)"
+_TF_POOL_HOW = " (rules_pool.py; jit_compile=True compiles it)"
 _TF_RESIZE_REASON = ("runs on TF's kernel, faster than tfxla-lite's for its shape "
                      "(rules_resize.py; jit_compile=True compiles it)")
 RESOURCE_REASON = "resource op / variable plumbing"
@@ -155,6 +157,9 @@ def why_not_compilable(op: tf.Operation, options: MarkOptions | None = None) -> 
         if op.type in LINALG_OPS:
             if tf_linalg_faster(op):
                 return f"op type {op.type} {TF_KERNEL_REASON}{_TF_LINALG_HOW}"
+        elif op.type in MAX_POOL_GRAD_TF_KERNEL_OPS:
+            if tf_max_pool_grad_faster(op):
+                return f"op type {op.type} {TF_KERNEL_REASON}{_TF_POOL_HOW}"
         elif tf_kernel_faster(op):
             return f"op type {op.type} {TF_KERNEL_REASON}{_TF_KERNEL_HOW}"
     return reason

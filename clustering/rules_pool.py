@@ -6,9 +6,10 @@ dimension in the input's own layout, so NHWC and NCHW lower alike. Pools are
 `reduce-window`s with TF's CPU reducers; AvgPoolGrad is tf2xla's. MaxPoolGrad and
 MaxPoolGradGrad are primitive HLO rather than `select-and-scatter`, which differs from
 TF's kernel around NaN: each window offset is a strided slice, compares and selects keep
-the winning offset (`_window_argmax`), and one interior-padded `pad` per offset sends the
-gradient back, all data movement the loop fusion takes whole. Each op's values against
-TF's: docs/supported_ops.md.
+the winning offset (`_window_argmax`, one kernel), and one interior-padded `pad` per
+offset sends the gradient back, data movement the loop fusion takes whole. Each op's
+values against TF's: docs/supported_ops.md. Auto-clustering leaves MaxPoolGrad of a
+large window to TF's kernel (`tf_max_pool_grad_faster`, mark.py's `tf_kernels` gate).
 """
 
 from __future__ import annotations
@@ -321,31 +322,31 @@ def _window_argmax(ctx: LoweringContext, x: Instruction, window: Window,
     return windows, index
 
 
-# MaxPoolGrad's element-wise form evaluates each window's pick once per window covering
-# an input element, branching at the padding: past 2x2 windows it is far slower than
-# TF's kernel (30-60x on 3x3 windows), so larger windows stay in TF until a
-# select-and-scatter kernel does better.
-LARGEST_COMPILED_GRAD_WINDOW = 4
+# Gradients left to TF's kernel in auto mode where that is faster (mark.py's `tf_kernels`
+# gate; jit_compile=True compiles them all).
+MAX_POOL_GRAD_TF_KERNEL_OPS = frozenset({"MaxPoolGrad", "MaxPoolGradV2"})
+# Spreading the gradient back branches once per window offset for every input element,
+# so past this many window elements TF's kernel (one pass over the windows) is faster.
+LARGEST_COMPILED_GRAD_WINDOW = 16
 
 
-def _check_max_pool_grad(op: tf.Operation) -> str | None:
-    reason = _check_pool(op)
-    if reason is not None:
-        return reason
+def tf_max_pool_grad_faster(op: tf.Operation) -> bool:
+    """Whether TF's kernel beats the compiled MaxPoolGrad: a window of more than
+    LARGEST_COMPILED_GRAD_WINDOW elements (ksize an input the rule cannot read: TF's)."""
     inputs = _SIZE_INPUTS.get(op.type, (None, None))
-    elements = int(np.prod(_sizes(op, "ksize", inputs[0])))
-    if elements > LARGEST_COMPILED_GRAD_WINDOW:
-        return (f"a {elements}-element window runs on TF's kernel (faster than tfxla-lite's "
-                f"past {LARGEST_COMPILED_GRAD_WINDOW} elements)")
-    return None
+    try:
+        elements = int(np.prod(_sizes(op, "ksize", inputs[0])))
+    except LoweringError:
+        return True
+    return elements > LARGEST_COMPILED_GRAD_WINDOW
 
 
-_MAX_GRAD_NOTE = ("SAME/VALID/EXPLICIT, NHWC/NCHW, windows of up to 4 elements (larger "
-                  "ones run on TF's faster kernel); each window's gradient goes to its "
-                  "first maximum (TF's CPU kernel; a NaN only when first)")
+_MAX_GRAD_NOTE = ("SAME/VALID/EXPLICIT, NHWC/NCHW; each window's gradient goes to its "
+                  "first maximum (TF's CPU kernel; a NaN only when first); auto-clustering "
+                  "leaves windows of more than 16 elements to TF's faster kernel")
 
 
-@register("MaxPoolGrad", dtypes=FLOAT, unused_inputs=(1,), check=_check_max_pool_grad,
+@register("MaxPoolGrad", dtypes=FLOAT, unused_inputs=(1,), check=_check_pool,
           note=_MAX_GRAD_NOTE)
 def _lower_max_pool_grad(ctx: LoweringContext, op: tf.Operation, operands: Operands
                          ) -> list[Instruction]:
@@ -354,6 +355,10 @@ def _lower_max_pool_grad(ctx: LoweringContext, op: tf.Operation, operands: Opera
         return [ctx.full(0, x.shape.with_element_type(grad.shape.element_type))]
     window = _geometry(op, x.shape.dims).window
     windows, index = _window_argmax(ctx, x, window, grad.shape.dims)
+    # Each offset's `pad` reads the index at other windows than its neighbours', so a
+    # fused index would be recomputed per offset (k^2 windows per element): the
+    # bitcast-convert, no loop-fusion candidate, makes it one kernel's buffer.
+    index = ctx.emit("bitcast-convert", [index], shape=Shape("u32", index.shape.dims))
 
     def chosen(number: int, offset: tuple[int, ...]) -> Instruction:
         return ctx.emit("compare", [index, ctx.full(number, index.shape)], direction="EQ")
@@ -362,7 +367,7 @@ def _lower_max_pool_grad(ctx: LoweringContext, op: tf.Operation, operands: Opera
 
 
 register("MaxPoolGradV2", dtypes=FLOAT, static_inputs=(3, 4), unused_inputs=(1,),
-         check=_check_max_pool_grad, note=_MAX_GRAD_NOTE)(_lower_max_pool_grad)
+         check=_check_pool, note=_MAX_GRAD_NOTE)(_lower_max_pool_grad)
 
 
 @register("MaxPool3DGrad", dtypes=FLOAT, check=_check_pool,

@@ -45,6 +45,7 @@ from tfxla_lite.clustering.mark import PLUMBING_OPS, Decision, MarkOptions, form
 from tfxla_lite.clustering.rules_control_flow import FUNCTIONAL_OPS
 from tfxla_lite.clustering.rules_conv import CONVOLUTION_OPS
 from tfxla_lite.clustering.rules_linalg import LINALG_OPS
+from tfxla_lite.clustering.rules_pool import MAX_POOL_GRAD_TF_KERNEL_OPS
 from tfxla_lite.clustering.rules_resize import RESIZE_TF_KERNEL_OPS
 from tfxla_lite.clustering.rules_variables import VARIABLE_OPS, written_variables
 from tfxla_lite.codegen import compile_module
@@ -176,8 +177,8 @@ def mark_graph(graph: tf.Graph, settings: Settings) -> Marking:
     # would send the trace to the auto-clustering fallback (docs/benchmarks.md).
     compile_all = options.compile_convolutions or bool(jit_compile)
     tf_kernels = frozenset() if compile_all else CONVOLUTION_OPS
-    if not jit_compile:  # must-compile compiles linear algebra and resize gradients always
-        tf_kernels |= LINALG_OPS | RESIZE_TF_KERNEL_OPS
+    if not jit_compile:  # must-compile compiles linear algebra, resize, pool gradients always
+        tf_kernels |= LINALG_OPS | RESIZE_TF_KERNEL_OPS | MAX_POOL_GRAD_TF_KERNEL_OPS
     denied = frozenset() if options.hlo_control_flow else FUNCTIONAL_OPS
     decisions = mark(graph, MarkOptions(dynamic_shapes=settings.dynamic, denylist=denied,
                                         allowlist=options.ops_to_cluster,

@@ -13,18 +13,21 @@ from typing import Any
 import numpy as np
 import pytest
 import tensorflow as tf
-from tf_harness import check_against_tf, check_in_both_modes, sample, tf_result, trace
+from tf_harness import check_against_tf, check_in_both_modes, sample, tf_result
+from tolerances import assert_close
 
+import tfxla_lite as tl
 from tfxla_lite.clustering import rules_pool
-from tfxla_lite.clustering.mark import mark
+from tfxla_lite.hlo import parse_module
 
 F16, BF16, F32, F64 = np.float16, tf.bfloat16.as_numpy_dtype, np.float32, np.float64
 
 
 @pytest.fixture(autouse=True)
 def _every_window_compiled(monkeypatch: pytest.MonkeyPatch) -> None:
-    """MaxPoolGrad over windows of more than 4 elements stays on TF's (faster) kernel by
-    default; these tests lower every window, to check the lowering's values."""
+    """Auto-clustering leaves MaxPoolGrad of windows past LARGEST_COMPILED_GRAD_WINDOW
+    elements to TF's (faster) kernel; these tests lower every window, to check the
+    lowering's values."""
     monkeypatch.setattr(rules_pool, "LARGEST_COMPILED_GRAD_WINDOW", 1 << 20)
 
 
@@ -271,18 +274,74 @@ def test_max_pool_3d_ties_and_nan(padding: str) -> None:
     _check(grad_grad, [x, sample(x.shape, F32, seed=7, edges=False)], "MaxPool3DGradGrad")
 
 
-def test_large_max_pool_gradient_windows_stay_on_tf(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(rules_pool, "LARGEST_COMPILED_GRAD_WINDOW", 4)
-    for ksize, compiled in ((2, True), (3, False)):
-        pool = _pool_fn("max", (ksize, ksize), (2, 2), "SAME")
-        x = sample((1, 8, 8, 2), F32, seed=1, edges=False)
-        upstream = sample(_output_shape(pool, x), F32, seed=2, edges=False)
-        concrete = trace(_value_and_gradient(pool), [x, upstream])
-        decisions = mark(concrete.graph)
-        (grad,) = [op for op in concrete.graph.get_operations() if op.type == "MaxPoolGrad"]
-        assert decisions[grad.name].compilable == compiled, decisions[grad.name].reason
-        if not compiled:
-            assert "9-element window runs on TF's kernel" in decisions[grad.name].reason
+def _max_pool_step(ksize: int, strides: int, padding: str
+                   ) -> tuple[Callable[..., Any], list[tf.Tensor]]:
+    """A relu, a max pool of `ksize`, a weighted sum and the gradient of x."""
+    x = tf.constant(sample((2, 12, 12, 8), F32, seed=21, edges=True))
+    pooled = tf.nn.max_pool2d(x, ksize, strides, padding)
+    upstream = tf.constant(sample(tuple(pooled.shape), F32, seed=22, edges=False))
+
+    def step(x: tf.Tensor, upstream: tf.Tensor) -> list[tf.Tensor]:
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = tf.nn.max_pool2d(tf.nn.relu(x), ksize, strides, padding)
+            loss = tf.reduce_sum(y * upstream)
+        return [loss, tape.gradient(loss, x)]
+
+    return step, [x, upstream]
+
+
+@pytest.mark.parametrize("ksize, auto_compiled", [(3, True), (4, True), (5, False)])
+def test_max_pool_gradient_window_rule(monkeypatch: pytest.MonkeyPatch, ksize: int,
+                                       auto_compiled: bool) -> None:
+    """Auto-clustering leaves MaxPoolGrad of windows past 16 elements to TF's kernel;
+    jit_compile=True compiles every window: one program, TF's numbers."""
+    monkeypatch.setattr(rules_pool, "LARGEST_COMPILED_GRAD_WINDOW", 16)
+    step, tensors = _max_pool_step(ksize, 2, "SAME")
+    expected = [t.numpy() for t in step(*tensors)]
+    for jit_compile in (None, True):
+        compiled = tl.function(step, jit_compile=jit_compile, options=tl.Options(
+            min_cluster_size=1, strict_jit_compile=bool(jit_compile)))
+        loss, gradient = compiled(*tensors)
+        assert_close(loss.numpy(), expected[0], "Sum", f"jit_compile={jit_compile}")
+        assert_close(gradient.numpy(), expected[1], "MaxPoolGrad", f"jit={jit_compile}")
+        report = compiled.explain(*tensors)
+        assert not report.runs_on_xla and report.jit_compile_fallback is None, report
+        stuck = [f for f in report.fallbacks if f.op_type == "MaxPoolGrad"]
+        if jit_compile or auto_compiled:
+            assert not stuck, report
+        else:
+            (grad,) = stuck
+            assert "runs on TF's kernel" in grad.reason and "rules_pool.py" in grad.reason
+        if jit_compile:
+            assert len(report.clusters) == 1, report
+
+
+def test_max_pool_gradient_picks_each_window_once() -> None:
+    """The window argmax is one kernel's output: the kernel spreading the gradient back
+    reads the index, never the pooled input (fused, it would redo each window per
+    window offset, ksize^2 times)."""
+    x = tf.constant(sample((2, 16, 16, 8), F32, seed=3, edges=False))
+    grad = tf.constant(sample((2, 8, 8, 8), F32, seed=4, edges=False))
+
+    def fn(x: tf.Tensor, grad: tf.Tensor) -> tf.Tensor:
+        pooled = tf.nn.max_pool2d(x, 3, 2, "SAME")
+        return tf.raw_ops.MaxPoolGrad(orig_input=x, orig_output=pooled, grad=grad,
+                                      ksize=[1, 3, 3, 1], strides=[1, 2, 2, 1],
+                                      padding="SAME")
+
+    compiled = tl.function(fn, jit_compile=True)
+    np.testing.assert_array_equal(compiled(x, grad).numpy(), fn(x, grad).numpy())
+    module = parse_module(compiled.experimental_get_compiler_ir(x, grad)(
+        stage="optimized_hlo"), fill_elided_constants=True)
+    assert module.entry is not None
+    (x_param,) = [i for i in module.entry.instructions
+                  if i.opcode == "parameter" and i.shape.dims == (2, 16, 16, 8)]
+    readers = [i for i in x_param.users if i.opcode == "fusion"]
+    assert readers, module.entry
+    # Only the index kernel (and the forward pool) read x; none makes x's gradient.
+    assert all(r.shape.dims != (2, 16, 16, 8) for r in readers), [str(r) for r in readers]
+    assert any(r.shape.element_type == "s32" for r in readers), [str(r) for r in readers]
 
 
 def test_pooling_in_both_modes() -> None:
