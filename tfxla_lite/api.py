@@ -399,16 +399,26 @@ class Function(polymorphic_function.Function):
 def function(fn: Callable | None = None, *, jit_compile: bool | None = None,
              input_signature: Sequence[tf.TensorSpec] | None = None, autograph: bool = True,
              options: Options | None = None,
-             min_cluster_size: int | None = None, reduce_retracing: bool = False) -> Any:
-    """`tf.function` with tfxla-lite compilation; usable as `@function` or `@function(...)`."""
+             min_cluster_size: int | None = None, reduce_retracing: bool = False,
+             experimental_autograph_options: Any = None,
+             experimental_relax_shapes: bool | None = None,
+             experimental_compile: bool | None = None) -> Any:
+    """`tf.function` with tfxla-lite compilation; usable as `@function` or `@function(...)`.
+    Takes `tf.function`'s keywords, its deprecated spellings `experimental_relax_shapes`
+    (`reduce_retracing`) and `experimental_compile` (`jit_compile`) included, so that
+    swapping one decorator for the other changes nothing else."""
     if min_cluster_size is not None:
         base = options if options is not None else get_options()
         options = base.with_changes(min_cluster_size=min_cluster_size)
+    if jit_compile is None:
+        jit_compile = experimental_compile
+    reduce_retracing = bool(reduce_retracing or experimental_relax_shapes)
 
     def decorate(f: Callable) -> Function:
         return Function(f, jit_compile=jit_compile, input_signature=input_signature,
                         autograph=autograph, options=options,
-                        reduce_retracing=reduce_retracing)
+                        reduce_retracing=reduce_retracing,
+                        experimental_autograph_options=experimental_autograph_options)
 
     return decorate(fn) if fn is not None else decorate
 

@@ -135,17 +135,34 @@ def test_retracing_options(mode, keyword) -> None:
     def f(x):
         return tf.reduce_sum(tf.tanh(x) * 2.0 + x * x, axis=-1)
 
-    if keyword == "experimental_relax_shapes" and mode == "jit":
-        # TF's deprecated spelling is the patched tf.function's (tl.function has only
-        # reduce_retracing): the same program through it.
-        tl.enable(options.Options(verify=True))
-        compiled = tf.function(f, jit_compile=True, experimental_relax_shapes=True)
-        assert isinstance(compiled, tl.Function)
-    else:
-        compiled = _compiled(mode, f, **{keyword: True})
+    compiled = _compiled(mode, f, **{keyword: True})
     for n in (1, 2, 3, 5, 8):
         x = tf.reshape(tf.linspace(-2.0, 2.0, n * 3), (n, 3))
         _same(compiled(x), _tf()(f)(x), "Sum")
+
+
+def test_deprecated_spellings_through_the_patched_tf_function() -> None:
+    # TF's deprecated keywords reach the same program through the patched tf.function.
+    def f(x):
+        return tf.reduce_sum(tf.tanh(x) * 2.0 + x * x, axis=-1)
+
+    tl.enable(options.Options(verify=True))
+    compiled = tf.function(f, experimental_compile=True, experimental_relax_shapes=True)
+    assert isinstance(compiled, tl.Function) and compiled.jit_compile
+    for n in (1, 2, 5):
+        x = tf.reshape(tf.linspace(-2.0, 2.0, n * 3), (n, 3))
+        _same(compiled(x), _tf()(f)(x), "Sum")
+
+
+def test_deprecated_spellings_of_tl_function() -> None:
+    # tl.function takes tf.function's deprecated keywords as their current names.
+    def f(x):
+        return x * 2.0
+
+    compiled = tl.function(f, experimental_compile=True, experimental_relax_shapes=True)
+    assert compiled.jit_compile is True
+    assert tl.function(f, jit_compile=False, experimental_compile=True).jit_compile is False
+    _same(compiled(tf.constant([1.0, -2.0])), tf.constant([2.0, -4.0]), "Mul")
 
 
 @pytest.mark.parametrize("mode", MODES)
