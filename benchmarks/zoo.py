@@ -7,9 +7,10 @@ Run: .venv/bin/python -m benchmarks.zoo [MODEL ...] [--quick] [--steps train,fit
 
 Each model gives steps the way Keras users write them: a `GradientTape` training step
 that ends in the optimizer's `apply_gradients` ("train"), inference as
-`model(x, training=False)` ("infer") and, for the MLP, Keras's own `train_step` through
-`model.compile(jit_compile=...)` and `train_on_batch` ("fit"; tfxla-lite's variant is
-made under `tl.enable()`, so Keras's `tf.function(jit_compile=True)` is tfxla-lite's).
+`model(x, training=False)` ("infer") and, for the MLP and the LSTM, Keras's own
+`train_step` through `model.compile(jit_compile=...)` and `train_on_batch` ("fit";
+tfxla-lite's variant is made under `tl.enable()`, so Keras's `tf.function(jit_compile=True)`
+is tfxla-lite's).
 
 tfxla-lite's variant of a train or infer step is must-compile where tfxla-lite compiles
 the whole trace, else auto-clustering (`min_cluster_size=1`, as `benchmarks/run.py`):
@@ -247,7 +248,7 @@ def lstm(quick: bool) -> list[ZooStep]:
 
     return _classifier_steps("lstm", f"LSTM classifier (embedding {vocabulary}x{features}, "
                              f"{units} units, seq {sequence}), batch {batch}", build, tokens,
-                             classes, batch)
+                             classes, batch, fit=True)
 
 
 def small_cnn(quick: bool) -> list[ZooStep]:

@@ -26,7 +26,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import tensorflow as tf
-from tensorflow.core.framework import attr_value_pb2, function_pb2
+from tensorflow.core.framework import (
+    attr_value_pb2,
+    cpp_shape_inference_pb2,
+    full_type_pb2,
+    function_pb2,
+)
 from tensorflow.python.framework.func_graph import FuncGraph
 from tensorflow.python.framework.function_def_to_graph import function_def_to_graph_def
 from tensorflow.python.ops import handle_data_util
@@ -60,6 +65,13 @@ class BodyCall:
     invariant: tuple[bool, ...] = ()
     # Per argument: a TensorList of shape-determined values (`shape_lists`).
     shape_list: tuple[bool, ...] = ()
+    # Per argument: the one value every element of a TensorList has when known at compile
+    # time (a forward loop's accumulated shapes once the batch is known), else None: what
+    # the function pops from it becomes that constant (`function_graph`).
+    popped: tuple[Any, ...] = ()
+    # Per argument: a TensorList's (element dtype, static element dims) when known better
+    # than the argument's handle data says (a list made with an unknown batch), else None.
+    element_shapes: tuple[Any, ...] = ()
 
 
 def body_calls(graph: tf.Graph, library: Mapping[str, function_pb2.FunctionDef]
@@ -149,6 +161,8 @@ def function_graph(library: Mapping[str, function_pb2.FunctionDef], call: BodyCa
     body.node.extend(n for n in graph_def.node if n.name not in arguments)
     for name in sorted(used_functions(graph_def.node, library)):
         body.library.function.add().CopyFrom(library[name])
+    if call.popped:
+        _popped_constants(body, call, flat_names, fdef)
     if any("_class" in node.attr for node in body.node):
         # A colocation with an argument (OptionalHasValue with its optional, in Keras'
         # loop over steps) names a node the import does not create.
@@ -163,6 +177,11 @@ def function_graph(library: Mapping[str, function_pb2.FunctionDef], call: BodyCa
                 continue
             k, source = arguments[node.name]
             dtype = tf.as_dtype(node.attr["dtype"].type)
+            # The FunctionDef's own argument shapes (its trace's, of an unknown batch) win
+            # over the call's in function_def_to_graph_def: keep the more specific.
+            shape = tf.TensorShape(node.attr["shape"].shape)
+            if shape.is_compatible_with(call.shapes[k]):
+                node.attr["shape"].shape.CopyFrom(shape.merge_with(call.shapes[k]).as_proto())
             kind = _invariant_kind(call, k)
             if kind is not None and not isinstance(kind, str):
                 # A loop-invariant shape or axis of known value: a constant inside, so
@@ -181,6 +200,8 @@ def function_graph(library: Mapping[str, function_pb2.FunctionDef], call: BodyCa
                     SHAPE_LIST_ATTR, attr_value_pb2.AttrValue(b=True))
             if source.dtype in (tf.resource, tf.variant):
                 handle_data_util.copy_handle_data(source, placeholder)
+            if call.element_shapes and call.element_shapes[k] is not None:
+                _set_element_shape(placeholder, call.element_shapes[k])
             input_map[f"{node.name}:0"] = placeholder
         used = {r.split(":")[0].lstrip("^") for n in body.node for r in n.input}
         input_map = {k: v for k, v in input_map.items() if k[:-2] in used}
@@ -192,6 +213,61 @@ def function_graph(library: Mapping[str, function_pb2.FunctionDef], call: BodyCa
     graph.control_outputs = [graph.get_operation_by_name(fdef.control_ret[name])
                              for name in fdef.signature.control_output]
     return graph
+
+
+def _popped_constants(body: tf.compat.v1.GraphDef, call: BodyCall, flat_names: dict[str, str],
+                      fdef: function_pb2.FunctionDef) -> None:
+    """Each `TensorListPopBack` element popped from an argument of known elements
+    (`BodyCall.popped`), as a Const in `body`: TF's shape inference then gives the
+    Reshapes to it static shapes, and the lowering its value."""
+    lists = {flat_names[arg.name].split(":")[0]: value
+             for arg, value in zip(fdef.signature.input_arg, call.popped) if value is not None}
+    nodes = {node.name: node for node in body.node}
+    sources: dict[str, Any] = {}
+    for node in body.node:  # a pop's list: the argument, perhaps popped from before
+        if node.op != "TensorListPopBack":
+            continue
+        name = node.input[0].split(":")[0]
+        while name in nodes and nodes[name].op in ("TensorListPopBack", "Identity"):
+            name = nodes[name].input[0].split(":")[0]
+        if name in lists:
+            sources[node.name] = lists[name]
+    if not sources:
+        return
+    constants = {}
+    for pop, value in sources.items():
+        constant = body.node.add()
+        constant.name = f"{pop}/tfxla_lite_popped"
+        constant.op = "Const"
+        tensor = tf.make_tensor_proto(value)
+        constant.attr["dtype"].type = tensor.dtype
+        constant.attr["value"].tensor.CopyFrom(tensor)
+        constants[f"{pop}:1"] = constant.name
+    for node in body.node:
+        for i, name in enumerate(node.input):
+            if name in constants:
+                node.input[i] = constants[name]
+
+
+def _set_element_shape(placeholder: tf.Tensor, element: tuple[tf.DType, tuple[int, ...]]
+                       ) -> None:
+    """Give TensorList `placeholder` handle data of static elements (with the full type
+    TF's list ops give theirs), so that shape inference in the body sees what it reads
+    from the list as static."""
+    dtype, dims = element
+    name = _FULL_TYPE_NAMES.get(dtype.name, dtype.name.upper())
+    data = cpp_shape_inference_pb2.CppShapeInferenceResult.HandleData(is_set=True)
+    entry = data.shape_and_type.add()
+    entry.dtype = dtype.as_datatype_enum
+    entry.shape.CopyFrom(tf.TensorShape(dims).as_proto())
+    entry.type.type_id = full_type_pb2.TFT_ARRAY
+    tensor = entry.type.args.add()
+    tensor.type_id = full_type_pb2.TFT_TENSOR
+    tensor.args.add().type_id = full_type_pb2.FullTypeId.Value(f"TFT_{name}")
+    handle_data_util.set_handle_data(placeholder, data)
+
+
+_FULL_TYPE_NAMES = {"float32": "FLOAT", "float64": "DOUBLE", "float16": "HALF"}
 
 
 def shape_lists(call: BodyCall, body: tf.Graph) -> set[tuple[str, int]]:

@@ -26,6 +26,7 @@ control-flow op in TF (`backend_refusal`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -42,7 +43,7 @@ from tfxla_lite.clustering.registry import (
     static_dims,
     tensor_shape,
 )
-from tfxla_lite.hlo import Computation, HloModule, Instruction, Shape
+from tfxla_lite.hlo import Computation, HloModule, Instruction, Shape, numpy_dtype
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -119,6 +120,8 @@ def list_shape(tensor: tf.Tensor, _depth: int = 0) -> Shape | None:
     element = _element_dims(op.inputs[0])
     if element is None:
         element = _element_dims_from_reads(tensor)
+    if element is None:
+        element = _element_dims_from_writes(tensor)
     return None if element is None else _list(etype, size, element)
 
 
@@ -144,7 +147,9 @@ def _element_dims(shape: tf.Tensor) -> tuple[int, ...] | None:
     """The element dims an `element_shape` input gives, when fully known."""
     if shape.op.type == "TensorListElementShape":
         source = list_shape(shape.op.inputs[0])
-        return None if source is None else source.tuple_shapes[0].dims[1:]  # type: ignore[index]
+        if source is None:
+            return _handle_element_dims(shape.op.inputs[0])
+        return source.tuple_shapes[0].dims[1:]  # type: ignore[index]
     value = constant_value(shape)
     if value is None:
         value = _popped(shape)
@@ -180,14 +185,85 @@ def _element_dims_from_reads(tensor: tf.Tensor, _depth: int = 0) -> tuple[int, .
     return None
 
 
+def _handle_element_dims(tensor: tf.Tensor) -> tuple[int, ...] | None:
+    """The static element dims TensorList `tensor`'s handle data gives, else None."""
+    from tensorflow.python.ops import handle_data_util
+
+    try:
+        data = handle_data_util.get_resource_handle_data(tensor)
+    except Exception:  # noqa: BLE001 - an eager or foreign tensor: no handle data
+        return None
+    if not data.is_set or len(data.shape_and_type) != 1:
+        return None
+    shape = data.shape_and_type[0].shape
+    if shape.unknown_rank or any(d.size < 0 for d in shape.dim):
+        return None
+    return tuple(int(d.size) for d in shape.dim)
+
+
+def _element_dims_from_writes(tensor: tf.Tensor, _depth: int = 0) -> tuple[int, ...] | None:
+    """The element dims of list `tensor` as what is written to it has them, in a loop's
+    body too (a Keras RNN's outputs and while_v2's accumulators are made with an unknown
+    batch dimension, which the items written have once the input shapes are known)."""
+    if _depth > 16:
+        return None
+    for consumer in tensor.consumers():
+        found = None
+        if consumer.type in ("TensorListSetItem", "TensorListPushBack"):
+            found = static_dims(consumer.inputs[-1])
+            if found is None:
+                found = _element_dims_from_writes(consumer.outputs[0], _depth + 1)
+        elif consumer.type == "Identity":
+            found = _element_dims_from_writes(consumer.outputs[0], _depth + 1)
+        elif consumer.type in WHILE_OPS and (id(consumer.graph), consumer.name) not in _BUILDING:
+            try:
+                body = _function_graphs(consumer)[1]
+            except Exception:  # noqa: BLE001 - a body TF cannot rebuild: no such knowledge
+                continue
+            index = [t.name for t in consumer.inputs].index(tensor.name)
+            found = _element_dims_from_writes(body.inputs[index], _depth + 1)
+        if found is not None:
+            return found
+    return None
+
+
 def _check_list(op: tf.Operation) -> str | None:
     for tensor in [*op.inputs[:1], *op.outputs[:1]]:
         if tensor.dtype.base_dtype.name == "variant" and list_shape(tensor) is None:
+            if waits_for_shapes(op):
+                return None  # dynamic marking: known once the input shapes are
             return (f"TensorList {tensor.name}: element shape or size not known at compile "
                     f"time")
     if op.type == "TensorListSetItem" and op.get_attr("resize_if_index_out_of_bounds"):
         return "TensorListSetItem that resizes its list"
     return None
+
+
+_LIST_MAKERS = frozenset({"TensorListReserve", "EmptyTensorList"})
+
+
+def _partly_known(tensor: tf.Tensor) -> bool:
+    """A tensor of known rank with an unknown dimension (a Keras batch)."""
+    shape = tensor.shape
+    return (tensor.dtype.base_dtype.name not in ("variant", "resource")
+            and shape.rank is not None and not shape.is_fully_defined())
+
+
+def waits_for_shapes(op: tf.Operation, _depth: int = 0) -> bool:
+    """Whether `op` (a TensorList op or a loop) reads or writes a tensor of known rank and
+    an unknown dimension, or makes a list that such an op writes: dynamic marking then
+    defers its check to each concrete input shape, when the element shapes are known
+    (static marking refuses those tensors before any check)."""
+    if _depth > 16:
+        return False
+    if op.graph in _WAITING or any(_partly_known(t) for t in op.inputs):
+        return True
+    if op.type not in WHILE_OPS and any(_partly_known(t) for t in op.outputs):
+        return True
+    if op.type not in _LIST_MAKERS and not (op.type in _SAME_LIST and _depth):
+        return False
+    return any(waits_for_shapes(c, _depth + 1) for c in op.outputs[0].consumers()
+               if c.type in WHILE_OPS or c.type in _SAME_LIST)
 
 
 def _element_output_dims(op: tf.Operation, index: int) -> tuple[int, ...] | None:
@@ -342,6 +418,8 @@ def zeros_list_refusal(op: tf.Operation) -> str | None:
     """Why ZerosLike of a TensorList cannot lower: its list's length is not known to be
     its capacity (the zeros list has the list's length), or its shape is not known."""
     if list_shape(op.inputs[0]) is None:
+        if waits_for_shapes(op.inputs[0].op):
+            return None  # dynamic marking: known once the input shapes are
         return f"TensorList {op.inputs[0].name}: element shape or size not known"
     if not _full(op.inputs[0]):
         return f"TensorList {op.inputs[0].name} may hold fewer elements than its capacity"
@@ -366,10 +444,15 @@ def add_lists(ctx: LoweringContext, lists: Sequence[Instruction]) -> Instruction
     return ctx.emit("tuple", [total, length])
 
 
-def _variable_dims(handle: tf.Tensor) -> tuple[int, ...] | None:
+def variable_dims(handle: tf.Tensor) -> tuple[int, ...] | None:
     from tensorflow.python.ops import handle_data_util
 
     data = handle_data_util.get_resource_handle_data(handle)
+    while not data.is_set and handle.op.type in (*WHILE_OPS, "Identity"):
+        # A loop returns its handles unchanged (`_check_variables`); an imported While
+        # keeps no handle data on its outputs.
+        handle = handle.op.inputs[handle.value_index if handle.op.type in WHILE_OPS else 0]
+        data = handle_data_util.get_resource_handle_data(handle)
     if not data.is_set or len(data.shape_and_type) != 1:
         return None
     shape = data.shape_and_type[0].shape
@@ -379,17 +462,22 @@ def _variable_dims(handle: tf.Tensor) -> tuple[int, ...] | None:
 
 
 def _check_variable_shape(op: tf.Operation) -> str | None:
-    if _variable_dims(op.inputs[0]) is None:
+    if variable_dims(op.inputs[0]) is None:
         return f"variable {op.inputs[0].name}: shape not known statically"
     return None
 
 
+def _variable_shape_dims(op: tf.Operation, index: int) -> tuple[int, ...] | None:
+    dims = variable_dims(op.inputs[0])
+    return None if dims is None else (len(dims),)
+
+
 @register("VariableShape", dtypes=frozenset({"int32", "int64", "resource"}),
-          unused_inputs=(0,), check=_check_variable_shape,
+          unused_inputs=(0,), check=_check_variable_shape, output_dims=_variable_shape_dims,
           note="a variable of static shape (a loop gradient's zeros for it)")
 def _variable_shape(ctx: LoweringContext, op: tf.Operation, operands: list[Any]
                     ) -> list[Instruction]:
-    dims = _variable_dims(op.inputs[0])
+    dims = variable_dims(op.inputs[0])
     if dims is None:
         raise LoweringError(f"variable {op.inputs[0].name}: shape not known statically")
     return [ctx.constant(list(dims), element_type(op.outputs[0].dtype))]
@@ -436,13 +524,69 @@ def _function_graphs(op: tf.Operation) -> list[tf.Graph]:
     if op.name not in known:
         library = _library(op.graph)
         graphs = []
-        for call in body_graphs.op_calls(op, library, exact_shapes=True):
-            if call.function not in library:
-                raise LoweringError(f"function {call.function} of {op.name} not found")
-            graph = body_graphs.function_graph(library, call)
-            graphs.append(inline_function_calls(graph) or graph)
+        _BUILDING.add((id(op.graph), op.name))
+        try:
+            lists = _known_lists(op)
+            for call in body_graphs.op_calls(op, library, exact_shapes=True):
+                if call.function not in library:
+                    raise LoweringError(f"function {call.function} of {op.name} not found")
+                graph = body_graphs.function_graph(library, dataclasses.replace(call, **lists))
+                graphs.append(inline_function_calls(graph) or graph)
+        finally:
+            _BUILDING.discard((id(op.graph), op.name))
         known[op.name] = graphs
     return known[op.name]
+
+
+# The control-flow ops whose function graphs are being built (a list's shape found from
+# what a loop writes to it must not ask for the loop being built).
+_BUILDING: set[tuple[int, str]] = set()
+
+
+def _known_lists(op: tf.Operation) -> dict[str, tuple[Any, ...]]:
+    """What is known of `op`'s TensorList arguments beyond their handle data, as
+    `BodyCall` fields: static element shapes, lists of one known value (popped as a
+    constant), lists of shape-determined values (a forward loop's accumulated shapes,
+    which dynamic marking value-keys)."""
+    from tensorflow.python.framework import dtypes
+
+    from tfxla_lite.clustering.mark import shape_determined
+
+    start = 0 if op.type in WHILE_OPS else 1
+    elements: list[Any] = []
+    popped: list[Any] = []
+    shape_list: list[bool] = []
+    for source in op.inputs[start:]:
+        element = value = None
+        determined = False
+        if source.dtype.base_dtype.name == "variant":
+            shape = list_shape(source)
+            if shape is not None:
+                buffer = shape.tuple_shapes[0]  # type: ignore[index]
+                elements_dtype = dtypes.as_dtype(numpy_dtype(buffer.element_type))
+                element = (elements_dtype, tuple(buffer.dims[1:]))
+            value = _pushed_value(source)
+            item = _pushed_source_item(source)
+            determined = item is not None and shape_determined(item)
+        elements.append(element)
+        popped.append(value)
+        shape_list.append(determined)
+    fields: dict[str, tuple[Any, ...]] = {}
+    if any(e is not None for e in elements):
+        fields["element_shapes"] = tuple(elements)
+    if any(v is not None for v in popped):
+        fields["popped"] = tuple(popped)
+    if any(shape_list):
+        fields["shape_list"] = tuple(shape_list)
+    return fields
+
+
+def _pushed_source_item(source: tf.Tensor) -> tf.Tensor | None:
+    """What the loop that outputs TensorList `source` pushes onto it, or None."""
+    op, index = source.op, source.value_index
+    while op.type == "Identity" and op.inputs:
+        op, index = op.inputs[0].op, op.inputs[0].value_index
+    return _pushed_item(op, index) if op.type in WHILE_OPS else None
 
 
 def _invariant_arguments(op: tf.Operation) -> list[bool]:
@@ -563,9 +707,11 @@ def _needed_ops(graph: tf.Graph, outputs: Iterable[tf.Tensor]) -> list[tf.Operat
     return order
 
 
-def body_refusal(graph: tf.Graph) -> str | None:
+def body_refusal(graph: tf.Graph, dynamic: bool = False) -> str | None:
     """Why a function graph's ops cannot all lower, or None: every op its outputs need
-    must be compilable, and no op it runs for its effects alone may be stateful."""
+    must be compilable, and no op it runs for its effects alone may be stateful.
+    `dynamic`: marked as dynamic marking marks (known ranks; a loop with an unknown batch
+    dimension, checked again when compiled for each input shape)."""
     from tfxla_lite.clustering.mark import MarkOptions, why_not_compilable
 
     needed = _needed_ops(graph, graph.outputs)
@@ -578,7 +724,7 @@ def body_refusal(graph: tf.Graph) -> str | None:
             if op.op_def.is_stateful:
                 return f"{op.type} {op.name} runs for its effect"
             continue
-        reason = why_not_compilable(op, MarkOptions())
+        reason = why_not_compilable(op, MarkOptions(dynamic_shapes=dynamic))
         if reason is not None:
             return f"{op.type} {op.name}: {reason}"
     return None
@@ -674,6 +820,8 @@ def _refusal(op: tf.Operation) -> str | None:
 
         if placed_gpu(op.device) is not None:  # TF runs it on a GPU: so would its cluster
             return "the GPU backend does not compile HLO while or conditional"
+    if waits_for_shapes(op):
+        return _dynamic_refusal(op)
     try:
         _lower_control_flow(LoweringContext(HloModule("check"), Computation("check")), op,
                             None)
@@ -682,6 +830,39 @@ def _refusal(op: tf.Operation) -> str | None:
     except Exception as error:  # noqa: BLE001 - a body TF cannot rebuild stays as it is
         return f"its functions do not lower: {type(error).__name__}: {error}"
     return None
+
+
+def _dynamic_refusal(op: tf.Operation) -> str | None:
+    """The check of a loop or branch with an unknown dimension (dynamic marking): its
+    functions' ops compile once the input shapes are known, their TensorLists shaped then.
+    The cluster that takes it lowers it whole for each concrete input signature
+    (`tfxla_lite/dynamic.py`), as XLA compiles a loop per shape."""
+    import tensorflow as tf
+
+    if op.type in WHILE_OPS:
+        # A shape invariant looser than its input's shape lets the state change shape.
+        invariants = [tf.TensorShape(s) for s in op.get_attr("output_shapes")]
+        if any(i.rank != t.shape.rank or (i.rank is not None and i.as_list() != t.shape.as_list())
+               for t, i in zip(op.inputs, invariants)):
+            return "the loop state may change shape (a shape invariant looser than its input)"
+    try:
+        graphs = _function_graphs(op)
+        _check_variables(op, graphs)
+    except LoweringError as error:
+        return f"its functions do not lower: {error}"
+    except Exception as error:  # noqa: BLE001 - a body TF cannot rebuild stays as it is
+        return f"its functions do not lower: {type(error).__name__}: {error}"
+    for graph in graphs:
+        _WAITING.add(graph)
+        reason = body_refusal(graph, dynamic=True)
+        if reason is not None:
+            return f"its functions do not lower: {reason}"
+    return None
+
+
+# Function graphs of loops and branches that dynamic marking checks: their TensorLists
+# are shaped when the loop compiles for concrete input shapes.
+_WAITING: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def _lower_control_flow(ctx: LoweringContext, op: tf.Operation,
@@ -750,4 +931,5 @@ def _control_flow(ctx: LoweringContext, op: tf.Operation, operands: list[Any]
     return _lower_control_flow(ctx, op, operands)
 
 
-__all__ = ["OP_RULES", "backend_refusal", "body_refusal", "list_shape", "lower_function"]
+__all__ = ["OP_RULES", "backend_refusal", "body_refusal", "list_shape", "lower_function",
+           "variable_dims"]

@@ -43,10 +43,13 @@ import tensorflow as tf
 from tensorflow.core.framework import cpp_shape_inference_pb2
 from tensorflow.python.ops import handle_data_util
 
+from tfxla_lite.clustering.body_graphs import used_functions
 from tfxla_lite.clustering.cluster import Cluster
+from tfxla_lite.clustering.control_flow_ops import FUNCTIONAL_OPS, WHILE_OPS
 from tfxla_lite.clustering.lower import lower_cluster
 from tfxla_lite.clustering.mark import shape_determined
 from tfxla_lite.clustering.registry import OP_RULES, constant_value, known_dims, variable_spec
+from tfxla_lite.clustering.rules_control_flow import list_shape, variable_dims
 from tfxla_lite.clustering.rules_variables import written_variables
 from tfxla_lite.codegen import compile_module
 from tfxla_lite.collector import collector_paused
@@ -157,20 +160,15 @@ class DynamicCluster:
     def compile(self, request: loader.SpecializationRequest) -> loader.Specialization:
         """Lower and compile the cluster for the shapes (and values) of `request`."""
         started = time.perf_counter()
-        graph = tf.Graph()
-        inputs = {j: f"{INPUT_PREFIX}{j}:0" for j in self.param_inputs}
-        with graph.as_default():
-            # A variable's handle carries its dtype and shape before the ops that read it
-            # are imported, so that TF's shape inference gives their shapes.
-            handles = {}
-            for j, data in self.handle_data.items():
-                handle = tf.compat.v1.placeholder(tf.resource, (), name=f"tfxla_lite_handle_{j}")
-                handle_data_util.set_handle_data(
-                    handle,
-                    cpp_shape_inference_pb2.CppShapeInferenceResult.HandleData.FromString(data))
-                handles[inputs[j]] = inputs[j] = handle
-            tf.graph_util.import_graph_def(self.specialized_graph_def(request),
-                                           input_map=handles, name="")
+        graph_def = self.specialized_graph_def(request)
+        graph, inputs = self._imported(graph_def)
+        for _ in range(_MAX_REFINEMENTS):
+            # What a loop's lists hold is known now: their reads after it get static
+            # shapes too, as in a trace of this batch size (a stacked RNN's next loop
+            # learns its shapes from the last one's, a round later).
+            if not _with_list_shapes(graph, graph_def):
+                break
+            graph, inputs = self._imported(graph_def)
         cluster = Cluster(self.cluster.name, list(self.cluster.op_names),
                           [t if isinstance(t, str) else t.name
                            for t in (inputs[j] for j in self.param_inputs)],
@@ -194,6 +192,23 @@ class DynamicCluster:
         return loader.Specialization(executable.entry_address, executable.temp_bytes,
                                      self.param_inputs, output_specs, owner=executable)
 
+    def _imported(self, graph_def: tf.compat.v1.GraphDef) -> tuple[tf.Graph, dict[int, Any]]:
+        """A fresh graph of `graph_def`, and each parameter's tensor (name) in it."""
+        graph = tf.Graph()
+        inputs: dict[int, Any] = {j: f"{INPUT_PREFIX}{j}:0" for j in self.param_inputs}
+        with graph.as_default():
+            # A variable's handle carries its dtype and shape before the ops that read it
+            # are imported, so that TF's shape inference gives their shapes.
+            handles = {}
+            for j, data in self.handle_data.items():
+                handle = tf.compat.v1.placeholder(tf.resource, (), name=f"tfxla_lite_handle_{j}")
+                handle_data_util.set_handle_data(
+                    handle,
+                    cpp_shape_inference_pb2.CppShapeInferenceResult.HandleData.FromString(data))
+                handles[inputs[j]] = inputs[j] = handle
+            tf.graph_util.import_graph_def(graph_def, input_map=handles, name="")
+        return graph, inputs
+
     def specialized_graph_def(self, request: loader.SpecializationRequest
                               ) -> tf.compat.v1.GraphDef:
         """The template with each input's concrete shape, value-keyed inputs as Consts."""
@@ -211,6 +226,7 @@ class DynamicCluster:
                     value, dtype=self.input_dtypes[j], shape=value.shape))
             else:
                 node.attr["shape"].shape.CopyFrom(tf.TensorShape(request.shapes[j]).as_proto())
+        _with_loop_shapes(graph_def)
         return graph_def
 
     # -- the fallback branch -------------------------------------------------------------
@@ -293,6 +309,7 @@ def plan_dynamic_cluster(graph: tf.Graph, cluster: Cluster, key: str, name: str
         placeholder.attr["shape"].shape.CopyFrom(tensor.shape.as_proto())
     template.node.extend(body)
     template.versions.CopyFrom(graph.graph_def_versions)
+    _add_functions(template, graph)
 
     outputs = [graph.get_tensor_by_name(t) for t in cluster.outputs]
     handle_data = {j: handle_data_util.get_resource_handle_data(t).SerializeToString()
@@ -304,6 +321,76 @@ def plan_dynamic_cluster(graph: tf.Graph, cluster: Cluster, key: str, name: str
         param_inputs=param_inputs, output_dtypes=tuple(t.dtype for t in outputs),
         output_shapes=tuple(t.shape for t in outputs), template=template,
         handle_data=handle_data)
+
+
+def _add_functions(template: tf.compat.v1.GraphDef, graph: tf.Graph) -> None:
+    """The library functions the template's loops and branches call (compiled whole as
+    HLO control flow), so that it imports on its own."""
+    if not any(node.op in FUNCTIONAL_OPS for node in template.node):
+        return
+    library = {f.signature.name: f for f in graph.as_graph_def().library.function}
+    for name in sorted(used_functions(template.node, library)):
+        template.library.function.add().CopyFrom(library[name])
+
+
+def _with_loop_shapes(graph_def: tf.compat.v1.GraphDef) -> None:
+    """Drop each While's `output_shapes` (its trace's, of unknown batch): TF's shape
+    inference then gives its outputs its inputs' concrete shapes, which an HLO loop keeps
+    (clustering/rules_control_flow.py refuses a body that changes them)."""
+    for node in graph_def.node:
+        if node.op in WHILE_OPS and "output_shapes" in node.attr:
+            del node.attr["output_shapes"].list.shape[:]
+
+
+_MAX_REFINEMENTS = 8
+# The TensorList reads whose `element_shape` input (by index) shapes their result.
+_LIST_READS = {"TensorListStack": 1, "TensorListGetItem": 2, "TensorListPopBack": 1}
+
+
+def _with_list_shapes(graph: tf.Graph, graph_def: tf.compat.v1.GraphDef) -> bool:
+    """Give each TensorList read of `graph` whose result shape TF leaves partly unknown
+    (a list out of a loop, traced with an unknown batch) its list's static element
+    shape in `graph_def`, as an `element_shape` Const (and a stack its `num_elements`);
+    make a `VariableShape` of a handle out of a loop a Const. Whether anything changed."""
+    nodes = {node.name: node for node in graph_def.node}
+    changed = False
+    for op in graph.get_operations():
+        if (op.type == "VariableShape" and op.name in nodes
+                and not op.outputs[0].shape.is_fully_defined()
+                and (dims := variable_dims(op.inputs[0])) is not None):
+            # A handle out of a loop (no handle data once imported): its shape as a Const.
+            node = nodes[op.name]
+            dtype = op.outputs[0].dtype
+            node.op = "Const"
+            del node.input[:]
+            for name in list(node.attr):
+                del node.attr[name]
+            node.attr["dtype"].type = dtype.as_datatype_enum
+            node.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(
+                np.array(dims, dtype.as_numpy_dtype)))
+            changed = True
+            continue
+        index = _LIST_READS.get(op.type)
+        if index is None or op.name not in nodes or op.outputs[
+                1 if op.type == "TensorListPopBack" else 0].shape.is_fully_defined() or (
+                f"{op.name}/tfxla_lite_element_shape" in nodes):
+            continue
+        shape = list_shape(op.inputs[0])
+        if shape is None:
+            continue
+        buffer = shape.tuple_shapes[0]  # type: ignore[index]
+        constant = graph_def.node.add()
+        constant.name = f"{op.name}/tfxla_lite_element_shape"
+        constant.op = "Const"
+        constant.attr["dtype"].type = op.inputs[index].dtype.as_datatype_enum
+        constant.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(
+            np.array(buffer.dims[1:], op.inputs[index].dtype.as_numpy_dtype)))
+        node = nodes[op.name]
+        node.input[index] = constant.name
+        if op.type == "TensorListStack":
+            node.attr["num_elements"].i = buffer.dims[0]
+        changed = True
+    return changed
 
 
 def _add_constant(template: tf.compat.v1.GraphDef, tensor: tf.Tensor,

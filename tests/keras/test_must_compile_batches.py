@@ -3,8 +3,7 @@ last partial batch): Keras's iterator function calls the step with the batch dim
 unknown, so tfxla-lite compiles that trace with dynamic clusters. Per-step losses and
 the weights must be plain TF's for every model of the zoo's kinds (MLP with BatchNorm and
 Dropout, Transformer, LSTM, GRU, the small CNN); the launches per step and the
-must-compile fallback are what issue 22 wants to reach one launch and none (the xfail
-test names what still falls back)."""
+must-compile fallback are what issue 22 wants to reach: one launch and none."""
 
 from __future__ import annotations
 
@@ -135,17 +134,10 @@ def test_partial_last_batch_trains_as_plain_tf(name: str) -> None:
 # What each model still needs for one launch per step with an unknown batch dimension
 # (the MLP and the Transformer have it: their variables compile inside the cluster
 # compiled per batch size, with the batched MatMul gradient's Sum of unknown rank; the
-# small CNN since must-compile compiles every convolution).
-_MISSING = {
-    "lstm": "the While body's ops with an unknown batch: auto-clustering fallback",
-    "gru": "the While body's ops with an unknown batch: auto-clustering fallback",
-}
-
-
+# small CNN since must-compile compiles every convolution; the LSTM and GRU with their
+# loops lowered whole for each batch size: tests/keras/test_recurrent_must_compile.py).
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["mlp", "transformer", "small_cnn", *(
-    pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=reason))
-    for name, reason in _MISSING.items())])
+@pytest.mark.parametrize("name", ["mlp", "transformer", "small_cnn", "lstm", "gru"])
 def test_partial_last_batch_is_one_launch_per_step(name: str) -> None:
     (ours, _, programs), _ = _compiled_and_plain(name)
     assert all(p.report.jit_compile_fallback is None for p in programs)
