@@ -153,6 +153,25 @@ def _subtree(callee: Computation, owner: HloModule) -> list[Computation]:
     return [c for c in owner.computations if id(c) in reached]
 
 
+class EntryLoopPass(Pass):
+    """A pass that rewrites each `while` of the entry computation in turn: `rewrite_loop`
+    gets the loop and how many instructions call each computation (counted again per
+    loop, since a rewrite may add or drop callers)."""
+
+    def run(self, module: HloModule) -> bool:
+        entry = module.entry
+        if entry is None:
+            return False
+        changed = False
+        for loop in [i for i in entry.instructions if i.opcode == "while"]:
+            changed |= self.rewrite_loop(entry, loop, loop_callers(module))
+        return changed
+
+    def rewrite_loop(self, caller: Computation, loop: Instruction,
+                     callers: dict[int, int]) -> bool:
+        raise NotImplementedError
+
+
 def loop_callers(module: HloModule) -> dict[int, int]:
     """How many instructions of the module call each computation, by id."""
     count: dict[int, int] = {}
@@ -164,7 +183,7 @@ def loop_callers(module: HloModule) -> dict[int, int]:
 
 
 @dataclass(frozen=True)
-class WhileLoopInvariantCodeMotion(Pass):
+class WhileLoopInvariantCodeMotion(EntryLoopPass):
     """Needs: a module that verifies. Guarantees: the same values; a while body computes
     nothing that depends only on loop-invariant state and constants when moving it is
     worth it.
@@ -179,14 +198,9 @@ class WhileLoopInvariantCodeMotion(Pass):
 
     name: ClassVar[str] = "while-licm"
 
-    def run(self, module: HloModule) -> bool:
-        entry = module.entry
-        if entry is None:
-            return False
-        changed = False
-        for inst in [i for i in entry.instructions if i.opcode == "while"]:
-            changed |= hoist_invariants(entry, inst, loop_callers(module))
-        return changed
+    def rewrite_loop(self, caller: Computation, loop: Instruction,
+                     callers: dict[int, int]) -> bool:
+        return hoist_invariants(caller, loop, callers)
 
 
 def invariant_elements(body: Computation) -> dict[int, tuple[int, ...]]:

@@ -24,20 +24,19 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
-from tfxla_lite.hlo.ir import Computation, HloModule, Instruction
+from tfxla_lite.hlo.ir import Computation, Instruction
 from tfxla_lite.hlo.shape import Shape
-from tfxla_lite.passes.base import Pass
 from tfxla_lite.passes.control_flow import (
     NOT_HOISTED,
+    EntryLoopPass,
     element_of,
     hoist_invariants,
     invariant_elements,
-    loop_callers,
 )
 
 
 @dataclass(frozen=True)
-class WhileDotHoisting(Pass):
+class WhileDotHoisting(EntryLoopPass):
     """Needs: a module that verifies. Guarantees: the same values (each output row is
     the same dot product of the same row and matrix); a while body no longer computes
     dot(item, W), where item is reshape(dynamic-slice(X, i, ...)) of one whole item of a
@@ -56,14 +55,9 @@ class WhileDotHoisting(Pass):
 
     name: ClassVar[str] = "while-dot-hoist"
 
-    def run(self, module: HloModule) -> bool:
-        entry = module.entry
-        if entry is None:
-            return False
-        changed = False
-        for loop in [i for i in entry.instructions if i.opcode == "while"]:
-            changed |= hoist_item_dots(entry, loop, loop_callers(module))
-        return changed
+    def rewrite_loop(self, caller: Computation, loop: Instruction,
+                     callers: dict[int, int]) -> bool:
+        return hoist_item_dots(caller, loop, callers)
 
 
 def hoist_item_dots(caller: Computation, loop: Instruction, callers: dict[int, int]) -> bool:
