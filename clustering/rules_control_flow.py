@@ -522,6 +522,11 @@ def _function_graphs(op: tf.Operation) -> list[tf.Graph]:
 
     known = _BODY_GRAPHS.setdefault(op.graph, {})
     if op.name not in known:
+        if (id(op.graph), op.name) in _BUILDING:
+            # Asked again while its own lists' shapes are being found: what the body
+            # pushes is not known yet. Building it again here would recurse through every
+            # loop that feeds it, once per list argument (and clear the mark too early).
+            raise LoweringError(f"the functions of {op.name} are being built")
         library = _library(op.graph)
         graphs = []
         _BUILDING.add((id(op.graph), op.name))
