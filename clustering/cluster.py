@@ -12,7 +12,7 @@ point. Clusters that no path joins then merge into one launch
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -415,7 +415,7 @@ def _reads_after_writes(ops: list[tf.Operation], outputs: list[str]) -> list[str
         earlier[op.name] = sources + [c.name for c in op.control_inputs if c.name in by_name]
     floating = [name.split(":")[0] for name in outputs
                 if ops[0].graph.get_tensor_by_name(name).dtype.is_floating]
-    feeding = set(floating) | {n for name in floating for n in _reached(name, data)}
+    feeding = set(floating) | reached(floating, data)
     found = []
     for name in feeding:
         op = by_name[name]
@@ -423,15 +423,16 @@ def _reads_after_writes(ops: list[tf.Operation], outputs: list[str]) -> list[str
                 and op.outputs[0].name not in outputs and op.inputs[0].name in written
                 and any(op.inputs[0].name in
                         {t.name for t in by_name[n].inputs[:WRITES.get(by_name[n].type, 0)]}
-                        for n in _reached(name, earlier))):
+                        for n in reached([name], earlier))):
             found.append(op.outputs[0].name)
     return sorted(found)
 
 
-def _reached(start: str, edges: dict[str, list[str]]) -> set[str]:
-    """The nodes reached from `start` along `edges`, `start` excluded."""
+def reached(start: Sequence[str], edges: dict[str, list[str]]) -> set[str]:
+    """The nodes reached from the nodes `start` along `edges`, `start` excluded (unless
+    reached again)."""
     seen: set[str] = set()
-    pending = list(edges.get(start, []))
+    pending = [n for name in start for n in edges.get(name, [])]
     while pending:
         name = pending.pop()
         if name not in seen:

@@ -50,6 +50,7 @@ import tensorflow as tf
 from tensorflow.python.eager import record
 from tensorflow.python.ops import gen_resource_variable_ops
 
+from tfxla_lite.clustering.cluster import reached
 from tfxla_lite.clustering.rules_variables import WRITES
 from tfxla_lite.rewrite import ORIGINAL_ATTR, ORIGINAL_INPUT_PREFIX, ORIGINAL_OUTPUTS_ATTR
 
@@ -243,7 +244,7 @@ def _read_sources(cluster: tf.compat.v1.GraphDef, needed: tf.compat.v1.GraphDef,
         if node.op not in _READS or not node.input or _input_name(node.input[0]) not in handles:
             continue
         j = handles[_input_name(node.input[0])]
-        if node.name not in _closure(writes.get(j, []), consumers):
+        if node.name not in reached(writes.get(j, []), consumers):
             sources[node.name] = (BEFORE_PREFIX, j, -1)
         elif f"{node.name}:0" in position:
             sources[node.name] = (OUTPUT_PREFIX, j, position[f"{node.name}:0"])
@@ -252,18 +253,6 @@ def _read_sources(cluster: tf.compat.v1.GraphDef, needed: tf.compat.v1.GraphDef,
                 f"tfxla-lite: launch node '{launch}' does not output {node.name}, a read "
                 "of a variable after the launch wrote it, so it has no gradient")
     return sources
-
-
-def _closure(start: Sequence[str], edges: dict[str, list[str]]) -> set[str]:
-    """The nodes reached from `start` along `edges`, `start` excluded."""
-    seen: set[str] = set()
-    pending = [n for name in start for n in edges.get(name, [])]
-    while pending:
-        name = pending.pop()
-        if name not in seen:
-            seen.add(name)
-            pending.extend(edges.get(name, []))
-    return seen
 
 
 def _read_values(needed: tf.compat.v1.GraphDef, sources: dict[str, tuple[str, int, int]]
