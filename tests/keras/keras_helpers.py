@@ -10,7 +10,8 @@ import keras
 import numpy as np
 
 import tfxla_lite as tl
-from tfxla_lite import coverage
+from tfxla_lite import api, coverage
+from tfxla_lite.runtime import loader
 
 
 class BatchLosses(keras.callbacks.Callback):
@@ -22,6 +23,46 @@ class BatchLosses(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         self.losses.append(float(logs["loss"]))
+
+
+class StepLaunches(keras.callbacks.Callback):
+    """Each training step's loss and the launch ops it ran."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.losses: list[float] = []
+        self.launches: list[int] = []
+        self._before = 0
+
+    def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+        self._before = loader.launch_timing().launches
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        self.launches.append(loader.launch_timing().launches - self._before)
+        self.losses.append(float(logs["loss"]))
+
+
+def fit_recording(model: keras.Model, x: Any, y: Any, compiled: bool, batch_size: int
+                  ) -> tuple[StepLaunches, list[np.ndarray], list[Any]]:
+    """Two epochs of the compiled `model` (under `tl.enable()` when `compiled`), unshuffled:
+    each step's loss and launches, the final weights and the programs tfxla-lite built."""
+    steps, programs = StepLaunches(), []
+    build = api.build_program
+
+    def recording_build(*args: Any, **kwargs: Any) -> Any:
+        programs.append(build(*args, **kwargs))
+        return programs[-1]
+
+    api.build_program = recording_build
+    if compiled:
+        tl.enable()
+    try:
+        model.fit(x, y, epochs=2, batch_size=batch_size, shuffle=False, verbose=0,
+                  callbacks=[steps])
+    finally:
+        tl.disable()
+        api.build_program = build
+    return steps, [w.numpy() for w in model.weights], programs
 
 
 def train(build: Callable[[], keras.Model], x: Any, y: Any, compiled: bool, epochs: int,

@@ -12,10 +12,9 @@ from typing import Any
 import keras
 import numpy as np
 import pytest
+from keras_helpers import StepLaunches, fit_recording
 
 import tfxla_lite as tl
-from tfxla_lite import api
-from tfxla_lite.runtime import loader
 
 BATCH = 8
 SAMPLES = 2 * BATCH + 3  # each epoch ends with a batch of 3
@@ -40,24 +39,7 @@ MODELS: dict[str, Callable[[], keras.Model]] = {
 }
 
 
-class _Steps(keras.callbacks.Callback):
-    """Each step's loss and the launch ops it ran."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.losses: list[float] = []
-        self.launches: list[int] = []
-        self._before = 0
-
-    def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
-        self._before = loader.launch_timing().launches
-
-    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        self.launches.append(loader.launch_timing().launches - self._before)
-        self.losses.append(float(logs["loss"]))
-
-
-def _fit(name: str, compiled: bool) -> tuple[_Steps, list[np.ndarray], list[Any]]:
+def _fit(name: str, compiled: bool) -> tuple[StepLaunches, list[np.ndarray], list[Any]]:
     """Two epochs of `name` from seed 0 (plain TF when not `compiled`): the steps, the
     final weights and the programs tfxla-lite built."""
     keras.utils.set_random_seed(0)
@@ -67,21 +49,7 @@ def _fit(name: str, compiled: bool) -> tuple[_Steps, list[np.ndarray], list[Any]
     rng = np.random.default_rng(1)
     x = rng.integers(0, VOCABULARY, (SAMPLES, STEPS)).astype(np.int32)
     y = rng.integers(0, CLASSES, SAMPLES)
-    steps, programs, build = _Steps(), [], api.build_program
-
-    def recording_build(*args: Any, **kwargs: Any) -> Any:
-        programs.append(build(*args, **kwargs))
-        return programs[-1]
-
-    api.build_program = recording_build
-    if compiled:
-        tl.enable()
-    try:
-        model.fit(x, y, epochs=2, batch_size=BATCH, shuffle=False, verbose=0, callbacks=[steps])
-    finally:
-        tl.disable()
-        api.build_program = build
-    return steps, [w.numpy() for w in model.weights], programs
+    return fit_recording(model, x, y, compiled, BATCH)
 
 
 @pytest.mark.parametrize("name", ["lstm", "gru",
