@@ -193,6 +193,11 @@ def _handle_element_dims(tensor: tf.Tensor) -> tuple[int, ...] | None:
         data = handle_data_util.get_resource_handle_data(tensor)
     except Exception:  # noqa: BLE001 - an eager or foreign tensor: no handle data
         return None
+    return _static_dims_of(data)
+
+
+def _static_dims_of(data: Any) -> tuple[int, ...] | None:
+    """The static dims of a handle's one (shape, type), else None."""
     if not data.is_set or len(data.shape_and_type) != 1:
         return None
     shape = data.shape_and_type[0].shape
@@ -453,12 +458,7 @@ def variable_dims(handle: tf.Tensor) -> tuple[int, ...] | None:
         # keeps no handle data on its outputs.
         handle = handle.op.inputs[handle.value_index if handle.op.type in WHILE_OPS else 0]
         data = handle_data_util.get_resource_handle_data(handle)
-    if not data.is_set or len(data.shape_and_type) != 1:
-        return None
-    shape = data.shape_and_type[0].shape
-    if shape.unknown_rank or any(d.size < 0 for d in shape.dim):
-        return None
-    return tuple(int(d.size) for d in shape.dim)
+    return _static_dims_of(data)
 
 
 def _check_variable_shape(op: tf.Operation) -> str | None:
