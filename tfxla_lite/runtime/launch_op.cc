@@ -1547,9 +1547,10 @@ REGISTER_OP("TfxlaLiteLaunch")
 Runs a tfxla-lite compiled cluster registered in this process under `key`.
 )doc");
 
-// The same launch for a cluster that writes variables: stateful, as XlaLaunch, so that
-// TF runs it when no one reads its results and treats a function holding it as
-// stateful. Clusters that only compute stay on the stateless op, which TF may prune.
+// The same launch for a cluster that reads or writes variables: stateful, as XlaLaunch,
+// so that TF runs it when no one reads its results and orders a function holding it
+// with the caller's writes. Clusters that only compute stay on the stateless op, which
+// TF may prune.
 REGISTER_OP("TfxlaLiteVariableLaunch")
     .Input("args: Tin")
     .Output("results: Tout")
